@@ -1,0 +1,206 @@
+"""The Env and Wrapper API: Gymnasium-shaped, text in and text out.
+
+``reset(seed) -> (obs, info)`` and ``step(action) -> (obs, reward, terminated, truncated, info)``.
+Actions are strings. Each env owns its RNG (``self.np_random``); no global random state is touched.
+A time limit gives ``truncated=True, terminated=False``. Every env can snapshot and restore its state
+(``get_state``/``set_state``) so that a group of episodes (GRPO-style) can start from one state.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, Generic, SupportsFloat, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from gem_core.registry import EnvSpec
+
+ObsType = TypeVar("ObsType")
+ActType = TypeVar("ActType")
+
+StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
+
+# Attributes that are never part of an env's state snapshot: they are identity, not state.
+_NOT_STATE = frozenset({"spec"})
+
+
+class Env(Generic[ObsType, ActType]):
+    """A multi-turn text environment.
+
+    Subclasses implement ``reset`` (calling ``super().reset(seed=seed)`` first, which seeds
+    ``self.np_random``) and ``step``. They may override ``get_state``/``set_state`` for speed; the
+    default snapshots the instance's attributes with ``copy.deepcopy``, RNG included.
+    """
+
+    metadata: dict[str, Any] = {}
+    spec: EnvSpec | None = None
+
+    _np_random: np.random.Generator | None = None
+    _np_random_seed: int | None = None
+
+    # -- the API ---------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[ObsType, dict[str, Any]]:
+        """Start a new episode. A seed reseeds this env's own RNG; ``None`` keeps the current stream."""
+        if seed is not None:
+            self._np_random = np.random.default_rng(seed)
+            self._np_random_seed = int(seed)
+        if type(self).reset is Env.reset:
+            raise NotImplementedError(f"{type(self).__name__} must implement reset()")
+        return None  # type: ignore[return-value]  # subclasses return (obs, info) after calling this
+
+    def step(self, action: ActType) -> StepResult:
+        """Apply one action. Bad actions never raise: they are penalised and explained in obs/info."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    def sample_random_action(self) -> ActType:
+        """A random action that is well formed for the current state (used by tests and benchmarks)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement sample_random_action()")
+
+    def close(self) -> None:
+        """Release resources (processes, sockets). Safe to call twice."""
+
+    # -- randomness ------------------------------------------------------------------------------
+    @property
+    def np_random(self) -> np.random.Generator:
+        """This env's RNG; created from OS entropy on first use if ``reset`` was never given a seed."""
+        if self._np_random is None:
+            self._np_random = np.random.default_rng()
+        return self._np_random
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self._np_random = value
+
+    @property
+    def np_random_seed(self) -> int | None:
+        """The last seed given to ``reset``, or ``None``."""
+        return self._np_random_seed
+
+    # -- state -----------------------------------------------------------------------------------
+    def get_state(self) -> Any:
+        """A snapshot from which ``set_state`` restores this env exactly (RNG included)."""
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in _NOT_STATE})
+
+    def set_state(self, state: Any) -> None:
+        """Restore a snapshot taken by ``get_state``; the snapshot itself is not aliased."""
+        self.__dict__.update(copy.deepcopy(state))
+
+    def clone(self) -> Env:
+        """An independent copy of this env in its current state."""
+        new = copy.copy(self)
+        new.__dict__ = {}
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k in _NOT_STATE})
+        new.set_state(self.get_state())
+        return new
+
+    def spawn(self, n: int, *, same_state: bool = True, seeds: list[int] | None = None) -> list[Env]:
+        """``n`` independent envs, for a group of episodes.
+
+        ``same_state=True`` copies the current state (the RNG too, so the copies behave identically
+        until their actions differ). ``same_state=False`` gives fresh envs of the same spec, reset
+        with ``seeds`` when given.
+        """
+        if n < 0:
+            raise ValueError(f"spawn(n) needs n >= 0, got {n}")
+        if same_state:
+            return [self.clone() for _ in range(n)]
+        if self.spec is None:
+            raise ValueError("spawn(same_state=False) needs an env made by gem_core.make (it has no spec)")
+        from gem_core.registry import make
+
+        envs = [make(self.spec.id, **self.spec.kwargs) for _ in range(n)]
+        if seeds is not None:
+            if len(seeds) != n:
+                raise ValueError(f"spawn got {len(seeds)} seeds for n={n}")
+            for env, seed in zip(envs, seeds):
+                env.reset(seed=seed)
+        return envs
+
+    # -- plumbing --------------------------------------------------------------------------------
+    @property
+    def unwrapped(self) -> Env:
+        """The innermost env under any wrappers."""
+        return self
+
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __str__(self) -> str:
+        return f"<{type(self).__name__}{'<' + self.spec.id + '>' if self.spec else ''}>"
+
+
+class Wrapper(Env[ObsType, ActType]):
+    """Wraps an env to change one thing; everything else is delegated live.
+
+    Attribute reads that the wrapper does not define go to the wrapped env at the time of the read
+    (``__getattr__``), so a wrapper never holds stale copies of the inner env's attributes.
+    """
+
+    def __init__(self, env: Env):
+        if not isinstance(env, Env):
+            raise TypeError(f"Wrapper expects a gem_core Env, got {type(env).__name__}")
+        self.env = env
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails. Private names are not forwarded (Gymnasium's rule),
+        # and "env" itself must exist, or we'd recurse during unpickling.
+        if name.startswith("_") or name == "env":
+            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+        return getattr(self.env, name)
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[ObsType, dict[str, Any]]:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: ActType) -> StepResult:
+        return self.env.step(action)
+
+    def sample_random_action(self) -> ActType:
+        return self.env.sample_random_action()
+
+    def close(self) -> None:
+        self.env.close()
+
+    @property
+    def np_random(self) -> np.random.Generator:  # type: ignore[override]
+        return self.env.np_random
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self.env.np_random = value
+
+    @property
+    def np_random_seed(self) -> int | None:  # type: ignore[override]
+        return self.env.np_random_seed
+
+    @property
+    def spec(self) -> EnvSpec | None:  # type: ignore[override]
+        return self.env.spec
+
+    @property
+    def unwrapped(self) -> Env:
+        return self.env.unwrapped
+
+    def get_state(self) -> Any:
+        """Wrapper state (its own attributes) plus the inner env's state."""
+        own = {k: v for k, v in self.__dict__.items() if k != "env"}
+        return {"wrapper": copy.deepcopy(own), "env": self.env.get_state()}
+
+    def set_state(self, state: Any) -> None:
+        self.__dict__.update(copy.deepcopy(state["wrapper"]))
+        self.env.set_state(state["env"])
+
+    def clone(self) -> Env:
+        new = copy.copy(self)
+        new.__dict__ = dict(self.__dict__)
+        new.env = self.env.clone()
+        new.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "env"}))
+        return new
+
+    def __str__(self) -> str:
+        return f"<{type(self).__name__}{self.env}>"
+
+    __repr__ = __str__

@@ -1,0 +1,3 @@
+"""Built-in environments. Importing this registers their ids (cheap: nothing heavy is imported)."""
+
+from gem_core.envs import games  # noqa: F401  (registers game:* ids)

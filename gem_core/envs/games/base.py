@@ -1,0 +1,157 @@
+"""TextGame: the shared turn loop of every single-player game.
+
+A game implements five small methods; this class does the rest the same way for all of them:
+reading the action from the last ``\\boxed{...}``, the format-error penalty, the turn limit (as
+truncation), the info keys, and refusing to step a finished episode.
+
+Rewards follow GEM: ``success_reward`` (1) when the game is won, dense per-turn progress where the
+game has it, ``format_error_reward`` (-0.1) when no action can be read. Like GEM, a format error ends
+the episode by default (``ends_on_format_error``), so an unparseable answer cannot be retried for free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from gem_core.core import Env
+from gem_core.errors import ResetNeeded
+from gem_core.parsing import last_boxed
+
+
+@dataclass
+class Move:
+    """What one valid (parseable) action did to the game."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    success: bool = False
+    invalid: bool = False  # parsed, but illegal in this state (e.g. a guess out of range)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextGame(Env[str, str]):
+    """Base class of the games. Subclasses implement ``new_game``, ``instructions``, ``play``,
+    ``random_move`` and ``oracle_move``; they may override ``task_suffix`` and ``on_time_limit``.
+    """
+
+    title: ClassVar[str] = "a game"
+    success_reward: ClassVar[float] = 1.0
+    format_error_reward: ClassVar[float] = -0.1
+    ends_on_format_error: ClassVar[bool] = True
+
+    def __init__(self, max_turns: int | None = None):
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 or None (random), got {max_turns}")
+        self._max_turns_arg = max_turns
+        self.max_turns: int = max_turns or 1
+        self.turn = 0
+        self._done = True
+
+    # -- what a game implements ------------------------------------------------------------------
+    def new_game(self) -> None:
+        """Draw a new puzzle from ``self.np_random``; for random variants also draw its size and
+        set ``self.max_turns`` (``self._max_turns_arg`` is ``None`` then)."""
+        raise NotImplementedError
+
+    def instructions(self) -> str:
+        """The first observation: rules, the action format with an example, the starting board."""
+        raise NotImplementedError
+
+    def play(self, move: str) -> Move:
+        """Apply the text inside the last ``\\boxed{}`` (stripped). Never raises on bad text."""
+        raise NotImplementedError
+
+    def random_move(self) -> str:
+        """A random, well-formed move (the text inside the box) for the current state."""
+        raise NotImplementedError
+
+    def oracle_move(self) -> str:
+        """A move that makes progress towards winning (may read hidden state). Used in tests."""
+        raise NotImplementedError
+
+    def task_suffix(self) -> str:
+        """One line that asks for the next move; the observation wrappers append it."""
+        return "Enter your next move."
+
+    def on_time_limit(self, last: Move) -> Move:
+        """Adjust the last move when the turn limit ends the episode (e.g. a closeness reward)."""
+        last.observation += " You have reached the maximum number of turns."
+        return last
+
+    # -- the shared loop -------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self._rand_buf = None  # the buffer belonged to the previous RNG
+        self.turn = 0
+        if self._max_turns_arg is not None:
+            self.max_turns = self._max_turns_arg
+        self.new_game()
+        self._done = False
+        return self.instructions(), self._info(Move(""), format_error=False)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise ResetNeeded(f"{type(self).__name__}.step() called on a finished episode; call reset() first")
+        self.turn += 1
+        content = last_boxed(action) if isinstance(action, str) else None
+        if content is None:
+            what = "was not a string" if not isinstance(action, str) else "had no \\boxed{...} move"
+            move = Move(
+                observation=f"At turn {self.turn}, your answer {what}. Put your move inside \\boxed{{}}, for example {self.sample_random_action()}.",
+                reward=self.format_error_reward,
+                terminated=self.ends_on_format_error,
+            )
+            format_error = True
+        else:
+            move = self.play(content.strip())
+            format_error = False
+        truncated = False
+        if not move.terminated and self.turn >= self.max_turns:
+            move = self.on_time_limit(move)
+            truncated = True
+        self._done = move.terminated or truncated
+        return move.observation, float(move.reward), move.terminated, truncated, self._info(move, format_error)
+
+    def sample_random_action(self) -> str:
+        return "\\boxed{" + self.random_move() + "}"
+
+    def oracle_action(self) -> str:
+        """``oracle_move`` in the action format."""
+        return "\\boxed{" + self.oracle_move() + "}"
+
+    def _info(self, move: Move, format_error: bool) -> dict[str, Any]:
+        return {
+            "turn": self.turn,
+            "max_turns": self.max_turns,
+            "success": move.success,
+            "invalid_action": move.invalid,
+            "format_error": format_error,
+            "suffix": self.task_suffix(),
+            **move.info,
+        }
+
+    # Randomness helpers for subclasses -----------------------------------------------------------
+    # Generator.integers costs ~4 us a call; games draw a few numbers per step, so we draw uniforms
+    # from the env's own np_random in blocks. Deterministic for a seed, and part of get_state().
+    _RAND_BLOCK: ClassVar[int] = 64
+
+    def _uniform(self) -> float:
+        """Next uniform float in [0, 1) from this env's RNG (buffered)."""
+        buf = self.__dict__.get("_rand_buf")
+        i = self.__dict__.get("_rand_pos", 0)
+        if buf is None or i >= len(buf):
+            buf = self._rand_buf = self.np_random.random(self._RAND_BLOCK).tolist()
+            i = 0
+        self._rand_pos = i + 1
+        return buf[i]
+
+    def _randint(self, low: int, high: int) -> int:
+        """Uniform integer in [low, high] (inclusive), from this env's RNG."""
+        return low + int(self._uniform() * (high - low + 1))
+
+    def _choice(self, items):  # type: ignore[no-untyped-def]
+        """A uniformly chosen element of a non-empty sequence."""
+        return items[int(self._uniform() * len(items))]

@@ -1,0 +1,95 @@
+"""Guess The Number: find a hidden integer from higher/lower hints."""
+
+from __future__ import annotations
+
+import math
+
+from gem_core.envs.games.base import Move, TextGame
+
+
+class GuessTheNumber(TextGame):
+    """Guess a number in ``[min_number, max_number]`` within ``max_turns`` guesses.
+
+    Rewards: 1 for the right number; 0 for a hint; when the turns run out, a closeness reward
+    ``1 - |guess - target| / (max - min)`` for the last valid guess (GEM's dense ending).
+    ``min_number``/``max_number``/``max_turns`` all ``None`` draws a range per episode.
+    """
+
+    title = "Guess The Number"
+
+    def __init__(self, min_number: int | None = 1, max_number: int | None = 20, max_turns: int | None = 20):
+        super().__init__(max_turns)
+        self._random_range = min_number is None or max_number is None
+        if not self._random_range and not min_number < max_number:
+            raise ValueError(f"need min_number < max_number, got {min_number}, {max_number}")
+        self._range_arg = (min_number, max_number)
+        self.min_number = min_number or 1
+        self.max_number = max_number or 2
+        self.target = 0
+        self.low = self.high = 0  # what the hints so far allow (for the oracle)
+        self.guessed: set[int] = set()
+        self.last_guess: int | None = None
+
+    def new_game(self) -> None:
+        if self._random_range:
+            self.min_number = self._randint(1, 10)
+            self.max_number = self._randint(self.min_number + 5, self.min_number + 50)
+        else:
+            self.min_number, self.max_number = self._range_arg
+        if self._max_turns_arg is None:
+            self.max_turns = math.ceil(math.sqrt(self.max_number - self.min_number)) + 1
+        self.target = self._randint(self.min_number, self.max_number)
+        self.low, self.high = self.min_number, self.max_number
+        self.guessed = set()
+        self.last_guess = None
+
+    def instructions(self) -> str:
+        return (
+            f"You are playing Guess The Number.\n"
+            f"Guess the number between {self.min_number} and {self.max_number} (inclusive) within {self.max_turns} turns.\n"
+            "After each guess you are told whether the target is higher or lower.\n"
+            f"Only the number inside \\boxed{{}} counts as your guess, for example \\boxed{{{self.min_number}}}.\n"
+            "Enter your first guess to start the game."
+        )
+
+    def task_suffix(self) -> str:
+        return "Enter your next guess."
+
+    def play(self, move: str) -> Move:
+        try:
+            guess = int(move)
+        except ValueError:
+            return Move(f"At turn {self.turn}, {move!r} is not a whole number.", invalid=True)
+        if not self.min_number <= guess <= self.max_number:
+            return Move(f"At turn {self.turn}, you guessed {guess}, which is outside {self.min_number}-{self.max_number}.", invalid=True)
+        if guess in self.guessed:
+            return Move(f"At turn {self.turn}, you guessed {guess}, which you already guessed.", invalid=True)
+        self.guessed.add(guess)
+        self.last_guess = guess
+        if guess == self.target:
+            return Move(
+                f"Congratulations! You guessed the correct number {self.target} in {self.turn} turns.",
+                reward=self.success_reward,
+                terminated=True,
+                success=True,
+            )
+        if guess > self.target:
+            self.high = min(self.high, guess - 1)
+            hint = "lower"
+        else:
+            self.low = max(self.low, guess + 1)
+            hint = "higher"
+        return Move(f"At turn {self.turn}, you guessed {guess}, and the target number is {hint} than {guess}.")
+
+    def on_time_limit(self, last: Move) -> Move:
+        last = super().on_time_limit(last)
+        if self.last_guess is not None and not last.invalid:
+            last.reward = 1.0 - abs(self.last_guess - self.target) / (self.max_number - self.min_number)
+        return last
+
+    def random_move(self) -> str:
+        return str(self._randint(self.min_number, self.max_number))
+
+    def oracle_move(self) -> str:
+        """Binary search over what the hints allow: wins within ceil(log2(range + 1)) turns."""
+        return str((self.low + self.high) // 2)

@@ -1,0 +1,39 @@
+"""Errors raised by gem_core. Each one says what was wrong and what would be right."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class GemError(Exception):
+    """Base class of gem_core's own errors."""
+
+
+class UnknownEnvError(GemError, KeyError):
+    """``make``/``spec`` got an id that is neither registered nor an alias."""
+
+    def __str__(self) -> str:  # KeyError would quote the message; we want it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownKwargError(GemError, TypeError):
+    """``make`` got a keyword argument that the env's constructor does not take."""
+
+
+class RegistrationError(GemError, ValueError):
+    """A bad ``register`` call: duplicate id, malformed id or entry point."""
+
+
+class ResetNeeded(GemError, RuntimeError):
+    """``step`` was called before ``reset`` or after the episode ended."""
+
+
+def suggest(word: str, choices: Iterable[str], n: int = 3) -> str:
+    """' Did you mean: a, b?' for the closest matches, or '' when nothing is close."""
+    choices = list(choices)
+    close = difflib.get_close_matches(word, choices, n=n, cutoff=0.6)
+    if not close:
+        lowered = word.lower()
+        close = [c for c in choices if lowered in c.lower()][:n]
+    return f" Did you mean: {', '.join(close)}?" if close else ""

@@ -1,0 +1,237 @@
+"""The env registry: ids, specs, ``make`` and ``make_vec``.
+
+Ids look like ``category:Name-vN[-variant]`` (``game:Sudoku-v0-easy``). Entry points are
+``"module:Class"`` strings, imported only when an env is made, so registering costs nothing.
+Third-party packages register envs through the ``gem_core.envs`` entry-point group: each entry point
+names a callable (or module) that calls :func:`register` when loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gem_core.errors import RegistrationError, UnknownEnvError, UnknownKwargError, suggest
+
+if TYPE_CHECKING:
+    from gem_core.core import Env
+    from gem_core.vector.vector_env import VectorEnv
+
+ENTRY_POINT_GROUP = "gem_core.envs"
+ID_PATTERN = re.compile(r"^(?P<category>[a-z][a-z0-9_]*):(?P<name>[A-Za-z0-9_.]+)(?:-v(?P<version>\d+))?(?:-(?P<variant>[A-Za-z0-9_.-]+))?$")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What ``make`` needs to build an env: its id, where the class lives and its default kwargs."""
+
+    id: str
+    entry_point: str | Callable[..., Env]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def category(self) -> str:
+        return self.id.split(":", 1)[0]
+
+    def load(self) -> Callable[..., Env]:
+        """Import and return the env class (or factory) this spec points at."""
+        if callable(self.entry_point):
+            return self.entry_point
+        module_name, _, attr = self.entry_point.partition(":")
+        module = importlib.import_module(module_name)
+        try:
+            return getattr(module, attr)
+        except AttributeError:
+            raise RegistrationError(f"{self.id}: entry point {self.entry_point!r} has no attribute {attr!r}") from None
+
+
+registry: dict[str, EnvSpec] = {}
+alias_table: dict[str, str] = {}
+_plugins_loaded = False
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., Env],
+    *,
+    description: str = "",
+    aliases: Iterable[str] = (),
+    override: bool = False,
+    **kwargs: Any,
+) -> EnvSpec:
+    """Register an env id. ``kwargs`` are the defaults passed to the entry point by ``make``.
+
+    ``aliases`` are other ids that resolve to this one (e.g. ids used by the GEM paper).
+    Registering an existing id is an error unless ``override=True``.
+    """
+    if not ID_PATTERN.match(id):
+        raise RegistrationError(f"env id {id!r} is not of the form 'category:Name-vN[-variant]' (e.g. 'game:Sudoku-v0-easy')")
+    if isinstance(entry_point, str) and ":" not in entry_point:
+        raise RegistrationError(f"{id}: entry point {entry_point!r} must look like 'package.module:ClassName'")
+    if not override and (id in registry or id in alias_table):
+        raise RegistrationError(f"env id {id!r} is already registered; pass override=True to replace it")
+    spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description)
+    registry[id] = spec
+    for alias in alias_table:
+        register_alias(alias, id, override=override)
+    return spec
+
+
+def register_alias(alias: str, target: str, *, override: bool = False) -> None:
+    """Make ``alias`` resolve to the registered id ``target``."""
+    if target not in registry:
+        raise RegistrationError(f"alias {alias!r} points at unknown id {target!r}")
+    if not override and (alias in registry or alias in alias_table):
+        raise RegistrationError(f"alias {alias!r} is already taken")
+    alias_table[alias] = target
+
+
+def _load_plugins() -> None:
+    """Load third-party registrations from the ``gem_core.envs`` entry-point group, once."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # a broken plugin must not take the core down
+            import warnings
+
+            warnings.warn(f"gem_core: could not load env plugin {ep.name!r} ({ep.value}): {exc!r}", stacklevel=2)
+            continue
+        if callable(loaded) and not inspect.isclass(loaded):
+            loaded()
+
+
+def resolve(id: str) -> str:
+    """The registered id that ``id`` names (itself, or the target of an alias)."""
+    if id in registry:
+        return id
+    if id in alias_table:
+        return alias_table[id]
+    _load_plugins()
+    if id in registry:
+        return id
+    if id in alias_table:
+        return alias_table[id]
+    if not isinstance(id, str):
+        raise UnknownEnvError(f"env id must be a string, got {type(id).__name__}")
+    hint = suggest(id, list(registry) + list(alias_table))
+    raise UnknownEnvError(f"no env registered as {id!r}.{hint} (`gem-core list` shows every id)")
+
+
+def spec(id: str) -> EnvSpec:
+    """The :class:`EnvSpec` of an id or alias."""
+    return registry[resolve(id)]
+
+
+def list_envs(category: str | None = None) -> list[str]:
+    """Registered ids (aliases excluded), sorted, optionally of one category (``"game"``)."""
+    _load_plugins()
+    ids = sorted(registry)
+    if category is not None:
+        ids = [i for i in ids if registry[i].category == category]
+    return ids
+
+
+def accepted_kwargs(factory: Callable[..., Any]) -> set[str] | None:
+    """Names ``factory`` accepts as keywords, or ``None`` if it takes ``**kwargs`` (anything goes)."""
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    params = inspect.signature(target).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) and p.name != "self"
+    }
+
+
+def make(id: str, wrappers: Sequence[Callable[[Env], Env]] = (), **kwargs: Any) -> Env:
+    """Build the env registered as ``id`` (or an alias), with ``kwargs`` overriding its defaults.
+
+    Unknown kwargs are rejected with the list of accepted ones. ``wrappers`` are applied in order,
+    innermost first.
+    """
+    return make_from_spec(spec(id), wrappers, **kwargs)
+
+
+def make_from_spec(env_spec: EnvSpec, wrappers: Sequence[Callable[[Env], Env]] = (), **kwargs: Any) -> Env:
+    """Build an env from a spec (no registry lookup: works in a worker process that never saw the id)."""
+    factory = env_spec.load()
+    merged = {**env_spec.kwargs, **kwargs}
+    allowed = accepted_kwargs(factory)
+    if allowed is not None:
+        unknown = sorted(set(merged) - allowed)
+        if unknown:
+            hints = "".join(suggest(k, allowed) for k in unknown)
+            raise UnknownKwargError(
+                f"{env_spec.id} does not take {', '.join(map(repr, unknown))}.{hints} "
+                f"It accepts: {', '.join(sorted(allowed)) or '(nothing)'}."
+            )
+    env = factory(**merged)
+    from gem_core.core import Env as _Env
+
+    if not isinstance(env, _Env):
+        raise RegistrationError(f"{env_spec.id}: entry point returned {type(env).__name__}, not a gem_core Env")
+    env.unwrapped.spec = EnvSpec(id=env_spec.id, entry_point=env_spec.entry_point, kwargs=merged, description=env_spec.description)
+    for wrap in wrappers:
+        env = wrap(env)
+    return env
+
+
+def make_vec(
+    id: str | Sequence[str],
+    num_envs: int | None = None,
+    *,
+    vectorization_mode: str = "sync",
+    wrappers: Sequence[Callable[[Env], Env]] = (),
+    vector_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> VectorEnv:
+    """A vector env of ``num_envs`` copies of ``id`` (or one env per id when given a list).
+
+    ``vectorization_mode`` is ``"sync"`` (one process) or ``"async"`` (worker processes);
+    ``vector_kwargs`` go to the vector env (``autoreset_mode``, ``num_workers``, ``step_timeout``...).
+    """
+    if isinstance(id, str):
+        if num_envs is None:
+            num_envs = 1
+        ids = [id] * num_envs
+    else:
+        ids = list(id)
+        if num_envs is not None and num_envs != len(ids):
+            raise ValueError(f"make_vec got {len(ids)} ids but num_envs={num_envs}")
+    if not ids:
+        raise ValueError("make_vec needs at least one env")
+    specs = {env_id: spec(env_id) for env_id in set(ids)}  # unknown ids fail here, in the caller
+    fns = [EnvFactory(specs[env_id], tuple(wrappers), kwargs) for env_id in ids]
+    from gem_core.vector import AsyncVectorEnv, SyncVectorEnv
+
+    vector_kwargs = dict(vector_kwargs or {})
+    if vectorization_mode == "sync":
+        return SyncVectorEnv(fns, **vector_kwargs)
+    if vectorization_mode == "async":
+        return AsyncVectorEnv(fns, **vector_kwargs)
+    raise ValueError(f"vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """A picklable ``() -> Env`` for vector workers. It carries the spec, not just the id, so a worker
+    process builds the env even if the id was registered at run time in the parent only."""
+
+    spec: EnvSpec
+    wrappers: tuple[Callable[[Env], Env], ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> Env:
+        return make_from_spec(self.spec, self.wrappers, **self.kwargs)

@@ -1,0 +1,1 @@
+"""Trainer plugins for gem_core. Each subpackage imports its trainer lazily."""

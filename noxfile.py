@@ -1,0 +1,31 @@
+"""Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
+
+    nox              # every default session (what CI runs)
+    nox -s core      # core: envs, vector, wrappers, algo (numpy + torch CPU)
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["core"]
+
+# torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
+TORCH = "torch==2.13.0"
+PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
+
+
+def _env() -> dict[str, str]:
+    return {"CI": os.environ.get("CI", ""), "PYTHONHASHSEED": "0"}
+
+
+@nox.session
+def core(session: nox.Session) -> None:
+    """gem_core with its dev and torch extras: every test under tests/ except the trainer integrations."""
+    session.install("-e", ".[dev,torch]")
+    session.run(*PYTEST, "tests", "--ignore=tests/integrations", *session.posargs, env=_env())
