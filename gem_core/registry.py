@@ -77,7 +77,7 @@ def register(
         raise RegistrationError(f"env id {id!r} is already registered; pass override=True to replace it")
     spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description)
     registry[id] = spec
-    for alias in alias_table:
+    for alias in aliases:
         register_alias(alias, id, override=override)
     return spec
 

@@ -66,6 +66,15 @@ def test_alias_resolves_and_make_uses_target():
         gem_core.register_alias("test:x-v0", "game:Nope-v0")
 
 
+def test_register_with_aliases_only_touches_its_own_aliases():
+    gem_core.register("test:AliasA-v0", "gem_core.envs.games.guess_the_number:GuessTheNumber",
+                      aliases=["test:A-v0"], override=True)
+    gem_core.register("test:AliasB-v0", "gem_core.envs.games.guess_the_number:GuessTheNumber",
+                      aliases=["test:B-v0"], override=True)
+    assert gem_core.spec("test:A-v0").id == "test:AliasA-v0"
+    assert gem_core.spec("test:B-v0").id == "test:AliasB-v0"
+
+
 def test_entry_point_returning_non_env_is_a_clear_error():
     gem_core.register("test:NotAnEnv-v0", "collections:OrderedDict", override=True)
     with pytest.raises(RegistrationError, match="not a gem_core Env"):
