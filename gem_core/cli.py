@@ -1,0 +1,390 @@
+"""The ``gem-core`` command: list env ids, play an env by hand, or run a policy over a vector env.
+
+Examples::
+
+    gem-core list --category game
+    gem-core play game:GuessTheNumber-v0-hard                      # you play, in the terminal
+    gem-core play game:Sudoku-v0-easy --policy oracle --seed 3     # watch the oracle play one episode
+    gem-core play game:Wordle-v0-easy --policy random --num-envs 64 --episodes 256 --vector async
+
+Only the ``gem-core`` script imports this module, so ``import gem_core`` does not pay for argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import gem_core
+from gem_core.errors import GemError, UnknownEnvError
+from gem_core.parsing import boxed, last_boxed
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2  # bad arguments or unknown id, as argparse uses
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code ``EXIT_USAGE``."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``gem-core`` command."""
+    parser = argparse.ArgumentParser(
+        prog="gem-core",
+        description="GEM-style multi-turn text environments: list them, play them, benchmark them.",
+    )
+    parser.add_argument("--version", action="version", version=f"gem-core {gem_core.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    listing = commands.add_parser("list", help="list registered env ids, grouped by category")
+    listing.add_argument("--category", help="only this category (e.g. 'game')")
+
+    play = commands.add_parser(
+        "play",
+        help="play an env: yourself, or watch/benchmark a random or oracle policy",
+        description=(
+            "Play one episode of ENV_ID in the terminal (--policy human, the default), or watch a random/oracle "
+            "policy play it. With --num-envs or --episodes, run the policy over a vector env until that many "
+            "episodes have finished and print a summary (rates are per episode; steps/s counts env turns, "
+            "timed from after the first reset)."
+        ),
+    )
+    play.add_argument("env_id", metavar="ENV_ID", help="an id from `gem-core list`, e.g. game:GuessTheNumber-v0-hard")
+    play.add_argument("--seed", type=int, default=None, help="reset seed (default: random for one episode, 0 for a batch)")
+    play.add_argument(
+        "--policy",
+        choices=("human", "random", "oracle"),
+        default=None,
+        help="who acts: human (default for one episode), random (default for a batch), oracle (envs with oracle_action)",
+    )
+    batch = play.add_argument_group("batch mode (a vector env; turned on by --num-envs or --episodes)")
+    batch.add_argument("--num-envs", type=_positive_int, default=None, help="envs stepped together (default 1)")
+    batch.add_argument("--episodes", type=_positive_int, default=None, help="finished episodes to collect (default: num-envs)")
+    batch.add_argument("--vector", choices=("sync", "async"), default="sync", help="sync: one process; async: worker processes")
+    batch.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stdout is not a terminal)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``gem-core`` command with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse exits on --help/--version/bad usage; main returns codes instead
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    try:
+        if args.command == "list":
+            return cmd_list(args.category, sys.stdout)
+        return cmd_play(args, sys.stdout)
+    except (CliError, UnknownEnvError) as err:
+        print(f"gem-core: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except GemError as err:
+        print(f"gem-core: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `gem-core list | head`: the reader left; that is not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+# -- list ------------------------------------------------------------------------------------------
+
+
+def cmd_list(category: str | None, out: TextIO) -> int:
+    """Print the registered ids grouped by category, each with its spec's description."""
+    ids = gem_core.list_envs(category)
+    if not ids:
+        categories = sorted({gem_core.spec(i).category for i in gem_core.list_envs()})
+        raise CliError(f"no envs in category {category!r}; categories: {', '.join(categories) or '(none)'}")
+    groups: dict[str, list[str]] = {}
+    for env_id in ids:
+        groups.setdefault(gem_core.spec(env_id).category, []).append(env_id)
+    width = max(map(len, ids))
+    blocks = []
+    for name, members in groups.items():
+        lines = [f"{name} ({len(members)} env{'s' if len(members) != 1 else ''})"]
+        lines += [f"  {env_id:<{width}}  {gem_core.spec(env_id).description}".rstrip() for env_id in members]
+        blocks.append("\n".join(lines))
+    aliases = _aliases(set(ids))
+    if aliases:
+        alias_width = max(map(len, aliases))
+        lines = ["aliases"] + [f"  {alias:<{alias_width}}  -> {target}" for alias, target in sorted(aliases.items())]
+        blocks.append("\n".join(lines))
+    print("\n\n".join(blocks), file=out)
+    return EXIT_OK
+
+
+def _aliases(targets: set[str]) -> dict[str, str]:
+    from gem_core import registry
+
+    table: dict[str, str] = getattr(registry, "alias_table", {})
+    return {alias: target for alias, target in table.items() if target in targets}
+
+
+# -- play: one episode -----------------------------------------------------------------------------
+
+
+def cmd_play(args: argparse.Namespace, out: TextIO) -> int:
+    """``gem-core play``: one episode (human, random or oracle) or a batch over a vector env."""
+    env_id = gem_core.spec(args.env_id).id  # raises UnknownEnvError before anything is built
+    batch = args.num_envs is not None or args.episodes is not None
+    if batch:
+        policy = args.policy or "random"
+        if policy == "human":
+            raise CliError("batch mode (--num-envs/--episodes) needs --policy random or --policy oracle")
+        if policy == "oracle":
+            _require_oracle(env_id)
+        num_envs = args.num_envs or 1
+        episodes = args.episodes or num_envs
+        seed = 0 if args.seed is None else args.seed
+        show_progress = not args.no_progress and out.isatty()
+        summary = run_batch(env_id, policy, num_envs, episodes, seed, args.vector, show_progress)
+        print(summary.table(), file=out)
+        return EXIT_OK
+    policy = args.policy or "human"
+    env = gem_core.make(env_id)
+    try:
+        if policy == "human":
+            return play_human(env, args.seed, sys.stdin, out)
+        if policy == "oracle" and not hasattr(env, "oracle_action"):
+            raise CliError(f"{env_id} has no oracle_action(); use --policy random or human")
+        return play_self(env, policy, args.seed, out)
+    finally:
+        env.close()
+
+
+def play_human(env: gem_core.Env, seed: int | None, stdin: TextIO, out: TextIO) -> int:
+    """A person plays one episode: actions are read line by line; EOF (Ctrl-D) quits cleanly."""
+    obs, info = env.reset(seed=seed)
+    print(_rule(f"{env.spec.id if env.spec else env}  (seed {seed})"), file=out)
+    print(obs, file=out)
+    print("(type your move; a bare answer is put in \\boxed{} for you; Ctrl-D quits)", file=out)
+    turn = 0
+    total = 0.0
+    while True:
+        print("> ", end="", file=out, flush=True)
+        line = stdin.readline()
+        if not line:  # EOF
+            print("\nbye (episode not finished)", file=out)
+            return EXIT_OK
+        text = line.strip()
+        if not text:
+            continue
+        action = text if last_boxed(text) is not None else boxed(text)
+        turn += 1
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += float(reward)
+        print(_turn_text(turn, action, obs, float(reward), show_action=action != text), file=out)
+        if terminated or truncated:
+            print(_episode_end(turn, total, info, terminated), file=out)
+            return EXIT_OK
+        suffix = info.get("suffix")
+        if suffix:
+            print(suffix, file=out)
+
+
+def play_self(env: gem_core.Env, policy: str, seed: int | None, out: TextIO) -> int:
+    """A random or oracle policy plays one episode; every turn is printed."""
+    obs, info = env.reset(seed=seed)
+    print(_rule(f"{env.spec.id if env.spec else env}  (seed {seed}, policy {policy})"), file=out)
+    print(obs, file=out)
+    act = env.sample_random_action if policy == "random" else env.oracle_action
+    turn = 0
+    total = 0.0
+    while True:
+        action = act()
+        turn += 1
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += float(reward)
+        print(_turn_text(turn, action, obs, float(reward), show_action=True), file=out)
+        if terminated or truncated:
+            print(_episode_end(turn, total, info, terminated), file=out)
+            return EXIT_OK
+
+
+def _rule(title: str) -> str:
+    return f"== {title} =="
+
+
+def _turn_text(turn: int, action: str, obs: str, reward: float, show_action: bool) -> str:
+    head = f"[turn {turn}] " + (f"action {action}  " if show_action else "") + f"reward {reward:+.3f}"
+    return f"{head}\n{obs}"
+
+
+def _episode_end(turns: int, total: float, info: dict[str, Any], terminated: bool) -> str:
+    how = "won" if info.get("success") else ("ended" if terminated else "truncated (turn limit)")
+    return f"== episode {how} after {turns} turn{'s' if turns != 1 else ''}, return {total:+.3f} =="
+
+
+def _require_oracle(env_id: str) -> None:
+    probe = gem_core.make(env_id)
+    try:
+        if not hasattr(probe, "oracle_action"):
+            raise CliError(f"{env_id} has no oracle_action(); use --policy random")
+    finally:
+        probe.close()
+
+
+# -- play: a batch over a vector env ---------------------------------------------------------------
+
+
+@dataclass
+class BatchSummary:
+    """Totals of a batch run; ``table()`` renders the printed summary."""
+
+    env_id: str
+    policy: str
+    num_envs: int
+    vector: str
+    seed: int
+    episodes: int
+    mean_return: float
+    success_rate: float
+    mean_length: float
+    format_error_rate: float
+    truncation_rate: float
+    steps: int
+    seconds: float
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else float("inf")
+
+    def table(self) -> str:
+        rows = [
+            ("episodes", f"{self.episodes}"),
+            ("mean return", f"{self.mean_return:.4f}"),
+            ("success rate", f"{self.success_rate:.1%}"),
+            ("mean length", f"{self.mean_length:.2f} turns"),
+            ("format-error rate", f"{self.format_error_rate:.1%} of episodes"),
+            ("truncation rate", f"{self.truncation_rate:.1%} of episodes"),
+            ("steps/s", f"{self.steps_per_second:,.0f}  ({self.steps} turns in {self.seconds:.2f}s)"),
+        ]
+        width = max(len(name) for name, _ in rows)
+        title = f"{self.env_id}  policy={self.policy}  num_envs={self.num_envs}  vector={self.vector}  seed={self.seed}"
+        return "\n".join([title] + [f"  {name:<{width}}  {value}" for name, value in rows])
+
+
+def run_batch(
+    env_id: str, policy: str, num_envs: int, episodes: int, seed: int, vector: str, show_progress: bool
+) -> BatchSummary:
+    """Step ``num_envs`` envs with ``policy`` until ``episodes`` episodes have finished.
+
+    The vector env autoresets on the step after an episode ends (NEXT_STEP): that step is a reset,
+    not a turn, so it is neither counted as a step nor added to the next episode. Episodes are
+    counted in the order they finish (env order within a step) until ``episodes`` are done. The
+    clock for steps/s starts after the first reset; later (auto)resets are inside it.
+    """
+    import numpy as np
+
+    method = "sample_random_action" if policy == "random" else "oracle_action"
+    vec = gem_core.make_vec(env_id, num_envs, vectorization_mode=vector)
+    progress = _progress_bar(episodes, env_id, show_progress)
+    returns: list[float] = []
+    lengths: list[int] = []
+    successes = format_errored = truncations = 0
+    ep_return = np.zeros(num_envs)
+    ep_length = np.zeros(num_envs, dtype=np.int64)
+    ep_format_error = np.zeros(num_envs, dtype=bool)
+    resets_next = np.zeros(num_envs, dtype=bool)  # envs that ended last step: this step resets them
+    steps = 0
+    try:
+        vec.reset(seed=seed)
+        started = time.perf_counter()  # after the first reset, which may load lazy data (word lists)
+        while len(returns) < episodes:
+            actions = _policy_actions(vec, method, resets_next)
+            _, rewards, terminated, truncated, infos = vec.step(actions)
+            ended = np.logical_or(terminated, truncated)
+            autoreset = np.fromiter((bool(info.get("autoreset", False)) for info in infos), bool, num_envs)
+            turn = ~(resets_next | autoreset)  # an autoreset step is a reset, not a turn
+            format_error = np.fromiter((bool(info.get("format_error", False)) for info in infos), bool, num_envs)
+            steps += int(turn.sum())
+            ep_return += np.where(turn, rewards, 0.0)
+            ep_length += turn
+            ep_format_error |= turn & format_error
+            for i in np.flatnonzero(turn & ended):
+                if len(returns) < episodes:
+                    returns.append(float(ep_return[i]))
+                    lengths.append(int(ep_length[i]))
+                    successes += bool(infos[i].get("success", False))
+                    format_errored += bool(ep_format_error[i])
+                    truncations += bool(truncated[i]) and not bool(terminated[i])
+                    if progress is not None:
+                        progress.update(1)
+                ep_return[i], ep_length[i], ep_format_error[i] = 0.0, 0, False
+            resets_next = ended
+        seconds = time.perf_counter() - started
+    finally:
+        if progress is not None:
+            progress.close()
+        vec.close()
+    return BatchSummary(
+        env_id=env_id,
+        policy=policy,
+        num_envs=num_envs,
+        vector=vector,
+        seed=seed,
+        episodes=len(returns),
+        mean_return=float(np.mean(returns)),
+        success_rate=successes / len(returns),
+        mean_length=float(np.mean(lengths)),
+        format_error_rate=format_errored / len(returns),
+        truncation_rate=truncations / len(returns),
+        steps=steps,
+        seconds=seconds,
+    )
+
+
+def _policy_actions(vec: Any, method: str, ended: Any) -> list[Any]:
+    """One action per env from ``vec.call(method)``.
+
+    Envs whose episode just ended are also asked (``call`` reaches every env), though their action
+    is ignored by the autoreset. A game may be unable to pick a move in a finished state; if the
+    call fails, the ended envs are reset first (a subset step, which is their NEXT_STEP autoreset)
+    and the call is repeated on live envs only.
+    """
+    try:
+        return list(vec.call(method))
+    except GemError:
+        if not ended.any():
+            raise
+    vec.step({int(i): "" for i in ended.nonzero()[0]})  # the autoreset step of the ended envs
+    ended[:] = False  # they are live now: their next step is a real turn
+    return list(vec.call(method))
+
+
+def _progress_bar(total: int, label: str, enabled: bool) -> Any:
+    """A tqdm bar counting finished episodes, or ``None`` (disabled, or tqdm not installed)."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is an optional extra (gem-core[cli])
+        return None
+    return tqdm(total=total, desc=label, unit="ep")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
