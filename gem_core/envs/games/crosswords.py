@@ -1,0 +1,304 @@
+"""Crosswords: fill a small generated crossword from its clues.
+
+Clues. GEM ships a clue data set; we do not have it and do not download one. Instead this package
+ships ``gem_core/data/crossword_clues.tsv``: about 230 short definition clues written for this
+project (our own text, ~10 KB), each answer a word of the ``common`` tier of
+``gem_core.utils.words``. They are split in two levels, like GEM's: ``basic`` (everyday words) and
+``hard`` (less common words). We chose hand-written definitions over clues generated from the word
+itself (letter patterns, anagrams): a crossword is a test of knowing words from their meaning, and
+generated clues would turn it into a dictionary search. The price is a small answer pool.
+
+Grid. Answers are laid out by crossing letters, with the usual crossword rule that no two letters
+touch unless they belong to the same answer (so no stray letter runs); an answer that cannot cross
+any placed one is put apart, below the rest.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import NamedTuple
+
+import numpy as np
+
+from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.word_search import render_grid
+
+ACROSS, DOWN = "across", "down"
+_STEP = {ACROSS: (0, 1), DOWN: (1, 0)}
+HIDDEN, BLOCK = "_", "."
+LEVELS = ("basic", "hard")
+
+
+class Clue(NamedTuple):
+    """One answer of the puzzle: its number, where it starts, which way it runs, and its clue."""
+
+    number: int
+    direction: str
+    row: int
+    col: int
+    answer: str
+    clue: str
+
+    def cells(self) -> list[tuple[int, int]]:
+        """The grid cells of the answer, first letter first."""
+        dr, dc = _STEP[self.direction]
+        return [(self.row + i * dr, self.col + i * dc) for i in range(len(self.answer))]
+
+
+@cache
+def clue_bank(level: str) -> tuple[tuple[str, str], ...]:
+    """The (answer, clue) pairs of a level, from the shipped clue file, in file order."""
+    if level not in LEVELS:
+        raise ValueError(f"clue level must be one of {LEVELS}, got {level!r}")
+    text = resources.files("gem_core").joinpath("data/crossword_clues.tsv").read_text(encoding="utf-8")
+    pairs = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        row_level, answer, clue = line.split("\t")
+        if row_level == level:
+            pairs.append((answer, clue))
+    return tuple(pairs)
+
+
+def _fits(letters: dict, directions: dict, word: str, row: int, col: int, direction: str) -> bool:
+    """Whether ``word`` can go at (row, col) without breaking the crossword rules."""
+    dr, dc = _STEP[direction]
+    if (row - dr, col - dc) in letters or (row + len(word) * dr, col + len(word) * dc) in letters:
+        return False  # it would run on into another answer
+    for i, letter in enumerate(word):
+        cell = (row + i * dr, col + i * dc)
+        existing = letters.get(cell)
+        if existing is not None:
+            if existing != letter or direction in directions[cell]:
+                return False
+        elif (cell[0] + dc, cell[1] + dr) in letters or (cell[0] - dc, cell[1] - dr) in letters:
+            return False  # a side neighbour would make a letter run that is no answer
+    return True
+
+
+def layout(answers: list[str], rng: np.random.Generator) -> list[tuple[str, int, int, str]]:
+    """Place ``answers`` (longest first) as a crossword: (answer, row, col, direction), rows and
+    columns counted from 0 at the top-left of the used area."""
+    order = sorted(answers, key=len, reverse=True)
+    letters: dict[tuple[int, int], str] = {}
+    directions: dict[tuple[int, int], set[str]] = {}
+    placed: list[tuple[str, int, int, str]] = []
+
+    def put(word: str, row: int, col: int, direction: str) -> None:
+        dr, dc = _STEP[direction]
+        for i, letter in enumerate(word):
+            cell = (row + i * dr, col + i * dc)
+            letters[cell] = letter
+            directions.setdefault(cell, set()).add(direction)
+        placed.append((word, row, col, direction))
+
+    put(order[0], 0, 0, ACROSS if rng.integers(2) == 0 else DOWN)
+    for word in order[1:]:
+        options: dict[tuple[int, int, str], None] = {}  # ordered and unique, so the draw is reproducible
+        for other, prow, pcol, pdir in placed:
+            new_dir = DOWN if pdir == ACROSS else ACROSS
+            pdr, pdc = _STEP[pdir]
+            ndr, ndc = _STEP[new_dir]
+            for j, shared in enumerate(other):
+                for i, letter in enumerate(word):
+                    if letter == shared:
+                        start = (prow + j * pdr - i * ndr, pcol + j * pdc - i * ndc)
+                        if _fits(letters, directions, word, start[0], start[1], new_dir):
+                            options[(start[0], start[1], new_dir)] = None
+        if options:
+            choices = list(options)
+            put(word, *choices[int(rng.integers(len(choices)))])
+        else:  # no crossing possible: a separate answer two rows below everything
+            put(word, max(r for r, _ in letters) + 2, min(c for _, c in letters), ACROSS)
+    top = min(r for r, _ in letters)
+    left = min(c for _, c in letters)
+    return [(word, row - top, col - left, direction) for word, row, col, direction in placed]
+
+
+def _as_int(token: str) -> int | None:
+    try:
+        return int(token)
+    except ValueError:
+        return None
+
+
+class Crosswords(TextGame):
+    """Fill a crossword of ``num_words`` answers within ``max_turns`` moves.
+
+    A move fills one cell, ``row col letter`` (GEM's move, e.g. ``\\boxed{0 2 a}``), or one whole
+    answer, ``number word`` (e.g. ``\\boxed{2 apple}``). A wrong letter or word is rejected and the
+    cells stay empty. ``hardcore`` draws from the ``hard`` clue level, otherwise from ``basic``.
+    Rewards: each newly filled cell pays ``0.5 / letter_cells``; the move that completes the grid
+    pays the rest, so a solved puzzle returns exactly 1.0 and an unsolved one at most 0.5 (GEM
+    pays all of it per cell; we keep half for solving). Wrong letters and words pay 0. Moves out of
+    the grid, on a black square or a filled cell, answers of the wrong length, repeats of a wrong
+    guess and unreadable moves are invalid (reward 0, turn used).
+    All three settings ``None``: 2-4 answers of a random level, and one turn per letter cell plus
+    one per answer.
+    """
+
+    title = "Crosswords"
+    progress_share = 0.5
+
+    def __init__(self, num_words: int | None = 5, hardcore: bool | None = False, max_turns: int | None = 100):
+        super().__init__(max_turns)
+        if num_words is not None and not 1 <= num_words <= 10:
+            raise ValueError(f"num_words must be in 1..10 or None (random), got {num_words}")
+        self._num_words_arg = num_words
+        self._hardcore_arg = hardcore
+        self.num_words = num_words or 3
+        self.hardcore = bool(hardcore)
+        self.clues: list[Clue] = []
+        self.solution: list[str] = []
+        self.board: list[list[str]] = []
+        self.letter_cells = 0
+        self.filled = 0
+        self.tried: set[str] = set()  # wrong guesses so far, so a repeat is flagged
+        self.progress_paid = 0.0
+
+    def new_game(self) -> None:
+        rng = self.np_random
+        self.num_words = self._randint(2, 4) if self._num_words_arg is None else self._num_words_arg
+        self.hardcore = bool(rng.integers(2)) if self._hardcore_arg is None else bool(self._hardcore_arg)
+        bank = clue_bank("hard" if self.hardcore else "basic")
+        picks = rng.choice(len(bank), size=min(self.num_words, len(bank)), replace=False)
+        clue_of = {bank[int(i)][0]: bank[int(i)][1] for i in picks}
+        placed = layout(list(clue_of), rng)
+        rows = 1 + max(r + (len(w) - 1 if d == DOWN else 0) for w, r, _, d in placed)
+        cols = 1 + max(c + (len(w) - 1 if d == ACROSS else 0) for w, _, c, d in placed)
+        solution = [[BLOCK] * cols for _ in range(rows)]
+        # Number the answers in reading order of their first cell, as printed crosswords do.
+        placed.sort(key=lambda p: (p[1], p[2], p[3]))
+        self.clues = [Clue(n, d, r, c, w, clue_of[w]) for n, (w, r, c, d) in enumerate(placed, start=1)]
+        for clue in self.clues:
+            for (r, c), letter in zip(clue.cells(), clue.answer):
+                solution[r][c] = letter
+        self.solution = ["".join(row) for row in solution]
+        self.board = [[BLOCK if ch == BLOCK else HIDDEN for ch in row] for row in self.solution]
+        self.letter_cells = sum(ch != BLOCK for row in self.solution for ch in row)
+        self.filled = 0
+        self.tried = set()
+        self.progress_paid = 0.0
+        if self._max_turns_arg is None:
+            self.max_turns = self.letter_cells + self.num_words
+
+    # -- text ------------------------------------------------------------------------------------
+    def render(self) -> str:
+        """The grid as text: letters found, ``_`` for empty cells, ``.`` for black squares."""
+        return render_grid(self.board)
+
+    def clue_list(self) -> str:
+        """The numbered clues with where each answer starts, which way it runs and its length."""
+        return "\n".join(
+            f"{c.number}. {c.direction}, from row {c.row} col {c.col}, {len(c.answer)} letters: {c.clue}"
+            for c in self.clues
+        )
+
+    def instructions(self) -> str:
+        first = self.clues[0]
+        return (
+            "You are playing Crosswords.\n"
+            f"Fill every empty cell (_) of the grid within {self.max_turns} turns; '.' marks a black square.\n"
+            "Rows and columns are numbered from 0. Each turn, make one move inside \\boxed{}:\n"
+            f"  fill one cell with 'row col letter', for example \\boxed{{{first.row} {first.col} a}};\n"
+            "  or fill a whole answer with 'clue-number word', for example \\boxed{2 yellow}.\n"
+            "A wrong letter or word is rejected and the cells stay empty.\n"
+            f"Clues:\n{self.clue_list()}\n"
+            f"Starting grid:\n{self.render()}"
+        )
+
+    def task_suffix(self) -> str:
+        return f"Current grid:\n{self.render()}\nEnter your next move."
+
+    # -- moves -----------------------------------------------------------------------------------
+    def play(self, move: str) -> Move:
+        tokens = move.translate(_STRIP).replace(",", " ").split()
+        if len(tokens) == 3:
+            row, col, letter = _as_int(tokens[0]), _as_int(tokens[1]), tokens[2].lower()
+            if row is not None and col is not None and len(letter) == 1 and letter.isascii() and letter.isalpha():
+                return self._fill_cell(row, col, letter)
+        elif len(tokens) == 2:
+            number, word = _as_int(tokens[0]), tokens[1].lower()
+            if number is not None and word.isascii() and word.isalpha():
+                return self._fill_answer(number, word)
+        return Move(
+            f"At turn {self.turn}, {move!r} is not a move. Write 'row col letter' (e.g. \\boxed{{0 2 a}}) "
+            "or 'clue-number word' (e.g. \\boxed{2 yellow}).",
+            invalid=True,
+        )
+
+    def _fill_cell(self, row: int, col: int, letter: str) -> Move:
+        where = f"({row}, {col})"
+        if not (0 <= row < len(self.board) and 0 <= col < len(self.board[0])):
+            return Move(f"At turn {self.turn}, {where} is outside the grid.", invalid=True)
+        if self.board[row][col] == BLOCK:
+            return Move(f"At turn {self.turn}, {where} is a black square.", invalid=True)
+        if self.board[row][col] != HIDDEN:
+            return Move(f"At turn {self.turn}, {where} is already filled.", invalid=True)
+        key = f"{row} {col} {letter}"
+        if key in self.tried:
+            return Move(f"At turn {self.turn}, you already tried {letter.upper()} at {where}.", invalid=True)
+        if self.solution[row][col] != letter:
+            self.tried.add(key)
+            return Move(f"At turn {self.turn}, {letter.upper()} is not the letter at {where}.")
+        self.board[row][col] = letter
+        return self._progress(1, f"At turn {self.turn}, {letter.upper()} at {where} is right.")
+
+    def _fill_answer(self, number: int, word: str) -> Move:
+        if not 1 <= number <= len(self.clues):
+            return Move(f"At turn {self.turn}, there is no clue {number}; clues are 1-{len(self.clues)}.", invalid=True)
+        clue = self.clues[number - 1]
+        if len(word) != len(clue.answer):
+            return Move(
+                f"At turn {self.turn}, {word.upper()} has {len(word)} letters; answer {number} has {len(clue.answer)}.",
+                invalid=True,
+            )
+        cells = clue.cells()
+        if all(self.board[r][c] != HIDDEN for r, c in cells):
+            return Move(f"At turn {self.turn}, answer {number} is already complete.", invalid=True)
+        key = f"{number} {word}"
+        if key in self.tried:
+            return Move(f"At turn {self.turn}, you already tried {word.upper()} for clue {number}.", invalid=True)
+        if word != clue.answer:
+            self.tried.add(key)
+            return Move(f"At turn {self.turn}, {word.upper()} is not the answer to clue {number}.")
+        newly = 0
+        for (r, c), letter in zip(cells, word):
+            if self.board[r][c] == HIDDEN:
+                self.board[r][c] = letter
+                newly += 1
+        return self._progress(newly, f"At turn {self.turn}, {word.upper()} is right for clue {number}.")
+
+    def _progress(self, newly_filled: int, message: str) -> Move:
+        self.filled += newly_filled
+        if self.filled == self.letter_cells:
+            reward = self.success_reward - self.progress_paid
+            self.progress_paid = self.success_reward
+            return Move(
+                f"{message} Congratulations! You completed the crossword in {self.turn} turns.",
+                reward=reward,
+                terminated=True,
+                success=True,
+            )
+        reward = self.progress_share * newly_filled / self.letter_cells
+        self.progress_paid += reward
+        return Move(message, reward=reward)
+
+    def random_move(self) -> str:
+        empty = [(r, c) for r, row in enumerate(self.board) for c, ch in enumerate(row) if ch == HIDDEN]
+        if not empty:  # only after a win; any well-formed move will do
+            return "0 0 a"
+        r, c = empty[int(self.np_random.integers(len(empty)))]
+        return f"{r} {c} {chr(ord('a') + int(self.np_random.integers(26)))}"
+
+    def oracle_move(self) -> str:
+        """Reads the solution: the first answer that still has empty cells."""
+        for clue in self.clues:
+            if any(self.board[r][c] == HIDDEN for r, c in clue.cells()):
+                return f"{clue.number} {clue.answer}"
+        return f"1 {self.clues[0].answer}"
+
+
+_STRIP = str.maketrans("", "", "[]()")

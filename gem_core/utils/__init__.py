@@ -1,0 +1,1 @@
+"""Small shared helpers for the environments (word lists, ...)."""
