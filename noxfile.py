@@ -29,3 +29,10 @@ def core(session: nox.Session) -> None:
     """gem_core with its dev and torch extras: every test under tests/ except the trainer integrations."""
     session.install("-e", ".[dev,torch]")
     session.run(*PYTEST, "tests", "--ignore=tests/integrations", *session.posargs, env=_env())
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Env throughput against gem-llm (the peer, installed beside gem-core). Not part of `nox`'s default."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/env_throughput.py", *session.posargs)

@@ -381,7 +381,7 @@ def _progress_bar(total: int, label: str, enabled: bool) -> Any:
         return None
     try:
         from tqdm import tqdm
-    except ImportError:  # tqdm is an optional extra (gem-core[cli])
+    except ImportError:  # tqdm is a dependency, but a trimmed install may lack it
         return None
     return tqdm(total=total, desc=label, unit="ep")
 

@@ -1,0 +1,189 @@
+"""Env throughput: steps/s and resets/s per game, and vector env steps/s, against gem-llm in the same run.
+
+    python benchmarks/env_throughput.py [--seconds 0.5] [--games Sudoku,Wordle] [--markdown out.md]
+    nox -s bench          # installs gem-llm (the peer) beside gem-core and runs this
+
+Only ``env.step``/``env.reset`` are timed; random actions are drawn outside the timer, for both
+implementations, so the numbers compare the envs and not the action samplers. gem-llm is imported in the
+same process when it is installed (import name ``gem``); otherwise its columns read "n/a".
+The CPU-bound vector row uses ``bench:CpuBound-v0`` (defined here): a step that burns ``work_ms`` of
+pure-Python CPU, which is what an env with a real checker (code tests, math grading) looks like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gem_core
+from gem_core.envs.games import GAME_NAMES
+
+VARIANTS = ("easy", "hard")
+NUM_VECTOR_ENVS = 64
+
+
+if "bench:CpuBound-v0" not in gem_core.registry.registry:
+    # A class defined in a script lives in __main__, which worker processes cannot import by name.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    gem_core.register("bench:CpuBound-v0", "cpu_bound_env:CpuBound", description="benchmark: 1 ms of CPU per step")
+
+
+def _offline_nltk_words() -> None:
+    """gem-llm's word games read NLTK's ``words`` corpus, a download. Offline we hand it a local corpus
+    made from the same english-words data gem-core uses: ``en`` (all words) and ``en-basic`` (a stand-in
+    for Ogden's 850 Basic English words: an even spread of ~630 common 3-8 letter words). Speed only."""
+    if os.environ.get("NLTK_DATA"):
+        return
+    import tempfile
+
+    from gem_core.utils.words import word_set
+
+    root = os.path.join(tempfile.gettempdir(), "gem_core_bench_nltk_data")
+    folder = os.path.join(root, "corpora", "words")
+    if not os.path.exists(os.path.join(folder, "en-basic")):
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "en"), "w") as fh:
+            fh.write("\n".join(sorted(word_set("all"))) + "\n")
+        basic = [w for w in sorted(word_set("common")) if 3 <= len(w) <= 8][::60][:850]
+        with open(os.path.join(folder, "en-basic"), "w") as fh:
+            fh.write("\n".join(basic) + "\n")
+    os.environ["NLTK_DATA"] = root
+
+
+def _peer() -> Any | None:
+    _offline_nltk_words()
+    try:
+        import gem  # gem-llm, the reference implementation
+    except Exception:
+        return None
+    return gem
+
+
+def time_steps(env: Any, seconds: float, seed: int = 0) -> float:
+    """Steps per second of ``env.step`` alone, resetting when an episode ends."""
+    env.reset(seed=seed)
+    spent, steps, episode = 0.0, 0, 0
+    deadline = time.perf_counter() + seconds * 3 + 5  # wall-clock guard for slow envs
+    while spent < seconds and time.perf_counter() < deadline:
+        action = env.sample_random_action()
+        t0 = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(action)
+        spent += time.perf_counter() - t0
+        steps += 1
+        if terminated or truncated:
+            episode += 1
+            env.reset(seed=seed + episode)
+    return steps / spent
+
+
+def time_resets(env: Any, seconds: float) -> float:
+    """Resets per second (a new puzzle each time, seeded)."""
+    spent, n = 0.0, 0
+    deadline = time.perf_counter() + seconds * 3 + 10
+    while (spent < seconds or n < 3) and time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        env.reset(seed=n)
+        spent += time.perf_counter() - t0
+        n += 1
+    return n / spent
+
+
+def time_vector(step: Callable[[list[str]], Any], actions: Callable[[], list[str]], seconds: float) -> float:
+    """Env-steps per second of a vector env's ``step`` (num_envs transitions per call)."""
+    spent, calls, n = 0.0, 0, 0
+    while spent < seconds:
+        acts = actions()
+        t0 = time.perf_counter()
+        step(acts)
+        spent += time.perf_counter() - t0
+        calls += 1
+        n += len(acts)
+    return n / spent
+
+
+def ours_vector(env_id: str, mode: str, seconds: float, **vector_kwargs: Any) -> float:
+    with gem_core.make_vec(env_id, NUM_VECTOR_ENVS, vectorization_mode=mode, vector_kwargs=vector_kwargs) as vec:
+        vec.reset(seed=0)
+        return time_vector(vec.step, lambda: vec.call("sample_random_action"), seconds)
+
+
+def peer_vector(gem: Any, env_id: str, async_mode: bool, seconds: float) -> float:
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # gem-llm prints on make_vec
+        vec = gem.make_vec([env_id] * NUM_VECTOR_ENVS, async_mode=async_mode)
+    vec.reset(seed=0)
+    return time_vector(vec.step, lambda: [e.sample_random_action() for e in vec.envs], seconds)
+
+
+def fmt(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.1f}x"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=0.5, help="timed seconds per measurement")
+    parser.add_argument("--games", default=",".join(GAME_NAMES), help="comma-separated game names")
+    parser.add_argument("--vector-id", default="game:Sudoku-v0-hard", help="light env for the vector rows")
+    parser.add_argument("--markdown", help="also write the tables to this file")
+    args = parser.parse_args(argv)
+    gem = _peer()
+    peer_name = f"gem-llm {getattr(gem, '__version__', '')}".strip() if gem else "gem-llm (not installed)"
+    print(f"gem-core {gem_core.__version__} vs {peer_name}; python {sys.version.split()[0]}, {os.cpu_count()} cpus\n")
+
+    rows = []
+    for name in args.games.split(","):
+        for variant in VARIANTS:
+            env_id = f"game:{name}-v0-{variant}"
+            ours_env = gem_core.make(env_id)
+            ours_steps, ours_resets = time_steps(ours_env, args.seconds), time_resets(ours_env, args.seconds)
+            peer_steps = peer_resets = None
+            if gem is not None:
+                try:
+                    peer_env = gem.make(env_id)
+                    peer_steps, peer_resets = time_steps(peer_env, args.seconds), time_resets(peer_env, args.seconds)
+                except Exception as exc:  # the peer lacks or breaks on this id: record, don't stop
+                    print(f"  peer failed on {env_id}: {exc!r}", file=sys.stderr)
+            rows.append([env_id, fmt(ours_steps), fmt(peer_steps), ratio(ours_steps, peer_steps),
+                         fmt(ours_resets), fmt(peer_resets), ratio(ours_resets, peer_resets)])
+            print(f"  {env_id}: done", file=sys.stderr)
+    single = table(["env id", "steps/s", "peer steps/s", "speed-up", "resets/s", "peer resets/s", "speed-up"], rows)
+    print(single, "\n")
+
+    vrows = []
+    for env_id in (args.vector_id, "bench:CpuBound-v0"):
+        sync = ours_vector(env_id, "sync", args.seconds * 2)
+        async2 = ours_vector(env_id, "async", args.seconds * 2, num_workers=2)
+        peer_sync = peer_async = None
+        if gem is not None and not env_id.startswith("bench:"):
+            peer_sync = peer_vector(gem, env_id, False, args.seconds * 2)
+            peer_async = peer_vector(gem, env_id, True, args.seconds * 2)
+        vrows.append([env_id, fmt(sync), fmt(async2), ratio(async2, sync), fmt(peer_sync), fmt(peer_async)])
+    vector = table([f"vector ({NUM_VECTOR_ENVS} envs)", "sync steps/s", "async (2 workers)", "async/sync",
+                    "peer sync", "peer async (threads)"], vrows)
+    print(vector)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(f"{peer_name}\n\n{single}\n\n{vector}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
