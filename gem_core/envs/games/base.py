@@ -56,7 +56,8 @@ class TextGame(Env[str, str]):
         raise NotImplementedError
 
     def instructions(self) -> str:
-        """The first observation: rules, the action format with an example, the starting board."""
+        """The first observation: rules and the action format with an example (and the starting
+        board, unless the game shows its board in ``task_suffix``)."""
         raise NotImplementedError
 
     def play(self, move: str) -> Move:
@@ -72,7 +73,8 @@ class TextGame(Env[str, str]):
         raise NotImplementedError
 
     def task_suffix(self) -> str:
-        """One line that asks for the next move; the observation wrappers append it."""
+        """What to show after each observation: a request for the next move, and for games that do so
+        (as GEM does) the current board. The history wrapper appends it; it may span several lines."""
         return "Enter your next move."
 
     def on_time_limit(self, last: Move) -> Move:

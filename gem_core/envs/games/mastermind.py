@@ -1,0 +1,240 @@
+"""Mastermind: crack a hidden code of digits from black/white peg feedback."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from gem_core.envs.games.base import Move, TextGame
+
+# (code_length, num_numbers, max_turns) settings that the random variant draws from (GEM's table).
+RANDOM_SETTINGS: tuple[tuple[int, int, int], ...] = ((2, 4, 10), (4, 6, 20), (4, 8, 30))
+
+_SEPARATORS = re.compile(r"[\s,]+")
+
+# The oracle scores at most this many of the still-possible codes as its next guess (minimax over
+# their feedback partitions); more would only cost time without winning noticeably sooner.
+_ORACLE_GUESS_POOL = 200
+_ORACLE_CELLS = 20_000_000
+
+
+def score_guess(secret: Sequence[int], guess: Sequence[int]) -> tuple[int, int]:
+    """Peg feedback ``(black, white)``: black = right digit in the right place; white = a digit of
+    the code that is in the guess at another place, each code digit counted at most once."""
+    black = sum(1 for s, g in zip(secret, guess) if s == g)
+    unmatched = list(secret)
+    common = 0  # digits shared by both, with multiplicity: each code digit pairs with one guess digit
+    for digit in guess:
+        if digit in unmatched:
+            unmatched.remove(digit)
+            common += 1
+    return black, common - black
+
+
+@lru_cache(maxsize=8)
+def _all_codes(code_length: int, num_numbers: int, duplicates: bool) -> np.ndarray:
+    """Every possible code as rows of an int8 array (read-only, shared by all games)."""
+    digits = range(1, num_numbers + 1)
+    source = itertools.product(digits, repeat=code_length) if duplicates else itertools.permutations(digits, code_length)
+    codes = np.array(list(source), dtype=np.int8).reshape(-1, code_length)
+    codes.flags.writeable = False
+    return codes
+
+
+def _feedback_keys(codes: np.ndarray, code_counts: np.ndarray, guess: np.ndarray, num_numbers: int) -> np.ndarray:
+    """For every row of ``codes`` as the secret, the feedback to ``guess`` as one int: black * (L + 1) + white."""
+    black = (codes == guess).sum(axis=1)
+    guess_counts = np.bincount(guess, minlength=num_numbers + 1)
+    white = np.minimum(code_counts, guess_counts).sum(axis=1) - black
+    return black * (codes.shape[1] + 1) + white
+
+
+def _digit_counts(codes: np.ndarray, num_numbers: int) -> np.ndarray:
+    """How often each digit 0..num_numbers occurs in each code (one row per code, int8)."""
+    return np.stack([(codes == d).sum(axis=1, dtype=np.int8) for d in range(num_numbers + 1)], axis=1)
+
+
+class Mastermind(TextGame):
+    """Guess a secret code of ``code_length`` digits from 1 to ``num_numbers`` within ``max_turns``.
+
+    Each valid guess is answered with black pegs (right digit, right place) and white pegs (right
+    digit, wrong place). Rewards follow GEM's dense scheme: when a guess beats the best black-peg
+    count so far, it earns the gain divided by ``code_length``, so the rewards of a solved game add
+    up to 1; other valid guesses earn 0, as do invalid ones (wrong length, digits out of range, a
+    repeated guess). ``None`` for ``code_length``, ``num_numbers`` or ``max_turns`` draws a setting
+    from :data:`RANDOM_SETTINGS` per episode (explicit values still win); ``duplicate_numbers=None``
+    draws whether the code may repeat digits.
+    """
+
+    title = "Mastermind"
+
+    def __init__(
+        self,
+        code_length: int | None = 4,
+        num_numbers: int | None = 6,
+        max_turns: int | None = 20,
+        duplicate_numbers: bool | None = False,
+    ):
+        super().__init__(max_turns)
+        for name, value in (("code_length", code_length), ("num_numbers", num_numbers)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None (random), got {value}")
+        if code_length and num_numbers and duplicate_numbers is False and code_length > num_numbers:
+            raise ValueError(
+                f"a code of {code_length} distinct digits needs num_numbers >= {code_length}, got {num_numbers}; "
+                "lower code_length or pass duplicate_numbers=True"
+            )
+        self._random_setting = code_length is None or num_numbers is None or max_turns is None
+        self._size_args = (code_length, num_numbers, duplicate_numbers)
+        self.code_length = code_length or 1
+        self.num_numbers = num_numbers or 1
+        self.duplicate_numbers = bool(duplicate_numbers)
+        self.secret: tuple[int, ...] = ()
+        self.history: list[tuple[tuple[int, ...], int, int]] = []  # (guess, black, white)
+        self.guessed: set[tuple[int, ...]] = set()
+        self.best_black = 0
+
+    # -- game ------------------------------------------------------------------------------------
+    def new_game(self) -> None:
+        code_length, num_numbers, duplicates = self._size_args
+        if self._random_setting:
+            drawn_length, drawn_numbers, drawn_turns = RANDOM_SETTINGS[self._randint(0, len(RANDOM_SETTINGS) - 1)]
+            code_length = code_length or drawn_length
+            num_numbers = num_numbers or drawn_numbers
+            if self._max_turns_arg is None:
+                self.max_turns = drawn_turns
+        if duplicates is None:
+            duplicates = bool(self._randint(0, 1))
+        if not duplicates and code_length > num_numbers:
+            duplicates = True  # only reachable by mixing a fixed length with a drawn range
+        self.code_length, self.num_numbers, self.duplicate_numbers = code_length, num_numbers, duplicates
+        self.secret = self._draw_code()
+        self.history = []
+        self.guessed = set()
+        self.best_black = 0
+
+    def _draw_code(self) -> tuple[int, ...]:
+        # One batch of uniforms and a partial Fisher-Yates shuffle in Python: several times faster
+        # than Generator.choice/permutation for codes this short.
+        n = self.num_numbers
+        uniforms = self.np_random.random(self.code_length).tolist()
+        if self.duplicate_numbers:
+            return tuple(int(u * n) + 1 for u in uniforms)
+        pool = list(range(1, n + 1))
+        for k, u in enumerate(uniforms):
+            j = k + int(u * (n - k))
+            pool[k], pool[j] = pool[j], pool[k]
+        return tuple(pool[: self.code_length])
+
+    def _example(self) -> str:
+        return " ".join(str(d % self.num_numbers + 1) for d in range(self.code_length))
+
+    def instructions(self) -> str:
+        repeats = "may repeat" if self.duplicate_numbers else "are all different"
+        return (
+            "You are playing Mastermind.\n"
+            f"A secret code of {self.code_length} digits is hidden. Each digit is between 1 and {self.num_numbers} "
+            f"(inclusive), and the digits of the code {repeats}. Crack it within {self.max_turns} turns.\n"
+            "Every guess is scored with pegs: a black peg for each digit that is right and in the right position, "
+            "and a white peg for each further digit of the code that your guess contains in a different position.\n"
+            f"Write your guess as {self.code_length} digits separated by spaces inside \\boxed{{}}, "
+            f"for example \\boxed{{{self._example()}}}. Guessing the same code twice wastes a turn.\n"
+            "Your guesses and their pegs will be listed as you play; use them to narrow down the code.\n"
+            "Enter your first guess to start the game."
+        )
+
+    def task_suffix(self) -> str:
+        return "Enter your next guess."
+
+    def _parse(self, move: str) -> tuple[int, ...] | str:
+        """The guess as digits, or a message saying what is wrong with it."""
+        tokens = _SEPARATORS.split(move.strip(" ,"))
+        # "1234" for a 4-digit code is unambiguous when every digit is a single character.
+        if len(tokens) == 1 and self.num_numbers <= 9 and len(tokens[0]) == self.code_length > 1 and tokens[0].isdigit():
+            tokens = list(tokens[0])
+        try:
+            guess = tuple(map(int, tokens)) if all(map(str.isascii, tokens)) else ()
+        except ValueError:
+            guess = ()
+        if not guess:
+            return f"{move!r} is not a list of digits separated by spaces"
+        if len(guess) != self.code_length:
+            return f"your guess {self._show(guess)} has {len(guess)} digits, but the code has {self.code_length}"
+        if any(not 1 <= d <= self.num_numbers for d in guess):
+            return f"your guess {self._show(guess)} uses digits outside 1 to {self.num_numbers}"
+        return guess
+
+    @staticmethod
+    def _show(code: Sequence[int]) -> str:
+        return " ".join(map(str, code))
+
+    def play(self, move: str) -> Move:
+        guess = self._parse(move)
+        if isinstance(guess, str):
+            return Move(f"At turn {self.turn}, {guess}.", invalid=True)
+        if guess in self.guessed:
+            return Move(f"At turn {self.turn}, you guessed {self._show(guess)} again; you already know its pegs.", invalid=True)
+        black, white = score_guess(self.secret, guess)
+        self.history.append((guess, black, white))
+        self.guessed.add(guess)
+        reward = 0.0
+        if black > self.best_black:  # progress: reward only the improvement, so a win sums to 1
+            reward = (black - self.best_black) / self.code_length
+            self.best_black = black
+        if black == self.code_length:
+            return Move(
+                f"Congratulations! {self._show(guess)} is the secret code; you cracked it in {self.turn} turns.",
+                reward=reward,
+                terminated=True,
+                success=True,
+                info={"black_pegs": black, "white_pegs": white},
+            )
+        return Move(
+            f"At turn {self.turn}, you guessed {self._show(guess)}: {black} black peg(s) and {white} white peg(s).",
+            reward=reward,
+            info={"black_pegs": black, "white_pegs": white},
+        )
+
+    def on_time_limit(self, last: Move) -> Move:
+        last = super().on_time_limit(last)
+        last.observation += f" The secret code was {self._show(self.secret)}."
+        return last
+
+    def random_move(self) -> str:
+        return self._show(self._draw_code())
+
+    # -- solver ----------------------------------------------------------------------------------
+    def consistent_codes(self) -> np.ndarray:
+        """All codes that agree with every black/white answer so far (reads only the feedback)."""
+        codes = _all_codes(self.code_length, self.num_numbers, self.duplicate_numbers)
+        counts = _digit_counts(codes, self.num_numbers)
+        for guess, black, white in self.history:
+            keys = _feedback_keys(codes, counts, np.asarray(guess, dtype=np.int8), self.num_numbers)
+            keep = keys == black * (self.code_length + 1) + white
+            codes, counts = codes[keep], counts[keep]
+        return codes
+
+    def oracle_move(self) -> str:
+        """A code consistent with all feedback, chosen to shrink the worst-case set of remaining codes
+        (Knuth's minimax rule over a sample of the consistent codes). Never looks at the secret."""
+        remaining = self.consistent_codes()
+        if len(remaining) <= 2:
+            return self._show(remaining[0].tolist()) if len(remaining) else self.random_move()
+        counts = _digit_counts(remaining, self.num_numbers)
+        # Score a spread of candidate guesses at once; the sample shrinks for huge code spaces so the
+        # (codes x guesses x digits) arrays stay a few MB.
+        pool_size = max(1, min(_ORACLE_GUESS_POOL, _ORACLE_CELLS // (len(remaining) * counts.shape[1])))
+        stride = -(-len(remaining) // pool_size)  # ceil
+        pool, pool_counts = remaining[::stride], counts[::stride]
+        # Summing position by position (and digit by digit) beats reducing a short last axis.
+        black = sum((remaining[:, k, None] == pool[None, :, k]).astype(np.int16) for k in range(self.code_length))
+        common = sum(np.minimum(counts[:, d, None], pool_counts[None, :, d]).astype(np.int16) for d in range(1, counts.shape[1]))
+        keys = black * (self.code_length + 1) + (common - black)  # (codes, guesses)
+        width = (self.code_length + 1) ** 2
+        per_guess = np.bincount((keys + np.arange(len(pool)) * width).ravel(), minlength=len(pool) * width)
+        worst_case = per_guess.reshape(len(pool), width).max(axis=1)
+        return self._show(pool[int(np.argmin(worst_case))].tolist())  # argmin: first of the best, deterministic
