@@ -1,0 +1,36 @@
+"""Advantage estimators for multi-turn RL: ReBN and the baselines it is compared with.
+
+Framework-neutral: numpy arrays in -> numpy out, torch tensors in -> torch out (torch is imported
+only when a tensor arrives). Everything is turn-level: returns are discounted over turns, not tokens,
+and `tokens` maps per-turn advantages onto a trainer's (batch, length) token tensors.
+"""
+
+from .baselines import grpo, reinforce, reinforce_batch_mean, rloo
+from .gae import turn_gae
+from .rebn import NormStats, normalization_stats, normalize, rebn
+from .returns import EpisodeLayout, discounted_returns, flatten_episodes
+from .tokens import (
+    broadcast_turns_to_tokens,
+    rebn_token_level,
+    turn_ids_from_mask,
+    turn_ids_from_spans,
+)
+
+__all__ = [
+    "EpisodeLayout",
+    "NormStats",
+    "broadcast_turns_to_tokens",
+    "discounted_returns",
+    "flatten_episodes",
+    "grpo",
+    "normalization_stats",
+    "normalize",
+    "rebn",
+    "rebn_token_level",
+    "reinforce",
+    "reinforce_batch_mean",
+    "rloo",
+    "turn_gae",
+    "turn_ids_from_mask",
+    "turn_ids_from_spans",
+]
