@@ -27,12 +27,28 @@ def _env() -> dict[str, str]:
 @nox.session
 def core(session: nox.Session) -> None:
     """gem_core with its dev and torch extras: every test under tests/ except the trainer integrations."""
-    session.install("-e", ".[dev,torch]")
+    session.install("-e", ".[dev,torch,hf]")
     session.run(*PYTEST, "tests", "--ignore=tests/integrations", *session.posargs, env=_env())
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """Env throughput against gem-llm (the peer, installed beside gem-core). Not part of `nox`'s default."""
-    session.install("-e", ".[bench]")
+    session.install("-e", ".[bench,hf,torch]")
     session.run("python", "benchmarks/env_throughput.py", *session.posargs)
+    session.run("python", "benchmarks/rollout_overhead.py")
+
+
+@nox.session
+def bench_advantages(session: nox.Session) -> None:
+    """ReBN against verl's grpo / grpo_vectorized / reinforce_plus_plus on CPU. Not part of `nox`'s default.
+
+    verl's base requirements (ray, transformers<5.11, datasets, ...) install on CPU; torch is pinned
+    first and held by a constraint so nothing upgrades it to a CUDA build.
+    """
+    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    with open(pin, "w") as handle:
+        handle.write(TORCH + "\n")
+    session.install(TORCH)
+    session.install("-c", pin, "-e", ".[verl]")
+    session.run("python", "benchmarks/advantages.py", *session.posargs, env=_env())

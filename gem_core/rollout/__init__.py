@@ -1,0 +1,66 @@
+"""The framework-neutral multi-turn episode runner: token in, token out (DESIGN.md contracts 3 and 4).
+
+    formatter = ChatFormatter(tokenizer)                     # chat template as token deltas
+    trajectory = await run_episode(env, policy, formatter, seed=0, params=SamplingParams(max_tokens=256))
+    samples = trajectory.per_turn_samples(gamma=0.9)         # one sample per turn (GEM's default)
+    sequence = trajectory.as_sequence()                      # one sequence with a loss mask (agent-loop view)
+
+``run_episodes`` plays a batch over a pool of envs, a vector env or env ids, with GRPO-style groups.
+Trainer plugins implement :class:`Policy` around their engine. Nothing here imports torch or
+transformers until a policy that needs them is built.
+"""
+
+from gem_core.rollout.chat import ChatFormatter, ChatTemplateError
+from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
+from gem_core.rollout.policy import (
+    ChatPolicy,
+    ContextLimitExceeded,
+    FinishReason,
+    Generation,
+    Policy,
+    SamplingParams,
+    derive_seed,
+    episode_of,
+    request_id_for,
+)
+from gem_core.rollout.runner import (
+    AsyncEnv,
+    EpisodeSpec,
+    ThreadedEnv,
+    VectorEnvSlots,
+    run_episode,
+    run_episodes,
+    run_episodes_sync,
+)
+from gem_core.rollout.trajectory import TRUNCATION_REASONS, SequenceView, Trajectory, Turn, TurnSample
+
+__all__ = [
+    "TRUNCATION_REASONS",
+    "AsyncEnv",
+    "ChatFormatter",
+    "ChatPolicy",
+    "ChatTemplateError",
+    "ContextLimitExceeded",
+    "EpisodeSpec",
+    "FinishReason",
+    "Generation",
+    "HFPolicy",
+    "OpenAIPolicy",
+    "Policy",
+    "RandomPolicy",
+    "SamplingParams",
+    "ScriptedPolicy",
+    "SequenceView",
+    "ThreadedEnv",
+    "Trajectory",
+    "Turn",
+    "TurnSample",
+    "VectorEnvSlots",
+    "derive_seed",
+    "episode_of",
+    "request_id_for",
+    "run_episode",
+    "run_episodes",
+    "run_episodes_sync",
+    "scripted_logprob",
+]

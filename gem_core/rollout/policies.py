@@ -1,0 +1,343 @@
+"""Policies: scripted (tests), random (fuzzing), a local transformers model, and an OpenAI-compatible
+chat endpoint (evaluation). Trainer plugins bring their own (see :class:`~gem_core.rollout.policy.Policy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed
+
+
+def scripted_logprob(token_id: int, position: int) -> float:
+    """The made-up log-probability ScriptedPolicy reports: a multiple of 1/8 (exact in float32 and
+    bfloat16, so trainers that cast it compare exactly) that changes with token and position."""
+    return -(1 + (int(token_id) + position) % 17) / 8.0
+
+
+class ScriptedPolicy:
+    """A deterministic policy for tests: ``respond(decoded_context) -> response text``.
+
+    The context is decoded with special tokens kept, so ``respond`` sees the chat template as the model
+    would. The response text is tokenised and the first stop token of the request (the chat template's
+    end-of-turn token, added by the runner) is appended, as a model that stops would. A response longer
+    than ``max_tokens`` is cut to ``max_tokens`` tokens with ``finish_reason="length"``. Log-probabilities
+    are :func:`scripted_logprob` values. ``calls`` counts generate calls.
+    """
+
+    def __init__(self, tokenizer: Any, respond: Callable[[str], str], *, end_token_id: int | None = None):
+        self.tokenizer = tokenizer
+        self.respond = respond
+        self.end_token_id = end_token_id
+        self.calls = 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+        self.calls += 1
+        context = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        text = self.respond(context)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        end = self.end_token_id
+        if end is None:
+            end = params.stop_token_ids[0] if params.stop_token_ids else getattr(self.tokenizer, "eos_token_id", None)
+        if end is not None:
+            ids.append(int(end))
+        finish = "stop"
+        if len(ids) > params.max_tokens:
+            ids, finish = ids[: params.max_tokens], "length"
+        return Generation(ids, [scripted_logprob(t, i) for i, t in enumerate(ids)], finish)
+
+
+class RandomPolicy:
+    """Uniformly random tokens, for fuzzing the runner and the envs' handling of garbage.
+
+    Each response draws from its own stream, seeded by ``(seed, params.seed, request_id)``, so a rerun
+    with the same episode ids is identical whatever the scheduling. After at least ``min_tokens`` tokens,
+    each step ends the response with the first stop token with probability ``stop_probability``.
+    ``token_ids``: the tokens to draw from (default: ``range(vocab_size)`` minus the stop tokens).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        seed: int = 0,
+        stop_probability: float = 0.1,
+        min_tokens: int = 1,
+    ):
+        if token_ids is None and vocab_size is None:
+            raise ValueError("RandomPolicy needs vocab_size or token_ids")
+        self.vocab_size = vocab_size
+        self.token_ids = None if token_ids is None else np.asarray(token_ids, dtype=np.int64)
+        self.seed = seed
+        self.stop_probability = stop_probability
+        self.min_tokens = min_tokens
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+        rng = np.random.default_rng(derive_seed(self.seed, params.seed, request_id))
+        pool = self.token_ids
+        if pool is None:
+            pool = np.setdiff1d(np.arange(self.vocab_size, dtype=np.int64), np.asarray(params.stop_token_ids, dtype=np.int64))
+        logprob = -math.log(len(pool))
+        ids: list[int] = []
+        stop = params.stop_token_ids[0] if params.stop_token_ids else None
+        while len(ids) < params.max_tokens:
+            if stop is not None and len(ids) >= self.min_tokens and rng.random() < self.stop_probability:
+                ids.append(stop)
+                return Generation(ids, [logprob] * len(ids), "stop")
+            ids.append(int(pool[rng.integers(len(pool))]))
+        return Generation(ids, [logprob] * len(ids), "length")
+
+
+# ------------------------------------------------------------------------------------------------
+# A local transformers model.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: str
+    future: asyncio.Future
+
+
+class HFPolicy:
+    """A local transformers causal LM, sampling with its own seeded stream per request.
+
+    Requests that arrive while the model is busy are batched (up to ``max_batch_size``, left-padded)
+    into one forward pass per token; generation runs in a worker thread so the event loop keeps serving
+    the other episodes. Each request samples from ``torch.Generator`` seeded by ``(seed, params.seed,
+    request_id)``. ``logprobs`` are log-probabilities of the chosen tokens under ``softmax(logits /
+    temperature)`` (the distribution a trainer recomputes at that temperature; raw logits when greedy),
+    before top-k/top-p filtering. With ``max_batch_size=1`` a rerun is identical token for token;
+    batching can change the last bits of the logits (padding changes the kernels' shapes), which very
+    rarely flips a sampled token.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        seed: int = 0,
+        device: Any = None,
+        max_batch_size: int = 8,
+        pad_token_id: int | None = None,
+        stop_token_ids: Sequence[int] = (),
+    ):
+        import torch
+
+        self.torch = torch
+        self.model = model.eval()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        if next(model.parameters()).device != self.device:
+            self.model.to(self.device)
+        self.seed = seed
+        self.max_batch_size = max_batch_size
+        config_pad = getattr(model.config, "pad_token_id", None)
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (config_pad if config_pad is not None else 0)
+        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        self._queue: list[_Request] = []
+        self._server: asyncio.Task | None = None
+        self._model_lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, device: Any = "cpu", dtype: Any = None, seed: int = 0, **kwargs: Any) -> HFPolicy:
+        """Load a model with ``AutoModelForCausalLM.from_pretrained`` (local path or hub cache)."""
+        from transformers import AutoModelForCausalLM
+
+        model_kwargs = {} if dtype is None else {"dtype": dtype}
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **model_kwargs)
+        return cls(model, device=device, seed=seed, **kwargs)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+        if not prompt_ids:
+            raise ValueError("HFPolicy needs a non-empty prompt")
+        loop = asyncio.get_running_loop()
+        request = _Request(list(prompt_ids), params, request_id, loop.create_future())
+        self._queue.append(request)
+        if self._server is None or self._server.done() or self._server.get_loop() is not loop:
+            self._server = loop.create_task(self._serve())
+        return await request.future
+
+    async def _serve(self) -> None:
+        """Run queued requests in batches until the queue is empty."""
+        while self._queue:
+            await asyncio.sleep(0)  # let episodes that are about to ask join this batch
+            batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+            batch = [r for r in batch if not r.future.done()]  # cancelled episodes
+            if not batch:
+                continue
+            try:
+                results = await asyncio.to_thread(self._generate_batch, batch)
+            except BaseException as exc:  # deliver the failure to every waiting episode
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for request, result in zip(batch, results):
+                if not request.future.done():
+                    request.future.set_result(result)
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams, request_ids: Sequence[str]) -> list[Generation]:
+        """Synchronous batched generation (the same maths as ``generate``)."""
+        return self._generate_batch([_Request(list(p), params, rid, None) for p, rid in zip(prompts, request_ids)])  # type: ignore[arg-type]
+
+    def _generate_batch(self, batch: list[_Request]) -> list[Generation]:
+        torch = self.torch
+        size = len(batch)
+        lengths = [len(r.prompt_ids) for r in batch]
+        width = max(lengths)
+        input_ids = torch.full((size, width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((size, width), dtype=torch.long)
+        for b, request in enumerate(batch):
+            input_ids[b, width - lengths[b] :] = torch.tensor(request.prompt_ids, dtype=torch.long)
+            attention[b, width - lengths[b] :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        generators = []
+        for request in batch:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(derive_seed(self.seed, request.params.seed, request.request_id))
+            generators.append(generator)
+        stops = [set(r.params.stop_token_ids) | set(self.stop_token_ids) for r in batch]
+        tokens: list[list[int]] = [[] for _ in batch]
+        logprobs: list[list[float]] = [[] for _ in batch]
+        finish: list[str | None] = [None] * size
+        past = None
+        step_ids, step_positions = input_ids, positions
+        with self._model_lock, torch.inference_mode():
+            for _ in range(max(r.params.max_tokens for r in batch)):
+                out = self.model(
+                    input_ids=step_ids, attention_mask=attention, position_ids=step_positions, past_key_values=past, use_cache=True
+                )
+                past = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+                next_ids = torch.full((size,), self.pad_token_id, dtype=torch.long, device=self.device)
+                for b, request in enumerate(batch):
+                    if finish[b] is not None:
+                        continue
+                    token, logprob = _sample(torch, logits[b], request.params, generators[b])
+                    tokens[b].append(token)
+                    logprobs[b].append(logprob)
+                    next_ids[b] = token
+                    if token in stops[b]:
+                        finish[b] = "stop"
+                    elif len(tokens[b]) >= request.params.max_tokens:
+                        finish[b] = "length"
+                if all(f is not None for f in finish):
+                    break
+                step_ids = next_ids[:, None]
+                step_positions = step_positions[:, -1:] + 1
+                attention = torch.cat([attention, torch.ones((size, 1), dtype=attention.dtype, device=self.device)], dim=1)
+        return [Generation(tokens[b], logprobs[b], finish[b] or "length") for b in range(size)]  # type: ignore[arg-type]
+
+
+def _sample(torch: Any, logits: Any, params: SamplingParams, generator: Any) -> tuple[int, float]:
+    """One token from one row of logits, and its log-probability (see :class:`HFPolicy`)."""
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        token = int(torch.argmax(logits))
+        return token, float(logp[token])
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+    filtered = logp
+    if params.top_k and params.top_k < filtered.shape[-1]:
+        kth = torch.topk(filtered, params.top_k).values[-1]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logp, order = torch.sort(filtered, descending=True)
+        cumulative = sorted_logp.exp().cumsum(-1)
+        drop_sorted = (cumulative - sorted_logp.exp()) > params.top_p  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(filtered, dim=-1)
+    token = int(torch.multinomial(probs, 1, generator=generator))
+    return token, float(logp[token])
+
+
+# ------------------------------------------------------------------------------------------------
+# An OpenAI-compatible chat endpoint.
+# ------------------------------------------------------------------------------------------------
+
+
+class OpenAIPolicy:
+    """Text in, text out against any OpenAI-compatible ``/chat/completions`` endpoint (vLLM, SGLang,
+    a hosted API), for evaluation. No token ids: its trajectories carry text and rewards only.
+
+    ``base_url`` ends before ``/chat/completions`` (e.g. ``http://127.0.0.1:8000/v1``). ``api_key``
+    defaults to ``$OPENAI_API_KEY``. ``max_concurrency`` bounds requests in flight. ``extra_body`` is
+    merged into every request (e.g. ``{"chat_template_kwargs": {"enable_thinking": False}}`` for vLLM).
+    A 400 answer that mentions the context length raises :class:`ContextLimitExceeded`, which the runner
+    turns into a ``context_limit`` truncation. Uses only the standard library (requests run in threads).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        max_concurrency: int = 64,
+        extra_body: dict[str, Any] | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.timeout = timeout
+        self.max_concurrency = max_concurrency
+        self.extra_body = dict(extra_body or {})
+        self._semaphores: dict[Any, asyncio.Semaphore] = {}
+
+    async def chat(self, messages: list[dict[str, str]], params: SamplingParams, *, request_id: str = "") -> Generation:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        if params.top_k:
+            body["top_k"] = params.top_k
+        if params.seed is not None:
+            body["seed"] = params.seed
+        body.update(params.extra)
+        body.update(self.extra_body)
+        loop = asyncio.get_running_loop()
+        semaphore = self._semaphores.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
+        async with semaphore:
+            data = await asyncio.to_thread(self._post, "/chat/completions", body, request_id)
+        choice = data["choices"][0]
+        text = (choice.get("message") or {}).get("content") or ""
+        reason = choice.get("finish_reason")
+        finish = "length" if reason == "length" else ("abort" if reason in ("abort", "error", "cancelled") else "stop")
+        return Generation([], None, finish, text=text)
+
+    def _post(self, path: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        request = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            if exc.code == 400 and "context" in detail.lower() and ("length" in detail.lower() or "window" in detail.lower()):
+                raise ContextLimitExceeded(detail) from exc
+            raise RuntimeError(f"{self.base_url + path} answered HTTP {exc.code}: {detail[:500]}") from exc

@@ -1,0 +1,131 @@
+"""The Policy protocol: token ids in, token ids out (DESIGN.md contract 3).
+
+A trainer plugin implements :class:`Policy` by wrapping its own inference engine (verl's server manager,
+an OpenRLHF vLLM engine, ...); the episode runner only ever calls ``generate``. A policy that talks to a
+chat endpoint in text (evaluation against a served model) implements :class:`ChatPolicy` instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+_REQUEST_SEPARATOR = "/turn-"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn. Engines map these onto their own names (vLLM's are the same).
+
+    ``max_tokens`` bounds the response of one turn; the runner lowers it further so the context never
+    exceeds its ``max_context_tokens``. ``stop_token_ids`` end a response (the stop token is part of the
+    response); the runner adds the chat template's end-of-turn token to it. ``temperature=0`` means
+    greedy. ``top_k=0`` and ``top_p=1`` turn those filters off. ``seed`` feeds the policies that sample
+    locally (with the request id, so every request draws its own stream). ``extra`` carries anything
+    engine-specific, untouched.
+    """
+
+    max_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (``extra`` merged in), e.g. for an engine's sampling kwargs."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "extra"}
+        out["stop_token_ids"] = list(self.stop_token_ids)
+        out.update(self.extra)
+        return out
+
+
+@dataclass
+class Generation:
+    """One response: its token ids, the log-probability of each, and why it ended.
+
+    ``finish_reason``: ``"stop"`` (a stop token, included in ``token_ids``, or the model's EOS),
+    ``"length"`` (``max_tokens`` reached; the response lacks its end-of-turn token), ``"abort"`` (the
+    engine gave up, e.g. during a weight sync; the runner ends the episode without stepping the env).
+    ``logprobs`` is ``None`` when the engine does not report them. ``text`` is set by text-only
+    (chat) policies, which have no token ids.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    finish_reason: FinishReason = "stop"
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        self.token_ids = list(self.token_ids)
+        if self.logprobs is not None:
+            self.logprobs = [float(x) for x in self.logprobs]
+            if len(self.logprobs) != len(self.token_ids):
+                raise ValueError(f"logprobs has {len(self.logprobs)} entries for {len(self.token_ids)} tokens")
+
+
+class ContextLimitExceeded(Exception):
+    """Raised by a policy whose engine refuses a prompt as longer than its context window; the runner
+    ends the episode as truncated with reason ``"context_limit"`` instead of failing."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Token in, token out. ``request_id`` is ``"{episode_id}/turn-{t}"``: stable across reruns, so a
+    plugin can route every turn of an episode to the same server (:func:`episode_of` gives the episode)."""
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation: ...
+
+
+@runtime_checkable
+class ChatPolicy(Protocol):
+    """Text in, text out, for chat endpoints where token ids are not needed (evaluation)."""
+
+    async def chat(self, messages: list[dict[str, str]], params: SamplingParams, *, request_id: str = "") -> Generation: ...
+
+
+def request_id_for(episode_id: str, turn: int) -> str:
+    """The request id of turn ``turn`` of an episode."""
+    return f"{episode_id}{_REQUEST_SEPARATOR}{turn}"
+
+
+def episode_of(request_id: str) -> str:
+    """The episode id inside a request id (the sticky-session key)."""
+    return request_id.rsplit(_REQUEST_SEPARATOR, 1)[0]
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed from any parts (policy seed, request id, ...): stable across processes and runs,
+    unlike ``hash()``."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def merge_stop_ids(params: SamplingParams, stop_ids: Sequence[int]) -> SamplingParams:
+    """``params`` with ``stop_ids`` added to its stop tokens (order kept, no duplicates)."""
+    merged = tuple(dict.fromkeys([*params.stop_token_ids, *stop_ids]))
+    return params if merged == params.stop_token_ids else params.replace(stop_token_ids=merged)

@@ -1,0 +1,601 @@
+"""The episode runner: many multi-turn episodes in flight at once, token in and token out.
+
+:func:`run_episode` plays one episode: the coroutine a trainer's per-sample agent loop calls (verl's
+``AgentLoop.run``, OpenRLHF's ``AgentExecutor``). :func:`run_episodes` plays a batch over a pool of
+envs, a vector env or env ids, with GRPO-style groups. Env steps run off the event loop (a thread, or
+the vector env's worker processes), so one episode's step never holds up another's generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from gem_core.core import Env
+from gem_core.rollout.chat import ChatFormatter
+from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
+from gem_core.rollout.trajectory import Trajectory, Turn
+
+StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Envs as awaitables.
+# ------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class AsyncEnv(Protocol):
+    """What the runner needs of an env: awaitable ``reset`` and ``step``."""
+
+    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]: ...
+
+    async def step(self, action: str) -> StepResult: ...
+
+
+# "auto" runs a step inline once this many recent steps of the same kind of env all took less than
+# INLINE_STEP_SECONDS: a thread hop costs ~50-500 us, more than such a step blocks the loop.
+INLINE_STEP_SECONDS = 250e-6
+_RECENT_STEPS = 8
+_step_history: dict[Any, collections.deque] = {}
+
+
+class ThreadedEnv:
+    """A gem_core :class:`Env` whose ``reset``/``step`` run off the event loop, in ``executor``'s threads
+    (default: the loop's).
+
+    ``in_thread``: ``True`` always uses a thread; ``False`` never does (for envs whose step takes
+    microseconds); ``"auto"`` (default) runs a step inline only when the last 8 steps of this kind of env
+    (its class and id) each took under :data:`INLINE_STEP_SECONDS`, and in a thread otherwise, so a slow
+    env never holds up the other episodes and a fast one does not pay for a thread hop.
+    """
+
+    def __init__(self, env: Env, executor: Executor | None = None, in_thread: bool | str = "auto"):
+        if in_thread not in (True, False, "auto"):
+            raise ValueError(f"in_thread must be True, False or 'auto', got {in_thread!r}")
+        self.env = env
+        self.executor = executor
+        self.in_thread = in_thread
+        self._profile_key = (type(env.unwrapped), self.env_id)
+
+    @property
+    def env_id(self) -> str | None:
+        spec = self.env.spec
+        return spec.id if spec is not None else None
+
+    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if self.in_thread is False:
+            return self.env.reset(seed=seed, options=options)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, lambda: self.env.reset(seed=seed, options=options))
+
+    async def step(self, action: str) -> StepResult:
+        if self.in_thread is False:
+            return self.env.step(action)
+        if self.in_thread is True:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, self.env.step, action)
+        history = _step_history.get(self._profile_key)
+        if history is None:
+            history = _step_history[self._profile_key] = collections.deque(maxlen=_RECENT_STEPS)
+        inline = len(history) == _RECENT_STEPS and max(history) < INLINE_STEP_SECONDS
+        result, seconds = (
+            _timed_step(self.env, action)
+            if inline
+            else await asyncio.get_running_loop().run_in_executor(self.executor, _timed_step, self.env, action)
+        )
+        history.append(seconds)
+        return result
+
+
+def _timed_step(env: Env, action: str) -> tuple[StepResult, float]:
+    started = time.perf_counter()
+    result = env.step(action)
+    return result, time.perf_counter() - started
+
+
+class VectorEnvSlots:
+    """The envs of a :class:`~gem_core.vector.VectorEnv` as :class:`AsyncEnv` slots.
+
+    Requests from concurrent episodes are gathered: every reset and step pending at the same moment go
+    to the vector env as one call (``reset`` with a ``reset_mask``, ``step`` with an ``{index: action}``
+    dict), run in a thread, so the event loop keeps generating meanwhile. Resets are explicit, so use the
+    vector env's ``NEXT_STEP`` (default) or ``DISABLED`` autoreset mode. With ``on_error="truncate"`` an
+    env that fails or whose worker dies ends its episode as truncated (reason ``"env_error"``).
+    """
+
+    def __init__(self, vector_env: Any, executor: Executor | None = None):
+        self.vector_env = vector_env
+        self.executor = executor
+        self._resets: dict[int, tuple[int | None, dict[str, Any] | None, asyncio.Future]] = {}
+        self._steps: dict[int, tuple[str, asyncio.Future]] = {}
+        self._dispatcher: asyncio.Task | None = None
+        try:
+            specs = vector_env.get_attr("spec")
+            self.env_ids = [spec.id if spec is not None else None for spec in specs]
+        except Exception:
+            self.env_ids = [None] * vector_env.num_envs
+        self.slots = [_VectorSlot(self, i) for i in range(vector_env.num_envs)]
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def _submit(self, table: dict, index: int, payload: tuple) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        if index in self._resets or index in self._steps:
+            raise RuntimeError(f"vector env slot {index} already has a request in flight")
+        future = loop.create_future()
+        table[index] = (*payload, future)
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = loop.create_task(self._dispatch())
+        return future
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._resets or self._steps:
+            await asyncio.sleep(0)  # gather the requests of every episode that is ready this tick
+            if self._resets:
+                resets, self._resets = self._resets, {}
+                by_options: dict[int, list[int]] = {}
+                for index, (_, options, _) in resets.items():
+                    by_options.setdefault(id(options) if options is not None else 0, []).append(index)
+                for indices in by_options.values():
+                    await self._run_resets(loop, {i: resets[i] for i in indices})
+            if self._steps:
+                steps, self._steps = self._steps, {}
+                actions = {index: action for index, (action, _) in steps.items()}
+                try:
+                    obs, rewards, terminated, truncated, infos = await loop.run_in_executor(self.executor, self.vector_env.step, actions)
+                except Exception as exc:
+                    for _, future in steps.values():
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for k, (index, (_, future)) in enumerate(steps.items()):
+                    if not future.done():
+                        future.set_result((obs[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k]))
+
+    async def _run_resets(self, loop: asyncio.AbstractEventLoop, resets: dict) -> None:
+        num_envs = self.vector_env.num_envs
+        seeds: list[int | None] = [None] * num_envs
+        mask = [False] * num_envs
+        options = None
+        for index, (seed, opts, _) in resets.items():
+            seeds[index], mask[index], options = seed, True, opts
+        call_options = {**(options or {}), "reset_mask": mask}
+        try:
+            obs, infos = await loop.run_in_executor(self.executor, lambda: self.vector_env.reset(seed=seeds, options=call_options))
+        except Exception as exc:
+            for _, _, future in resets.values():
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for index, (_, _, future) in resets.items():
+            if not future.done():
+                future.set_result((obs[index], infos[index] or {}))
+
+
+class _VectorSlot:
+    """One env of a :class:`VectorEnvSlots` as an :class:`AsyncEnv`."""
+
+    def __init__(self, owner: VectorEnvSlots, index: int):
+        self.owner = owner
+        self.index = index
+
+    @property
+    def env_id(self) -> str | None:
+        return self.owner.env_ids[self.index]
+
+    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        return await self.owner._submit(self.owner._resets, self.index, (seed, options))
+
+    async def step(self, action: str) -> StepResult:
+        return await self.owner._submit(self.owner._steps, self.index, (action,))
+
+
+def as_async_env(env: Any, executor: Executor | None = None, step_in_thread: bool | str = "auto") -> Any:
+    """An :class:`AsyncEnv` for a gem_core env (threaded) or anything that already has async reset/step."""
+    if isinstance(env, Env):
+        return ThreadedEnv(env, executor, step_in_thread)
+    if inspect.iscoroutinefunction(getattr(env, "step", None)) and inspect.iscoroutinefunction(getattr(env, "reset", None)):
+        return env
+    raise TypeError(f"expected a gem_core Env or an object with async reset/step, got {type(env).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------
+# One episode.
+# ------------------------------------------------------------------------------------------------
+
+
+async def run_episode(
+    env: Any,
+    policy: Policy | ChatPolicy,
+    formatter: ChatFormatter | None = None,
+    *,
+    params: SamplingParams | None = None,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    observation: str | None = None,
+    reset_info: dict[str, Any] | None = None,
+    max_turns: int | None = None,
+    max_context_tokens: int | None = None,
+    min_turn_tokens: int = 1,
+    episode_id: str | None = None,
+    group_id: str | None = None,
+    env_id: str | None = None,
+    executor: Executor | None = None,
+    step_in_thread: bool | str = "auto",
+) -> Trajectory:
+    """Play one episode and return its :class:`Trajectory`.
+
+    ``env``: a gem_core env (its steps run in ``executor``'s threads; ``step_in_thread``: ``True``,
+    ``False`` or ``"auto"``, see :class:`ThreadedEnv`) or an :class:`AsyncEnv`. It is reset with ``seed``/``options``, unless ``observation`` is given: then
+    the env is taken as already reset (e.g. a clone of a group's start state) and ``observation`` is its
+    first observation.
+
+    ``policy``: a token-level :class:`Policy` with a :class:`ChatFormatter` (the training path), or a
+    text-level :class:`ChatPolicy` (``formatter`` optional, used for its system prompt and thinking
+    removal; the trajectory then has text and rewards but no token ids).
+
+    Limits: ``params.max_tokens`` per turn; ``max_context_tokens`` for the whole context (a turn's
+    ``max_tokens`` is lowered to what is left; if the next observation plus ``min_turn_tokens`` would not
+    fit, the episode ends as truncated with reason ``"context_limit"``, keeping every reward already
+    earned); ``max_turns`` on top of the env's own turn limit. The last turn of a truncated episode has
+    ``truncated=True`` and ``info["truncation_reason"]``; so has the trajectory.
+
+    ``episode_id`` (default: a random uuid) makes the request ids ``"{episode_id}/turn-{t}"``; pass a
+    stable one for reproducible sampling.
+    """
+    if min_turn_tokens < 1:
+        raise ValueError(f"min_turn_tokens must be >= 1, got {min_turn_tokens}")
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1 or None, got {max_turns}")
+    aenv = as_async_env(env, executor, step_in_thread)
+    params = params or SamplingParams()
+    episode_id = episode_id or uuid.uuid4().hex
+    if env_id is None:
+        env_id = getattr(aenv, "env_id", None)
+    if observation is None:
+        observation, reset_info = await aenv.reset(seed=seed, options=options)
+    _require_text(observation, "reset")
+    trajectory = Trajectory(
+        episode_id=episode_id,
+        prompt_ids=[],
+        env_id=env_id,
+        seed=seed,
+        group_id=group_id,
+        initial_observation=observation,
+        reset_info=dict(reset_info or {}),
+    )
+    token_level = hasattr(policy, "generate")
+    if token_level:
+        if formatter is None:
+            raise TypeError("a token-level Policy needs a ChatFormatter (formatter=...)")
+        await _play_tokens(trajectory, aenv, policy, formatter, formatter.sampling_params(params), max_turns, max_context_tokens, min_turn_tokens)
+    elif hasattr(policy, "chat"):
+        await _play_text(trajectory, aenv, policy, formatter, params, max_turns)
+    else:
+        raise TypeError(f"{type(policy).__name__} has neither generate() (Policy) nor chat() (ChatPolicy)")
+    return trajectory
+
+
+async def _play_tokens(
+    trajectory: Trajectory,
+    env: Any,
+    policy: Policy,
+    formatter: ChatFormatter,
+    params: SamplingParams,
+    max_turns: int | None,
+    max_context_tokens: int | None,
+    min_turn_tokens: int,
+) -> None:
+    context = formatter.prompt_ids(trajectory.initial_observation)
+    trajectory.prompt_ids = list(context)
+    if max_context_tokens is not None and len(context) + min_turn_tokens > max_context_tokens:
+        _truncate(trajectory, "context_limit")
+        return
+    turn = 0
+    while True:
+        budget = params.max_tokens if max_context_tokens is None else min(params.max_tokens, max_context_tokens - len(context))
+        turn_params = params if budget == params.max_tokens else params.replace(max_tokens=budget)
+        try:
+            generation = await policy.generate(list(context), turn_params, request_id=request_id_for(trajectory.episode_id, turn))
+        except ContextLimitExceeded:
+            _truncate(trajectory, "context_limit")
+            return
+        _check_generation(generation, budget, policy)
+        if generation.finish_reason == "abort" or not generation.token_ids:
+            _truncate(trajectory, "abort")  # a partial or empty response is not an action: the env is not stepped
+            return
+        response_text = formatter.response_text(generation.token_ids)
+        action = formatter.action_text(response_text)
+        observation, reward, terminated, truncated, info = await env.step(action)
+        record = Turn(
+            index=turn,
+            context_len=len(context),
+            response_ids=generation.token_ids,
+            logprobs=generation.logprobs,
+            obs_delta_ids=[],
+            reward=float(reward),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=dict(info),
+            finish_reason=generation.finish_reason,
+            response_text=response_text,
+            action=action,
+            observation=observation if isinstance(observation, str) else repr(observation),
+        )
+        trajectory.turns.append(record)
+        context.extend(generation.token_ids)
+        if _episode_over(trajectory, record, max_turns):
+            return
+        _require_text(observation, "step")
+        role = formatter.tool_role if _is_tool_turn(info) else "user"
+        delta = formatter.observation_ids(observation, generation.token_ids, role)
+        if max_context_tokens is not None and len(context) + len(delta) + min_turn_tokens > max_context_tokens:
+            _truncate(trajectory, "context_limit")
+            return
+        record.obs_delta_ids = delta
+        context.extend(delta)
+        turn += 1
+
+
+async def _play_text(
+    trajectory: Trajectory,
+    env: Any,
+    policy: ChatPolicy,
+    formatter: ChatFormatter | None,
+    params: SamplingParams,
+    max_turns: int | None,
+) -> None:
+    trajectory.token_mode = False
+    system = None if formatter is None else formatter.system_prompt
+    messages: list[dict[str, str]] = [] if system is None else [{"role": "system", "content": system}]
+    messages.append({"role": "user", "content": trajectory.initial_observation})
+    trajectory.messages = messages
+    turn = 0
+    while True:
+        try:
+            generation = await policy.chat([dict(m) for m in messages], params, request_id=request_id_for(trajectory.episode_id, turn))
+        except ContextLimitExceeded:
+            _truncate(trajectory, "context_limit")
+            return
+        text = generation.text or ""
+        if generation.finish_reason == "abort":
+            _truncate(trajectory, "abort")
+            return
+        action = formatter.action_text(text) if formatter is not None else _strip_thinking(text)
+        observation, reward, terminated, truncated, info = await env.step(action)
+        record = Turn(
+            index=turn,
+            context_len=0,
+            response_ids=[],
+            logprobs=None,
+            obs_delta_ids=[],
+            reward=float(reward),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=dict(info),
+            finish_reason=generation.finish_reason,
+            response_text=text,
+            action=action,
+            observation=observation if isinstance(observation, str) else repr(observation),
+        )
+        trajectory.turns.append(record)
+        messages.append({"role": "assistant", "content": text})
+        if _episode_over(trajectory, record, max_turns):
+            return
+        _require_text(observation, "step")
+        messages.append({"role": "tool" if _is_tool_turn(info) else "user", "content": observation})
+        turn += 1
+
+
+def _is_tool_turn(info: dict[str, Any]) -> bool:
+    """Whether an observation is a tool's output: ``info["tool_turn"]`` (gem_core's ToolEnvWrapper) or
+    ``info["use_tool"]`` (GEM's name)."""
+    return bool(info.get("tool_turn") or info.get("use_tool"))
+
+
+def _episode_over(trajectory: Trajectory, record: Turn, max_turns: int | None) -> bool:
+    """Mark the end of the episode after a step, if it ended; True when it did."""
+    if record.terminated:
+        trajectory.terminated = True
+        return True
+    if record.truncated:
+        info = record.info
+        reason = info.get("truncation_reason") or ("env_error" if info.get("error") else "max_turns")
+        _truncate(trajectory, reason)
+        return True
+    if max_turns is not None and len(trajectory.turns) >= max_turns:
+        _truncate(trajectory, "max_turns")
+        return True
+    return False
+
+
+def _truncate(trajectory: Trajectory, reason: str) -> None:
+    """End the episode as truncated; the last turn (if any) says why."""
+    trajectory.truncated = True
+    trajectory.truncation_reason = reason
+    if trajectory.turns:
+        last = trajectory.turns[-1]
+        last.truncated = True
+        last.info["truncation_reason"] = reason
+
+
+def _check_generation(generation: Generation, budget: int, policy: Any) -> None:
+    if not isinstance(generation, Generation):
+        raise TypeError(f"{type(policy).__name__}.generate returned {type(generation).__name__}, not a Generation")
+    if len(generation.token_ids) > budget:
+        raise ValueError(f"{type(policy).__name__} returned {len(generation.token_ids)} tokens for max_tokens={budget}")
+
+
+def _strip_thinking(text: str, tags: tuple[str, str] = ("<think>", "</think>")) -> str:
+    if tags[1] in text:
+        return text.rsplit(tags[1], 1)[1].strip()
+    if tags[0] in text:
+        return text.split(tags[0], 1)[0].strip()
+    return text
+
+
+def _require_text(observation: Any, where: str) -> None:
+    if not isinstance(observation, str):
+        raise TypeError(f"the runner needs text observations; {where}() returned {type(observation).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------
+# A batch of episodes.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """An episode (group) to play on a fresh env: the id, its ``make`` kwargs and the reset seed."""
+
+    env_id: str
+    seed: int | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int
+    group: int
+    member: int
+    seed: int | None
+    spec: EpisodeSpec | None
+
+
+async def run_episodes(
+    envs: Any,
+    policy: Policy | ChatPolicy,
+    formatter: ChatFormatter | None = None,
+    *,
+    seeds: Sequence[int | None] | None = None,
+    group_size: int = 1,
+    params: SamplingParams | None = None,
+    max_turns: int | None = None,
+    max_context_tokens: int | None = None,
+    min_turn_tokens: int = 1,
+    max_concurrency: int | None = None,
+    options: dict[str, Any] | None = None,
+    executor: Executor | None = None,
+    step_in_thread: bool | str = "auto",
+    episode_id_prefix: str = "ep",
+) -> list[Trajectory]:
+    """Play a batch of episodes concurrently; trajectories come back in job order.
+
+    ``envs`` is one of:
+
+    * a pool: a list of gem_core envs, or a :class:`~gem_core.vector.VectorEnv` (sync or async). Each
+      episode takes a free env, resets it with its seed and gives it back when done. ``seeds`` says how
+      many episode groups to play (default: one per env, unseeded).
+    * env ids or :class:`EpisodeSpec`\\ s: one group per entry, each episode on a fresh env made for it
+      (closed afterwards); the seed is the spec's, else ``seeds[i]``.
+
+    ``group_size``: episodes per group, all reset with the group's seed, so they start from one state
+    (an unseeded group draws one seed for all its members). Group ``g``'s episodes have ``group_id``
+    ``"{prefix}{g}"`` and ``episode_id`` ``"{prefix}{g}"`` (``"{prefix}{g}-{m}"`` when ``group_size > 1``).
+    ``max_concurrency`` bounds episodes in flight (a pool also bounds it by its size). Other arguments
+    as :func:`run_episode`.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    pool, specs = _classify(envs, executor, step_in_thread)
+    if specs is not None:
+        if seeds is not None and len(seeds) != len(specs):
+            raise ValueError(f"got {len(seeds)} seeds for {len(specs)} episode specs")
+        groups = [(spec, spec.seed if spec.seed is not None else (None if seeds is None else seeds[g])) for g, spec in enumerate(specs)]
+    else:
+        if seeds is None:
+            seeds = [None] * len(pool)
+        groups = [(None, seed) for seed in seeds]
+    jobs = []
+    for g, (spec, seed) in enumerate(groups):
+        if seed is None and group_size > 1:
+            seed = secrets.randbits(31)  # one state for the whole group
+        for m in range(group_size):
+            jobs.append(_Job(len(jobs), g, m, seed, spec))
+    if not jobs:
+        return []
+    limit = max_concurrency or len(jobs)
+    if pool is not None:
+        limit = min(limit, len(pool))
+    gate = asyncio.Semaphore(limit)
+    free: asyncio.Queue | None = None
+    if pool is not None:
+        free = asyncio.Queue()
+        for slot in pool:
+            free.put_nowait(slot)
+
+    async def play(job: _Job) -> Trajectory:
+        async with gate:
+            episode_id = f"{episode_id_prefix}{job.group}" + (f"-{job.member}" if group_size > 1 else "")
+            common = dict(
+                params=params,
+                seed=job.seed,
+                options=options,
+                max_turns=max_turns,
+                max_context_tokens=max_context_tokens,
+                min_turn_tokens=min_turn_tokens,
+                episode_id=episode_id,
+                group_id=f"{episode_id_prefix}{job.group}",
+                executor=executor,
+                step_in_thread=step_in_thread,
+            )
+            if free is not None:
+                slot = await free.get()
+                try:
+                    return await run_episode(slot, policy, formatter, **common)
+                finally:
+                    free.put_nowait(slot)
+            loop = asyncio.get_running_loop()
+            spec = job.spec
+            env = await loop.run_in_executor(executor, lambda: _make(spec))
+            try:
+                return await run_episode(env, policy, formatter, env_id=spec.env_id, **common)
+            finally:
+                env.close()
+
+    tasks = [asyncio.ensure_future(play(job)) for job in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def run_episodes_sync(*args: Any, **kwargs: Any) -> list[Trajectory]:
+    """:func:`run_episodes` from synchronous code (starts and closes its own event loop)."""
+    return asyncio.run(run_episodes(*args, **kwargs))
+
+
+def _make(spec: EpisodeSpec) -> Env:
+    from gem_core.registry import make
+
+    return make(spec.env_id, **spec.env_kwargs)
+
+
+def _classify(envs: Any, executor: Executor | None, step_in_thread: bool | str) -> tuple[list[Any] | None, list[EpisodeSpec] | None]:
+    """(pool of AsyncEnvs, None) or (None, episode specs)."""
+    from gem_core.vector.vector_env import VectorEnv
+
+    if isinstance(envs, VectorEnvSlots):
+        return list(envs.slots), None
+    if isinstance(envs, VectorEnv):
+        return list(VectorEnvSlots(envs, executor).slots), None
+    if isinstance(envs, (str, EpisodeSpec, Env)):
+        envs = [envs]
+    items = list(envs)
+    if not items:
+        raise ValueError("run_episodes needs at least one env, env id or EpisodeSpec")
+    if all(isinstance(item, (str, EpisodeSpec)) for item in items):
+        return None, [item if isinstance(item, EpisodeSpec) else EpisodeSpec(item) for item in items]
+    return [as_async_env(item, executor, step_in_thread) for item in items], None

@@ -1,0 +1,173 @@
+"""Policies: scripted, random, a tiny local transformers model (CPU, end to end), an OpenAI-compatible
+chat endpoint (a local fake server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from rollout_envs import ScriptedRewardEnv
+
+import gem_core
+from gem_core.rollout import (
+    ChatFormatter,
+    EpisodeSpec,
+    Generation,
+    OpenAIPolicy,
+    RandomPolicy,
+    SamplingParams,
+    ScriptedPolicy,
+    run_episode,
+    run_episodes,
+)
+from gem_core.rollout.golden import golden_respond
+from gem_core.testing import FakeChatServer
+
+
+def _generate(policy, prompt, params, request_id="r/turn-0"):
+    return asyncio.run(policy.generate(prompt, params, request_id=request_id))
+
+
+def test_sampling_params_and_generation_validate():
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0.0)
+    params = SamplingParams(max_tokens=5, stop_token_ids=[1, 2], extra={"repetition_penalty": 1.1})
+    assert params.stop_token_ids == (1, 2)
+    assert params.to_dict()["repetition_penalty"] == 1.1 and params.to_dict()["stop_token_ids"] == [1, 2]
+    with pytest.raises(ValueError, match="logprobs"):
+        Generation([1, 2], [0.0], "stop")
+    with pytest.raises(ValueError, match="finish_reason"):
+        Generation([1], None, "eos")  # type: ignore[arg-type]
+
+
+def test_scripted_policy_stops_or_is_cut(tokenizer):
+    policy = ScriptedPolicy(tokenizer, lambda context: "short" if "cut" not in context else "a much longer answer here")
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    short = _generate(policy, tokenizer.encode("hi"), SamplingParams(max_tokens=8, stop_token_ids=(stop,)))
+    assert short.finish_reason == "stop" and short.token_ids[-1] == stop
+    assert tokenizer.decode(short.token_ids[:-1]) == "short"
+    cut = _generate(policy, tokenizer.encode("cut"), SamplingParams(max_tokens=3, stop_token_ids=(stop,)))
+    assert cut.finish_reason == "length" and len(cut.token_ids) == 3 and stop not in cut.token_ids
+
+
+def test_random_policy_streams_follow_the_request_id(tokenizer):
+    policy = RandomPolicy(len(tokenizer), seed=5, stop_probability=0.1)
+    params = SamplingParams(max_tokens=30, stop_token_ids=(7,))
+    a = _generate(policy, [1], params, "ep/turn-0")
+    assert _generate(policy, [1, 2, 3], params, "ep/turn-0").token_ids == a.token_ids  # the prompt does not matter
+    assert _generate(policy, [1], params, "ep/turn-1").token_ids != a.token_ids
+    assert len(a.token_ids) <= 30 and 7 not in a.token_ids[:-1]
+    assert (a.finish_reason == "stop") == (a.token_ids[-1] == 7)
+
+
+# -- an OpenAI-compatible chat endpoint -----------------------------------------------------------------------
+
+
+def _chat_reply(messages):
+    """golden_respond over the messages rendered ChatML-style (it reads the user turns)."""
+    return golden_respond("".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages))
+
+
+def test_openai_policy_plays_text_episodes(tokenizer):
+    formatter = ChatFormatter(tokenizer, system_prompt="Answer with a boxed move.")
+    with FakeChatServer(_chat_reply) as server:
+        policy = OpenAIPolicy(server.base_url, "fake-model", api_key="test-key")
+        specs = [EpisodeSpec("game:GuessTheNumber-v0-easy", seed=s) for s in range(3)]
+        trajectories = asyncio.run(run_episodes(specs, policy, formatter, params=SamplingParams(max_tokens=200)))
+        requests = list(server.requests)
+    for trajectory in trajectories:
+        assert trajectory.terminated and trajectory.rewards[-1] == 1.0  # binary search wins
+        assert not trajectory.token_mode and trajectory.messages[0] == {"role": "system", "content": "Answer with a boxed move."}
+        assert trajectory.messages[-1]["role"] == "assistant"
+        assert len(trajectory.messages) == 2 + 2 * trajectory.num_turns - 1
+    assert sum(t.num_turns for t in trajectories) == len(requests)
+    assert {r["request_id"] for r in requests} >= {"ep0/turn-0", "ep1/turn-0", "ep2/turn-0"}
+    assert all(r["body"]["model"] == "fake-model" and r["body"]["max_tokens"] == 200 for r in requests)
+
+
+def test_openai_policy_length_and_context_errors(tokenizer):
+    with FakeChatServer(lambda messages: "x" * 50 + " \\boxed{3}", context_chars=1200) as server:
+        policy = OpenAIPolicy(server.base_url, "fake")
+        env = ScriptedRewardEnv([0.1] * 50, obs_chars=200)
+        trajectory = asyncio.run(run_episode(env, policy, None, seed=0, params=SamplingParams(max_tokens=20)))
+    assert trajectory.turns[0].finish_reason == "length" and trajectory.turns[0].response_text == "x" * 20
+    assert trajectory.truncation_reason == "context_limit"
+    assert 1 <= trajectory.num_turns < 50 and trajectory.rewards == [0.1] * trajectory.num_turns
+
+
+# -- a tiny local transformers model, end to end on CPU ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from gem_core.testing import build_tiny_model
+
+    return build_tiny_model(len(tokenizer), seed=0)
+
+
+def test_hf_policy_end_to_end_on_cpu(tokenizer, formatter, tiny_model):
+    """A random tiny model plays multi-turn episodes; its logprobs match a teacher-forced forward pass
+    over the very tokens of the sequence view, and a rerun is identical."""
+    import torch
+
+    from gem_core.rollout import HFPolicy
+
+    params = SamplingParams(max_tokens=12, temperature=1.0)
+    envs = [ScriptedRewardEnv([0.0, 0.5, 1.0], obs_chars=30) for _ in range(3)]
+    policy = HFPolicy(tiny_model, seed=0, max_batch_size=1)
+    first = asyncio.run(run_episodes(envs, policy, formatter, seeds=[0, 1, 2], params=params, max_context_tokens=200))
+    again = asyncio.run(run_episodes(envs, HFPolicy(tiny_model, seed=0, max_batch_size=1), formatter, seeds=[0, 1, 2], params=params, max_context_tokens=200))
+    assert [t.to_dict() for t in first] == [t.to_dict() for t in again]
+    assert sum(t.num_turns for t in first) >= 4
+    for trajectory in first:
+        sequence = trajectory.as_sequence()
+        assert len(sequence.input_ids) <= 200
+        ids = torch.tensor([sequence.input_ids])
+        with torch.inference_mode():
+            logp = torch.log_softmax(tiny_model(ids).logits[0].float(), dim=-1)
+        start = len(sequence.prompt_ids)
+        for k, (token, mask, logprob) in enumerate(zip(sequence.response_ids, sequence.loss_mask, sequence.logprobs)):
+            if mask:
+                assert logprob == pytest.approx(float(logp[start + k - 1, token]), abs=1e-4)
+        for turn in trajectory.turns:
+            assert turn.finish_reason in ("stop", "length")
+            assert len(turn.response_ids) <= params.max_tokens
+
+
+def test_hf_policy_batches_concurrent_requests(tokenizer, formatter, tiny_model):
+    from gem_core.rollout import HFPolicy
+
+    policy = HFPolicy(tiny_model, seed=3, max_batch_size=4)
+    prompts = [tokenizer.encode(text, add_special_tokens=False) for text in ("hi", "a longer prompt than that", "mid size")]
+    params = SamplingParams(max_tokens=6, stop_token_ids=(formatter.end_of_turn_id,))
+    batched = policy.generate_batch(prompts, params, ["a", "b", "c"])
+    single = [policy.generate_batch([p], params, [rid])[0] for p, rid in zip(prompts, ["a", "b", "c"])]
+    for x, y in zip(batched, single):
+        assert x.token_ids == y.token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    assert policy.generate_batch(prompts[:1], greedy, ["x"])[0].token_ids == policy.generate_batch(prompts[:1], greedy, ["y"])[0].token_ids
+    trajectories = asyncio.run(
+        run_episodes([EpisodeSpec("game:Mastermind-v0-easy", seed=s) for s in range(4)], policy, formatter, params=SamplingParams(max_tokens=8))
+    )
+    assert all(t.done and t.num_turns >= 1 for t in trajectories)
+
+
+def test_hf_policy_from_a_saved_model(tmp_path, tokenizer, tiny_model):
+    from gem_core.rollout import HFPolicy
+
+    tiny_model.save_pretrained(tmp_path)
+    loaded = HFPolicy.from_pretrained(str(tmp_path), seed=0)
+    original = HFPolicy(tiny_model, seed=0)
+    params = SamplingParams(max_tokens=5)
+    prompt = tokenizer.encode("hello", add_special_tokens=False)
+    assert loaded.generate_batch([prompt], params, ["q"])[0].token_ids == original.generate_batch([prompt], params, ["q"])[0].token_ids
+    env = gem_core.make("game:GuessTheNumber-v0-easy")
+    trajectory = asyncio.run(run_episode(env, loaded, ChatFormatter(tokenizer), seed=0, params=params))
+    assert trajectory.done
