@@ -414,57 +414,6 @@ def test_close_leaves_no_worker_processes():
     assert workers_alive(pids) == []
 
 
-def _burn(iterations: int) -> None:
-    total = 0
-    for n in range(iterations):
-        total += n * n % 7
-
-
-def raw_parallel_speedup() -> float:
-    """How much faster two processes burn CPU than one, on this machine right now (1.0 when busy)."""
-    work = 1_000_000
-    started = time.perf_counter()
-    _burn(work)
-    _burn(work)
-    serial = time.perf_counter() - started
-    ctx = multiprocessing.get_context("fork")
-    processes = [ctx.Process(target=_burn, args=(work,)) for _ in range(2)]
-    started = time.perf_counter()
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-    return serial / (time.perf_counter() - started)
-
-
-def test_async_is_faster_than_sync_on_a_cpu_bound_env():
-    """2 workers must reach >= 1.6x the sync throughput on 64 envs whose step burns ~1 ms of CPU."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2 or sys.platform != "linux":
-        pytest.skip("needs 2 cores (and fork, for the calibration)")
-    capacity = raw_parallel_speedup()
-    if capacity < 1.8:  # other processes hold the cores: no parallel speed-up is possible to measure
-        pytest.skip(f"no parallel CPU to measure with: two bare processes ran only x{capacity:.2f} faster than one (busy or time-sliced cores)")
-
-    def steps_per_second(vec, steps: int) -> float:
-        vec.reset(seed=0)
-        vec.step(["+0"] * 64)  # warm up
-        best = 0.0
-        for _ in range(3):  # best of three windows: robust to a noisy neighbour
-            started = time.perf_counter()
-            for _ in range(steps):
-                vec.step(["+0"] * 64)
-            best = max(best, steps * 64 / (time.perf_counter() - started))
-        return best
-
-    with make("sync", BURNER_ID, 64) as vec:
-        sync_rate = steps_per_second(vec, 3)
-    with make("async", BURNER_ID, 64, num_workers=2) as vec:
-        async_rate = steps_per_second(vec, 6)
-    print(f"sync {sync_rate:.0f} env-steps/s, async(2 workers) {async_rate:.0f} env-steps/s, x{async_rate / sync_rate:.2f}")
-    assert async_rate >= 1.6 * sync_rate
-
-
 def test_interrupted_step_does_not_leave_a_stale_reply_behind():
     """A Ctrl-C (here: an exception from a timer signal) in the middle of a step must not let the
     late reply of that step be read as the answer to the next request."""
