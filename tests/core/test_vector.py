@@ -21,7 +21,7 @@ from gem_core.vector import AsyncVectorEnv, AutoresetMode, VectorEnvError
 # Spawned workers import the test envs by module name: they inherit sys.path from this process.
 sys.path.insert(0, str(Path(__file__).parent))
 import vector_test_envs  # noqa: E402  (needs the sys.path entry above)
-from vector_test_envs import BURNER_ID, COUNTER_ID, CounterEnv  # noqa: E402
+from vector_test_envs import COUNTER_ID, CounterEnv  # noqa: E402
 
 vector_test_envs.register_test_envs()
 

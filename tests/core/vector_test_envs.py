@@ -16,7 +16,6 @@ import gem_core
 from gem_core.core import Env
 
 COUNTER_ID = "test:VectorCounter-v0"
-BURNER_ID = "test:VectorBurner-v0"
 
 
 class CounterEnv(Env[str, str]):
@@ -66,4 +65,3 @@ class CounterEnv(Env[str, str]):
 def register_test_envs() -> None:
     """Register the test ids (idempotent)."""
     gem_core.register(COUNTER_ID, "vector_test_envs:CounterEnv", override=True)
-    gem_core.register(BURNER_ID, "vector_test_envs:CounterEnv", override=True, max_steps=1_000_000, work=5_000)  # ~1 ms a step
