@@ -27,7 +27,7 @@ def _env() -> dict[str, str]:
 @nox.session
 def core(session: nox.Session) -> None:
     """gem_core with its dev and torch extras: every test under tests/ except the trainer integrations."""
-    session.install("-e", ".[dev,torch,hf]")
+    session.install("-e", ".[dev,torch,hf,search,mcp]")
     session.run(*PYTEST, "tests", "--ignore=tests/integrations", *session.posargs, env=_env())
 
 
@@ -52,3 +52,10 @@ def bench_advantages(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[verl]")
     session.run("python", "benchmarks/advantages.py", *session.posargs, env=_env())
+
+
+@nox.session
+def bench_tools(session: nox.Session) -> None:
+    """The Python tool (bwrap sandbox) against gem-llm's PythonCodeTool. Not part of `nox`'s default."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/python_tool.py", *session.posargs, env=_env())

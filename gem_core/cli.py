@@ -80,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--episodes", type=_positive_int, default=None, help="finished episodes to collect (default: num-envs)")
     batch.add_argument("--vector", choices=("sync", "async"), default="sync", help="sync: one process; async: worker processes")
     batch.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stdout is not a terminal)")
+
+    serve = commands.add_parser(
+        "serve-search",
+        help="serve a BM25 index of a JSONL corpus over the Search-R1 /retrieve API",
+        description=(
+            "Build a BM25 index (bm25s; pip install 'gem-core[search]') from a JSONL corpus of "
+            '{"id", "title", "text"} records and answer POST /retrieve (Search-R1/GEM retrieval API), '
+            "so that many env workers share one index: SearchTool(url='http://HOST:PORT')."
+        ),
+    )
+    serve.add_argument("--corpus", required=True, help="JSONL file, one {id, title, text} record a line")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives no topk")
     return parser
 
 
@@ -93,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return cmd_list(args.category, sys.stdout)
+        if args.command == "serve-search":
+            return cmd_serve_search(args, sys.stdout)
         return cmd_play(args, sys.stdout)
     except (CliError, UnknownEnvError) as err:
         print(f"gem-core: error: {err}", file=sys.stderr)
@@ -141,6 +157,27 @@ def _aliases(targets: set[str]) -> dict[str, str]:
 
     table: dict[str, str] = getattr(registry, "alias_table", {})
     return {alias: target for alias, target in table.items() if target in targets}
+
+
+# -- serve-search ----------------------------------------------------------------------------------
+
+
+def cmd_serve_search(args: argparse.Namespace, out: TextIO) -> int:
+    """``gem-core serve-search``: one shared BM25 index over HTTP, until interrupted."""
+    from gem_core.tools.search import BM25Index, SearchError, make_search_server
+
+    try:
+        index = BM25Index.from_jsonl(args.corpus)
+    except SearchError as err:
+        raise CliError(str(err)) from None
+    server = make_search_server(index, args.host, args.port, default_topk=args.topk)
+    host, port = server.server_address[:2]
+    print(f"serving {len(index)} documents from {args.corpus} at http://{host}:{port}/retrieve", file=out, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return EXIT_OK
 
 
 # -- play: one episode -----------------------------------------------------------------------------

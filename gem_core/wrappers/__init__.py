@@ -7,5 +7,6 @@ per-episode summary to the last step's info, ``TimeLimit`` truncates after a num
 from gem_core.wrappers.episode_statistics import EpisodeStatistics
 from gem_core.wrappers.history import HistoryWrapper
 from gem_core.wrappers.time_limit import TimeLimit
+from gem_core.wrappers.tool_use import ToolEnvWrapper
 
-__all__ = ["EpisodeStatistics", "HistoryWrapper", "TimeLimit"]
+__all__ = ["EpisodeStatistics", "HistoryWrapper", "TimeLimit", "ToolEnvWrapper"]

@@ -1,0 +1,328 @@
+"""Python tool: gem-core's sandbox against gem-llm's PythonCodeTool, in one run.
+
+    python benchmarks/python_tool.py                 # gem-llm imported here, or from --peer-python
+    python benchmarks/python_tool.py --calls 500 --workers 16
+    nox -s bench_tools
+
+Measures, for the same small snippet (``<python>print(sum(range(100)))</python>`` through each
+tool's own action API): p50/p99 latency of sequential calls and calls/s with 1 and 16 concurrent
+callers; how long a 1 s timeout takes to come back (``while True: pass``); and the hostile snippets
+of ``tests/tools/hostile_snippets.py`` against both tools (gem-core's result asserted in the tests,
+the peer's only recorded here).
+
+The peer runs as an installed user would run it: ``sandbox_type="none"`` (its default), with its
+interpreter's ``bin`` first on PATH (it starts ``python`` from PATH; an activated venv does this).
+Its ``sandbox_type="bwrap"`` is tried once and reported. Hostile snippets marked destructive (kill
+every process, mount over /tmp, exhaust memory or pids) are NOT run against the peer: unisolated,
+they would damage the benchmark machine. The others run against the peer in a child process under
+a safety harness -- a private mount namespace when ``unshare`` is available, RLIMIT_AS 4 GiB,
+RLIMIT_FSIZE 256 MiB -- which limits harm to this machine and is not the peer's own isolation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "tools"))  # the hostile snippets live with the tests
+
+SNIPPET = "print(sum(range(100)))"
+ACTION = f"<python>{SNIPPET}</python>"
+DEFAULT_PEER_PYTHON = "/tmp/peer/bin/python"
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+
+def latency(call: Callable[[], Any], n: int, warmup: int = 5) -> dict[str, float]:
+    """p50/p99 of ``n`` sequential calls, in milliseconds, and the calls/s they make."""
+    for _ in range(warmup):
+        call()
+    times = []
+    started = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    total = time.perf_counter() - started
+    times.sort()
+    return {
+        "p50_ms": 1000 * statistics.median(times),
+        "p99_ms": 1000 * times[min(len(times) - 1, int(0.99 * len(times)))],
+        "rate_1": n / total,
+    }
+
+
+def paced(call: Callable[[], Any], n: int, gap: float = 0.05) -> float:
+    """p50 latency (ms) of calls made ``gap`` seconds apart: a tool that is not saturated, as in a
+    rollout where calls are separated by generation time."""
+    times = []
+    for _ in range(n):
+        time.sleep(gap)
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def throughput(call: Callable[[], Any], n: int, concurrency: int) -> float:
+    """Calls/s of ``n`` calls made by ``concurrency`` threads at once."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(lambda _: call(), range(concurrency)))  # warm-up
+        started = time.perf_counter()
+        list(pool.map(lambda _: call(), range(n)))
+        return n / (time.perf_counter() - started)
+
+
+def timed(call: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.perf_counter()
+    out = call()
+    return out, time.perf_counter() - started
+
+
+# -- gem-core --------------------------------------------------------------------------------------
+
+
+def bench_ours(calls: int, concurrency: int, workers: int) -> dict[str, Any]:
+    from gem_core.tools.python import PythonSandbox, PythonTool
+
+    with PythonSandbox(workers=workers, timeout=5.0) as sandbox:
+        tool = PythonTool(sandbox=sandbox)
+        first = tool.execute(ACTION)
+        assert first is not None and first.ok and "4950" in first.observation, first
+        row = latency(lambda: tool.execute(ACTION), calls)
+        row["paced_ms"] = paced(lambda: tool.execute(ACTION), max(20, calls // 5))
+        row["rate_c"] = throughput(lambda: tool.execute(ACTION), calls, concurrency)
+        late, seconds = timed(lambda: sandbox.run("while True: pass", timeout=1.0))
+        row["timeout_s"] = seconds
+        row["timeout_ok"] = bool(late.timed_out)
+    return row
+
+
+def hostile_ours(timeout: float) -> list[dict[str, Any]]:
+    from hostile_snippets import HOSTILE, hostile_host
+
+    from gem_core.tools.python import PythonTool
+
+    rows = []
+    with hostile_host() as host:
+        tool = PythonTool(timeout=timeout, workers=2, max_output_bytes=4096)
+        try:
+            for attack in HOSTILE:
+                code = host.fill(attack.code)
+                result, seconds = timed(lambda code=code: tool.sandbox.run(code, timeout=timeout))
+                text = result.stdout + result.stderr
+                breach = attack.breached(text, host)
+                if breach is None and seconds > timeout + 1.0:
+                    breach = f"took {seconds:.1f}s with a {timeout:g}s timeout"
+                try:
+                    attack.check(result, host)
+                    strict = "ok"
+                except AssertionError as exc:
+                    strict = f"check failed: {exc}"
+                rows.append({"name": attack.name, "breach": breach, "strict": strict, "seconds": seconds})
+        finally:
+            tool.close()
+    return rows
+
+
+# -- the peer (gem-llm), in whatever interpreter has it -----------------------------------------------
+
+
+def peer_tool(timeout: float, sandbox_type: str = "none") -> Any:
+    from gem.tools.python_code_tool import PythonCodeTool
+
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    return PythonCodeTool(timeout=timeout, sandbox_type=sandbox_type)
+
+
+def peer_perf(calls: int, concurrency: int) -> dict[str, Any]:
+    tool = peer_tool(5)
+    valid, error, obs, _ = tool.execute_action(ACTION)
+    assert valid and not error and "4950" in obs, obs
+    row = latency(lambda: tool.execute_action(ACTION), calls)
+    row["paced_ms"] = paced(lambda: tool.execute_action(ACTION), max(20, calls // 5))
+    row["rate_c"] = throughput(lambda: tool.execute_action(ACTION), calls, concurrency)
+    (_, _, obs, _), seconds = timed(lambda: peer_tool(1).execute_action("<python>while True: pass</python>"))
+    row["timeout_s"] = seconds
+    row["timeout_ok"] = "timed out" in obs
+    (_, error, obs, _), _ = timed(lambda: peer_tool(5, "bwrap").execute_action(ACTION))
+    row["bwrap_mode"] = "works" if not error and "4950" in obs else f"fails here: {obs.strip()[:120]!r}"
+    return row
+
+
+def _safety_harness() -> None:
+    """Limits for the peer's hostile run (its children inherit them): harm to this machine stays small."""
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 20, 256 << 20))
+
+
+def peer_hostile(timeout: float) -> list[dict[str, Any]]:
+    from hostile_snippets import HOSTILE, hostile_host
+
+    rows = []
+    with hostile_host() as host:
+        tool = peer_tool(timeout)
+        for attack in HOSTILE:
+            if attack.destructive:
+                rows.append({"name": attack.name, "breach": None, "not_run": True, "seconds": 0.0})
+                continue
+            action = f"<python>{host.fill(attack.code)}</python>"
+            (_, _, obs, _), seconds = timed(lambda action=action: tool.execute_action(action))
+            breach = attack.breached(obs, host)
+            if breach is None and seconds > timeout + 1.0:
+                breach = f"took {seconds:.1f}s with a {timeout:g}s timeout"
+            blocked = "Execution blocked" in obs
+            rows.append({"name": attack.name, "breach": breach, "blocked_by_filter": blocked, "seconds": seconds})
+    return rows
+
+
+def run_peer(python: str | None, calls: int, concurrency: int, timeout: float) -> dict[str, Any] | str:
+    """The peer's numbers, measured here if ``gem`` imports, else in ``python`` (a subprocess)."""
+    try:
+        import gem.tools.python_code_tool  # noqa: F401
+
+        perf = peer_perf(calls, concurrency)
+        hostile = _in_child(sys.executable, ["--peer-hostile", "--timeout", str(timeout)])
+        return {"perf": perf, "hostile": hostile, "python": sys.executable}
+    except ImportError:
+        pass
+    if python is None or not Path(python).exists():
+        return "gem-llm is not installed here (pip install 'gem-core[bench]'), and no --peer-python was found"
+    perf = _in_child(python, ["--peer-perf", "--calls", str(calls), "--concurrency", str(concurrency)])
+    hostile = _in_child(python, ["--peer-hostile", "--timeout", str(timeout)])
+    return {"perf": perf, "hostile": hostile, "python": python}
+
+
+def _in_child(python: str, args: list[str]) -> Any:
+    hostile = "--peer-hostile" in args
+    argv = [python, str(Path(__file__).resolve()), *args]
+    # The canary secret is in the peer's environment from its start, as a host secret would be.
+    from hostile_snippets import SECRET, SECRET_VAR
+
+    env = {**os.environ, SECRET_VAR: SECRET}
+    if hostile and shutil.which("unshare") and os.geteuid() == 0:
+        argv = ["unshare", "--mount", "--propagation", "private", *argv]  # a mount it makes stays there
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        preexec_fn=_safety_harness if hostile else None,
+        timeout=1800,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"peer run failed ({' '.join(args)}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+def print_report(
+    ours: dict[str, Any],
+    peer: dict[str, Any] | str,
+    hostile: list[dict[str, Any]],
+    concurrency: int,
+    calls: int,
+    workers: int,
+) -> None:
+    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    print(
+        f"\nPython tool, {calls} calls of {SNIPPET!r} through each tool's action API ({os.cpu_count()} cpus, load {load})\n"
+    )
+    header = (
+        f"| tool | isolation | p50 ms | p99 ms | p50 ms, paced 20/s | calls/s (1) | calls/s ({concurrency}) "
+        "| 1 s timeout returns in |"
+    )
+    print(header)
+    print("|" + "---|" * 8)
+    print(
+        f"| gem-core PythonTool ({workers} warm workers) | bwrap | {ours['p50_ms']:.2f} | {ours['p99_ms']:.2f} | "
+        f"{ours['paced_ms']:.2f} | {ours['rate_1']:.0f} | {ours['rate_c']:.0f} | {ours['timeout_s']:.2f} s |"
+    )
+    if isinstance(peer, str):
+        print(f"| gem-llm PythonCodeTool | - | {peer} | | | | | |")
+        return
+    p = peer["perf"]
+    print(
+        f"| gem-llm PythonCodeTool | none (its default) | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | "
+        f"{p['paced_ms']:.2f} | {p['rate_1']:.0f} | {p['rate_c']:.0f} | {p['timeout_s']:.2f} s |"
+    )
+    print(
+        f"\np50 speed-up: {p['p50_ms'] / ours['p50_ms']:.1f}x back-to-back, {p['paced_ms'] / ours['paced_ms']:.1f}x paced; "
+        f"calls/s at {concurrency} concurrent: {ours['rate_c'] / p['rate_c']:.1f}x"
+    )
+    print(f"gem-llm sandbox_type='bwrap': {p['bwrap_mode']}")
+    peer_rows = {row["name"]: row for row in peer["hostile"]}
+    print("\nHostile snippets (gem-core asserted in tests/tools/test_python_security.py; gem-llm recorded)\n")
+    print("| snippet | gem-core | gem-llm (none) |")
+    print("|---|---|---|")
+    contained = 0
+    for row in hostile:
+        mine = (
+            "contained"
+            if row["breach"] is None and row["strict"] == "ok"
+            else f"NOT CONTAINED: {row['breach'] or row['strict']}"
+        )
+        contained += mine == "contained"
+        other = peer_rows.get(row["name"], {})
+        if other.get("not_run"):
+            theirs = "not run (destructive without isolation)"
+        elif other.get("breach"):
+            theirs = f"got through: {other['breach']}"
+        elif other.get("blocked_by_filter"):
+            theirs = "blocked by its keyword filter"
+        else:
+            theirs = "no breach seen"
+        print(f"| {row['name']} | {mine} | {theirs} |")
+    breaches = sum(1 for r in peer["hostile"] if r.get("breach"))
+    print(
+        f"\ngem-core: {contained}/{len(hostile)} contained.  gem-llm: {breaches} got through, "
+        f"{sum(1 for r in peer['hostile'] if r.get('not_run'))} not run."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300, help="calls per measurement (default 300)")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent callers for the throughput column")
+    parser.add_argument("--workers", type=int, default=16, help="warm workers of gem-core's sandbox pool")
+    parser.add_argument("--timeout", type=float, default=2.0, help="timeout of the hostile snippets (s)")
+    parser.add_argument(
+        "--peer-python", default=DEFAULT_PEER_PYTHON, help="an interpreter with gem-llm, if this one lacks it"
+    )
+    parser.add_argument("--json", help="also write the raw numbers to this file")
+    parser.add_argument("--peer-perf", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--peer-hostile", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.peer_perf:
+        print(json.dumps(peer_perf(args.calls, args.concurrency)))
+        return 0
+    if args.peer_hostile:
+        print(json.dumps(peer_hostile(args.timeout)))
+        return 0
+    ours = bench_ours(args.calls, args.concurrency, args.workers)
+    peer = run_peer(args.peer_python, args.calls, args.concurrency, args.timeout)
+    hostile = hostile_ours(args.timeout)
+    print_report(ours, peer, hostile, args.concurrency, args.calls, args.workers)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ours": ours, "peer": peer, "hostile": hostile}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,760 @@
+"""The Python tool: model-written code runs in a bubblewrap sandbox, served by warm workers.
+
+Isolation (``isolation="bwrap"``, the default; needs the Debian package ``bubblewrap``):
+
+* new user, pid, network, IPC, UTS and cgroup namespaces: no network at all (not even the host's
+  loopback), a fresh ``/proc`` that shows only the sandbox's own processes;
+* a read-only view of ``/usr`` (and the ``/bin``, ``/lib*`` links) and of the Python installation,
+  nothing else of the host's files: no home, no project, no ``/etc`` beyond the loader cache;
+* a size-capped private ``/tmp`` and ``/dev/shm``; every call gets a fresh temp dir as its cwd,
+  ``HOME`` and ``TMPDIR``, and all writable places are wiped after the call;
+* an empty environment (``--clearenv``): the host's variables, secrets included, are not there;
+* per call: its own session and process group, rlimits on address space, CPU seconds, processes,
+  file size and open files, a wall-clock deadline after which everything it started is killed,
+  and stdout/stderr read through pipes up to a byte cap (the rest is cut, with a marker).
+
+Speed comes from warm workers: each is one sandboxed Python that imported the common modules once
+and keeps a child forked *ahead* of the next request (see ``_sandbox_worker.py``), already isolated
+and limited, waiting for its code: a call costs two pipe hops and the snippet, not a Python
+start-up nor even a fork. After answering, the worker kills every process left in its sandbox,
+wipes its writable places and forks the next child; the host takes a worker for a call only once
+it has reported itself clean. A worker that cannot prove itself clean, dies, or misses its
+deadline is thrown away and replaced, so no state of one call reaches the next.
+
+When the host runs as root, the sandbox gets its own user namespace in which the snippets run as a
+uid that maps to the host's ``nobody``: they are not host root, cannot signal their worker, and the
+kernel enforces their process limit (it exempts uid 0 from ``RLIMIT_NPROC``).
+
+``isolation="none"`` runs the same workers without bubblewrap, for machines that cannot have it.
+It keeps the rlimits and the timeout but gives **no** file, network or environment isolation, and
+it says so loudly every time a sandbox is made that way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import queue
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gem_core.errors import GemError
+from gem_core.tools.base import Tool, ToolCall, ToolResult, first_match
+
+logger = logging.getLogger(__name__)
+
+Isolation = Literal["bwrap", "none"]
+
+BWRAP_PACKAGE = "bubblewrap"
+DEFAULT_PRELOAD = (
+    "math", "cmath", "re", "json", "string", "random", "itertools", "functools", "collections",
+    "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "numpy",
+)  # fmt: skip
+TRUNCATION_MARKER = "\n[... output truncated: more than {limit} bytes ...]"
+_WORKER_SOURCE = (Path(__file__).with_name("_sandbox_worker.py")).read_text()
+_SANDBOX_UID = 1000  # the uid snippets have inside the sandbox
+_HOST_NOBODY = 65534  # what that uid is on the host when the host runs as root
+_SANDBOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+_USERNS_HELPER = (
+    "import ctypes, os, sys\n"
+    "if ctypes.CDLL(None, use_errno=True).unshare(0x10000000):\n"
+    "    sys.exit('unshare(CLONE_NEWUSER) failed, errno %d' % ctypes.get_errno())\n"
+    "# No nested user namespaces below this one (bwrap's --disable-userns needs --unshare-user).\n"
+    "with open('/proc/sys/user/max_user_namespaces', 'w') as f:\n"
+    "    f.write('0')\n"
+    "os.write(1, b'ok')\n"
+    "os.read(0, 1)\n"
+)
+
+
+class SandboxUnavailable(GemError, RuntimeError):
+    """The sandbox cannot be started here (bubblewrap missing, or namespaces not allowed)."""
+
+
+class SandboxError(GemError, RuntimeError):
+    """A sandbox worker failed in a way the pool could not recover from."""
+
+
+@dataclass
+class ExecutionResult:
+    """The outcome of running one snippet."""
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None  # None when the snippet was killed by a signal (or never ran)
+    signal: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    duration: float = 0.0  # seconds, measured by the worker from fork to end
+    error: str | None = None  # a failure of the sandbox itself (worker died), not of the snippet
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when the snippet ran to completion with exit code 0 and nothing was cut."""
+        return self.exit_code == 0 and not self.timed_out and not self.truncated and self.error is None
+
+    def output(self, max_bytes: int | None = None) -> str:
+        """stdout then stderr, as the model sees them, with the truncation marker when cut."""
+        text = self.stdout + self.stderr
+        if self.truncated:
+            text += TRUNCATION_MARKER.format(limit=max_bytes if max_bytes is not None else "the")
+        return text
+
+
+def bwrap_path() -> str | None:
+    """Where ``bwrap`` is, or ``None``."""
+    return shutil.which("bwrap")
+
+
+def require_bwrap() -> str:
+    """The path of ``bwrap``; a clear error naming the Debian package when it is missing."""
+    path = bwrap_path()
+    if path is None:
+        raise SandboxUnavailable(
+            "the Python sandbox needs bubblewrap, and `bwrap` is not on PATH. Install the Debian/Ubuntu "
+            f"package '{BWRAP_PACKAGE}' (apt-get install -y {BWRAP_PACKAGE}); or, only on a machine where "
+            "running untrusted code unisolated is acceptable, pass isolation='none'."
+        )
+    return path
+
+
+# -- one warm worker -------------------------------------------------------------------------------
+
+
+class _WorkerLost(Exception):
+    """The worker died, broke the protocol or missed the host's deadline."""
+
+
+class _Worker:
+    """One warm sandboxed Python and the pipes to it."""
+
+    def __init__(self, settings: _Settings):
+        self.settings = settings
+        self.host_tmp: str | None = None
+        self.calls = 0
+        self.owes_ready = False
+        self.proc = self._start()
+        self.ctl_out = self.proc.stdin.fileno()  # type: ignore[union-attr]
+        self.ctl_in = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        hello = self._await_ready()
+        self.pid_in_sandbox = hello.get("pid")
+        self.preloaded: list[str] = hello.get("preloaded", [])
+
+    # start-up
+    def _start(self) -> subprocess.Popen[bytes]:
+        s = self.settings
+        config: dict[str, Any] = {"preload": list(s.preload), "limits": s.limits}
+        pass_fds: tuple[int, ...] = ()
+        ns_fd = helper = None
+        if s.isolation == "none":
+            self.host_tmp = tempfile.mkdtemp(prefix="gem-pysandbox-")
+            config.update(sandboxed=False, tmp_root=self.host_tmp)
+            argv = [sys.executable, "-I", "-c", _WORKER_SOURCE, json.dumps(config)]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_SANDBOX_ENV}
+        else:
+            keep = [d for d in _python_dirs() if d.startswith("/tmp/")]
+            config.update(sandboxed=True, tmp_root="/tmp", extra_wipe=["/dev/shm", "/dev/mqueue"], keep=keep)
+            if os.geteuid() == 0:
+                helper, ns_fd = _user_namespace_as_root()
+                pass_fds = (ns_fd,)
+                config.update(snippet_uid=_SANDBOX_UID, nproc_base=0)
+            else:
+                config.update(nproc_base=2)  # bwrap's init and the worker share the snippet's uid
+            argv = _bwrap_argv(s, ns_fd) + [sys.executable, "-I", "-c", _WORKER_SOURCE, json.dumps(config)]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        try:
+            return _spawn_from_long_lived_thread(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                pass_fds=pass_fds,
+                start_new_session=True,  # the host kills the whole sandbox with one killpg
+                cwd="/",
+            )
+        finally:
+            if ns_fd is not None:
+                os.close(ns_fd)
+            if helper is not None:
+                helper.stdin.close()  # type: ignore[union-attr]
+                helper.wait()
+
+    def _await_ready(self) -> dict[str, Any]:
+        try:
+            hello = self._recv(time.monotonic() + self.settings.start_timeout)
+        except _WorkerLost as lost:
+            stderr = self._stderr_text()
+            self.kill()
+            hint = ""
+            if "namespace" in stderr or "Operation not permitted" in stderr:
+                hint = (
+                    " bubblewrap could not create its namespaces here (a container may forbid user "
+                    "namespaces; allow them, or run on a host that does)."
+                )
+            raise SandboxUnavailable(
+                f"the sandbox worker did not start ({lost}). bwrap said: {stderr.strip()!r}.{hint}"
+            ) from None
+        if not hello.get("ready"):
+            self.kill()
+            raise SandboxUnavailable(f"the sandbox worker sent an unexpected greeting: {hello!r}")
+        self.proc.stderr.close()  # type: ignore[union-attr]  # the worker silences its stderr once ready
+        return hello
+
+    def _stderr_text(self) -> str:
+        try:
+            if self.proc.poll() is None:
+                return ""
+            return self.proc.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            return ""
+
+    # talking
+    def _send(self, obj: dict[str, Any]) -> None:
+        body = json.dumps(obj).encode()
+        data = struct.pack(">I", len(body)) + body
+        try:
+            while data:
+                data = data[os.write(self.ctl_out, data) :]
+        except (OSError, ValueError) as exc:
+            raise _WorkerLost(f"could not write to the worker: {exc}") from None
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        chunks = []
+        while n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _WorkerLost("no answer before the deadline")
+            try:
+                ready, _, _ = select.select([self.ctl_in], [], [], remaining)
+                if not ready:
+                    continue
+                chunk = os.read(self.ctl_in, min(n, 1 << 20))
+            except (OSError, ValueError) as exc:  # the pipe was closed under us (the worker was killed)
+                raise _WorkerLost(f"the pipe to the worker is gone ({exc})") from None
+            if not chunk:
+                raise _WorkerLost("the worker exited")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def _recv(self, deadline: float) -> dict[str, Any]:
+        (length,) = struct.unpack(">I", self._read_exact(4, deadline))
+        try:
+            return json.loads(self._read_exact(length, deadline))
+        except json.JSONDecodeError as exc:
+            raise _WorkerLost(f"the worker sent an unreadable message ({exc})") from None
+
+    def run(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """Send one request and wait for its answer until ``deadline`` (host clock)."""
+        self.calls += 1
+        self._send(request)
+        reply = self._recv(deadline)
+        self.owes_ready = True
+        return reply
+
+    def ready(self, timeout: float = 30.0) -> bool:
+        """After an answer the worker cleans up, forks its next child and says whether it is clean."""
+        if not self.owes_ready:
+            return self.alive()
+        try:
+            message = self._recv(time.monotonic() + timeout)
+        except _WorkerLost:
+            return False
+        self.owes_ready = False
+        return bool(message.get("ready"))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Tear the sandbox down: the worker, bwrap and everything in its namespaces."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            logger.warning("sandbox worker pid %d did not exit after SIGKILL", self.proc.pid)
+        if self.host_tmp is not None:
+            shutil.rmtree(self.host_tmp, ignore_errors=True)
+            self.host_tmp = None
+
+
+class _Spawner:
+    """Starts sandbox processes from one long-lived thread.
+
+    bwrap's ``--die-with-parent`` uses PR_SET_PDEATHSIG, which fires when the *thread* that forked
+    bwrap exits, not the process. Workers are started from short-lived threads (parallel start-up,
+    background replacement), so the fork itself happens here, in a thread that lives as long as
+    the interpreter.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, Any, queue.SimpleQueue[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="gem-sandbox-spawner", daemon=True)
+                self._thread.start()
+        answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._jobs.put((argv, kwargs, answer))
+        ok, value = answer.get()
+        if not ok:
+            raise value
+        return value
+
+    def _loop(self) -> None:
+        while True:
+            argv, kwargs, answer = self._jobs.get()
+            try:
+                answer.put((True, subprocess.Popen(argv, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                answer.put((False, exc))
+
+
+_spawner = _Spawner()
+
+
+def _spawn_from_long_lived_thread(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    return _spawner.popen(argv, **kwargs)
+
+
+def _user_namespace_as_root() -> tuple[subprocess.Popen[bytes], int]:
+    """A user namespace where ns-root is host root (for bwrap's set-up) and the snippet uid is nobody.
+
+    bwrap, run by root, would map the sandbox's only uid to host root. Then the snippet would be
+    host root to the kernel, which exempts it from RLIMIT_NPROC (a fork bomb could exhaust the
+    host's pids). A helper process makes the namespace; we write its maps; bwrap joins it.
+    """
+    helper = subprocess.Popen(
+        [sys.executable, "-S", "-I", "-c", _USERNS_HELPER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if helper.stdout.read(2) != b"ok":  # type: ignore[union-attr]
+        err = helper.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+        helper.kill()
+        helper.wait()
+        raise SandboxUnavailable(f"could not create a user namespace for the sandbox: {err.strip()}")
+    pid = helper.pid
+    Path(f"/proc/{pid}/uid_map").write_text(f"0 0 1\n{_SANDBOX_UID} {_HOST_NOBODY} 1\n")
+    Path(f"/proc/{pid}/gid_map").write_text(f"0 0 1\n{_SANDBOX_UID} {_HOST_NOBODY} 1\n")
+    ns_fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    return helper, ns_fd
+
+
+def _python_dirs() -> list[str]:
+    """The directories the sandboxed interpreter needs: its prefixes, outside /usr, outermost only."""
+    candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    real_exe = os.path.realpath(sys.executable)
+    candidates.add(str(Path(real_exe).parent.parent))
+    dirs = sorted({os.path.realpath(p) for p in candidates} | candidates)
+    dirs = [d for d in dirs if not (d == "/usr" or d.startswith("/usr/")) and os.path.isdir(d)]
+    outer = []
+    for d in dirs:
+        if not any(d.startswith(o.rstrip("/") + "/") for o in outer):
+            outer.append(d)
+    return outer
+
+
+def _bwrap_argv(s: _Settings, ns_fd: int | None) -> list[str]:
+    argv = [require_bwrap(), "--die-with-parent", "--new-session"]
+    if ns_fd is not None:
+        argv += ["--userns", str(ns_fd), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+        argv += ["--unshare-cgroup-try"]
+    else:
+        argv += ["--unshare-all", "--unshare-user", "--uid", str(_SANDBOX_UID), "--gid", str(_SANDBOX_UID)]
+        argv += ["--disable-userns"]  # no nested user namespaces: they would hand the snippet capabilities
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = Path("/" + name)
+        if host.is_symlink():
+            argv += ["--symlink", os.readlink(host), str(host)]
+        elif host.is_dir():
+            argv += ["--ro-bind", str(host), str(host)]
+    argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    # /tmp first: an interpreter that lives under /tmp is then bound on top of it, not hidden by it.
+    argv += ["--perms", "1777", "--size", str(s.tmpfs_bytes), "--tmpfs", "/tmp"]
+    made: set[str] = set()
+    for d in _python_dirs():
+        # Parents are made world-traversable: bwrap would copy a private parent's mode (/root is 0700).
+        for parent in reversed(Path(d).parents[:-1]):
+            if str(parent) not in made:
+                made.add(str(parent))
+                argv += ["--perms", "0755", "--dir", str(parent)]
+        argv += ["--ro-bind", d, d]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--perms", "1777", "--size", str(s.tmpfs_bytes), "--tmpfs", "/dev/shm"]
+    argv += ["--mqueue", "/dev/mqueue", "--remount-ro", "/dev"]
+    argv += ["--remount-ro", "/", "--clearenv"]
+    for key, value in {**_SANDBOX_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items():
+        argv += ["--setenv", key, value]
+    argv += ["--chdir", "/tmp", "--"]
+    return argv
+
+
+# -- the pool --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Settings:
+    isolation: Isolation
+    preload: tuple[str, ...]
+    tmpfs_bytes: int
+    start_timeout: float
+    limits: dict[str, Any]  # set in each child before its request arrives
+
+
+_live_sandboxes: weakref.WeakSet[PythonSandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for sandbox in list(_live_sandboxes):
+        sandbox.close()
+
+
+class PythonSandbox:
+    """A pool of warm sandboxed Python workers. ``run(code)`` is thread-safe; calls run in parallel
+    up to ``workers`` at a time.
+
+    Limits apply to every call: ``timeout`` (wall clock, seconds; ``run`` may override it per call),
+    ``cpu_seconds`` (default: the timeout rounded up, plus one), ``memory_mb`` (address space of each
+    process), ``max_processes`` (the snippet's process and everything it forks, threads included),
+    ``max_file_mb`` (largest file it may write), ``max_open_files``, ``max_output_bytes`` (stdout and
+    stderr together; the rest is cut with a marker). Memory, process, file and open-file limits are
+    fixed when the sandbox is made (each child sets them before its request arrives).
+    Workers start on the first call (or on :meth:`start`), and are replaced when one dies or cannot
+    be proved clean.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        isolation: Isolation = "bwrap",
+        timeout: float = 5.0,
+        memory_mb: int = 1024,
+        cpu_seconds: int | None = None,
+        max_processes: int = 8,
+        max_file_mb: int = 16,
+        max_open_files: int = 256,
+        max_output_bytes: int = 16384,
+        tmpfs_mb: int = 64,
+        preload: tuple[str, ...] | list[str] = DEFAULT_PRELOAD,
+        start_timeout: float = 60.0,
+    ):
+        if isolation not in ("bwrap", "none"):
+            raise ValueError(f"isolation must be 'bwrap' or 'none', got {isolation!r}")
+        if isolation == "bwrap":
+            require_bwrap()
+        else:
+            message = (
+                "PythonSandbox(isolation='none'): model-written code will run WITHOUT isolation -- it can "
+                "read and write your files, reach the network and read your environment. Only rlimits and "
+                "the timeout apply. Install bubblewrap and use isolation='bwrap' for anything untrusted."
+            )
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            logger.warning(message)
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.workers = workers if workers is not None else max(2, min(8, os.cpu_count() or 1))
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        self.isolation: Isolation = isolation
+        self.timeout = float(timeout)
+        self.memory_mb = memory_mb
+        self.cpu_seconds = cpu_seconds
+        self.max_processes = max_processes
+        self.max_file_mb = max_file_mb
+        self.max_open_files = max_open_files
+        self.max_output_bytes = max_output_bytes
+        limits = {
+            "memory_bytes": memory_mb * 1024 * 1024 if memory_mb else None,
+            "max_processes": max_processes,
+            "max_file_bytes": max_file_mb * 1024 * 1024,
+            "max_open_files": max_open_files,
+        }
+        self._settings = _Settings(isolation, tuple(preload), tmpfs_mb * 1024 * 1024, start_timeout, limits)
+        self._idle: queue.Queue[_Worker | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._all: set[_Worker] = set()
+        self._booting = 0  # replacements being started
+        self.replaced = 0  # workers thrown away and replaced (died, unclean, or late)
+        self._pid = os.getpid()
+        _live_sandboxes.add(self)
+
+    # lifecycle
+    def start(self) -> PythonSandbox:
+        """Start every worker now (in parallel) instead of on the first call."""
+        with self._lock:
+            if self._closed:
+                raise SandboxError("this PythonSandbox is closed")
+            if self._started:
+                return self
+            self._started = True
+        errors: list[BaseException] = []
+
+        def boot() -> None:
+            try:
+                self._add(_Worker(self._settings))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below in the caller
+                errors.append(exc)
+
+        threads = [threading.Thread(target=boot, daemon=True) for _ in range(self.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            self.close()
+            raise errors[0]
+        return self
+
+    def close(self) -> None:
+        """Kill every worker. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            workers = list(self._all)
+            self._all.clear()
+        for worker in workers:
+            worker.kill()
+        for _ in range(self.workers):
+            self._idle.put(None)  # wake any caller waiting for a worker
+
+    def __enter__(self) -> PythonSandbox:  # noqa: PYI034 - start() returns self
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _add(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                worker.kill()
+                return
+            self._all.add(worker)
+        self._idle.put(worker)
+
+    def _replace(self, worker: _Worker) -> None:
+        """Throw ``worker`` away and start a new one in the background."""
+        with self._lock:
+            self._all.discard(worker)
+            self.replaced += 1
+            closed = self._closed
+            if not closed:
+                self._booting += 1
+        worker.kill()
+        if closed:
+            return
+
+        def boot() -> None:
+            try:
+                self._add(_Worker(self._settings))
+            except BaseException as exc:  # noqa: BLE001 - a pool that cannot refill must not hang callers
+                logger.error("could not replace a sandbox worker: %s", exc)
+            finally:
+                with self._lock:
+                    self._booting -= 1
+
+        threading.Thread(target=boot, daemon=True).start()
+
+    # running
+    def _after_fork(self) -> None:
+        """In a process forked from the one that made this pool: the workers belong to the parent.
+        Forget them (without killing them) and start our own on demand."""
+        self._pid = os.getpid()
+        self._idle = queue.Queue()
+        self._all = set()
+        self._lock = threading.Lock()
+        self._started = False
+        self._booting = 0
+
+    def run(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        """Run ``code`` in a fresh child of a warm worker; returns within ``timeout`` plus a little."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        if not self._started:
+            self.start()
+        timeout = self.timeout if timeout is None else float(timeout)
+        request = {
+            "code": code,
+            "timeout": timeout,
+            "cpu_seconds": self.cpu_seconds or math.ceil(timeout) + 1,
+            "max_output_bytes": self.max_output_bytes,
+        }
+        worker = self._checkout()
+        started = time.monotonic()
+        # The worker enforces the timeout itself; the host waits a little longer, then kills it all.
+        deadline = started + timeout + max(0.5, 0.1 * timeout)
+        try:
+            reply = worker.run(request, deadline)
+        except _WorkerLost as lost:
+            late = time.monotonic() >= deadline
+            self._replace(worker)
+            message = (
+                f"the sandbox did not answer within {timeout:g}s and was torn down"
+                if late
+                else f"the sandbox worker was lost ({lost}); the code may have killed its supervisor"
+            )
+            return ExecutionResult(
+                stderr=message + "\n",
+                timed_out=late,
+                error=message,
+                duration=time.monotonic() - started,
+                info={"worker_replaced": True},
+            )
+        except BaseException:
+            self._replace(worker)
+            raise
+        if "error" in reply:
+            self._replace(worker)
+            return ExecutionResult(stderr=reply["error"] + "\n", error=reply["error"], info={"worker_replaced": True})
+        self._idle.put(worker)  # it cleans up in the background; the next checkout waits for that
+        return ExecutionResult(
+            stdout=reply["stdout"],
+            stderr=reply["stderr"],
+            exit_code=reply["exit_code"],
+            signal=reply["signal"],
+            timed_out=reply["timed_out"],
+            truncated=reply["truncated"],
+            duration=reply["duration"],
+        )
+
+    def _checkout(self) -> _Worker:
+        """An idle worker that has proved itself clean since its last call (others are replaced)."""
+        while True:
+            try:
+                worker = self._idle.get(timeout=1.0)
+            except queue.Empty:
+                with self._lock:
+                    starved = not self._all and self._booting == 0
+                if starved:  # every worker died and none could be started again
+                    raise SandboxError("the sandbox has no worker left (replacements failed to start)") from None
+                continue
+            if worker is None:
+                raise SandboxError("the sandbox is closed (or could not replace a failed worker)")
+            if worker.ready():
+                return worker
+            self._replace(worker)
+
+    def __repr__(self) -> str:
+        return f"PythonSandbox(workers={self.workers}, isolation={self.isolation!r}, timeout={self.timeout})"
+
+
+# -- the tool --------------------------------------------------------------------------------------
+
+_PYTHON_PATTERNS = [
+    re.compile(r"<python>(.*?)</python>", re.DOTALL),
+    re.compile(r"```[ \t]*(?:python|py)[ \t]*\n(.*?)```", re.DOTALL),
+]
+
+
+class PythonTool(Tool):
+    """Runs the first ``<python>...</python>`` or fenced ```` ```python ```` block of an action.
+
+    The observation is the program's stdout then stderr inside ``<output>...</output>``, with a
+    note when it timed out, was cut, or exited with an error. ``ok`` is true only for a clean
+    exit. Pass a :class:`PythonSandbox` to share one pool between tools (it is then not closed by
+    this tool), or the sandbox's keyword arguments to make one.
+    """
+
+    name = "python"
+
+    def __init__(self, sandbox: PythonSandbox | None = None, *, timeout: float | None = None, **sandbox_kwargs: Any):
+        if sandbox is not None and sandbox_kwargs:
+            raise TypeError("pass either a PythonSandbox or its keyword arguments, not both")
+        self._owns_sandbox = sandbox is None
+        if sandbox is None:
+            if timeout is not None:
+                sandbox_kwargs["timeout"] = timeout
+            sandbox = PythonSandbox(**sandbox_kwargs)
+        self.sandbox = sandbox
+        self.timeout = timeout if timeout is not None else sandbox.timeout
+
+    def instructions(self) -> str:
+        return (
+            "You can run Python code. Write a complete program inside <python>...</python> tags (or a "
+            "```python fenced block); it runs in a fresh sandbox without network access, and what it "
+            "prints comes back to you inside <output>...</output>. Variables do not carry over between "
+            f"runs. Each run may take at most {self.timeout:g} seconds. Use print() to see results."
+        )
+
+    def find_call(self, action: str) -> ToolCall | None:
+        return first_match(_PYTHON_PATTERNS, action, self.name)
+
+    def run(self, call: ToolCall) -> ToolResult:
+        code = call.payload.strip("\n")
+        if not code.strip():
+            return ToolResult("<output>\n(no code: the block was empty)\n</output>", ok=False, info={"empty": True})
+        result = self.sandbox.run(code, timeout=self.timeout)
+        text = result.output(self.sandbox.max_output_bytes).rstrip("\n")
+        notes = []
+        if result.timed_out:
+            notes.append(f"[timed out after {self.timeout:g} s: the program was stopped]")
+        elif result.signal is not None and not result.truncated:
+            notes.append(f"[the program was killed by signal {result.signal} ({_signal_name(result.signal)})]")
+        elif result.exit_code not in (0, None):
+            notes.append(f"[exit code {result.exit_code}]")
+        body = "\n".join(part for part in [text, *notes] if part) or "(no output)"
+        info = {
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "truncated": result.truncated,
+            "duration": result.duration,
+        }
+        return ToolResult(f"<output>\n{body}\n</output>", ok=result.ok, info=info)
+
+    def close(self) -> None:
+        if self._owns_sandbox:
+            self.sandbox.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown"

@@ -1,0 +1,154 @@
+"""Hostile snippets against the bwrap sandbox: each one must be contained, and say so clearly.
+
+Every snippet runs with a 2 s timeout and must come back within 3 s with a readable result; the
+check after it asserts the attack did not work (from inside: the snippet's own report; from
+outside: the host's files, processes and servers). A canary file and a canary environment
+variable exist on the host for the whole module; neither may ever appear in any output.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hostile_snippets import FILE_SECRET, HOSTILE, SECRET, hostile_host
+from sandbox_support import require_bwrap
+
+TIMEOUT = 2.0
+LIMIT = TIMEOUT + 1.0  # every call must return within this
+
+
+@pytest.fixture(scope="module")
+def host():
+    require_bwrap()
+    with hostile_host() as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def box(host):
+    """A sandbox started after the canary secret is in the host's environment."""
+    from gem_core.tools.python import PythonSandbox
+
+    sb = PythonSandbox(workers=2, timeout=TIMEOUT, max_output_bytes=4096).start()
+    yield sb
+    sb.close()
+
+
+def run(box, code: str, host):
+    """Run ``code`` (placeholders filled in) and assert the containment facts every call must meet."""
+    started = time.monotonic()
+    result = box.run(host.fill(code))
+    elapsed = time.monotonic() - started
+    assert elapsed < LIMIT, f"took {elapsed:.2f}s (limit {LIMIT}s)"
+    text = result.stdout + result.stderr
+    assert SECRET not in text and FILE_SECRET not in text, f"a canary leaked: {text[:500]!r}"
+    # A clear result: it finished, or timed out, or was cut, or the sandbox says what happened.
+    assert result.exit_code is not None or result.timed_out or result.truncated or result.signal or result.error
+    return result
+
+
+@pytest.mark.parametrize("attack", HOSTILE, ids=[h.name for h in HOSTILE])
+def test_hostile_snippet_is_contained(box, host, attack):
+    result = run(box, attack.code, host)
+    attack.check(result, host)
+    assert attack.breached(result.stdout + result.stderr, host) is None
+    # The sandbox is fine afterwards: the next call runs normally.
+    after = run(box, "print(6 * 7)", host)
+    assert after.stdout == "42\n" and after.ok
+
+
+def test_there_are_at_least_25_hostile_snippets():
+    assert len(HOSTILE) >= 25
+
+
+# -- state must not survive from one call to the next ---------------------------------------------
+
+
+def test_background_process_does_not_survive(box, host):
+    run(
+        box,
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        while True:\n            open('/tmp/alive', 'a').write('.'); time.sleep(0.01)\n    os._exit(0)\nprint('spawned')",
+        host,
+    )
+    for _ in range(4):  # whichever worker answers, nothing of the daemon is left
+        r = run(
+            box,
+            "import os, time\ntime.sleep(0.1)\nprint(os.path.exists('/tmp/alive'), len([p for p in os.listdir('/proc') if p.isdigit()]))",
+            host,
+        )
+        assert r.stdout.split() == ["False", "3"] or r.stdout.split()[0] == "False"
+        assert int(r.stdout.split()[1]) <= 3
+
+
+def test_python_state_files_and_ipc_do_not_survive(box, host):
+    poison = (
+        "import builtins, math, os, sys, ctypes\nbuiltins.LEAK = 1\nmath.pi = 3\nsys.modules['json'].LEAK = 1\n"
+        "os.environ['LEAK'] = '1'\nopen('/tmp/leak', 'w').write('x')\nopen('/dev/shm/leak', 'w').write('x')\n"
+        "open('leak-in-cwd', 'w').write('x')\nos.makedirs('/tmp/d/e', exist_ok=True); os.chmod('/tmp/d', 0)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\nprint('shm', libc.shmget(4242, 4096, 0o1666))\nprint(os.getcwd())"
+    )
+    probe = (
+        "import builtins, math, os, sys, ctypes, json\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(hasattr(builtins, 'LEAK'), math.pi == 3, hasattr(json, 'LEAK'), 'LEAK' in os.environ,\n"
+        "      sorted(os.listdir('/tmp')), os.listdir('/dev/shm'), libc.shmget(4242, 0, 0), os.listdir('.'))"
+    )
+    first = run(box, poison, host)
+    assert "shm" in first.stdout and first.ok
+    for _ in range(4):
+        r = run(box, probe, host)
+        assert r.ok, r.stderr
+        assert r.stdout.startswith("False False False False")
+        assert "leak" not in r.stdout and "'d'" not in r.stdout
+        assert " -1 " in r.stdout  # the System V segment is gone
+
+
+def test_numpy_random_differs_between_calls(box, host):
+    pytest.importorskip("numpy")
+    draws = {run(box, "import numpy as np; print(np.random.randint(0, 2**62))", host).stdout for _ in range(4)}
+    assert len(draws) == 4
+
+
+# -- many calls: nothing accumulates ---------------------------------------------------------------
+
+
+def _zombie_children() -> list[int]:
+    me, zombies = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] == "Z" and int(fields[1]) == me:
+                zombies.append(int(name))
+    return zombies
+
+
+def test_thousand_calls_leave_no_zombies_processes_or_files(host):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gem_core.tools.python import PythonSandbox
+
+    tmp_before = set(os.listdir(tempfile.gettempdir()))
+    with PythonSandbox(workers=4, timeout=TIMEOUT, preload=("math",)) as sb:
+        probe = (
+            "import os\ntmp = sorted(os.listdir('/tmp'))\npids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            "open('scratch', 'w').write('x' * 1000)\nprint(len(tmp), len(pids), tmp[0])"
+        )
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _: sb.run(probe), range(1000)))
+        assert all(r.ok for r in results), [r for r in results if not r.ok][:2]
+        # Each call sees only its own fresh temp dir and at most init + worker + itself.
+        assert {r.stdout.split()[0] for r in results} == {"1"}
+        assert max(int(r.stdout.split()[1]) for r in results) <= 3
+        assert all(r.stdout.split()[2].startswith("run") for r in results)
+        assert sb.replaced == 0
+    assert _zombie_children() == []
+    leftovers = set(os.listdir(tempfile.gettempdir())) - tmp_before
+    assert not [name for name in leftovers if name.startswith("gem-")]
