@@ -293,9 +293,6 @@ class FifteenPuzzle(TextGame):
             "Enter your first move."
         )
 
-    def task_suffix(self) -> str:
-        return "Enter your next move."
-
     def play(self, move: str) -> Move:
         direction = move.lower()
         if direction not in _OPPOSITE:

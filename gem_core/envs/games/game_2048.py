@@ -197,9 +197,6 @@ class Game2048(TextGame):
             "Enter your first move."
         )
 
-    def task_suffix(self) -> str:
-        return "Enter your next move."
-
     def play(self, move: str) -> Move:
         direction = move.lower()
         if direction not in DIRECTIONS:

@@ -98,9 +98,6 @@ class TowerOfHanoi(TextGame):
         last.reward = len(self.pegs[2]) / self.num_disks  # GEM's closeness reward
         return last
 
-    def task_suffix(self) -> str:
-        return "Enter your next move."
-
     def legal_moves(self) -> list[tuple[int, int]]:
         """All (source, destination) peg indices that are legal now."""
         return [
