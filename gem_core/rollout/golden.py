@@ -80,7 +80,7 @@ GOLDEN_EPISODES: tuple[GoldenEpisode, ...] = (
     GoldenEpisode("game:GuessTheNumber-v0-hard", 2, "gtn-hard", "gtn-hard"),
     GoldenEpisode("game:Mastermind-v0-easy", 0, "mm-easy/a", "mm-easy"),
     GoldenEpisode("game:Mastermind-v0-easy", 0, "mm-easy/b", "mm-easy"),
-    GoldenEpisode("game:Mastermind-v0-hard", 5, "mm-hard", "mm-hard"),
+    GoldenEpisode("game:Mastermind-v0-hard", 11, "mm-hard", "mm-hard"),
 )
 
 

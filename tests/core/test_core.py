@@ -92,3 +92,30 @@ def test_env_without_reset_says_so():
 
     with pytest.raises(NotImplementedError, match="reset"):
         NoReset().reset(seed=0)
+
+
+def test_seed_generator_is_deterministic_distinct_and_reuses_the_object():
+    from gem_core.core import seed_generator
+
+    a, b = seed_generator(None, 42), seed_generator(None, 42)
+    assert a.random(8).tolist() == b.random(8).tolist()
+    first = {tuple(seed_generator(None, s).random(4).tolist()) for s in range(200)}
+    assert len(first) == 200, "different seeds must give different streams"
+    reused = seed_generator(a, 7)
+    assert reused is a and reused.random(4).tolist() == seed_generator(None, 7).random(4).tolist()
+    # seeds above 64 bits keep their high bits
+    assert seed_generator(None, 1 << 70).random() != seed_generator(None, 0).random()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True])
+def test_seed_generator_rejects_bad_seeds(bad):
+    from gem_core.core import seed_generator
+
+    with pytest.raises((TypeError, ValueError), match="seed must be"):
+        seed_generator(None, bad)
+
+
+def test_reset_with_a_bad_seed_is_a_clear_error():
+    env = gem_core.make("game:GuessTheNumber-v0-easy")
+    with pytest.raises(ValueError, match="non-negative"):
+        env.reset(seed=-3)

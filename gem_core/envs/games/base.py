@@ -11,7 +11,6 @@ the episode by default (``ends_on_format_error``), so an unparseable answer cann
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gem_core.core import Env
@@ -19,16 +18,34 @@ from gem_core.errors import ResetNeeded
 from gem_core.parsing import last_boxed
 
 
-@dataclass
 class Move:
-    """What one valid (parseable) action did to the game."""
+    """What one valid (parseable) action did to the game.
 
-    observation: str
-    reward: float = 0.0
-    terminated: bool = False
-    success: bool = False
-    invalid: bool = False  # parsed, but illegal in this state (e.g. a guess out of range)
-    info: dict[str, Any] = field(default_factory=dict)
+    ``invalid``: parsed, but illegal in this state (e.g. a guess out of range). ``info``: extra keys
+    for the step's info dict. A plain slotted class: one is made per step, so it must be cheap.
+    """
+
+    __slots__ = ("observation", "reward", "terminated", "success", "invalid", "info")
+
+    def __init__(
+        self,
+        observation: str,
+        reward: float = 0.0,
+        terminated: bool = False,
+        success: bool = False,
+        invalid: bool = False,
+        info: dict[str, Any] | None = None,
+    ):
+        self.observation = observation
+        self.reward = reward
+        self.terminated = terminated
+        self.success = success
+        self.invalid = invalid
+        self.info = info
+
+    def __repr__(self) -> str:
+        return (f"Move({self.observation!r}, reward={self.reward}, terminated={self.terminated}, "
+                f"success={self.success}, invalid={self.invalid}, info={self.info})")
 
 
 class TextGame(Env[str, str]):
@@ -125,20 +142,22 @@ class TextGame(Env[str, str]):
         return "\\boxed{" + self.oracle_move() + "}"
 
     def _info(self, move: Move, format_error: bool) -> dict[str, Any]:
-        return {
+        info = {
             "turn": self.turn,
             "max_turns": self.max_turns,
             "success": move.success,
             "invalid_action": move.invalid,
             "format_error": format_error,
             "suffix": self.task_suffix(),
-            **move.info,
         }
+        if move.info:
+            info.update(move.info)
+        return info
 
     # Randomness helpers for subclasses -----------------------------------------------------------
     # Generator.integers costs ~4 us a call; games draw a few numbers per step, so we draw uniforms
     # from the env's own np_random in blocks. Deterministic for a seed, and part of get_state().
-    _RAND_BLOCK: ClassVar[int] = 64
+    _RAND_BLOCK: ClassVar[int] = 16
 
     def _uniform(self) -> float:
         """Next uniform float in [0, 1) from this env's RNG (buffered)."""
