@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-_BOX_MARKERS = ("\\boxed", "\\fbox")
+import re
+
+# One C call for the common case: the atomic group's greedy ``.*`` backtracks to the rightmost marker
+# (and never to an earlier one); then, optionally, spaces and a brace-free content. No match: no
+# marker. A match without group 1: nested braces or no/unclosed brace, handled in Python below.
+_LAST_BOX = re.compile(r"(?>.*\\(?:boxed|fbox))(?: *\{([^{}]*)\})?", re.DOTALL).match
 
 
 def last_boxed(text: str) -> str | None:
@@ -13,26 +18,21 @@ def last_boxed(text: str) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    start = -1
-    for marker in _BOX_MARKERS:
-        at = text.rfind(marker)
-        if at > start:
-            start, width = at, len(marker)
-    if start < 0:
+    found = _LAST_BOX(text)
+    if found is None:
         return None
-    i = start + width
+    content = found[1]
+    if content is not None:
+        return content
+    i = found.end()
+    # The rest: nested braces, or no brace / an unclosed one (None).
     n = len(text)
     while i < n and text[i] == " ":
         i += 1
     if i >= n or text[i] != "{":
         return None
-    close = text.find("}", i + 1)
-    if close < 0:
-        return None
-    if text.find("{", i + 1, close) < 0:  # the common case: no nested braces
-        return text[i + 1 : close]
     depth = 0
-    for j in range(i, n):
+    for j in range(i, len(text)):
         ch = text[j]
         if ch == "{":
             depth += 1

@@ -112,14 +112,15 @@ class TextGame(Env[str, str]):
         return self.instructions(), self._info(Move(""), format_error=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        # The hot path of every game: kept flat (the info dict is built here, not in _info).
         if self._done:
             raise ResetNeeded(f"{type(self).__name__}.step() called on a finished episode; call reset() first")
-        self.turn += 1
-        content = last_boxed(action) if isinstance(action, str) else None
+        turn = self.turn = self.turn + 1
+        content = last_boxed(action)  # None for a non-string action too
         if content is None:
             what = "was not a string" if not isinstance(action, str) else "had no \\boxed{...} move"
             move = Move(
-                observation=f"At turn {self.turn}, your answer {what}. Put your move inside \\boxed{{}}, for example {self.sample_random_action()}.",
+                observation=f"At turn {turn}, your answer {what}. Put your move inside \\boxed{{}}, for example {self.sample_random_action()}.",
                 reward=self.format_error_reward,
                 terminated=self.ends_on_format_error,
             )
@@ -127,12 +128,27 @@ class TextGame(Env[str, str]):
         else:
             move = self.play(content.strip())
             format_error = False
-        truncated = False
-        if not move.terminated and self.turn >= self.max_turns:
+        terminated = move.terminated
+        if terminated:
+            truncated = False
+        elif turn >= self.max_turns:
             move = self.on_time_limit(move)
+            terminated = move.terminated
             truncated = True
-        self._done = move.terminated or truncated
-        return move.observation, float(move.reward), move.terminated, truncated, self._info(move, format_error)
+        else:
+            truncated = False
+        self._done = terminated or truncated
+        info = {
+            "turn": turn,
+            "max_turns": self.max_turns,
+            "success": move.success,
+            "invalid_action": move.invalid,
+            "format_error": format_error,
+            "suffix": self.task_suffix(),
+        }
+        if move.info:
+            info.update(move.info)
+        return move.observation, float(move.reward), terminated, truncated, info
 
     def sample_random_action(self) -> str:
         return "\\boxed{" + self.random_move() + "}"

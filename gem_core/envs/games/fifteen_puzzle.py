@@ -53,6 +53,10 @@ def _walk_steps(num_rows: int) -> tuple[dict[str, tuple[tuple[str, int], ...]], 
     )
 
 
+# Where the tile that a direction moves sits, relative to the gap (for the invalid-move message).
+_SIDE_OF_GAP = {"up": "below", "down": "above", "left": "to the right of", "right": "to the left of"}
+
+
 @cache
 def _board_layout(num_rows: int) -> tuple[str, tuple[str, ...]]:
     """A %-template for the grid and each tile's padded text (the gap, 0, is an underscore)."""
@@ -294,20 +298,19 @@ class FifteenPuzzle(TextGame):
         )
 
     def play(self, move: str) -> Move:
-        direction = move.lower()
+        # Move(...) arguments are positional: keyword arguments cost more, on every step.
+        direction = move if move in _OPPOSITE else move.lower()
         if direction not in _OPPOSITE:
-            return Move(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.", invalid=True)
-        if not apply_direction(self.board, self.num_rows, direction):
-            side = {"up": "below", "down": "above", "left": "to the right of", "right": "to the left of"}[direction]
-            return Move(f"At turn {self.turn}, there is no tile {side} the gap, so {direction} is not possible.", invalid=True)
-        if self.board[-1] == 0 and self.is_solved():
-            return Move(
-                f"Congratulations! You solved the puzzle in {self.turn} turns.",
-                reward=self.success_reward,
-                terminated=True,
-                success=True,
-            )
-        return Move(f"At turn {self.turn}, you moved a tile {direction}.\nThe board:\n{self.render()}")
+            return Move(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.", 0.0, False, False, True)
+        board = self.board
+        if not apply_direction(board, self.num_rows, direction):
+            side = _SIDE_OF_GAP[direction]
+            return Move(f"At turn {self.turn}, there is no tile {side} the gap, so {direction} is not possible.", 0.0, False, False, True)
+        if board[-1] == 0 and self.is_solved():
+            return Move(f"Congratulations! You solved the puzzle in {self.turn} turns.", self.success_reward, True, True)
+        template, texts = _board_layout(self.num_rows)
+        rendered = template % tuple([texts[tile] for tile in board])  # render(), inlined
+        return Move(f"At turn {self.turn}, you moved a tile {direction}.\nThe board:\n{rendered}")
 
     def is_solved(self) -> bool:
         """Whether the tiles are in order with the gap last."""

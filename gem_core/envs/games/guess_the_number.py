@@ -56,28 +56,28 @@ class GuessTheNumber(TextGame):
         return "Enter your next guess."
 
     def play(self, move: str) -> Move:
+        # Move(...) arguments are positional here: keyword arguments cost more, on every step.
         try:
             guess = int(move)
         except ValueError:
-            return Move(f"At turn {self.turn}, {move!r} is not a whole number.", invalid=True)
-        if not self.min_number <= guess <= self.max_number:
-            return Move(f"At turn {self.turn}, you guessed {guess}, which is outside {self.min_number}-{self.max_number}.", invalid=True)
-        if guess in self.guessed:
-            return Move(f"At turn {self.turn}, you guessed {guess}, which you already guessed.", invalid=True)
-        self.guessed.add(guess)
+            return Move(f"At turn {self.turn}, {move!r} is not a whole number.", 0.0, False, False, True)
+        if guess < self.min_number or guess > self.max_number:
+            return Move(f"At turn {self.turn}, you guessed {guess}, which is outside {self.min_number}-{self.max_number}.", 0.0, False, False, True)
+        guessed = self.guessed
+        if guess in guessed:
+            return Move(f"At turn {self.turn}, you guessed {guess}, which you already guessed.", 0.0, False, False, True)
+        guessed.add(guess)
         self.last_guess = guess
-        if guess == self.target:
-            return Move(
-                f"Congratulations! You guessed the correct number {self.target} in {self.turn} turns.",
-                reward=self.success_reward,
-                terminated=True,
-                success=True,
-            )
-        if guess > self.target:
-            self.high = min(self.high, guess - 1)
+        target = self.target
+        if guess == target:
+            return Move(f"Congratulations! You guessed the correct number {target} in {self.turn} turns.", self.success_reward, True, True)
+        if guess > target:
+            if guess <= self.high:
+                self.high = guess - 1
             hint = "lower"
         else:
-            self.low = max(self.low, guess + 1)
+            if guess >= self.low:
+                self.low = guess + 1
             hint = "higher"
         return Move(f"At turn {self.turn}, you guessed {guess}, and the target number is {hint} than {guess}.")
 

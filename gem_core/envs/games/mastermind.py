@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from operator import eq
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -25,7 +26,7 @@ _ORACLE_CELLS = 20_000_000
 def score_guess(secret: Sequence[int], guess: Sequence[int]) -> tuple[int, int]:
     """Peg feedback ``(black, white)``: black = right digit in the right place; white = a digit of
     the code that is in the guess at another place, each code digit counted at most once."""
-    black = sum(1 for s, g in zip(secret, guess) if s == g)
+    black = sum(map(eq, secret, guess))
     unmatched = list(secret)
     common = 0  # digits shared by both, with multiplicity: each code digit pairs with one guess digit
     for digit in guess:
@@ -157,14 +158,14 @@ class Mastermind(TextGame):
         if len(tokens) == 1 and self.num_numbers <= 9 and len(tokens[0]) == self.code_length > 1 and tokens[0].isdigit():
             tokens = list(tokens[0])
         try:
-            guess = tuple(map(int, tokens)) if all(map(str.isascii, tokens)) else ()
+            guess = tuple(map(int, tokens)) if move.isascii() or all(map(str.isascii, tokens)) else ()
         except ValueError:
             guess = ()
         if not guess:
             return f"{move!r} is not a list of digits separated by spaces"
         if len(guess) != self.code_length:
             return f"your guess {self._show(guess)} has {len(guess)} digits, but the code has {self.code_length}"
-        if any(not 1 <= d <= self.num_numbers for d in guess):
+        if min(guess) < 1 or max(guess) > self.num_numbers:
             return f"your guess {self._show(guess)} uses digits outside 1 to {self.num_numbers}"
         return guess
 
@@ -173,30 +174,30 @@ class Mastermind(TextGame):
         return " ".join(map(str, code))
 
     def play(self, move: str) -> Move:
+        # Move(...) arguments are positional: keyword arguments cost more, on every step.
         guess = self._parse(move)
-        if isinstance(guess, str):
-            return Move(f"At turn {self.turn}, {guess}.", invalid=True)
-        if guess in self.guessed:
-            return Move(f"At turn {self.turn}, you guessed {self._show(guess)} again; you already know its pegs.", invalid=True)
+        if type(guess) is str:
+            return Move(f"At turn {self.turn}, {guess}.", 0.0, False, False, True)
+        guessed = self.guessed
+        if guess in guessed:
+            return Move(f"At turn {self.turn}, you guessed {self._show(guess)} again; you already know its pegs.", 0.0, False, False, True)
         black, white = score_guess(self.secret, guess)
         self.history.append((guess, black, white))
-        self.guessed.add(guess)
+        guessed.add(guess)
         reward = 0.0
-        if black > self.best_black:  # progress: reward only the improvement, so a win sums to 1
-            reward = (black - self.best_black) / self.code_length
+        best_black = self.best_black
+        if black > best_black:  # progress: reward only the improvement, so a win sums to 1
+            reward = (black - best_black) / self.code_length
             self.best_black = black
+        shown = " ".join(map(str, guess))
         if black == self.code_length:
             return Move(
-                f"Congratulations! {self._show(guess)} is the secret code; you cracked it in {self.turn} turns.",
-                reward=reward,
-                terminated=True,
-                success=True,
-                info={"black_pegs": black, "white_pegs": white},
+                f"Congratulations! {shown} is the secret code; you cracked it in {self.turn} turns.",
+                reward, True, True, False, {"black_pegs": black, "white_pegs": white},
             )
         return Move(
-            f"At turn {self.turn}, you guessed {self._show(guess)}: {black} black peg(s) and {white} white peg(s).",
-            reward=reward,
-            info={"black_pegs": black, "white_pegs": white},
+            f"At turn {self.turn}, you guessed {shown}: {black} black peg(s) and {white} white peg(s).",
+            reward, False, False, False, {"black_pegs": black, "white_pegs": white},
         )
 
     def on_time_limit(self, last: Move) -> Move:

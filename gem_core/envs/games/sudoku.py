@@ -36,6 +36,20 @@ def _geometry(scale: int) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int,
 
 
 @lru_cache(maxsize=4)
+def _board_template(scale: int) -> str:
+    """The rendered grid as a ``str.format`` template with one ``{}`` per cell (one call per render)."""
+    box = math.isqrt(scale)
+    header, rule = _frame(scale)
+    lines = [header, rule]
+    for r in range(scale):
+        groups = [" ".join(["{}"] * box)] * box
+        lines.append(f"{r + 1:>2} | " + " | ".join(groups) + " |")
+        if (r + 1) % box == 0:
+            lines.append(rule)
+    return "\n".join(lines)
+
+
+@lru_cache(maxsize=4)
 def _frame(scale: int) -> tuple[str, str]:
     """The column-number header and the horizontal rule of a rendered grid."""
     box = math.isqrt(scale)
@@ -48,22 +62,24 @@ def _propagate(options: list[int], units: Sequence[Sequence[int]], peers: Sequen
     """Narrow the per-cell digit bitmasks in place with the two classic rules until nothing changes:
     a settled cell's digit leaves its peers, and a digit with one possible cell in a unit goes there.
     Returns False as soon as a cell or a unit has no way left to be filled."""
-    spread = [False] * len(options)  # settled cells whose digit was already removed from their peers
-    changed = True
-    while changed:
-        changed = False
-        for cell, mask in enumerate(options):
-            if spread[cell] or mask & (mask - 1):
-                continue  # already spread, or still open
+    # A worklist of settled cells whose digit still has to leave their peers: each cell is settled
+    # (and spread) once, instead of rescanning the grid every round. Same fixed point as rescanning.
+    todo = [cell for cell, mask in enumerate(options) if not mask & (mask - 1)]
+    while True:
+        while todo:
+            cell = todo.pop()
+            mask = options[cell]
             if not mask:
                 return False
-            spread[cell] = True
             for peer in peers[cell]:
-                if options[peer] & mask:
-                    options[peer] &= ~mask
-                    if not options[peer]:
+                other = options[peer]
+                if other & mask:
+                    other &= ~mask
+                    if not other:
                         return False
-                    changed = True
+                    options[peer] = other
+                    if not other & (other - 1):
+                        todo.append(peer)
         for unit in units:
             seen_once = seen_twice = 0
             for cell in unit:
@@ -80,8 +96,9 @@ def _propagate(options: list[int], units: Sequence[Sequence[int]], peers: Sequen
                     if forced & (forced - 1):
                         return False  # two digits both need this one cell
                     options[cell] = forced
-                    changed = True
-    return True
+                    todo.append(cell)
+        if not todo:
+            return True
 
 
 def solve_sudoku(cells: Sequence[int], scale: int) -> list[int] | None:
@@ -214,20 +231,17 @@ class Sudoku(TextGame):
 
     def render_board(self) -> str:
         """The grid as text, with row/column numbers and lines between the boxes."""
-        scale, box = self.scale, math.isqrt(self.scale)
-        header, rule = _frame(scale)
-        symbols = [_SYMBOLS[d] for d in self.board]
-        lines = [header, rule]
-        for r in range(scale):
-            row = symbols[r * scale : (r + 1) * scale]
-            groups = [" ".join(row[s : s + box]) for s in range(0, scale, box)]
-            lines.append(f"{r + 1:>2} | " + " | ".join(groups) + " |")
-            if (r + 1) % box == 0:
-                lines.append(rule)
-        return "\n".join(lines)
+        return _board_template(self.scale).format(*[_SYMBOLS[d] for d in self.board])
 
     def task_suffix(self) -> str:
-        return f"Here is the current grid:\n{self.render_board()}\nEnter your next move."
+        # Most steps leave the grid as it was (rejected moves): reuse the text while the board is unchanged.
+        board = tuple(self.board)
+        cached = self.__dict__.get("_suffix_cache")
+        if cached is not None and cached[0] == board:
+            return cached[1]
+        text = f"Here is the current grid:\n{self.render_board()}\nEnter your next move."
+        self._suffix_cache = (board, text)
+        return text
 
     # -- moves -----------------------------------------------------------------------------------
     def _clash(self, cell: int, digit: int) -> str | None:

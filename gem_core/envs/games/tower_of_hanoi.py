@@ -15,6 +15,12 @@ _MOVE_PATTERN = re.compile(r"(?:from\s+)?([abc])\s*(?:,|->|→|to\b)?\s*([abc])"
 _TURNS_FOR_DISKS = {3: 10, 4: 20, 5: 35}
 _DISK_CHOICES = tuple(_TURNS_FOR_DISKS)
 
+# The plain "A C" form (any case), looked up without the regex: (source index, destination index).
+_PLAIN_MOVES = {
+    f"{src}{sep}{dst}": (PEGS.index(src.upper()), PEGS.index(dst.upper()))
+    for src in "ABCabc" for dst in "ABCabc" for sep in (" ", "")
+}
+
 
 def turn_budget(num_disks: int) -> int:
     """The turn limit used when only the disk count is fixed: GEM's value, or optimal plus slack."""
@@ -62,34 +68,40 @@ class TowerOfHanoi(TextGame):
 
     def render(self) -> str:
         """The pegs, one line each, bottom disk first."""
-        return "Pegs:\n" + "\n".join(f"{name}: {peg}" for name, peg in zip(PEGS, self.pegs))
+        a, b, c = self.pegs
+        return f"Pegs:\nA: {a}\nB: {b}\nC: {c}"
 
     def play(self, move: str) -> Move:
-        parsed = _MOVE_PATTERN.fullmatch(move)
-        if parsed is None:
-            return Move(
-                f"At turn {self.turn}, {move!r} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}.",
-                invalid=True,
-            )
-        src_name, dst_name = parsed.group(1).upper(), parsed.group(2).upper()
-        src, dst = self.pegs[PEGS.index(src_name)], self.pegs[PEGS.index(dst_name)]
+        # Move(...) arguments are positional: keyword arguments cost more, on every step.
+        plain = _PLAIN_MOVES.get(move)
+        if plain is not None:
+            src_index, dst_index = plain
+        else:
+            parsed = _MOVE_PATTERN.fullmatch(move)
+            if parsed is None:
+                return Move(
+                    f"At turn {self.turn}, {move!r} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}.",
+                    0.0, False, False, True,
+                )
+            src_index, dst_index = PEGS.index(parsed.group(1).upper()), PEGS.index(parsed.group(2).upper())
+        src_name, dst_name = PEGS[src_index], PEGS[dst_index]
+        pegs = self.pegs
+        src, dst = pegs[src_index], pegs[dst_index]
         if src is dst:
-            return Move(f"At turn {self.turn}, you tried to move from peg {src_name} onto itself.", invalid=True)
+            return Move(f"At turn {self.turn}, you tried to move from peg {src_name} onto itself.", 0.0, False, False, True)
         if not src:
-            return Move(f"At turn {self.turn}, you tried to move from peg {src_name}, which is empty.", invalid=True)
+            return Move(f"At turn {self.turn}, you tried to move from peg {src_name}, which is empty.", 0.0, False, False, True)
         if dst and dst[-1] < src[-1]:
             return Move(
                 f"At turn {self.turn}, disk {src[-1]} on peg {src_name} cannot go on the smaller disk {dst[-1]} on peg {dst_name}.",
-                invalid=True,
+                0.0, False, False, True,
             )
         disk = src.pop()
         dst.append(disk)
-        if len(self.pegs[2]) == self.num_disks:
+        if len(pegs[2]) == self.num_disks:
             return Move(
                 f"Congratulations! You moved all {self.num_disks} disks to peg C in {self.turn} turns.",
-                reward=self.success_reward,
-                terminated=True,
-                success=True,
+                self.success_reward, True, True,
             )
         return Move(f"At turn {self.turn}, you moved disk {disk} from peg {src_name} to peg {dst_name}.\n{self.render()}")
 

@@ -17,20 +17,24 @@ def score_guess(guess: str, secret: str) -> str:
     Greens first; then each other guessed letter is yellow only while the secret still has an
     unmatched copy of it, left to right. So a letter guessed twice but present once gets one mark.
     """
+    if guess == secret:
+        return GREEN * len(guess)
     unmatched: dict[str, int] = {}
     for g, s in zip(guess, secret):
         if g != s:
             unmatched[s] = unmatched.get(s, 0) + 1
-    marks = []
+    marks = ""  # appending to a short str in place beats a list and a join here
     for g, s in zip(guess, secret):
         if g == s:
-            marks.append(GREEN)
-        elif unmatched.get(g, 0) > 0:
-            unmatched[g] -= 1
-            marks.append(YELLOW)
+            marks += GREEN
         else:
-            marks.append(GREY)
-    return "".join(marks)
+            left = unmatched.get(g)
+            if left:
+                unmatched[g] = left - 1
+                marks += YELLOW
+            else:
+                marks += GREY
+    return marks
 
 
 def consistent_words(words: Iterable[str], history: Iterable[tuple[str, str]]) -> list[str]:
@@ -136,41 +140,44 @@ class Wordle(TextGame):
         return f"Enter your guess ({self.max_turns - self.turn} left)."
 
     def play(self, move: str) -> Move:
-        guess = "".join(move.split()).lower()
+        # Move(...) arguments are positional: keyword arguments cost more, on every step.
+        guess = move.lower() if move.isalpha() else "".join(move.split()).lower()
         if not (guess.isascii() and guess.isalpha()):
-            return Move(f"At turn {self.turn}, {move!r} is not a word: use the letters a-z only.", invalid=True)
+            return Move(f"At turn {self.turn}, {move!r} is not a word: use the letters a-z only.", 0.0, False, False, True)
+        shown = guess.upper()
         if len(guess) != self.word_length:
             return Move(
-                f"At turn {self.turn}, you guessed {guess.upper()}, which has {len(guess)} letters; "
+                f"At turn {self.turn}, you guessed {shown}, which has {len(guess)} letters; "
                 f"the secret word has {self.word_length}.",
-                invalid=True,
+                0.0, False, False, True,
             )
-        if any(guess == earlier for earlier, _ in self.history):
-            return Move(f"At turn {self.turn}, you guessed {guess.upper()} again; try a new word.", invalid=True)
-        feedback = score_guess(guess, self.secret)
-        self.history.append((guess, feedback))
-        if guess == self.secret:
+        history = self.history
+        for earlier, _ in history:
+            if earlier == guess:
+                return Move(f"At turn {self.turn}, you guessed {shown} again; try a new word.", 0.0, False, False, True)
+        secret = self.secret
+        feedback = score_guess(guess, secret)
+        history.append((guess, feedback))
+        if guess == secret:
             reward = self.success_reward - self.progress_paid
             self.progress_paid = self.success_reward
             return Move(
-                f"Congratulations! {guess.upper()} is the secret word; you found it in {self.turn} turns.",
-                reward=reward,
-                terminated=True,
-                success=True,
-                info={"feedback": feedback},
+                f"Congratulations! {shown} is the secret word; you found it in {self.turn} turns.",
+                reward, True, True, False, {"feedback": feedback},
             )
         new_greens = 0
-        for i, mark in enumerate(feedback):
-            if mark == GREEN and not self.greens_seen[i]:
-                self.greens_seen[i] = True
-                new_greens += 1
+        if GREEN in feedback:
+            greens_seen = self.greens_seen
+            for i, mark in enumerate(feedback):
+                if mark == GREEN and not greens_seen[i]:
+                    greens_seen[i] = True
+                    new_greens += 1
         reward = self.progress_share * new_greens / self.word_length
         self.progress_paid += reward
         spaced = " ".join
         return Move(
-            f"At turn {self.turn}, you guessed {guess.upper()}.\nFeedback:\n{spaced(guess.upper())}\n{spaced(feedback)}",
-            reward=reward,
-            info={"feedback": feedback},
+            f"At turn {self.turn}, you guessed {shown}.\nFeedback:\n{spaced(shown)}\n{spaced(feedback)}",
+            reward, False, False, False, {"feedback": feedback},
         )
 
     def on_time_limit(self, last: Move) -> Move:
