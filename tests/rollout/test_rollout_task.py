@@ -1,0 +1,59 @@
+"""Task rows -> envs: the one place every trainer plugin builds its env from a dataset row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gem_core
+from gem_core.rollout.task import make_task_env, parse_env_kwargs, parse_tools
+
+
+def test_parse_tools_accepts_the_shapes_datasets_store():
+    assert parse_tools(None) == []
+    assert parse_tools("") == []
+    assert parse_tools("python, search") == ["python", "search"]
+    assert parse_tools(["python"]) == ["python"]
+    assert parse_tools(np.array(["search"])) == ["search"]
+
+
+def test_parse_tools_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown env tool"):
+        parse_tools("python,shell")
+
+
+def test_parse_env_kwargs():
+    assert parse_env_kwargs(None) == {} and parse_env_kwargs("  ") == {}
+    assert parse_env_kwargs('{"max_turns": 3}') == {"max_turns": 3}
+    assert parse_env_kwargs({"a": 1}) == {"a": 1}
+    with pytest.raises(ValueError, match="JSON object"):
+        parse_env_kwargs("[1, 2]")
+
+
+def test_make_task_env_builds_the_same_env_as_make():
+    env = make_task_env("game:GuessTheNumber-v0-easy", '{"max_turns": 3}')
+    ref = gem_core.make("game:GuessTheNumber-v0-easy", max_turns=3)
+    assert env.reset(seed=4)[0] == ref.reset(seed=4)[0]
+    with pytest.raises(gem_core.UnknownKwargError):
+        make_task_env("game:GuessTheNumber-v0-easy", {"max_turn": 3})
+
+
+def test_make_task_env_wraps_tools(tmp_path, monkeypatch):
+    from gem_core.wrappers import ToolEnvWrapper
+
+    monkeypatch.delenv("GEM_SEARCH_URL", raising=False)
+    monkeypatch.delenv("GEM_SEARCH_CORPUS", raising=False)
+    with pytest.raises(ValueError, match="GEM_SEARCH_URL"):
+        make_task_env("game:GuessTheNumber-v0-easy", None, ["search"])
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "title": "Paris", "text": "Paris is the capital of France."}\n'
+                      '{"id": "2", "title": "Rome", "text": "Rome is the capital of Italy."}\n')
+    monkeypatch.setenv("GEM_SEARCH_CORPUS", str(corpus))
+    env = make_task_env("game:GuessTheNumber-v0-easy", None, ["search"])
+    try:
+        assert isinstance(env, ToolEnvWrapper)
+        obs, _ = env.reset(seed=0)
+        obs, *_ = env.step("<search>capital of Italy</search>")
+        assert "Rome" in obs
+    finally:
+        env.close()
