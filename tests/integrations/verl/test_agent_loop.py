@@ -1,0 +1,145 @@
+"""The gem_env agent loop driven through verl's real AgentLoopWorker machinery (legacy and v1/TransferQueue
+workers), with a server manager backed by the golden ScriptedPolicy: ids, masks, logprobs and rewards
+must equal the golden scenario's, and verl's v1 advantage path must give its per-token ReBN advantages."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import RESPONSE_LENGTH, ScriptedServerManager, golden_rows
+
+from gem_core.rollout.policy import episode_of
+
+
+def _worker(cls, verl_config, manager):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    worker = cls.__new__(cls)
+    AgentLoopWorker.__init__(worker, verl_config, llm_client=manager)  # the real constructor (tokenizer from model.path)
+    return worker
+
+
+def _unpad_prompt(row_ids, row_attention):
+    return row_ids[row_attention.bool()].tolist()
+
+
+def test_legacy_worker_generate_sequences_reproduces_golden(verl_config, golden):
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    assert any("python" in e.tools for e in golden.episodes), "the tool-env episode is part of the scenario"
+    worker = _worker(AgentLoopWorker, verl_config, None)
+    manager = ScriptedServerManager(worker.tokenizer)
+    worker.llm_client = manager
+    rows = golden_rows(golden)
+    n = len(rows)
+    non_tensor = {key: np.array([row[key] for row in rows], dtype=object) for key in rows[0]}
+    batch = DataProto(batch=TensorDict({"dummy_tensor": torch.zeros(n, 1, dtype=torch.uint8)}, batch_size=n), non_tensor_batch=non_tensor)
+
+    output = asyncio.run(worker.generate_sequences(batch))
+
+    prompt_width = output.batch["prompts"].shape[1]
+    assert output.batch["responses"].shape == (n, RESPONSE_LENGTH)
+    for i, sequence in enumerate(golden.sequences):
+        attention = output.batch["attention_mask"][i]
+        assert _unpad_prompt(output.batch["prompts"][i], attention[:prompt_width]) == sequence.prompt_ids
+        length = int(attention[prompt_width:].sum())
+        assert output.batch["responses"][i, :length].tolist() == sequence.response_ids
+        assert output.batch["response_mask"][i, :length].tolist() == sequence.loss_mask
+        assert int(output.batch["response_mask"][i, length:].sum()) == 0
+        np.testing.assert_allclose(output.batch["rollout_log_probs"][i, :length].numpy(), sequence.logprobs, atol=1e-6)
+        assert output.non_tensor_batch["turn_scores"][i] == sequence.rewards
+        # the legacy worker keeps one scalar per row: the episode return on the last response token
+        assert float(output.batch["rm_scores"][i].sum()) == pytest.approx(sum(sequence.rewards), abs=1e-6)
+    # every turn of an episode went out under its episode id (sticky session), with the golden budget
+    episode_ids = {e.episode_id for e in golden.episodes}
+    assert {call["request_id"] for call in manager.calls} == episode_ids
+    assert all(call["sampling_params"]["max_tokens"] <= golden.params.max_tokens for call in manager.calls)
+    assert len(manager.calls) == sum(len(t.turns) for t in golden.trajectories)
+
+
+def _tq_worker_class():
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    modified = agent_loop_tq.AgentLoopWorkerTQ.__ray_metadata__.modified_class
+    return next(c for c in modified.__mro__ if c.__name__ == "AgentLoopWorkerTQ" and "_modify_class" not in c.__qualname__)
+
+
+def test_v1_worker_stores_per_turn_rewards_and_rebn_matches_golden(verl_config, golden, monkeypatch):
+    """verl's v1 (TransferQueue) worker: our output's rows as it stores them, then verl's v1 advantage
+    step on them gives the golden per-token ReBN advantages."""
+    from verl import DataProto
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    stored: dict[str, dict] = {}
+    statuses: list[str] = []
+
+    def capture(fields):
+        agent_loop_tq_list = list(fields)
+        original_to_tensordict(agent_loop_tq_list)  # verl's own conversion must accept the rows
+        return agent_loop_tq_list
+
+    async def kv_batch_put(keys, fields, tags, partition_id):
+        stored.update(zip(keys, fields))
+
+    async def kv_put(key, partition_id, tag):
+        statuses.append(tag["status"])
+
+    original_to_tensordict = agent_loop_tq.list_of_dict_to_tensordict
+    monkeypatch.setattr(agent_loop_tq, "list_of_dict_to_tensordict", capture)
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_put", kv_put)
+
+    worker = _worker(_tq_worker_class(), verl_config, None)
+    worker.llm_client = ScriptedServerManager(worker.tokenizer)
+    worker.background_tasks = set()
+    rows = golden_rows(golden)
+
+    async def play():
+        for i, row in enumerate(rows):
+            prompt = {**row, "uid": f"u{i}", "global_steps": 1, "__rollout_n__": 1}
+            trajectory = {"step": 1, "sample_index": i, "rollout_n": 0, "validate": False}
+            await worker._run_prompt(prompt, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, trajectory)
+
+    asyncio.run(play())
+    assert statuses == ["running", "finished"] * len(rows)
+    keys = [f"u{i}_0_0" for i in range(len(rows))]
+    assert sorted(stored) == sorted(keys)
+
+    width = max(len(s.response_ids) for s in golden.sequences)
+    rm_scores = torch.zeros(len(rows), width)
+    mask = torch.zeros(len(rows), width, dtype=torch.int64)
+    for i, (key, sequence) in enumerate(zip(keys, golden.sequences)):
+        field = stored[key]
+        assert field["prompts"].tolist() == sequence.prompt_ids
+        assert field["responses"].tolist() == sequence.response_ids
+        assert field["response_mask"].tolist() == sequence.loss_mask
+        expected_scores = torch.tensor(sequence.token_rewards(), dtype=torch.float32)
+        assert torch.equal(field["rm_scores"], expected_scores)  # every turn's reward, at its last token
+        n = len(sequence.response_ids)
+        rm_scores[i, :n] = field["rm_scores"]
+        mask[i, :n] = field["response_mask"]
+
+    # as verl's v1 trainer does in _compute_advantage
+    data = DataProto.from_dict(tensors={"rm_scores": rm_scores, "response_mask": mask})
+    data.batch["token_level_scores"] = data.batch["rm_scores"]
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+    data.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(len(rows))], dtype=object)
+    algorithm = verl_config.algorithm
+    data = compute_advantage_for_multi_trajectories(
+        data, batch_keys=keys, adv_estimator=algorithm.adv_estimator, gamma=algorithm.gamma, lam=algorithm.lam, config=algorithm
+    )
+    for i, expected in enumerate(golden.token_advantages):
+        got = data.batch["advantages"][i, : len(expected)].double().numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+        assert float(data.batch["advantages"][i, len(expected) :].abs().sum()) == 0.0
+
+
+def test_episode_of_request_ids_is_the_sticky_key():
+    assert episode_of("mm-easy/a/turn-3") == "mm-easy/a"
