@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GEM GuessTheNumber with OpenRLHF 0.11.x and ReBN advantages (gem-core's launcher adds `rebn`).
+#
+#   pip install 'gem-core[openrlhf]'        # OpenRLHF with its GPU stack (vllm, deepspeed, flash-attn)
+#   bash examples/openrlhf/train_gtn_rebn.sh
+#
+# Needs GPUs (vLLM rollout). The prompt file holds one row per episode: the env's first observation
+# (unused by the agent, handy to read) and a JSON label {"env_id", "seed", "env_kwargs"}; all
+# n_samples_per_prompt samples of a row start from the same state.
+set -euo pipefail
+
+MODEL=${MODEL:-Qwen/Qwen3-1.7B}
+ENV_ID=${ENV_ID:-game:GuessTheNumber-v0-easy}
+OUT=${OUT:-./ckpt/gtn-rebn}
+DATA=${DATA:-./data/gtn_prompts.jsonl}
+
+gem-core make-dataset openrlhf --env "$ENV_ID" --n 4096 --out "$DATA"
+
+# Multi-turn: --data.max_len bounds the whole episode (prompt + every turn); the agent ends an episode
+# with `context_limit` when the next observation would not fit. Keep skip_special_tokens off (default).
+gem-core openrlhf train \
+  --actor.model_name_or_path "$MODEL" \
+  --train.agent_func_path "$(gem-core openrlhf agent-path)" \
+  --data.prompt_dataset "$DATA" --data.input_key prompt --data.label_key label \
+  --data.max_len 4096 \
+  --algo.advantage.estimator rebn --algo.advantage.gamma 0.9 \
+  --algo.advantage.rebn_ddof 0 --algo.advantage.rebn_eps 1e-6 \
+  --algo.kl.init_coef 0 \
+  --rollout.n_samples_per_prompt 4 \
+  --actor.num_nodes 1 --actor.num_gpus_per_node 4 \
+  --ref.num_nodes 1 --ref.num_gpus_per_node 4 \
+  --vllm.num_engines 4 --vllm.tensor_parallel_size 1 \
+  --train.colocate_all \
+  --ckpt.path "$OUT" \
+  "$@"

@@ -1,0 +1,24 @@
+"""gem-core for OpenRLHF 0.11.x (``pip install 'gem-core[openrlhf]'``; OpenRLHF itself is installed as its
+docs say, or ``--no-deps`` plus its light deps on CPU).
+
+* ``agent.py``: the agent file for ``--train.agent_func_path`` (``gem-core openrlhf agent-path`` prints
+  its path): OpenRLHF's ``MultiTurnAgentExecutor`` over a GEM env, with gem_core's chat-template deltas.
+* ``rebn``: the ``rebn`` advantage estimator, patched into ``RemoteExperienceMaker`` by the launcher
+  ``gem-core openrlhf train ...`` / ``python -m gem_integrations.openrlhf.train_ppo_ray ...``.
+* ``dataset``: ``gem-core make-dataset openrlhf --env ID --out prompts.jsonl``.
+* ``engine.PolicyEngine``: an OpenRLHF ``llm_engine`` served by a gem_core policy (tests, CPU runs).
+
+Nothing here imports OpenRLHF until it is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def agent_path() -> str:
+    """Absolute path of the agent file, for ``--train.agent_func_path``."""
+    return str(Path(__file__).resolve().with_name("agent.py"))
+
+
+__all__ = ["agent_path"]

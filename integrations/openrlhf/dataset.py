@@ -1,0 +1,96 @@
+"""Prompt datasets for OpenRLHF: one JSONL row per prompt, the env spec in the label.
+
+    gem-core make-dataset openrlhf --env game:GuessTheNumber-v0-easy --n 256 --out prompts.jsonl
+
+Each row is ``{"prompt": <the env's first observation>, "label": "<JSON env spec>"}``; train with
+``--data.prompt_dataset prompts.jsonl --data.input_key prompt --data.label_key label`` (no
+``--data.apply_chat_template``: the GEM agent renders the env's own observation itself). The label
+``{"env_id", "seed", "env_kwargs", "tools"}`` is what :mod:`gem_integrations.openrlhf.agent` reads; every sample
+of a prompt shares it, so a group of ``n_samples_per_prompt`` starts from one state. Row ``i`` gets
+seed ``seed_start + i``. Needs only gem_core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gem_core
+from gem_core.rollout.task import make_task_env, parse_tools
+
+
+def label_for(env_id: str, seed: int | None, env_kwargs: dict[str, Any] | None = None, **extra: Any) -> str:
+    """The label JSON of one prompt row."""
+    spec: dict[str, Any] = {"env_id": env_id, "seed": seed, "env_kwargs": dict(env_kwargs or {})}
+    spec.update({k: v for k, v in extra.items() if v is not None})
+    return json.dumps(spec, sort_keys=True)
+
+
+def rows(
+    env_id: str,
+    n: int,
+    seed_start: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    max_turns: int | None = None,
+    tools: Sequence[str] = (),
+) -> Iterator[dict[str, str]]:
+    """Rows for ``n`` episodes of ``env_id`` (the env is made once and reset for each prompt)."""
+    env_id = gem_core.spec(env_id).id  # unknown ids fail here, before anything is written
+    tools = parse_tools(tools)  # unknown tools too
+    env = make_task_env(env_id, env_kwargs, tools)  # and unknown kwargs
+    try:
+        for i in range(n):
+            observation, _ = env.reset(seed=seed_start + i)
+            label = label_for(env_id, seed_start + i, env_kwargs, max_turns=max_turns, tools=list(tools) or None)
+            yield {"prompt": observation, "label": label}
+    finally:
+        env.close()
+
+
+def write_dataset(
+    out: str | Path,
+    env_id: str,
+    n: int,
+    seed_start: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    max_turns: int | None = None,
+    tools: Sequence[str] = (),
+) -> int:
+    """Write the JSONL file; returns the number of rows."""
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows(env_id, n, seed_start, env_kwargs, max_turns, tools):
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``gem-core make-dataset openrlhf``."""
+    parser.add_argument("--env", required=True, help="env id, e.g. game:GuessTheNumber-v0-easy")
+    parser.add_argument("--n", type=int, required=True, help="prompts (rows) to write")
+    parser.add_argument("--out", required=True, help="JSONL file to write")
+    parser.add_argument("--seed-start", type=int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
+    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 20}\'')
+    parser.add_argument("--max-turns", type=int, default=None, help="turn limit on top of the env's own")
+    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``gem-core make-dataset openrlhf`` with parsed ``args``."""
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--env-kwargs is not JSON: {exc}") from None
+    if not isinstance(env_kwargs, dict):
+        raise ValueError("--env-kwargs must be a JSON object")
+    count = write_dataset(args.out, args.env, args.n, args.seed_start, env_kwargs, args.max_turns, parse_tools(args.tools))
+    print(f"wrote {count} prompts to {args.out}  (--data.input_key prompt --data.label_key label)")
+    return 0

@@ -1,0 +1,203 @@
+"""The rebn patch of OpenRLHF's RemoteExperienceMaker.compute_advantages_and_returns."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+import torch
+from conftest import samples_generator
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+
+from gem_core.algo import rebn
+from gem_core.rollout.golden import GOLDEN_DDOF, GOLDEN_EPS, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS
+from gem_integrations.openrlhf import rebn as patch
+
+ORIGINAL = RemoteExperienceMaker.compute_advantages_and_returns
+OTHER_ESTIMATORS = ["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"]
+
+
+@pytest.fixture(autouse=True)
+def patched():
+    patch.install()
+    yield
+    patch.uninstall()
+
+
+def make_args(estimator="rebn", gamma=GOLDEN_GAMMA, n_samples=1, micro_batch_size=4, clip=(-10.0, 10.0)):
+    return NS(
+        algo=NS(advantage=NS(estimator=estimator, gamma=gamma, lambd=0.95, no_std_norm=False, rebn_eps=GOLDEN_EPS, rebn_ddof=GOLDEN_DDOF)),
+        rollout=NS(n_samples_per_prompt=n_samples, micro_batch_size=micro_batch_size),
+        reward=NS(clip_range=clip),
+        train=NS(dynamic_batch_enable=False),
+        data=NS(max_len=GOLDEN_MAX_CONTEXT_TOKENS),
+    )
+
+
+def make_maker(args, kl_coef=0.0, pad_token_id=0):
+    maker = object.__new__(RemoteExperienceMaker)  # no Ray actor groups: only the advantage step runs
+    maker.strategy = NS(args=args)
+    maker.args = args
+    maker.advantage_estimator = args.algo.advantage.estimator
+    maker.kl_ctl = FixedKLController(kl_coef)
+    maker.tokenizer = NS(pad_token_id=pad_token_id)
+    return maker
+
+
+def make_experiences(responses, maker, kl_seed=None):
+    """OpenRLHF's own path: response -> Experience, micro-batches by split_rollout_samples, then the
+    fields make_experience would add (kl, values, log-probs)."""
+    generator = samples_generator()
+    samples = [generator._process_response_into_experience(r, max_len=GOLDEN_MAX_CONTEXT_TOKENS) for r in responses]
+    batches = maker.split_rollout_samples(samples)
+    rng = torch.Generator().manual_seed(kl_seed or 0)
+    for batch in batches:
+        shape = batch.action_mask.shape
+        if kl_seed is None:
+            batch.kl = torch.zeros(shape)
+        else:
+            batch.kl = torch.rand(shape, generator=rng) * batch.action_mask
+        batch.values = torch.rand(shape, generator=rng) * batch.action_mask
+        batch.action_log_probs = torch.zeros(shape)
+    return batches
+
+
+def per_sample_advantages(batches):
+    out = []
+    for batch in batches:
+        for row, mask in zip(batch.advantages, batch.action_mask):
+            out.append((row, mask))
+    return out
+
+
+def test_patch_is_installed_and_idempotent():
+    assert patch.is_active()
+    method = RemoteExperienceMaker.compute_advantages_and_returns
+    patch.install()
+    assert RemoteExperienceMaker.compute_advantages_and_returns is method
+    patch.uninstall()
+    assert not patch.is_active() and RemoteExperienceMaker.compute_advantages_and_returns is ORIGINAL
+
+
+def test_micro_batches_have_different_widths(responses):
+    maker = make_maker(make_args())
+    widths = {b.action_mask.shape[1] for b in make_experiences(responses, maker)}
+    assert len(widths) == 2  # 6 samples in micro-batches of 4 and 2, padded differently
+
+
+def test_rebn_gives_the_golden_token_advantages(golden, responses):
+    maker = make_maker(make_args())
+    batches = maker.compute_advantages_and_returns(make_experiences(responses, maker))
+    rows = per_sample_advantages(batches)
+    assert len(rows) == len(golden.sequences)
+    for (advantages, mask), sequence, expected in zip(rows, golden.sequences, golden.token_advantages):
+        start = len(sequence.prompt_ids) - 1  # action index of the first response token
+        got = advantages[start : start + len(sequence.response_ids)].double().numpy()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+        assert float(advantages[:start].abs().sum()) == 0.0
+        assert float(advantages[start + len(sequence.response_ids) :].abs().sum()) == 0.0
+    for batch in batches:
+        assert batch.kl is None and "gem_turn_rewards" not in batch.info
+
+
+def test_rebn_returns_are_the_turn_returns(golden, responses):
+    maker = make_maker(make_args())
+    batches = maker.compute_advantages_and_returns(make_experiences(responses, maker))
+    index = 0
+    for batch in batches:
+        for returns, mask in zip(batch.returns, batch.action_mask):
+            sequence = golden.sequences[index]
+            start = len(sequence.prompt_ids) - 1
+            ends = [start + p for p in sequence.reward_positions]
+            np.testing.assert_allclose(returns[ends].double().numpy(), golden.turn_returns[index], atol=1e-6)
+            index += 1
+
+
+def test_rebn_with_kl_penalty_counts_it_in_each_turn(golden, responses):
+    kl_coef = 0.05
+    maker = make_maker(make_args(), kl_coef=kl_coef)
+    batches = make_experiences(responses, maker, kl_seed=7)
+    kl_turn_sums = []
+    for batch in batches:
+        for kl in batch.kl:
+            kl_turn_sums.append(kl.double())
+    maker.compute_advantages_and_returns(batches)
+    adjusted = []
+    for trajectory, sequence, kl in zip(golden.trajectories, golden.sequences, kl_turn_sums):
+        start = len(sequence.prompt_ids) - 1
+        sums = []
+        for t in range(trajectory.num_turns):
+            tokens = [start + k for k, turn in enumerate(sequence.turn_ids) if turn == t and sequence.loss_mask[k]]
+            sums.append(float(kl[tokens].sum()))
+        adjusted.append([r - kl_coef * s for r, s in zip(trajectory.rewards, sums)])
+    flat = np.asarray(rebn(adjusted, gamma=GOLDEN_GAMMA, ddof=GOLDEN_DDOF, eps=GOLDEN_EPS))
+    rows = per_sample_advantages(batches)
+    got = []
+    for (advantages, _), sequence, trajectory in zip(rows, golden.sequences, golden.trajectories):
+        start = len(sequence.prompt_ids) - 1
+        got.extend(float(advantages[start + p]) for p in sequence.reward_positions)
+    np.testing.assert_allclose(got, flat, atol=1e-5)
+    no_kl = [a for a in np.concatenate([np.asarray(x) for x in golden.turn_advantages])]
+    assert not np.allclose(got, no_kl, atol=1e-3)  # the KL term changed something
+
+
+def test_rebn_with_overlong_penalty_moves_it_to_the_last_turn(golden, responses):
+    args = make_args()
+    args.reward.overlong_buffer_len = 100
+    args.reward.overlong_penalty_factor = 1.0
+    args.rollout.max_new_tokens = 300
+    maker = make_maker(args)
+    batches = make_experiences(responses, maker)
+    totals_before = torch.cat([b.rewards.clone() for b in batches]).double()
+    maker.compute_advantages_and_returns(batches)
+    totals_after = torch.cat([b.rewards for b in batches]).double()
+    penalties = (totals_after - totals_before).tolist()
+    assert any(p < 0 for p in penalties)  # the long episodes were penalised by OpenRLHF's own code
+    adjusted = [t.rewards[:-1] + [t.rewards[-1] + p] for t, p in zip(golden.trajectories, penalties)]
+    flat = np.asarray(rebn(adjusted, gamma=GOLDEN_GAMMA, ddof=GOLDEN_DDOF, eps=GOLDEN_EPS))
+    got = [
+        float(adv[len(s.prompt_ids) - 1 + p])
+        for (adv, _), s in zip(per_sample_advantages(batches), golden.sequences)
+        for p in s.reward_positions
+    ]
+    np.testing.assert_allclose(got, flat, atol=1e-5)
+
+
+def test_rebn_without_turn_rewards_fails_loudly(responses):
+    maker = make_maker(make_args())
+    batches = make_experiences(responses, maker)
+    for batch in batches:
+        del batch.info["gem_turn_rewards"]
+    with pytest.raises(RuntimeError, match="gem_turn_rewards"):
+        maker.compute_advantages_and_returns(batches)
+
+
+def test_unpatched_openrlhf_rejects_rebn(responses):
+    patch.uninstall()
+    maker = make_maker(make_args())
+    with pytest.raises(Exception, match="Unkown advantage_estimator rebn"):
+        maker.compute_advantages_and_returns(make_experiences(responses, maker))
+
+
+@pytest.mark.parametrize("estimator", OTHER_ESTIMATORS)
+def test_other_estimators_are_unchanged(responses, estimator):
+    n_samples = 2 if estimator in ("rloo", "reinforce_baseline", "group_norm", "dr_grpo") else 1
+    args = make_args(estimator=estimator, gamma=0.97, n_samples=n_samples)
+    maker = make_maker(args, kl_coef=0.02)
+    rows = responses[: len(responses) // n_samples * n_samples]  # group estimators need whole groups
+    batches = make_experiences(rows, maker, kl_seed=3)
+    reference = copy.deepcopy(batches)
+    for batch in reference:  # what OpenRLHF alone gets without the GEM per-turn rewards
+        batch.info.pop("gem_turn_rewards")
+    expected = ORIGINAL(make_maker(copy.deepcopy(args), kl_coef=0.02), reference)
+    got = maker.compute_advantages_and_returns(batches)
+    assert patch.is_active()
+    for want, have in zip(expected, got):
+        torch.testing.assert_close(have.advantages, want.advantages, rtol=0, atol=0)
+        torch.testing.assert_close(have.returns, want.returns, rtol=0, atol=0)
+        assert set(have.info) == set(want.info)
+        for key in want.info:
+            torch.testing.assert_close(have.info[key], want.info[key], rtol=0, atol=0)
