@@ -59,3 +59,43 @@ def bench_tools(session: nox.Session) -> None:
     """The Python tool (bwrap sandbox) against gem-llm's PythonCodeTool. Not part of `nox`'s default."""
     session.install("-e", ".[bench]")
     session.run("python", "benchmarks/python_tool.py", *session.posargs, env=_env())
+
+
+@nox.session
+def verl(session: nox.Session) -> None:
+    """The verl plugin against verl 0.9.1 from PyPI on CPU (tests/integrations/verl).
+
+    constraints/verl.txt locks the resolved set (torch 2.13.0 CPU included, so verl's requirements never
+    pull a CUDA build); without it pip's resolver backtracks for many minutes.
+    """
+    session.install(TORCH)
+    session.install("-c", "constraints/verl.txt", "-e", ".[verl,dev,hf]")
+    session.run(*PYTEST, "tests/integrations/verl", *session.posargs, env=_env())
+
+
+# OpenRLHF 0.11.2 hard-pins deepspeed, flash-attn and vllm (GPU builds): it is installed --no-deps with
+# the light deps its CPU code imports; vllm/deepspeed/flash_attn are import stubs in the tests.
+OPENRLHF = "openrlhf==0.11.2"
+OPENRLHF_LIGHT_DEPS = [
+    "transformers==5.15.0",  # OpenRLHF's own pin
+    "ray==2.55.0",  # OpenRLHF's own pin (without the [default] dashboard extras)
+    "aiohttp",
+    "pylatexenc",
+    "peft",
+    "torchdata",
+    "pillow",
+]
+
+
+@nox.session
+def openrlhf(session: nox.Session) -> None:
+    """The OpenRLHF plugin against OpenRLHF's own classes on CPU (tests/integrations/openrlhf). Not in the
+    default list yet. torch is installed first and held by a constraint so nothing pulls a CUDA build."""
+    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    with open(pin, "w") as handle:
+        handle.write(TORCH + "\n")
+    session.install(TORCH)
+    session.install("--no-deps", OPENRLHF)
+    session.install("-c", pin, *OPENRLHF_LIGHT_DEPS)
+    session.install("-c", pin, "-e", ".[dev,hf]")
+    session.run(*PYTEST, "tests/integrations/openrlhf", *session.posargs, env=_env())

@@ -6,6 +6,8 @@ Examples::
     gem-core play game:GuessTheNumber-v0-hard                      # you play, in the terminal
     gem-core play game:Sudoku-v0-easy --policy oracle --seed 3     # watch the oracle play one episode
     gem-core play game:Wordle-v0-easy --policy random --num-envs 64 --episodes 256 --vector async
+    gem-core make-dataset verl --env game:Sudoku-v0-easy --n 1024 --out train.parquet   # a trainer's dataset
+    gem-core openrlhf train --train.agent_func_path $(gem-core openrlhf agent-path) --algo.advantage.estimator rebn ...
 
 Only the ``gem-core`` script imports this module, so ``import gem_core`` does not pay for argparse.
 """
@@ -94,11 +96,55 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives no topk")
+
+    datasets = commands.add_parser("make-dataset", help="write a trainer's dataset file of env episodes (e.g. verl parquet)")
+    trainers = datasets.add_subparsers(dest="trainer", metavar="TRAINER")
+    trainers.required = True
+    for trainer, module_name in DATASET_BUILDERS.items():
+        _add_dataset_builder(trainers, trainer, module_name)
+
+    from gem_integrations.openrlhf import commands as openrlhf_commands  # argparse only; OpenRLHF is imported by `train`
+
+    openrlhf_commands.add_arguments(commands.add_parser("openrlhf", help="OpenRLHF: the GEM agent file's path, the rebn launcher"))
     return parser
+
+
+# `gem-core make-dataset TRAINER ...`: each trainer's module (in its integration) provides
+# `add_arguments(parser)` and `main(args) -> int`; its docstring's first line is the help text.
+DATASET_BUILDERS: dict[str, str] = {
+    "verl": "gem_integrations.verl.dataset",
+    "openrlhf": "gem_integrations.openrlhf.dataset",
+}
+
+
+def _add_dataset_builder(trainers: Any, trainer: str, module_name: str) -> None:
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:  # that integration is not shipped in this install
+        return
+    summary = (module.__doc__ or trainer).strip().splitlines()[0]
+    sub = trainers.add_parser(trainer, help=summary, description=module.__doc__)
+    module.add_arguments(sub)
+    sub.set_defaults(dataset_main=module.main)
+
+
+def cmd_make_dataset(args: argparse.Namespace) -> int:
+    """Run the chosen trainer's dataset builder; its ValueErrors are usage errors."""
+    try:
+        return int(args.dataset_main(args))
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gem-core`` command with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["openrlhf", "train"]:  # everything after it is OpenRLHF's arguments
+        from gem_integrations.openrlhf.commands import train
+
+        return train(argv[2:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -109,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_list(args.category, sys.stdout)
         if args.command == "serve-search":
             return cmd_serve_search(args, sys.stdout)
+        if args.command == "make-dataset":
+            return cmd_make_dataset(args)
+        if args.command == "openrlhf":
+            return int(args.openrlhf_main(args))
         return cmd_play(args, sys.stdout)
     except (CliError, UnknownEnvError) as err:
         print(f"gem-core: error: {err}", file=sys.stderr)
