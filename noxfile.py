@@ -1,7 +1,10 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs)
-    nox -s core      # core: envs, vector, wrappers, algo (numpy + torch CPU)
+    nox              # every default session (what CI runs): core, verl, openrlhf
+    nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU)
+    nox -s verl      # the verl plugin against verl 0.9.1's own classes
+    nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
+    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core"]
+nox.options.sessions = ["core", "verl", "openrlhf"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -26,7 +29,7 @@ def _env() -> dict[str, str]:
 
 @nox.session
 def core(session: nox.Session) -> None:
-    """gem_core with its dev and torch extras: every test under tests/ except the trainer integrations."""
+    """gem_core with its dev, torch, hf, search and mcp extras: every test except the trainer plugins'."""
     session.install("-e", ".[dev,torch,hf,search,mcp]")
     session.run(*PYTEST, "tests", "--ignore=tests/integrations", *session.posargs, env=_env())
 
@@ -89,8 +92,8 @@ OPENRLHF_LIGHT_DEPS = [
 
 @nox.session
 def openrlhf(session: nox.Session) -> None:
-    """The OpenRLHF plugin against OpenRLHF's own classes on CPU (tests/integrations/openrlhf). Not in the
-    default list yet. torch is installed first and held by a constraint so nothing pulls a CUDA build."""
+    """The OpenRLHF plugin against OpenRLHF's own classes on CPU (tests/integrations/openrlhf).
+    torch is installed first and held by a constraint so nothing pulls a CUDA build."""
     pin = os.path.join(session.create_tmp(), "torch-pin.txt")
     with open(pin, "w") as handle:
         handle.write(TORCH + "\n")
