@@ -6,6 +6,7 @@ Dataset builders write these fields and every trainer plugin's agent loop reads 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -35,7 +36,10 @@ def parse_env_kwargs(value: Any) -> dict[str, Any]:
     if value is None or (isinstance(value, str) and not value.strip()):
         return {}
     if isinstance(value, str):
-        value = json.loads(value)
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"env kwargs are not JSON: {exc}") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"env kwargs must be a JSON object, got {type(value).__name__}")
     return dict(value)
@@ -82,3 +86,18 @@ def make_task_env(env_id: str, env_kwargs: Any = None, tools: Iterable[str] | st
 
         env = ToolEnvWrapper(env, [make_tool(name) for name in names])
     return env
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every ``gem-core make-dataset TRAINER`` shares: which env, how many rows, from which seed."""
+    parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
+    parser.add_argument("--n", type=int, required=True, help="rows to write (one episode each)")
+    parser.add_argument("--seed-start", type=int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
+    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 20}\'')
+    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
+    parser.add_argument("--max-turns", type=int, default=None, help="turn limit on top of the env's own")
+
+
+def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """``(env_kwargs, tools)`` from the parsed shared options, validated (clear ValueErrors)."""
+    return parse_env_kwargs(args.env_kwargs), parse_tools(args.tools)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gem_core
-from gem_core.rollout.task import make_task_env, parse_tools
+from gem_core.rollout.task import add_task_arguments, make_task_env, parse_tools, task_arguments
 
 
 def label_for(env_id: str, seed: int | None, env_kwargs: dict[str, Any] | None = None, **extra: Any) -> str:
@@ -74,23 +74,13 @@ def write_dataset(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset openrlhf``."""
-    parser.add_argument("--env", required=True, help="env id, e.g. game:GuessTheNumber-v0-easy")
-    parser.add_argument("--n", type=int, required=True, help="prompts (rows) to write")
+    add_task_arguments(parser)
     parser.add_argument("--out", required=True, help="JSONL file to write")
-    parser.add_argument("--seed-start", type=int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
-    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 20}\'')
-    parser.add_argument("--max-turns", type=int, default=None, help="turn limit on top of the env's own")
-    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``gem-core make-dataset openrlhf`` with parsed ``args``."""
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--env-kwargs is not JSON: {exc}") from None
-    if not isinstance(env_kwargs, dict):
-        raise ValueError("--env-kwargs must be a JSON object")
-    count = write_dataset(args.out, args.env, args.n, args.seed_start, env_kwargs, args.max_turns, parse_tools(args.tools))
+    env_kwargs, tools = task_arguments(args)
+    count = write_dataset(args.out, args.env, args.n, args.seed_start, env_kwargs, args.max_turns, tools)
     print(f"wrote {count} prompts to {args.out}  (--data.input_key prompt --data.label_key label)")
     return 0

@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gem_core.rollout.task import parse_tools
+from gem_core.rollout.task import add_task_arguments, task_arguments
 
 AGENT_NAME = "gem_env"
 
@@ -75,26 +75,15 @@ def make_dataset(env_id: str, n: int, out: str, **kwargs: Any) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset verl``."""
-    parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
-    parser.add_argument("--n", type=int, required=True, help="rows (episodes per epoch)")
+    add_task_arguments(parser)
     parser.add_argument("--out", required=True, help="parquet file to write")
-    parser.add_argument("--seed-start", type=int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
-    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 20}\'')
-    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
-    parser.add_argument("--max-turns", type=int, default=None, help="turn limit on top of the env's own")
     parser.add_argument("--max-turn-tokens", type=int, default=None, help="max tokens per response (default: rollout.response_length)")
     parser.add_argument("--split", default="train", help="extra_info.split (default train)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``gem-core make-dataset verl`` with parsed ``args``."""
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--env-kwargs is not JSON: {exc}") from None
-    if not isinstance(env_kwargs, dict):
-        raise ValueError("--env-kwargs must be a JSON object")
-    tools = parse_tools(args.tools)
+    env_kwargs, tools = task_arguments(args)
     make_dataset(
         args.env, args.n, args.out, seed_start=args.seed_start, env_kwargs=env_kwargs, tools=tools, max_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens, split=args.split

@@ -57,3 +57,18 @@ def test_make_task_env_wraps_tools(tmp_path, monkeypatch):
         assert "Rome" in obs
     finally:
         env.close()
+
+
+def test_shared_dataset_arguments_parse_and_validate():
+    import argparse
+
+    from gem_core.rollout.task import add_task_arguments, task_arguments
+
+    parser = argparse.ArgumentParser()
+    add_task_arguments(parser)
+    args = parser.parse_args(["--env", "game:Sudoku-v0-easy", "--n", "3", "--env-kwargs", '{"max_turns": 9}',
+                              "--tools", "python"])
+    assert task_arguments(args) == ({"max_turns": 9}, ["python"])
+    bad = parser.parse_args(["--env", "x:y", "--n", "1", "--env-kwargs", "{not json"])
+    with pytest.raises(ValueError, match="not JSON"):
+        task_arguments(bad)
