@@ -135,10 +135,16 @@ def test_thousand_calls_leave_no_zombies_processes_or_files(host):
 
     from gem_core.tools.python import PythonSandbox
 
+    from gem_core.tools.python import _python_dirs
+
+    # An interpreter that lives under /tmp (a venv in a checkout there) is bound read-only into the
+    # sandbox's /tmp so that it can run; that entry is expected, anything else is a leak.
+    interpreter_entries = ",".join(sorted({d.split("/")[2] for d in _python_dirs() if d.startswith("/tmp/")}))
     tmp_before = set(os.listdir(tempfile.gettempdir()))
     with PythonSandbox(workers=4, timeout=TIMEOUT, preload=("math",)) as sb:
         probe = (
-            "import os\ntmp = sorted(os.listdir('/tmp'))\npids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            f"import os\nkept = set('{interpreter_entries}'.split(',')) - {{''}}\n"
+            "tmp = sorted(set(os.listdir('/tmp')) - kept)\npids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
             "open('scratch', 'w').write('x' * 1000)\nprint(len(tmp), len(pids), tmp[0])"
         )
         with ThreadPoolExecutor(8) as pool:
