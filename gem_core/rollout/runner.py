@@ -315,23 +315,11 @@ async def _play_tokens(
             return
         response_text = formatter.response_text(generation.token_ids)
         action = formatter.action_text(response_text)
-        observation, reward, terminated, truncated, info = await env.step(action)
-        record = Turn(
-            index=turn,
-            context_len=len(context),
-            response_ids=generation.token_ids,
-            logprobs=generation.logprobs,
-            obs_delta_ids=[],
-            reward=float(reward),
-            terminated=bool(terminated),
-            truncated=bool(truncated),
-            info=dict(info),
-            finish_reason=generation.finish_reason,
-            response_text=response_text,
-            action=action,
-            observation=observation if isinstance(observation, str) else repr(observation),
+        observation, reward, terminated, truncated, info = step = await env.step(action)
+        record = _record_turn(
+            trajectory, turn, step, generation.finish_reason, response_text, action,
+            context_len=len(context), response_ids=generation.token_ids, logprobs=generation.logprobs,
         )
-        trajectory.turns.append(record)
         context.extend(generation.token_ids)
         if _episode_over(trajectory, record, max_turns):
             return
@@ -371,29 +359,47 @@ async def _play_text(
             _truncate(trajectory, "abort")
             return
         action = formatter.action_text(text) if formatter is not None else _strip_thinking(text)
-        observation, reward, terminated, truncated, info = await env.step(action)
-        record = Turn(
-            index=turn,
-            context_len=0,
-            response_ids=[],
-            logprobs=None,
-            obs_delta_ids=[],
-            reward=float(reward),
-            terminated=bool(terminated),
-            truncated=bool(truncated),
-            info=dict(info),
-            finish_reason=generation.finish_reason,
-            response_text=text,
-            action=action,
-            observation=observation if isinstance(observation, str) else repr(observation),
-        )
-        trajectory.turns.append(record)
+        observation, reward, terminated, truncated, info = step = await env.step(action)
+        record = _record_turn(trajectory, turn, step, generation.finish_reason, text, action)
         messages.append({"role": "assistant", "content": text})
         if _episode_over(trajectory, record, max_turns):
             return
         _require_text(observation, "step")
         messages.append({"role": "tool" if _is_tool_turn(info) else "user", "content": observation})
         turn += 1
+
+
+def _record_turn(
+    trajectory: Trajectory,
+    index: int,
+    step: tuple[Any, Any, Any, Any, Any],
+    finish_reason: str,
+    response_text: str,
+    action: str,
+    *,
+    context_len: int = 0,
+    response_ids: list[int] | None = None,
+    logprobs: list[float] | None = None,
+) -> Turn:
+    """Append the :class:`Turn` that one env step made (token ids only in token mode) and return it."""
+    observation, reward, terminated, truncated, info = step
+    record = Turn(
+        index=index,
+        context_len=context_len,
+        response_ids=[] if response_ids is None else response_ids,
+        logprobs=logprobs,
+        obs_delta_ids=[],
+        reward=float(reward),
+        terminated=bool(terminated),
+        truncated=bool(truncated),
+        info=dict(info),
+        finish_reason=finish_reason,
+        response_text=response_text,
+        action=action,
+        observation=observation if isinstance(observation, str) else repr(observation),
+    )
+    trajectory.turns.append(record)
+    return record
 
 
 def _is_tool_turn(info: dict[str, Any]) -> bool:

@@ -112,7 +112,7 @@ class TextGame(Env[str, str]):
         return self.instructions(), self._info(Move(""), format_error=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        # The hot path of every game: kept flat (the info dict is built here, not in _info).
+        # The hot path of every game: kept flat; the info dict comes from _info, shared with reset.
         if self._done:
             raise ResetNeeded(f"{type(self).__name__}.step() called on a finished episode; call reset() first")
         turn = self.turn = self.turn + 1
@@ -138,17 +138,7 @@ class TextGame(Env[str, str]):
         else:
             truncated = False
         self._done = terminated or truncated
-        info = {
-            "turn": turn,
-            "max_turns": self.max_turns,
-            "success": move.success,
-            "invalid_action": move.invalid,
-            "format_error": format_error,
-            "suffix": self.task_suffix(),
-        }
-        if move.info:
-            info.update(move.info)
-        return move.observation, float(move.reward), terminated, truncated, info
+        return move.observation, float(move.reward), terminated, truncated, self._info(move, format_error)
 
     def sample_random_action(self) -> str:
         return "\\boxed{" + self.random_move() + "}"
