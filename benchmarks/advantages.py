@@ -10,8 +10,9 @@ turns (about 8 per sequence, separated by environment tokens), and a prompt-grou
 the turns, discounted returns over them, per-turn statistics, paint back per turn); the targets are
 ReBN within 3x of verl's `grpo_vectorized` and at least 20x faster than verl's `reinforce_plus_plus`.
 
-Every candidate runs round-robin (so machine load hits them alike) and is reported as median wall
-time and median process CPU time. A reference row, `rewards.sum(-1)[:, None] * mask`, is the least
+Every candidate runs round-robin, in a new random order each round (so machine load, and cache
+eviction by the candidate before, hit them alike), and is reported as median wall time, median
+process CPU time and median page faults per call. A reference row, `rewards.sum(-1)[:, None] * mask`, is the least
 any token-level estimator pays: read every reward and mask entry once, write every token once.
 Timings default to one torch thread: on a small shared machine, OpenMP threads of small ops
 contend and every number (verl's most of all) swings by several times. verl is optional: without
@@ -21,6 +22,8 @@ it, ReBN is timed alone.
 from __future__ import annotations
 
 import argparse
+import random
+import resource
 import statistics
 import sys
 import time
@@ -54,20 +57,29 @@ def make_batch(batch: int, length: int, group_size: int, seed: int = 0) -> dict[
 
 def time_interleaved(
     candidates: dict[str, Callable[[], Any]], repeat: int, warmup: int = 2
-) -> dict[str, tuple[float, float]]:
-    """(median wall ms, median process-CPU ms) of each candidate, run round-robin."""
+) -> dict[str, tuple[float, float, float]]:
+    """(median wall ms, median process-CPU ms, median page faults) of each candidate, run round-robin."""
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
     wall: dict[str, list[float]] = {name: [] for name in candidates}
     cpu: dict[str, list[float]] = {name: [] for name in candidates}
+    faults: dict[str, list[float]] = {name: [] for name in candidates}
+    order = list(candidates.items())
+    shuffle = random.Random(0).shuffle
     for _ in range(repeat):
-        for name, fn in candidates.items():
+        shuffle(order)  # whoever runs right after a cache-flushing candidate changes every round
+        for name, fn in order:
+            start_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start_wall, start_cpu = time.perf_counter(), time.process_time()
             fn()
             cpu[name].append((time.process_time() - start_cpu) * 1e3)
             wall[name].append((time.perf_counter() - start_wall) * 1e3)
-    return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in candidates}
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults)
+    return {
+        name: (statistics.median(wall[name]), statistics.median(cpu[name]), statistics.median(faults[name]))
+        for name in candidates
+    }
 
 
 def load_verl() -> Any:
@@ -138,16 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         candidates["verl reinforce_plus_plus"] = lambda: reinforce_pp(rewards, mask, config=config)
     timings = time_interleaved(candidates, args.repeat)
 
-    rebn_wall, rebn_cpu = timings["gem_core rebn_token_level (torch)"]
-    print(f"\n| {'estimator':<44} | {'wall ms':>8} | {'CPU ms':>8} | {'wall / ReBN':>11} |")
-    print(f"|{'-' * 46}|{'-' * 9}:|{'-' * 9}:|{'-' * 12}:|")
-    for name, (wall_ms, cpu_ms) in timings.items():
-        print(f"| {name:<44} | {wall_ms:>8.2f} | {cpu_ms:>8.2f} | {wall_ms / rebn_wall:>10.2f}x |")
+    rebn_wall, rebn_cpu, _ = timings["gem_core rebn_token_level (torch)"]
+    print(f"\n| {'estimator':<44} | {'wall ms':>8} | {'CPU ms':>8} | {'page faults':>11} | {'wall / ReBN':>11} |")
+    print(f"|{'-' * 46}|{'-' * 9}:|{'-' * 9}:|{'-' * 12}:|{'-' * 12}:|")
+    for name, (wall_ms, cpu_ms, faults) in timings.items():
+        print(f"| {name:<44} | {wall_ms:>8.2f} | {cpu_ms:>8.2f} | {faults:>11.0f} | {wall_ms / rebn_wall:>10.2f}x |")
 
     if verl is None:
         return 0
-    grpo_wall, grpo_cpu = timings["verl grpo_vectorized"]
-    rpp_wall, rpp_cpu = timings["verl reinforce_plus_plus"]
+    grpo_wall, grpo_cpu, _ = timings["verl grpo_vectorized"]
+    rpp_wall, rpp_cpu, _ = timings["verl reinforce_plus_plus"]
     vs_grpo, vs_rpp = rebn_wall / grpo_wall, rpp_wall / rebn_wall
     met_grpo, met_rpp = vs_grpo <= 3.0, vs_rpp >= 20.0
     print(

@@ -325,8 +325,8 @@ def encode_keys(keys: Any, n: int, what: str = "group_by") -> tuple[np.ndarray, 
         keys = list(keys)
         if len(keys) != n:
             raise ValueError(f"{what} must hold one key per {_unit(what)}: expected {n} keys, got {len(keys)}")
-        first_seen: dict[Any, int] = {}
-        codes = np.fromiter((first_seen.setdefault(key, len(first_seen)) for key in keys), dtype=np.int64, count=n)
+        first_seen = dict(zip(dict.fromkeys(keys), range(n)))  # key -> order of first appearance
+        codes = np.fromiter(map(first_seen.__getitem__, keys), dtype=np.int64, count=n)
         uniques = np.asarray(list(first_seen))
         if uniques.dtype == object:
             uniques = uniques.astype(str)

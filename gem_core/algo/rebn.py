@@ -71,27 +71,65 @@ def compute_stats(
     process_group: Any = None,
 ) -> tuple[NormStats, Array]:
     """Group statistics of flat float64 `values`; returns (stats, per-value group codes on the backend)."""
-    if distributed and uniques is not None:
-        global_keys = _distributed.union_keys(uniques, process_group)
-        codes = np.searchsorted(global_keys, uniques)[codes]  # local code -> global code
-        uniques = global_keys
+    codes, uniques = global_codes(codes, uniques, distributed, process_group)
     num_groups = 1 if uniques is None else len(uniques)
     n = int(values.shape[0])
     codes_b = ops.int64(np.zeros(n, dtype=np.int64) if codes is None else codes, like=values)
 
-    count = ops.segment_sum(values * 0.0 + 1.0, codes_b, num_groups)
-    total = ops.segment_sum(values, codes_b, num_groups)
+    def squared_deviation(mean: Array) -> Array:
+        centered = values - mean[codes_b]
+        return ops.segment_sum(centered * centered, codes_b, num_groups)
+
+    stats = stats_from_sums(
+        ops,
+        ops.segment_sum(values * 0.0 + 1.0, codes_b, num_groups),
+        ops.segment_sum(values, codes_b, num_groups),
+        squared_deviation,
+        uniques,
+        ddof=ddof,
+        distributed=distributed,
+        process_group=process_group,
+    )
+    return stats, codes_b
+
+
+def global_codes(
+    codes: np.ndarray | None, uniques: np.ndarray | None, distributed: bool, process_group: Any
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Local group codes and keys -> codes into the union of every rank's keys (when distributed)."""
+    if distributed and uniques is not None:
+        global_keys = _distributed.union_keys(uniques, process_group)
+        return np.searchsorted(global_keys, uniques)[codes], global_keys
+    return codes, uniques
+
+
+def stats_from_sums(
+    ops: Ops,
+    count: Array,
+    total: Array,
+    squared_deviation: Any,
+    uniques: np.ndarray | None,
+    *,
+    ddof: int,
+    distributed: bool,
+    process_group: Any,
+) -> NormStats:
+    """Per-group stats from per-group count and sum, then sum of squared deviations from the mean.
+
+    `squared_deviation(mean)` gives the per-group sums of (value - mean of its group)^2: two passes,
+    so a large mean never cancels a small spread. Distributed, every sum is all-reduced.
+    """
+    num_groups = int(count.shape[0])
     if distributed:
         reduced = _distributed.all_reduce_sum(ops, ops.concat([count, total]), process_group)
         count, total = reduced[:num_groups], reduced[num_groups:]
     check_nonempty(int(count.sum()), "the batch (all ranks)" if distributed else "the batch")
     mean = total / ops.clip_min(count, 1.0)
-    centered = values - mean[codes_b]
-    squared_deviation = ops.segment_sum(centered * centered, codes_b, num_groups)
+    deviation = squared_deviation(mean)
     if distributed:
-        squared_deviation = _distributed.all_reduce_sum(ops, squared_deviation, process_group)
-    std = ops.sqrt(squared_deviation / ops.clip_min(count - ddof, 1.0))
-    return NormStats(uniques, count, mean, std, ddof), codes_b
+        deviation = _distributed.all_reduce_sum(ops, deviation, process_group)
+    std = ops.sqrt(deviation / ops.clip_min(count - ddof, 1.0))
+    return NormStats(uniques, count, mean, std, ddof)
 
 
 def apply_stats(ops: Ops, values: Array, codes_b: Array, stats: NormStats, *, eps: float, scale: bool = True) -> Array:

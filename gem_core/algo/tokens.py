@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _kernels
 from ._backend import (
     NUMPY,
     Array,
@@ -32,7 +33,7 @@ from ._backend import (
     is_torch,
     ops_for,
 )
-from .rebn import NormStats, _codes_in, apply_stats, compute_stats
+from .rebn import NormStats, _codes_in, apply_stats, compute_stats, global_codes, stats_from_sums
 from .returns import as_turns, episode_layout, reverse_discounted_sum, turn_returns
 
 Ops = NumpyOps | TorchOps
@@ -156,6 +157,7 @@ def rebn_token_level(
 
     out_dtype = _out_dtype(rewards)
     to_output = None
+    empty = np.empty  # where (B, L) results are allocated
     if ops.name == "torch" and CPU_TENSORS_VIA_NUMPY and rewards.device.type == "cpu" and mask.device.type == "cpu":
         import torch
 
@@ -171,18 +173,22 @@ def rebn_token_level(
         def to_output(array: np.ndarray) -> Any:
             return torch.from_numpy(array).to(final_dtype)
 
+        def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+            # torch's allocator: on a warm heap its large blocks come back without fresh page faults
+            return torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype).numpy()
+
     if episode_ids is not None:
         results = _rows_as_turns(ops, rewards, _as_mask(ops, mask), episode_ids, group_by, out_dtype, **options)
     elif turn_ids is not None:
         results = _explicit_turns(ops, rewards, _as_mask(ops, mask), turn_ids, group_by, out_dtype, **options)
     else:
-        results = _runs(ops, rewards, mask, group_by, out_dtype, return_returns, **options)
+        results = _runs(ops, rewards, mask, group_by, out_dtype, return_returns, empty, **options)
     if to_output is not None:
         results = tuple(to_output(result) for result in results)
     return (results[0], results[1]) if return_returns else results[0]
 
 
-def _runs(ops, rewards, mask, group_by, out_dtype, return_returns, **options):
+def _runs(ops, rewards, mask, group_by, out_dtype, return_returns, empty=np.empty, **options):
     """Turns are the runs of 1s in the mask: (advantages,) or (advantages, returns), both (B, L).
 
     Intervals start at every row start and every run edge (a run's first token, the first token
@@ -190,6 +196,9 @@ def _runs(ops, rewards, mask, group_by, out_dtype, return_returns, **options):
     its first run (which must hold no reward).
     """
     batch, length = int(rewards.shape[0]), int(rewards.shape[1])
+    compiled = _kernels.kernels() if ops is NUMPY else None
+    if compiled is not None:
+        return _runs_compiled(compiled, rewards, mask, group_by, out_dtype, return_returns, empty, **options)
     total = batch * length
     mask = _as_mask(ops, mask)  # one pass to bool makes the edge search ~4x cheaper than on int64
     boundaries = ops.flatnonzero(ops.run_boundaries(mask))  # sorted; boundaries[0] == 0
@@ -221,6 +230,36 @@ def _runs(ops, rewards, mask, group_by, out_dtype, return_returns, **options):
     return tuple(painted)
 
 
+def _runs_compiled(compiled, rewards, mask, group_by, out_dtype, return_returns, empty, **options):
+    """`_runs` with both token passes compiled (numba): the same turns, sums and checks."""
+    batch, length = rewards.shape
+    rewards, mask = np.ascontiguousarray(rewards), np.ascontiguousarray(mask)
+    if mask.dtype == bool:
+        mask = mask.view(np.uint8)  # one compiled variant fewer; the same bytes
+    table, counts, codes = compiled.turn_table(rewards, mask)
+    lead = table[0]
+    check_finite(NUMPY, lead, "token_level_rewards (before a row's first turn)")
+    if lead.any():
+        row = int(np.flatnonzero(lead)[0])
+        raise ValueError(f"row {row} has rewards before its first response token; they belong to no turn")
+    # Turn-level maths on the zero-padded (B, max turns) table: row b's turns are its first counts[b].
+    if not options["distributed"]:
+        check_nonempty(int(counts.max()), "the batch (no response tokens in response_mask)")
+    returns = compiled.returns(table, counts, options["gamma"])
+    if not np.isfinite(returns).all():
+        row = int(np.flatnonzero(~np.isfinite(returns).all(axis=1))[0])
+        raise ValueError(f"token_level_rewards must be finite; row {row} sums to a non-finite turn reward")
+    stats, row_codes = _row_stats(
+        NUMPY, None, None, batch, group_by, options["ddof"], options["stats"], options["distributed"],
+        options["process_group"], table=(returns, counts),
+    )
+    advantages = apply_stats(NUMPY, returns, row_codes[:, None], stats, eps=options["eps"])
+    painted = [compiled.paint(advantages, codes, empty((batch, length), out_dtype))]
+    if return_returns:
+        painted.append(compiled.paint(returns, codes, empty((batch, length), out_dtype)))
+    return tuple(painted)
+
+
 def _paint(ops, turn_values, run_index, lengths, dtype, shape):
     """(B, L) array: turn_values[i] on every token of turn i's run, 0 on every other token."""
     interval_values = ops.zeros((int(lengths.shape[0]),), like=turn_values, dtype=dtype)
@@ -243,22 +282,50 @@ def _turn_advantages(
 
 def _normalise(ops, returns, turn_row, batch, group_by, eps, ddof, stats, distributed, process_group):
     """ReBN's second step on flat per-turn returns; the group of a turn is its row's key."""
+    stats, row_codes = _row_stats(ops, returns, turn_row, batch, group_by, ddof, stats, distributed, process_group)
+    return apply_stats(ops, returns, ops.int64(row_codes, like=returns)[turn_row], stats, eps=eps)
+
+
+def _row_stats(ops, returns, turn_row, batch, group_by, ddof, stats, distributed, process_group, table=None):
+    """(stats, each row's group code in them) for per-turn returns; a turn's group is its row's key.
+
+    Given `stats` are used as they are; otherwise they are computed over the returns (all ranks when
+    distributed): flat per-turn `returns` with their `turn_row`, or with `table=(returns, counts)` a
+    zero-padded numpy (B, T) table whose row b holds counts[b] turns. Codes come back as numpy (B,).
+    """
     codes, uniques = (None, None) if group_by is None else encode_keys(group_by, batch, "group_by (one key per row)")
-    rows = ops.to_numpy(turn_row)
     if stats is not None:
-        keys = None if codes is None else uniques[codes][rows]
-        codes_b = ops.int64(_codes_in(stats, keys, int(returns.shape[0])), like=returns)
-    else:
-        stats, codes_b = compute_stats(
-            ops,
-            returns,
-            None if codes is None else codes[rows],
-            uniques,
-            ddof=ddof,
-            distributed=distributed,
-            process_group=process_group,
+        return stats, _codes_in(stats, None if codes is None else uniques[codes], batch)
+    if table is None:
+        turn_codes = None if codes is None else codes[ops.to_numpy(turn_row)]
+        stats, _ = compute_stats(
+            ops, returns, turn_codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group
         )
-    return apply_stats(ops, returns, codes_b, stats, eps=eps)
+        if codes is None:
+            return stats, np.zeros(batch, dtype=np.int64)
+        return stats, np.searchsorted(stats.keys, uniques)[codes]  # distributed stats hold every rank's keys
+    # The table's rows are summed first (padding adds 0), then rows are summed into groups.
+    table_returns, counts = table
+    codes, uniques = global_codes(codes, uniques, distributed, process_group)
+    row_codes = np.zeros(batch, dtype=np.int64) if codes is None else codes
+    num_groups = 1 if uniques is None else len(uniques)
+    valid = np.arange(table_returns.shape[1]) < counts[:, None]
+
+    def squared_deviation(mean: np.ndarray) -> np.ndarray:
+        centered = np.where(valid, table_returns - mean[row_codes][:, None], 0.0)
+        return np.bincount(row_codes, weights=(centered * centered).sum(axis=1), minlength=num_groups)
+
+    stats = stats_from_sums(
+        NUMPY,
+        np.bincount(row_codes, weights=counts, minlength=num_groups),
+        np.bincount(row_codes, weights=table_returns.sum(axis=1), minlength=num_groups),
+        squared_deviation,
+        uniques,
+        ddof=ddof,
+        distributed=distributed,
+        process_group=process_group,
+    )
+    return stats, row_codes
 
 
 def _explicit_turns(ops, rewards, mask, turn_ids, group_by, out_dtype, **options):

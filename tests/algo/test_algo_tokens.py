@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gem_core.algo import (
+    _kernels,
     broadcast_turns_to_tokens,
     discounted_returns,
     normalization_stats,
@@ -38,6 +39,17 @@ def golden_batch() -> np.ndarray:
 
 
 EPISODES = [[0.0, 1.0], [0.5, -0.1], [0.3], [2.0]]
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def token_passes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both token paths: numba's compiled passes and plain numpy."""
+    if request.param == "compiled":
+        if _kernels.kernels() is None:
+            pytest.skip("numba is not installed (the `fast` extra)")
+    else:
+        monkeypatch.setattr(_kernels, "_KERNELS", None)
+    return request.param
 
 
 def test_turn_ids_from_mask() -> None:

@@ -1,0 +1,159 @@
+"""Compiled token passes for `rebn_token_level` on CPU: sum each turn's rewards, paint advantages back.
+
+The two passes over every token are the whole cost of token-level ReBN on CPU (the turn-level maths
+in between touches one value per turn). numpy needs several full-size temporaries for them (edge
+mask, nonzero, reduceat, repeat); a compiled loop reads each token once and writes each once, and
+releases the GIL, so rows are split over a few threads.
+
+numba is optional (the `fast` extra, pulled in by `dev` and the trainer extras). Without it, or with
+GEM_CORE_NUMBA=0 in the environment, `kernels()` returns None and tokens.py takes its numpy path,
+which gives the same numbers. Compiled code is cached on disk, so only a first run pays the compile.
+GEM_CORE_THREADS sets how many threads share the rows (default: the CPUs this process may use, at
+most 8). Plain Python threads, not numba's parallel layer, so concurrent callers are safe.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+# A thread gets at least this many tokens: below it, handing work to a thread costs more than it saves.
+MIN_TOKENS_PER_THREAD = 1 << 17
+
+
+class Kernels:
+    """The compiled passes, each run over row blocks on a small thread pool."""
+
+    def __init__(self, turn_table: Any, returns: Any, paint: Any, threads: int) -> None:
+        self._turn_table, self._returns, self._paint = turn_table, returns, paint
+        self.threads = threads
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="gem-rebn") if threads > 1 else None
+
+    def turn_table(self, rewards: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(table, counts, codes) for (B, L) rewards and a mask whose runs of nonzero are the turns.
+
+        table[0, b] sums row b's rewards before its first turn; table[k, b] (k >= 1) its k-th turn's,
+        from the turn's first token up to the next turn's (or the row end), in the rewards' dtype;
+        rows of the table past counts.max() are never written. counts[b] is row b's number of turns.
+        codes[b, l] = 2 * k + mask bit, k the turn that token l is in or follows (0 before the
+        first), so `paint` needs neither the mask nor a search. codes is this thread's scratch
+        buffer, valid until its next call.
+        """
+        batch, length = rewards.shape
+        max_turns = (length + 1) // 2
+        # Turn-major, so the few turns in use touch a few pages, not every row's stride of them.
+        table = np.empty((max_turns + 1, batch), rewards.dtype)
+        counts = np.empty(batch, np.int64)
+        codes = self._scratch((batch, length), _code_dtype(2 * max_turns + 1))
+        zero = rewards.dtype.type(0)
+        self._split(batch, length, lambda lo, hi: self._turn_table(rewards, mask, table, counts, codes, zero, lo, hi))
+        return table, counts, codes
+
+    def returns(self, table: np.ndarray, counts: np.ndarray, gamma: float) -> np.ndarray:
+        """(B, max(counts)) float64 per-turn discounted returns from `turn_table`'s table, 0 past a row's turns."""
+        out = np.empty((table.shape[1], int(counts.max(initial=0))), np.float64)
+        self._returns(table, counts, float(gamma), out)
+        return out
+
+    def _scratch(self, shape: tuple[int, int], dtype: Any) -> np.ndarray:
+        """A per-thread buffer reused across calls: a fresh one would page-fault on every call."""
+        size = shape[0] * shape[1] * np.dtype(dtype).itemsize
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or buffer.size < size:
+            buffer = self._local.buffer = np.empty(max(size, 1), np.uint8)
+        return buffer[:size].view(dtype).reshape(shape)
+
+    def paint(self, values: np.ndarray, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out[b, l] = values[b, k - 1] on the tokens of row b's k-th turn (k >= 1), 0 off the mask."""
+        batch, length = out.shape
+        spread = np.zeros((batch, 2 * values.shape[1] + 2), out.dtype)  # column 2k + 1 = turn k, even = 0
+        spread[:, 3::2] = values
+        self._split(batch, length, lambda lo, hi: self._paint(spread, codes, out, lo, hi))
+        return out
+
+    def _split(self, batch: int, length: int, run: Any) -> None:
+        parts = max(1, min(self.threads, batch * length // MIN_TOKENS_PER_THREAD, batch))
+        if parts == 1 or self._pool is None:
+            run(0, batch)
+            return
+        bounds = [batch * i // parts for i in range(parts + 1)]
+        futures = [self._pool.submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        run(bounds[0], bounds[1])  # this thread takes the first block
+        for future in futures:
+            future.result()
+
+
+def _code_dtype(largest: int) -> Any:
+    return np.uint8 if largest < 1 << 8 else np.uint16 if largest < 1 << 16 else np.int32
+
+
+_KERNELS: Any = ...  # not tried yet; None once numba was found missing or switched off
+
+
+def kernels() -> Kernels | None:
+    """The compiled kernels, or None when numba is absent or switched off (GEM_CORE_NUMBA=0)."""
+    global _KERNELS
+    if _KERNELS is ...:
+        _KERNELS = None if os.environ.get("GEM_CORE_NUMBA", "1") == "0" else _compile()
+    return _KERNELS
+
+
+def _default_threads() -> int:
+    if os.environ.get("GEM_CORE_THREADS"):
+        return max(1, int(os.environ["GEM_CORE_THREADS"]))
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, available))
+
+
+def _compile() -> Kernels | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    jit = numba.njit(cache=True, nogil=True)
+
+    # The first pass carries a turn counter and the running sum from token to token and writes
+    # every slot it touches unconditionally: no branch on the data, so run edges cost nothing extra.
+    # The second is a plain gather, which vectorises.
+    @jit
+    def turn_table(rewards, mask, table, counts, codes, zero, lo, hi):  # pragma: no cover -- compiled
+        length = rewards.shape[1]
+        for b in range(lo, hi):
+            turns = 0
+            inside = 0
+            total = zero
+            table[0, b] = zero
+            for l in range(length):
+                now = 1 if mask[b, l] != 0 else 0
+                start = now & (inside ^ 1)
+                turns += start
+                inside = now
+                codes[b, l] = 2 * turns + now
+                total = rewards[b, l] if start else total + rewards[b, l]
+                table[turns, b] = total
+            counts[b] = turns
+
+    @jit
+    def returns(table, counts, gamma, out):  # pragma: no cover -- compiled
+        for b in range(out.shape[0]):
+            running = 0.0
+            for k in range(out.shape[1] - 1, -1, -1):
+                if k < counts[b]:
+                    running = table[k + 1, b] + gamma * running  # G_t = r_t + gamma * G_{t+1}
+                    out[b, k] = running
+                else:
+                    out[b, k] = 0.0
+
+    @jit
+    def paint(spread, codes, out, lo, hi):  # pragma: no cover -- compiled
+        for b in range(lo, hi):
+            row = spread[b]
+            for l in range(out.shape[1]):
+                out[b, l] = row[codes[b, l]]
+
+    return Kernels(turn_table, returns, paint, _default_threads())
