@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,7 +33,8 @@ class Kernels:
         self._turn_table, self._returns, self._paint = turn_table, returns, paint
         self.threads = threads
         self._local = threading.local()
-        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="gem-rebn") if threads > 1 else None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
 
     def turn_table(self, rewards: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(table, counts, codes) for (B, L) rewards and a mask whose runs of nonzero are the turns.
@@ -78,9 +80,12 @@ class Kernels:
 
     def _split(self, batch: int, length: int, run: Any) -> None:
         parts = max(1, min(self.threads, batch * length // MIN_TOKENS_PER_THREAD, batch))
-        if parts == 1 or self._pool is None:
+        if parts == 1:
             run(0, batch)
             return
+        if self._pool_pid != os.getpid():  # first use, or a forked child: the parent's threads are not here
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="gem-rebn")
+            self._pool_pid = os.getpid()
         bounds = [batch * i // parts for i in range(parts + 1)]
         futures = [self._pool.submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
         run(bounds[0], bounds[1])  # this thread takes the first block
@@ -115,6 +120,14 @@ def _compile() -> Kernels | None:
         import numba
     except ImportError:
         return None
+    try:
+        return _build(numba)
+    except Exception as error:  # noqa: BLE001 -- e.g. no writable cache dir: numpy does the same work
+        warnings.warn(f"gem_core: numba kernels unavailable ({error!r}); using numpy", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _build(numba: Any) -> Kernels:
     jit = numba.njit(cache=True, nogil=True)
 
     # The first pass carries a turn counter and the running sum from token to token and writes

@@ -83,3 +83,18 @@ def test_switched_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_kernels, "_KERNELS", ...)
     monkeypatch.setenv("GEM_CORE_NUMBA", "0")
     assert _kernels.kernels() is None
+
+
+def test_a_forked_child_gets_its_own_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's threads do not survive fork(): a child that reused the parent's pool would hang."""
+    import multiprocessing
+
+    monkeypatch.setattr(_kernels, "MIN_TOKENS_PER_THREAD", 1)
+    split = _kernels.Kernels(COMPILED._turn_table, COMPILED._returns, COMPILED._paint, 2)
+    monkeypatch.setattr(_kernels, "_KERNELS", split)
+    rewards, mask = np.eye(4, 6), np.eye(4, 6)
+    expected = rebn_token_level(rewards, mask)  # the parent's pool now has a thread
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        got = pool.apply_async(rebn_token_level, (rewards, mask)).get(timeout=60)
+    np.testing.assert_array_equal(got, expected)
