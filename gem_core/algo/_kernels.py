@@ -109,8 +109,11 @@ def kernels() -> Kernels | None:
 
 
 def _default_threads() -> int:
-    if os.environ.get("GEM_CORE_THREADS"):
-        return max(1, int(os.environ["GEM_CORE_THREADS"]))
+    setting = os.environ.get("GEM_CORE_THREADS", "").strip()
+    if setting:
+        if not setting.isdigit() or int(setting) < 1:
+            raise ValueError(f"GEM_CORE_THREADS must be a whole number >= 1, got {setting!r}")
+        return int(setting)
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(8, available))
 
@@ -120,14 +123,15 @@ def _compile() -> Kernels | None:
         import numba
     except ImportError:
         return None
+    threads = _default_threads()  # a bad GEM_CORE_THREADS is the user's error to see, not a fallback
     try:
-        return _build(numba)
+        return _build(numba, threads)
     except Exception as error:  # noqa: BLE001 -- e.g. no writable cache dir: numpy does the same work
         warnings.warn(f"gem_core: numba kernels unavailable ({error!r}); using numpy", RuntimeWarning, stacklevel=3)
         return None
 
 
-def _build(numba: Any) -> Kernels:
+def _build(numba: Any, threads: int) -> Kernels:
     jit = numba.njit(cache=True, nogil=True)
 
     # The first pass carries a turn counter and the running sum from token to token and writes
@@ -169,4 +173,4 @@ def _build(numba: Any) -> Kernels:
             for l in range(out.shape[1]):
                 out[b, l] = row[codes[b, l]]
 
-    return Kernels(turn_table, returns, paint, _default_threads())
+    return Kernels(turn_table, returns, paint, threads)

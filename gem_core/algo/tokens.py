@@ -8,7 +8,8 @@ Two training views (DESIGN.md, Trajectory):
 
 Runs of the mask are handled without any per-token index array: the flat tokens are cut into
 intervals at every row start and every run edge, one segmented sum gives each interval's reward,
-and one repeat of per-interval values paints the (B, L) result.
+and one repeat of per-interval values paints the (B, L) result. On CPU with numba installed, those
+two token passes are compiled instead (`_kernels`); the turn-level maths between them is shared.
 """
 
 from __future__ import annotations

@@ -98,3 +98,21 @@ def test_a_forked_child_gets_its_own_threads(monkeypatch: pytest.MonkeyPatch) ->
     with context.Pool(1) as pool:
         got = pool.apply_async(rebn_token_level, (rewards, mask)).get(timeout=60)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_thread_count_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GEM_CORE_THREADS", "3")
+    assert _kernels._default_threads() == 3
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv("GEM_CORE_THREADS", bad)
+        with pytest.raises(ValueError, match="GEM_CORE_THREADS must be a whole number"):
+            _kernels._default_threads()
+    monkeypatch.delenv("GEM_CORE_THREADS")
+    assert 1 <= _kernels._default_threads() <= 8
+
+
+def test_a_bad_thread_count_is_an_error_not_a_silent_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernels, "_KERNELS", ...)
+    monkeypatch.setenv("GEM_CORE_THREADS", "many")
+    with pytest.raises(ValueError, match="GEM_CORE_THREADS"):
+        rebn_token_level(np.eye(2, 3), np.eye(2, 3))
