@@ -10,6 +10,7 @@ import itertools
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import gem_core
@@ -606,6 +607,49 @@ def test_sudoku_accepts_a_move_exactly_when_a_completion_agrees_with_it(seed):
             if possible:  # the stored completion follows the player's choice
                 assert grid_is_valid(game.solution, 4)
                 assert all(s == d for s, d in zip(game.solution, game.board) if d)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sudoku_9x9_walk_accepts_exactly_the_completable_moves(seed):
+    """A long walk of random legal-looking moves on a hard 9x9 grid, through get_state/set_state and
+    clone: each move is accepted exactly when the independent solver completes the grid with it (the
+    game settles most moves from its cached propagation, so the cache must follow every change)."""
+    game = Sudoku(scale=9, clues=55, max_turns=1000)
+    game.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    accepted = 0
+    for step in range(120):
+        empty = [i for i, d in enumerate(game.board) if d == 0]
+        if not empty:
+            break
+        cell, digit = int(rng.choice(empty)), int(rng.integers(1, 10))
+        trial = list(game.board)
+        trial[cell] = digit
+        clash = any(trial[other] == digit for unit in _units_of(cell, 9) for other in unit if other != cell)
+        possible = not clash and independent_solve(trial, 9) is not None
+        if step % 7 == 3:
+            game = game.clone()
+        elif step % 7 == 5:
+            state = game.get_state()
+            game.reset(seed=seed + 100)  # a different grid in between
+            game.set_state(state)
+        _, reward, _, _, info = game.step(boxed(f"{cell // 9 + 1} {cell % 9 + 1} {digit}"))
+        assert (not info["invalid_action"]) == possible, (step, cell, digit)
+        accepted += possible
+        assert grid_is_valid(game.solution, 9)
+        assert all(s == d for s, d in zip(game.solution, game.board) if d)
+    assert accepted >= 5  # the walk did place digits, not only rejections
+
+
+def _units_of(cell: int, scale: int) -> list[list[int]]:
+    box = math.isqrt(scale)
+    r, c = divmod(cell, scale)
+    top, left = r - r % box, c - c % box
+    return [
+        [r * scale + j for j in range(scale)],
+        [i * scale + c for i in range(scale)],
+        [(top + dr) * scale + left + dc for dr in range(box) for dc in range(box)],
+    ]
 
 
 def test_sudoku_rejects_a_dead_end_move_that_breaks_no_rule():

@@ -18,34 +18,32 @@ from gem_core.errors import ResetNeeded
 from gem_core.parsing import last_boxed
 
 
-class Move:
-    """What one valid (parseable) action did to the game.
+# What one valid (parseable) action did, as the tuple ``play`` returns:
+# (observation, reward, terminated, success, invalid, info). ``invalid``: parsed, but illegal in this
+# state (e.g. a guess out of range); ``info``: extra keys for the step's info dict, or None.
+# A plain tuple, made by the four helpers below: a game makes one per step, and an instance of a class
+# (or a NamedTuple) costs 0.2-0.4 us to make, a sixth of a whole step in the cheapest games.
+Move = tuple[str, float, bool, bool, bool, "dict[str, Any] | None"]
 
-    ``invalid``: parsed, but illegal in this state (e.g. a guess out of range). ``info``: extra keys
-    for the step's info dict. A plain slotted class: one is made per step, so it must be cheap.
-    """
 
-    __slots__ = ("observation", "reward", "terminated", "success", "invalid", "info")
+def moved(observation: str, reward: float = 0.0, info: dict[str, Any] | None = None) -> Move:
+    """A legal move; the game goes on."""
+    return (observation, reward, False, False, False, info)
 
-    def __init__(
-        self,
-        observation: str,
-        reward: float = 0.0,
-        terminated: bool = False,
-        success: bool = False,
-        invalid: bool = False,
-        info: dict[str, Any] | None = None,
-    ):
-        self.observation = observation
-        self.reward = reward
-        self.terminated = terminated
-        self.success = success
-        self.invalid = invalid
-        self.info = info
 
-    def __repr__(self) -> str:
-        return (f"Move({self.observation!r}, reward={self.reward}, terminated={self.terminated}, "
-                f"success={self.success}, invalid={self.invalid}, info={self.info})")
+def illegal(observation: str, info: dict[str, Any] | None = None) -> Move:
+    """A move read fine but not allowed in this state: it costs the turn and earns nothing."""
+    return (observation, 0.0, False, False, True, info)
+
+
+def won(observation: str, reward: float, info: dict[str, Any] | None = None) -> Move:
+    """The move that wins: the episode ends in success."""
+    return (observation, reward, True, True, False, info)
+
+
+def lost(observation: str, reward: float = 0.0, info: dict[str, Any] | None = None) -> Move:
+    """A move that ends the episode without winning (a mine, a board with no move left)."""
+    return (observation, reward, True, False, False, info)
 
 
 class TextGame(Env[str, str]):
@@ -94,10 +92,10 @@ class TextGame(Env[str, str]):
         (as GEM does) the current board. The history wrapper appends it; it may span several lines."""
         return "Enter your next move."
 
-    def on_time_limit(self, last: Move) -> Move:
-        """Adjust the last move when the turn limit ends the episode (e.g. a closeness reward)."""
-        last.observation += " You have reached the maximum number of turns."
-        return last
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
+        """The last move's observation and reward when the turn limit ends the episode (a game may add
+        e.g. GEM's closeness reward). ``invalid``: whether that last move was illegal."""
+        return observation + " You have reached the maximum number of turns.", reward
 
     # -- the shared loop -------------------------------------------------------------------------
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -109,36 +107,45 @@ class TextGame(Env[str, str]):
             self.max_turns = self._max_turns_arg
         self.new_game()
         self._done = False
-        return self.instructions(), self._info(Move(""), format_error=False)
+        # The keys of every step's info dict (built inline in step, the hot path), before any move.
+        info = {"turn": 0, "max_turns": self.max_turns, "success": False, "invalid_action": False,
+                "format_error": False, "suffix": self.task_suffix()}
+        return self.instructions(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        # The hot path of every game: kept flat; the info dict comes from _info, shared with reset.
+        # The hot path of every game: kept flat.
         if self._done:
             raise ResetNeeded(f"{type(self).__name__}.step() called on a finished episode; call reset() first")
         turn = self.turn = self.turn + 1
         content = last_boxed(action)  # None for a non-string action too
         if content is None:
             what = "was not a string" if not isinstance(action, str) else "had no \\boxed{...} move"
-            move = Move(
-                observation=f"At turn {turn}, your answer {what}. Put your move inside \\boxed{{}}, for example {self.sample_random_action()}.",
-                reward=self.format_error_reward,
-                terminated=self.ends_on_format_error,
-            )
+            observation = f"At turn {turn}, your answer {what}. Put your move inside \\boxed{{}}, for example {self.sample_random_action()}."
+            reward, terminated, success, invalid, extra = self.format_error_reward, self.ends_on_format_error, False, False, None
             format_error = True
         else:
-            move = self.play(content.strip())
+            observation, reward, terminated, success, invalid, extra = self.play(content.strip())
             format_error = False
-        terminated = move.terminated
         if terminated:
             truncated = False
         elif turn >= self.max_turns:
-            move = self.on_time_limit(move)
-            terminated = move.terminated
+            observation, reward = self.on_time_limit(observation, reward, invalid)
             truncated = True
         else:
             truncated = False
         self._done = terminated or truncated
-        return move.observation, float(move.reward), terminated, truncated, self._info(move, format_error)
+        # Built here, not in a helper shared with reset: a call less is 0.2 us, 9% of the cheapest steps.
+        info = {
+            "turn": turn,
+            "max_turns": self.max_turns,
+            "success": success,
+            "invalid_action": invalid,
+            "format_error": format_error,
+            "suffix": self.task_suffix(),
+        }
+        if extra:
+            info.update(extra)
+        return observation, float(reward), terminated, truncated, info
 
     def sample_random_action(self) -> str:
         return "\\boxed{" + self.random_move() + "}"
@@ -146,19 +153,6 @@ class TextGame(Env[str, str]):
     def oracle_action(self) -> str:
         """``oracle_move`` in the action format."""
         return "\\boxed{" + self.oracle_move() + "}"
-
-    def _info(self, move: Move, format_error: bool) -> dict[str, Any]:
-        info = {
-            "turn": self.turn,
-            "max_turns": self.max_turns,
-            "success": move.success,
-            "invalid_action": move.invalid,
-            "format_error": format_error,
-            "suffix": self.task_suffix(),
-        }
-        if move.info:
-            info.update(move.info)
-        return info
 
     # Randomness helpers for subclasses -----------------------------------------------------------
     # Generator.integers costs ~4 us a call; games draw a few numbers per step, so we draw uniforms

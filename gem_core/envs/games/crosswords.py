@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 from gem_core.envs.games.word_search import render_grid
 
 ACROSS, DOWN = "across", "down"
@@ -223,47 +223,45 @@ class Crosswords(TextGame):
             number, word = _as_int(tokens[0]), tokens[1].lower()
             if number is not None and word.isascii() and word.isalpha():
                 return self._fill_answer(number, word)
-        return Move(
+        return illegal(
             f"At turn {self.turn}, {move!r} is not a move. Write 'row col letter' (e.g. \\boxed{{0 2 a}}) "
             "or 'clue-number word' (e.g. \\boxed{2 yellow}).",
-            invalid=True,
         )
 
     def _fill_cell(self, row: int, col: int, letter: str) -> Move:
         where = f"({row}, {col})"
         if not (0 <= row < len(self.board) and 0 <= col < len(self.board[0])):
-            return Move(f"At turn {self.turn}, {where} is outside the grid.", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} is outside the grid.")
         if self.board[row][col] == BLOCK:
-            return Move(f"At turn {self.turn}, {where} is a black square.", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} is a black square.")
         if self.board[row][col] != HIDDEN:
-            return Move(f"At turn {self.turn}, {where} is already filled.", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} is already filled.")
         key = f"{row} {col} {letter}"
         if key in self.tried:
-            return Move(f"At turn {self.turn}, you already tried {letter.upper()} at {where}.", invalid=True)
+            return illegal(f"At turn {self.turn}, you already tried {letter.upper()} at {where}.")
         if self.solution[row][col] != letter:
             self.tried.add(key)
-            return Move(f"At turn {self.turn}, {letter.upper()} is not the letter at {where}.")
+            return moved(f"At turn {self.turn}, {letter.upper()} is not the letter at {where}.")
         self.board[row][col] = letter
         return self._progress(1, f"At turn {self.turn}, {letter.upper()} at {where} is right.")
 
     def _fill_answer(self, number: int, word: str) -> Move:
         if not 1 <= number <= len(self.clues):
-            return Move(f"At turn {self.turn}, there is no clue {number}; clues are 1-{len(self.clues)}.", invalid=True)
+            return illegal(f"At turn {self.turn}, there is no clue {number}; clues are 1-{len(self.clues)}.")
         clue = self.clues[number - 1]
         if len(word) != len(clue.answer):
-            return Move(
+            return illegal(
                 f"At turn {self.turn}, {word.upper()} has {len(word)} letters; answer {number} has {len(clue.answer)}.",
-                invalid=True,
             )
         cells = clue.cells()
         if all(self.board[r][c] != HIDDEN for r, c in cells):
-            return Move(f"At turn {self.turn}, answer {number} is already complete.", invalid=True)
+            return illegal(f"At turn {self.turn}, answer {number} is already complete.")
         key = f"{number} {word}"
         if key in self.tried:
-            return Move(f"At turn {self.turn}, you already tried {word.upper()} for clue {number}.", invalid=True)
+            return illegal(f"At turn {self.turn}, you already tried {word.upper()} for clue {number}.")
         if word != clue.answer:
             self.tried.add(key)
-            return Move(f"At turn {self.turn}, {word.upper()} is not the answer to clue {number}.")
+            return moved(f"At turn {self.turn}, {word.upper()} is not the answer to clue {number}.")
         newly = 0
         for (r, c), letter in zip(cells, word):
             if self.board[r][c] == HIDDEN:
@@ -276,15 +274,10 @@ class Crosswords(TextGame):
         if self.filled == self.letter_cells:
             reward = self.success_reward - self.progress_paid
             self.progress_paid = self.success_reward
-            return Move(
-                f"{message} Congratulations! You completed the crossword in {self.turn} turns.",
-                reward=reward,
-                terminated=True,
-                success=True,
-            )
+            return won(f"{message} Congratulations! You completed the crossword in {self.turn} turns.", reward)
         reward = self.progress_share * newly_filled / self.letter_cells
         self.progress_paid += reward
-        return Move(message, reward=reward)
+        return moved(message, reward)
 
     def random_move(self) -> str:
         empty = [(r, c) for r, row in enumerate(self.board) for c, ch in enumerate(row) if ch == HIDDEN]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 
 # A direction names the way a TILE slides into the gap (GEM's convention): "up" moves the tile
 # below the gap up, so the gap itself goes down one row.
@@ -298,29 +298,28 @@ class FifteenPuzzle(TextGame):
         )
 
     def play(self, move: str) -> Move:
-        # Move(...) arguments are positional: keyword arguments cost more, on every step.
         direction = move if move in _OPPOSITE else move.lower()
         if direction not in _OPPOSITE:
-            return Move(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.")
         board = self.board
         if not apply_direction(board, self.num_rows, direction):
             side = _SIDE_OF_GAP[direction]
-            return Move(f"At turn {self.turn}, there is no tile {side} the gap, so {direction} is not possible.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, there is no tile {side} the gap, so {direction} is not possible.")
         if board[-1] == 0 and self.is_solved():
-            return Move(f"Congratulations! You solved the puzzle in {self.turn} turns.", self.success_reward, True, True)
+            return won(f"Congratulations! You solved the puzzle in {self.turn} turns.", self.success_reward)
         template, texts = _board_layout(self.num_rows)
         rendered = template % tuple([texts[tile] for tile in board])  # render(), inlined
-        return Move(f"At turn {self.turn}, you moved a tile {direction}.\nThe board:\n{rendered}")
+        return moved(f"At turn {self.turn}, you moved a tile {direction}.\nThe board:\n{rendered}")
 
     def is_solved(self) -> bool:
         """Whether the tiles are in order with the gap last."""
         return tuple(self.board) == solved_board(self.num_rows)
 
-    def on_time_limit(self, last: Move) -> Move:
-        last = super().on_time_limit(last)
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
+        observation, reward = super().on_time_limit(observation, reward, invalid)
         goal = solved_board(self.num_rows)
-        last.reward += sum(1 for have, want in zip(self.board, goal) if have == want) / len(goal)  # GEM's soft reward
-        return last
+        reward += sum(1 for have, want in zip(self.board, goal) if have == want) / len(goal)  # GEM's soft reward
+        return observation, reward
 
     # -- players ---------------------------------------------------------------------------------
     def random_move(self) -> str:

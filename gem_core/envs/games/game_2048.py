@@ -7,7 +7,7 @@ from functools import cache
 
 import numpy as np
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, lost, moved, won
 
 DIRECTIONS = ("up", "down", "left", "right")
 
@@ -200,33 +200,25 @@ class Game2048(TextGame):
     def play(self, move: str) -> Move:
         direction = move.lower()
         if direction not in DIRECTIONS:
-            return Move(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.", invalid=True)
+            return illegal(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.")
         slid = slide_board(self.board, self.size, direction)
         if slid is None:
-            return Move(
+            return illegal(
                 f"At turn {self.turn}, moving {direction} changes nothing, so no tile was added. Try another direction.",
-                invalid=True,
-                info={"max_tile": max(self.board)},
+                {"max_tile": max(self.board)},
             )
         self.board = slid
         reward = self._progress_reward()
         if self.max_tile >= self.target_tile:
-            return Move(
-                f"Congratulations! You made the {self.target_tile} tile in {self.turn} turns.",
-                reward=reward,
-                terminated=True,
-                success=True,
-                info={"max_tile": max(self.board)},
-            )
+            return won(f"Congratulations! You made the {self.target_tile} tile in {self.turn} turns.", reward, {"max_tile": max(self.board)})
         self._spawn()
         if not can_move(self.board, self.size):
-            return Move(
+            return lost(
                 f"At turn {self.turn}, you moved {direction}. Game over: no move can change the board.\nThe board:\n{self.render()}",
-                reward=reward,
-                terminated=True,
-                info={"max_tile": max(self.board)},
+                reward,
+                {"max_tile": max(self.board)},
             )
-        return Move(f"At turn {self.turn}, you moved {direction}.\nThe board:\n{self.render()}", reward=reward, info={"max_tile": max(self.board)})
+        return moved(f"At turn {self.turn}, you moved {direction}.\nThe board:\n{self.render()}", reward, {"max_tile": max(self.board)})
 
     def _progress_reward(self) -> float:
         """Log-scale progress of the largest tile since the last record, capped at the target."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 
 
 class GuessTheNumber(TextGame):
@@ -56,21 +56,20 @@ class GuessTheNumber(TextGame):
         return "Enter your next guess."
 
     def play(self, move: str) -> Move:
-        # Move(...) arguments are positional here: keyword arguments cost more, on every step.
         try:
             guess = int(move)
         except ValueError:
-            return Move(f"At turn {self.turn}, {move!r} is not a whole number.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, {move!r} is not a whole number.")
         if guess < self.min_number or guess > self.max_number:
-            return Move(f"At turn {self.turn}, you guessed {guess}, which is outside {self.min_number}-{self.max_number}.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, you guessed {guess}, which is outside {self.min_number}-{self.max_number}.")
         guessed = self.guessed
         if guess in guessed:
-            return Move(f"At turn {self.turn}, you guessed {guess}, which you already guessed.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, you guessed {guess}, which you already guessed.")
         guessed.add(guess)
         self.last_guess = guess
         target = self.target
         if guess == target:
-            return Move(f"Congratulations! You guessed the correct number {target} in {self.turn} turns.", self.success_reward, True, True)
+            return won(f"Congratulations! You guessed the correct number {target} in {self.turn} turns.", self.success_reward)
         if guess > target:
             if guess <= self.high:
                 self.high = guess - 1
@@ -79,13 +78,13 @@ class GuessTheNumber(TextGame):
             if guess >= self.low:
                 self.low = guess + 1
             hint = "higher"
-        return Move(f"At turn {self.turn}, you guessed {guess}, and the target number is {hint} than {guess}.")
+        return moved(f"At turn {self.turn}, you guessed {guess}, and the target number is {hint} than {guess}.")
 
-    def on_time_limit(self, last: Move) -> Move:
-        last = super().on_time_limit(last)
-        if self.last_guess is not None and not last.invalid:
-            last.reward = 1.0 - abs(self.last_guess - self.target) / (self.max_number - self.min_number)
-        return last
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
+        observation, reward = super().on_time_limit(observation, reward, invalid)
+        if self.last_guess is not None and not invalid:
+            reward = 1.0 - abs(self.last_guess - self.target) / (self.max_number - self.min_number)
+        return observation, reward
 
     def random_move(self) -> str:
         return str(self._randint(self.min_number, self.max_number))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import string
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 from gem_core.utils.words import example_word, words_of_length
 
 # (word_length, max_turns) pairs the random variant draws from (GEM's).
@@ -75,18 +75,18 @@ class Hangman(TextGame):
     def play(self, move: str) -> Move:
         guess = move.lower()
         if not (guess.isascii() and guess.isalpha()):
-            return Move(f"At turn {self.turn}, {move!r} is not a letter or a word: use the letters a-z only.", invalid=True)
+            return illegal(f"At turn {self.turn}, {move!r} is not a letter or a word: use the letters a-z only.")
         if len(guess) == 1:
             return self._guess_letter(guess)
         return self._guess_word(guess)
 
     def _guess_letter(self, letter: str) -> Move:
         if letter in self.guessed_letters:
-            return Move(f"At turn {self.turn}, you guessed {letter.upper()} again; try another letter.", invalid=True)
+            return illegal(f"At turn {self.turn}, you guessed {letter.upper()} again; try another letter.")
         self.guessed_letters.append(letter)
         newly = [i for i, c in enumerate(self.secret) if c == letter and not self.revealed[i]]
         if not newly:
-            return Move(f"At turn {self.turn}, {letter.upper()} is not in the word.")
+            return moved(f"At turn {self.turn}, {letter.upper()} is not in the word.")
         for i in newly:
             self.revealed[i] = True
         if all(self.revealed):
@@ -94,32 +94,30 @@ class Hangman(TextGame):
         reward = self.progress_share * len(newly) / self.word_length
         self.progress_paid += reward
         times = "once" if len(newly) == 1 else f"{len(newly)} times"
-        return Move(f"At turn {self.turn}, {letter.upper()} is in the word ({times}): {self.pattern()}", reward=reward)
+        return moved(f"At turn {self.turn}, {letter.upper()} is in the word ({times}): {self.pattern()}", reward)
 
     def _guess_word(self, word: str) -> Move:
         if len(word) != self.word_length:
-            return Move(
+            return illegal(
                 f"At turn {self.turn}, you guessed {word.upper()}, which has {len(word)} letters; "
                 f"the secret word has {self.word_length}.",
-                invalid=True,
             )
         if word in self.guessed_words:
-            return Move(f"At turn {self.turn}, you guessed {word.upper()} again; try another word.", invalid=True)
+            return illegal(f"At turn {self.turn}, you guessed {word.upper()} again; try another word.")
         self.guessed_words.append(word)
         if word == self.secret:
             self.revealed = [True] * self.word_length
             return self._win(f"Congratulations! {word.upper()} is the secret word; you found it in {self.turn} turns.")
-        return Move(f"At turn {self.turn}, {word.upper()} is not the secret word.")
+        return moved(f"At turn {self.turn}, {word.upper()} is not the secret word.")
 
     def _win(self, message: str) -> Move:
         reward = self.success_reward - self.progress_paid
         self.progress_paid = self.success_reward
-        return Move(message, reward=reward, terminated=True, success=True)
+        return won(message, reward)
 
-    def on_time_limit(self, last: Move) -> Move:
-        last = super().on_time_limit(last)
-        last.observation += f" The secret word was {self.secret.upper()}."
-        return last
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
+        observation, reward = super().on_time_limit(observation, reward, invalid)
+        return observation + f" The secret word was {self.secret.upper()}.", reward
 
     def random_move(self) -> str:
         untried = [c for c in string.ascii_lowercase if c not in self.guessed_letters]

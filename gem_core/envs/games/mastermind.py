@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 
 # (code_length, num_numbers, max_turns) settings that the random variant draws from (GEM's table).
 RANDOM_SETTINGS: tuple[tuple[int, int, int], ...] = ((2, 4, 10), (4, 6, 20), (4, 8, 30))
@@ -174,13 +174,12 @@ class Mastermind(TextGame):
         return " ".join(map(str, code))
 
     def play(self, move: str) -> Move:
-        # Move(...) arguments are positional: keyword arguments cost more, on every step.
         guess = self._parse(move)
         if type(guess) is str:
-            return Move(f"At turn {self.turn}, {guess}.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, {guess}.")
         guessed = self.guessed
         if guess in guessed:
-            return Move(f"At turn {self.turn}, you guessed {self._show(guess)} again; you already know its pegs.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, you guessed {self._show(guess)} again; you already know its pegs.")
         black, white = score_guess(self.secret, guess)
         self.history.append((guess, black, white))
         guessed.add(guess)
@@ -191,19 +190,18 @@ class Mastermind(TextGame):
             self.best_black = black
         shown = " ".join(map(str, guess))
         if black == self.code_length:
-            return Move(
+            return won(
                 f"Congratulations! {shown} is the secret code; you cracked it in {self.turn} turns.",
-                reward, True, True, False, {"black_pegs": black, "white_pegs": white},
+                reward, {"black_pegs": black, "white_pegs": white},
             )
-        return Move(
+        return moved(
             f"At turn {self.turn}, you guessed {shown}: {black} black peg(s) and {white} white peg(s).",
-            reward, False, False, False, {"black_pegs": black, "white_pegs": white},
+            reward, {"black_pegs": black, "white_pegs": white},
         )
 
-    def on_time_limit(self, last: Move) -> Move:
-        last = super().on_time_limit(last)
-        last.observation += f" The secret code was {self._show(self.secret)}."
-        return last
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
+        observation, reward = super().on_time_limit(observation, reward, invalid)
+        return observation + f" The secret code was {self._show(self.secret)}.", reward
 
     def random_move(self) -> str:
         return self._show(self._draw_code())

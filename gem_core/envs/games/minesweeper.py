@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, lost, moved, won
 
 _SEPARATORS = re.compile(r"[\s,()\[\]]+")
 _ACTIONS = ("reveal", "flag")
@@ -167,32 +167,27 @@ class Minesweeper(TextGame):
     def play(self, move: str) -> Move:
         parsed = self._parse(move)
         if isinstance(parsed, str):
-            return Move(f"At turn {self.turn}, {parsed}.", invalid=True)
+            return illegal(f"At turn {self.turn}, {parsed}.")
         action, row, col = parsed
         cell = row * self.cols + col
         if self.revealed[cell]:
-            return Move(f"At turn {self.turn}, cell ({row}, {col}) is already revealed; choose a hidden cell.", invalid=True)
+            return illegal(f"At turn {self.turn}, cell ({row}, {col}) is already revealed; choose a hidden cell.")
         if action == "flag":
             self.flagged[cell] = not self.flagged[cell]
             what = "placed a flag on" if self.flagged[cell] else "removed the flag from"
-            return Move(f"At turn {self.turn}, you {what} cell ({row}, {col}).")
+            return moved(f"At turn {self.turn}, you {what} cell ({row}, {col}).")
         if self.flagged[cell]:
-            return Move(f"At turn {self.turn}, cell ({row}, {col}) is flagged; remove the flag before revealing it.", invalid=True)
+            return illegal(f"At turn {self.turn}, cell ({row}, {col}) is flagged; remove the flag before revealing it.")
         if not self.mines_laid:
             self._lay_mines(cell)
         if self.is_mine[cell]:
             self.exploded_at = cell
-            return Move(f"Boom! Cell ({row}, {col}) held a mine. Game over.", terminated=True)
+            return lost(f"Boom! Cell ({row}, {col}) held a mine. Game over.")
         uncovered = self._reveal_from(cell)
         reward = uncovered / self.safe_cells
         if self.revealed_count == self.safe_cells:
-            return Move(
-                f"Congratulations! You revealed every safe cell in {self.turn} turns.",
-                reward=reward,
-                terminated=True,
-                success=True,
-            )
-        return Move(f"At turn {self.turn}, you revealed cell ({row}, {col}), uncovering {uncovered} cell(s).", reward=reward)
+            return won(f"Congratulations! You revealed every safe cell in {self.turn} turns.", reward)
+        return moved(f"At turn {self.turn}, you revealed cell ({row}, {col}), uncovering {uncovered} cell(s).", reward)
 
     def _reveal_from(self, start: int) -> int:
         """Reveal ``start``; spread through cells with no adjacent mine. Returns how many were uncovered."""

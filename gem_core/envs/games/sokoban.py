@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 
 DIRECTIONS = ("up", "down", "left", "right")
 _UNREACHABLE = 1 << 30
@@ -608,38 +608,31 @@ class Sokoban(TextGame):
         name = move.lower()
         if name not in _DIRECTION_INDEX:
             shown = move if len(move) <= 40 else move[:40] + "..."
-            return Move(f"At turn {self.turn}, {shown!r} is not a move. Use up, down, left or right.", invalid=True)
+            return illegal(f"At turn {self.turn}, {shown!r} is not a move. Use up, down, left or right.")
         off = _offsets(self.cols)[_DIRECTION_INDEX[name]]
         ahead = self.player + off
         if not self.open_cells[ahead]:
-            return Move(f"At turn {self.turn}, you cannot move {name}: there is a wall in the way.", invalid=True)
+            return illegal(f"At turn {self.turn}, you cannot move {name}: there is a wall in the way.")
         pushed = ahead in self.boxes
         if pushed:
             beyond = ahead + off
             if not self.open_cells[beyond]:
-                return Move(f"At turn {self.turn}, you cannot move {name}: the box is against a wall.", invalid=True)
+                return illegal(f"At turn {self.turn}, you cannot move {name}: the box is against a wall.")
             if beyond in self.boxes:
-                return Move(f"At turn {self.turn}, you cannot move {name}: the box is blocked by another box.", invalid=True)
+                return illegal(f"At turn {self.turn}, you cannot move {name}: the box is blocked by another box.")
             self.boxes = (self.boxes - {ahead}) | {beyond}
         self.player = ahead
         on_target = self.boxes_on_targets()
         info = {"boxes_on_targets": on_target}
         if on_target == self.num_boxes:
-            return Move(
-                f"Congratulations! You pushed every box onto a target in {self.turn} turns.",
-                reward=self.success_reward,
-                terminated=True,
-                success=True,
-                info=info,
-            )
+            return won(f"Congratulations! You pushed every box onto a target in {self.turn} turns.", self.success_reward, info)
         what = f"moved {name} and pushed a box" if pushed else f"moved {name}"
-        return Move(f"At turn {self.turn}, you {what}. Boxes on targets: {on_target}/{self.num_boxes}.", info=info)
+        return moved(f"At turn {self.turn}, you {what}. Boxes on targets: {on_target}/{self.num_boxes}.", info=info)
 
-    def on_time_limit(self, last: Move) -> Move:
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
         """GEM's soft ending: the share of boxes on targets."""
-        last = super().on_time_limit(last)
-        last.reward = self.success_reward * self.boxes_on_targets() / self.num_boxes
-        return last
+        observation, _ = super().on_time_limit(observation, reward, invalid)
+        return observation, self.success_reward * self.boxes_on_targets() / self.num_boxes
 
     def random_move(self) -> str:
         return DIRECTIONS[self._randint(0, 3)]

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 
 # (scale, clues, max_turns) settings that the random variant draws from (GEM's table).
 RANDOM_SETTINGS: tuple[tuple[int, int, int], ...] = ((4, 10, 15), (9, 50, 50))
@@ -58,13 +58,25 @@ def _frame(scale: int) -> tuple[str, str]:
     return header, rule
 
 
-def _propagate(options: list[int], units: Sequence[Sequence[int]], peers: Sequence[Sequence[int]], every_digit: int) -> bool:
+def _propagate(
+    options: list[int],
+    units: Sequence[Sequence[int]],
+    peers: Sequence[Sequence[int]],
+    every_digit: int,
+    todo: list[int] | None = None,
+) -> bool:
     """Narrow the per-cell digit bitmasks in place with the two classic rules until nothing changes:
     a settled cell's digit leaves its peers, and a digit with one possible cell in a unit goes there.
-    Returns False as soon as a cell or a unit has no way left to be filled."""
+    Returns False as soon as a cell or a unit has no way left to be filled.
+
+    ``todo``: the settled cells whose digit may not have left their peers yet; by default every
+    settled cell. Pass just the changed cells when ``options`` was already propagated before them:
+    the rules only ever remove digits, so the fixed point is the same and far fewer cells are spread.
+    """
     # A worklist of settled cells whose digit still has to leave their peers: each cell is settled
     # (and spread) once, instead of rescanning the grid every round. Same fixed point as rescanning.
-    todo = [cell for cell, mask in enumerate(options) if not mask & (mask - 1)]
+    if todo is None:
+        todo = [cell for cell, mask in enumerate(options) if not mask & (mask - 1)]
     while True:
         while todo:
             cell = todo.pop()
@@ -101,16 +113,32 @@ def _propagate(options: list[int], units: Sequence[Sequence[int]], peers: Sequen
             return True
 
 
+def _all_digits(scale: int) -> int:
+    """The bitmask of every digit 1..scale (bit d = digit d)."""
+    return ((1 << (scale + 1)) - 1) & ~1
+
+
+def _masks(cells: Sequence[int], scale: int) -> list[int]:
+    """Per-cell digit bitmasks of a grid (0 = empty: every digit still possible)."""
+    every_digit = _all_digits(scale)
+    return [every_digit if not digit else 1 << digit for digit in cells]
+
+
 def solve_sudoku(cells: Sequence[int], scale: int) -> list[int] | None:
     """A completion of ``cells`` (flat, row by row, 0 = empty) that obeys the rules, or ``None``.
 
     Constraint propagation (see ``_propagate``) at every node of a depth-first search that branches
     on the open cell with the fewest digits left; digits are kept as bitmasks (bit d = digit d).
     """
+    return _complete(_masks(cells, scale), scale)
+
+
+def _complete(options: list[int], scale: int, todo: list[int] | None = None) -> list[int] | None:
+    """``solve_sudoku`` on digit bitmasks: propagates ``options`` in place (see ``_propagate`` for
+    ``todo``), then searches. Returns a completion, or ``None`` when there is none."""
     units, peers = _geometry(scale)
-    every_digit = ((1 << (scale + 1)) - 1) & ~1
-    options = [every_digit if not digit else 1 << digit for digit in cells]
-    if not _propagate(options, units, peers, every_digit):
+    every_digit = _all_digits(scale)
+    if not _propagate(options, units, peers, every_digit, todo):
         return None
     pending = [options]
     while pending:
@@ -131,7 +159,7 @@ def solve_sudoku(cells: Sequence[int], scale: int) -> list[int] | None:
             mask ^= digit_bit
             trial = list(options)
             trial[branch_cell] = digit_bit
-            if _propagate(trial, units, peers, every_digit):
+            if _propagate(trial, units, peers, every_digit, [branch_cell]):  # the rest was propagated already
                 pending.append(trial)
     return None
 
@@ -169,6 +197,7 @@ class Sudoku(TextGame):
         self.given: list[bool] = []
         self.solution: list[int] = []  # always a valid completion of the current board
         self.initial_empty = 1
+        self._options: list[int] | None = None  # see _candidates
 
     # -- generation ------------------------------------------------------------------------------
     def new_game(self) -> None:
@@ -188,6 +217,7 @@ class Sudoku(TextGame):
             self.board[cell] = 0
         self.given = [digit != 0 for digit in self.board]
         self.initial_empty = clues
+        self._options = None
 
     def _full_grid(self) -> list[int]:
         """A random complete grid: a valid base pattern with its digits, bands, stacks, lines within
@@ -244,6 +274,15 @@ class Sudoku(TextGame):
         return text
 
     # -- moves -----------------------------------------------------------------------------------
+    def _candidates(self) -> list[int]:
+        """Per-cell digit bitmasks of the current board after propagation. Made on the first move that
+        needs them, then narrowed as digits are placed (never widened: filled cells stay filled)."""
+        options = self._options
+        if options is None:
+            options = self._options = _masks(self.board, self.scale)
+            _propagate(options, *_geometry(self.scale), _all_digits(self.scale))
+        return options
+
     def _clash(self, cell: int, digit: int) -> str | None:
         """Which of the cell's row, column and box already holds ``digit``, if any."""
         units, _ = _geometry(self.scale)
@@ -258,31 +297,39 @@ class Sudoku(TextGame):
     def play(self, move: str) -> Move:
         match = _MOVE.match(move)
         if not match:
-            return Move(f"At turn {self.turn}, {move!r} is not a move; write the row, column and digit, e.g. 1 2 3.", invalid=True)
+            return illegal(f"At turn {self.turn}, {move!r} is not a move; write the row, column and digit, e.g. 1 2 3.")
         row, col, digit = (int(g) for g in match.groups())
         if not (1 <= row <= self.scale and 1 <= col <= self.scale and 1 <= digit <= self.scale):
-            return Move(f"At turn {self.turn}, row, column and digit must each be between 1 and {self.scale}; got {row} {col} {digit}.", invalid=True)
+            return illegal(f"At turn {self.turn}, row, column and digit must each be between 1 and {self.scale}; got {row} {col} {digit}.")
         where = f"row {row}, column {col}"
         cell = (row - 1) * self.scale + col - 1
         if self.board[cell]:
             whose = "a given digit" if self.given[cell] else "a digit you placed"
-            return Move(f"At turn {self.turn}, {where} already holds {self.board[cell]} ({whose}); fill an empty cell.", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} already holds {self.board[cell]} ({whose}); fill an empty cell.")
         clash = self._clash(cell, digit)
         if clash:
-            return Move(f"At turn {self.turn}, {digit} cannot go at {where}: {clash} already has a {digit}.", invalid=True)
-        if digit != self.solution[cell]:
+            return illegal(f"At turn {self.turn}, {digit} cannot go at {where}: {clash} already has a {digit}.")
+        # Propagation on the current board (cached) settles most moves at once: a digit it ruled out
+        # there is part of no completion.
+        options = self._candidates()
+        if not options[cell] >> digit & 1:
+            return illegal(f"At turn {self.turn}, {digit} at {where} breaks no rule yet, but leaves the grid impossible to complete.")
+        narrowed = list(options)
+        narrowed[cell] = 1 << digit
+        if digit == self.solution[cell]:
+            _propagate(narrowed, *_geometry(self.scale), _all_digits(self.scale), todo=[cell])  # cannot fail: the completion agrees
+        else:
             # Not the completion we know of; accept it if some other completion agrees with it.
-            self.board[cell] = digit
-            completion = solve_sudoku(self.board, self.scale)
+            completion = _complete(narrowed, self.scale, todo=[cell])
             if completion is None:
-                self.board[cell] = 0
-                return Move(f"At turn {self.turn}, {digit} at {where} breaks no rule yet, but leaves the grid impossible to complete.", invalid=True)
+                return illegal(f"At turn {self.turn}, {digit} at {where} breaks no rule yet, but leaves the grid impossible to complete.")
             self.solution = completion
+        self._options = narrowed
         self.board[cell] = digit
         reward = 1.0 / self.initial_empty
         if 0 not in self.board:
-            return Move(f"Congratulations! You completed the Sudoku in {self.turn} turns.", reward=reward, terminated=True, success=True)
-        return Move(f"At turn {self.turn}, you placed {digit} at {where}.", reward=reward)
+            return won(f"Congratulations! You completed the Sudoku in {self.turn} turns.", reward)
+        return moved(f"At turn {self.turn}, you placed {digit} at {where}.", reward)
 
     def random_move(self) -> str:
         return f"{self._randint(1, self.scale)} {self._randint(1, self.scale)} {self._randint(1, self.scale)}"

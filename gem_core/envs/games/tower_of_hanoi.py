@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 
 PEGS = "ABC"
 
@@ -72,43 +72,36 @@ class TowerOfHanoi(TextGame):
         return f"Pegs:\nA: {a}\nB: {b}\nC: {c}"
 
     def play(self, move: str) -> Move:
-        # Move(...) arguments are positional: keyword arguments cost more, on every step.
         plain = _PLAIN_MOVES.get(move)
         if plain is not None:
             src_index, dst_index = plain
         else:
             parsed = _MOVE_PATTERN.fullmatch(move)
             if parsed is None:
-                return Move(
-                    f"At turn {self.turn}, {move!r} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}.",
-                    0.0, False, False, True,
+                return illegal(
+                    f"At turn {self.turn}, {move!r} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}."
                 )
             src_index, dst_index = PEGS.index(parsed.group(1).upper()), PEGS.index(parsed.group(2).upper())
         src_name, dst_name = PEGS[src_index], PEGS[dst_index]
         pegs = self.pegs
         src, dst = pegs[src_index], pegs[dst_index]
         if src is dst:
-            return Move(f"At turn {self.turn}, you tried to move from peg {src_name} onto itself.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, you tried to move from peg {src_name} onto itself.")
         if not src:
-            return Move(f"At turn {self.turn}, you tried to move from peg {src_name}, which is empty.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, you tried to move from peg {src_name}, which is empty.")
         if dst and dst[-1] < src[-1]:
-            return Move(
-                f"At turn {self.turn}, disk {src[-1]} on peg {src_name} cannot go on the smaller disk {dst[-1]} on peg {dst_name}.",
-                0.0, False, False, True,
+            return illegal(
+                f"At turn {self.turn}, disk {src[-1]} on peg {src_name} cannot go on the smaller disk {dst[-1]} on peg {dst_name}."
             )
         disk = src.pop()
         dst.append(disk)
         if len(pegs[2]) == self.num_disks:
-            return Move(
-                f"Congratulations! You moved all {self.num_disks} disks to peg C in {self.turn} turns.",
-                self.success_reward, True, True,
-            )
-        return Move(f"At turn {self.turn}, you moved disk {disk} from peg {src_name} to peg {dst_name}.\n{self.render()}")
+            return won(f"Congratulations! You moved all {self.num_disks} disks to peg C in {self.turn} turns.", self.success_reward)
+        return moved(f"At turn {self.turn}, you moved disk {disk} from peg {src_name} to peg {dst_name}.\n{self.render()}")
 
-    def on_time_limit(self, last: Move) -> Move:
-        last = super().on_time_limit(last)
-        last.reward = len(self.pegs[2]) / self.num_disks  # GEM's closeness reward
-        return last
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
+        observation, _ = super().on_time_limit(observation, reward, invalid)
+        return observation, len(self.pegs[2]) / self.num_disks  # GEM's closeness reward
 
     def legal_moves(self) -> list[tuple[int, int]]:
         """All (source, destination) peg indices that are legal now."""

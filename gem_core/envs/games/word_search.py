@@ -7,7 +7,7 @@ import string
 
 import numpy as np
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 from gem_core.utils.words import words_between
 
 # (row step, col step). Basic puzzles read left to right or top to bottom; hardcore ones also run
@@ -146,45 +146,43 @@ class WordSearch(TextGame):
         tokens = move.translate(_STRIP).replace(",", " ").split()
         numbers = [_as_int(t) for t in tokens]
         if len(numbers) != 4 or None in numbers:
-            return Move(
+            return illegal(
                 f"At turn {self.turn}, {move!r} is not a move. Give four numbers, 'row col row col', "
                 "for example \\boxed{0 0 0 4}.",
-                invalid=True,
             )
         r1, c1, r2, c2 = numbers
         where = f"({r1}, {c1}) to ({r2}, {c2})"
         size = len(self.grid)
         if not all(0 <= n < size for n in numbers):
-            return Move(f"At turn {self.turn}, {where} leaves the grid (rows and columns are 0-{size - 1}).", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} leaves the grid (rows and columns are 0-{size - 1}).")
         dr, dc = r2 - r1, c2 - c1
         if dr == 0 and dc == 0:
-            return Move(f"At turn {self.turn}, {where} is a single cell; a word spans several.", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} is a single cell; a word spans several.")
         if dr and dc and abs(dr) != abs(dc):
-            return Move(f"At turn {self.turn}, {where} is not a straight line across, down or diagonal.", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} is not a straight line across, down or diagonal.")
         if dr and dc and not self.hardcore:
-            return Move(f"At turn {self.turn}, {where} is diagonal; in this puzzle words run across or down only.", invalid=True)
+            return illegal(f"At turn {self.turn}, {where} is diagonal; in this puzzle words run across or down only.")
         key = min((r1, c1, r2, c2), (r2, c2, r1, c1))
         if key in self.tried:
-            return Move(f"At turn {self.turn}, you already tried {where}.", invalid=True)
+            return illegal(f"At turn {self.turn}, you already tried {where}.")
         self.tried.add(key)
         steps = max(abs(dr), abs(dc))
         sr, sc = (dr > 0) - (dr < 0), (dc > 0) - (dc < 0)
         letters = "".join(self.grid[r1 + i * sr][c1 + i * sc] for i in range(steps + 1))
         word = next((w for w in (letters, letters[::-1]) if w in self.words), None)
         if word is None:
-            return Move(f"At turn {self.turn}, {where} reads {letters.upper()}, which is not a word on the list.")
+            return moved(f"At turn {self.turn}, {where} reads {letters.upper()}, which is not a word on the list.")
         if word in self.found:
-            return Move(f"At turn {self.turn}, you have already found {word.upper()}.", invalid=True)
+            return illegal(f"At turn {self.turn}, you have already found {word.upper()}.")
         self.found.append(word)
         message = f"At turn {self.turn}, you found {word.upper()} at {where}."
         if len(self.found) == self.num_words:
             reward = self.success_reward - self.progress_paid
             self.progress_paid = self.success_reward
-            return Move(f"{message} Congratulations! You found every word in {self.turn} turns.",
-                        reward=reward, terminated=True, success=True)
+            return won(f"{message} Congratulations! You found every word in {self.turn} turns.", reward)
         reward = self.progress_share / self.num_words
         self.progress_paid += reward
-        return Move(message, reward=reward)
+        return moved(message, reward)
 
     def random_move(self) -> str:
         """A straight segment of two or more cells, in a direction this puzzle uses."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gem_core.envs.games.base import Move, TextGame
+from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 from gem_core.utils.words import example_word, words_of_length
 
 GREEN, YELLOW, GREY = "G", "Y", "X"
@@ -140,31 +140,26 @@ class Wordle(TextGame):
         return f"Enter your guess ({self.max_turns - self.turn} left)."
 
     def play(self, move: str) -> Move:
-        # Move(...) arguments are positional: keyword arguments cost more, on every step.
         guess = move.lower() if move.isalpha() else "".join(move.split()).lower()
         if not (guess.isascii() and guess.isalpha()):
-            return Move(f"At turn {self.turn}, {move!r} is not a word: use the letters a-z only.", 0.0, False, False, True)
+            return illegal(f"At turn {self.turn}, {move!r} is not a word: use the letters a-z only.")
         shown = guess.upper()
         if len(guess) != self.word_length:
-            return Move(
+            return illegal(
                 f"At turn {self.turn}, you guessed {shown}, which has {len(guess)} letters; "
-                f"the secret word has {self.word_length}.",
-                0.0, False, False, True,
+                f"the secret word has {self.word_length}."
             )
         history = self.history
         for earlier, _ in history:
             if earlier == guess:
-                return Move(f"At turn {self.turn}, you guessed {shown} again; try a new word.", 0.0, False, False, True)
+                return illegal(f"At turn {self.turn}, you guessed {shown} again; try a new word.")
         secret = self.secret
         feedback = score_guess(guess, secret)
         history.append((guess, feedback))
         if guess == secret:
             reward = self.success_reward - self.progress_paid
             self.progress_paid = self.success_reward
-            return Move(
-                f"Congratulations! {shown} is the secret word; you found it in {self.turn} turns.",
-                reward, True, True, False, {"feedback": feedback},
-            )
+            return won(f"Congratulations! {shown} is the secret word; you found it in {self.turn} turns.", reward, {"feedback": feedback})
         new_greens = 0
         if GREEN in feedback:
             greens_seen = self.greens_seen
@@ -175,15 +170,11 @@ class Wordle(TextGame):
         reward = self.progress_share * new_greens / self.word_length
         self.progress_paid += reward
         spaced = " ".join
-        return Move(
-            f"At turn {self.turn}, you guessed {shown}.\nFeedback:\n{spaced(shown)}\n{spaced(feedback)}",
-            reward, False, False, False, {"feedback": feedback},
-        )
+        return moved(f"At turn {self.turn}, you guessed {shown}.\nFeedback:\n{spaced(shown)}\n{spaced(feedback)}", reward, {"feedback": feedback})
 
-    def on_time_limit(self, last: Move) -> Move:
-        last = super().on_time_limit(last)
-        last.observation += f" The secret word was {self.secret.upper()}."
-        return last
+    def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
+        observation, reward = super().on_time_limit(observation, reward, invalid)
+        return observation + f" The secret word was {self.secret.upper()}.", reward
 
     def random_move(self) -> str:
         words = words_of_length(self.word_length)
