@@ -322,22 +322,46 @@ def encode_keys(keys: Any, n: int, what: str = "group_by") -> tuple[np.ndarray, 
         keys = keys.detach().cpu().numpy()
     if not isinstance(keys, np.ndarray) or keys.dtype == object:
         # Strings (a trainer's uuid per prompt, an env id): hashing beats np.unique's string sort.
-        keys = list(keys)
-        if len(keys) != n:
-            raise ValueError(f"{what} must hold one key per {_unit(what)}: expected {n} keys, got {len(keys)}")
-        first_seen = dict(zip(dict.fromkeys(keys), range(n)))  # key -> order of first appearance
-        codes = np.fromiter(map(first_seen.__getitem__, keys), dtype=np.int64, count=n)
-        uniques = np.asarray(list(first_seen))
+        if not (isinstance(keys, np.ndarray) and keys.ndim == 1):
+            keys = np.fromiter(keys, dtype=object)
+        if keys.shape[0] != n:
+            raise ValueError(f"{what} must hold one key per {_unit(what)}: expected {n} keys, got {keys.shape[0]}")
+        codes, first_seen = _codes_of_runs(keys)
+        if codes is None:
+            first_seen = list(dict.fromkeys(keys.tolist()))  # in order of first appearance
+            position = dict(zip(first_seen, range(n)))
+            codes = np.fromiter(map(position.__getitem__, keys.tolist()), dtype=np.int64, count=n)
+        # Python's sort on the few distinct keys, cheaper than numpy's on a fixed-width string array
+        order = sorted(range(len(first_seen)), key=first_seen.__getitem__)
+        uniques = np.asarray([first_seen[i] for i in order])
         if uniques.dtype == object:
             uniques = uniques.astype(str)
-        order = np.argsort(uniques, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.shape[0])
-        return rank[codes], uniques[order]
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        return rank[codes], uniques
     if keys.ndim != 1 or keys.shape[0] != n:
         raise ValueError(f"{what} must hold one key per {_unit(what)}: expected {n} keys, got shape {keys.shape}")
     uniques, codes = np.unique(keys, return_inverse=True)
     return codes.reshape(-1).astype(np.int64), uniques
+
+
+def _codes_of_runs(keys: np.ndarray) -> tuple[np.ndarray | None, list[Any]]:
+    """Codes in order of first appearance when every key fills one contiguous run of rows, the way a
+    trainer lays out a prompt's group of samples; (None, []) otherwise. Comparing neighbours is one
+    C loop, cheaper than hashing every key (4096 uuid strings: about 0.1 ms against 0.5 ms)."""
+    n = keys.shape[0]
+    if n < 2:
+        return None, []
+    starts = np.empty(n, dtype=bool)
+    starts[0] = True
+    try:
+        np.not_equal(keys[1:], keys[:-1], out=starts[1:])
+    except (TypeError, ValueError):  # keys whose != is not a plain bool (arrays, odd objects)
+        return None, []
+    heads = keys[starts].tolist()
+    if len(set(heads)) != len(heads):  # some key comes back after another: not contiguous
+        return None, []
+    return np.cumsum(starts, dtype=np.int64) - 1, heads
 
 
 def _unit(what: str) -> str:

@@ -29,12 +29,17 @@ MIN_TOKENS_PER_THREAD = 1 << 17
 class Kernels:
     """The compiled passes, each run over row blocks on a small thread pool."""
 
-    def __init__(self, turn_table: Any, returns: Any, paint: Any, threads: int) -> None:
+    def __init__(self, turn_table: Any, returns: Any, group_sums: Any, group_squares: Any, paint: Any, threads: int) -> None:
         self._turn_table, self._returns, self._paint = turn_table, returns, paint
+        self._group_sums, self._group_squares = group_sums, group_squares
         self.threads = threads
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
+
+    def with_threads(self, threads: int) -> Kernels:
+        """The same compiled passes on another number of threads."""
+        return Kernels(self._turn_table, self._returns, self._group_sums, self._group_squares, self._paint, threads)
 
     def turn_table(self, rewards: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(table, counts, codes) for (B, L) rewards and a mask whose runs of nonzero are the turns.
@@ -70,12 +75,39 @@ class Kernels:
             buffer = self._local.buffer = np.empty(max(size, 1), np.uint8)
         return buffer[:size].view(dtype).reshape(shape)
 
-    def paint(self, values: np.ndarray, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """out[b, l] = values[b, k - 1] on the tokens of row b's k-th turn (k >= 1), 0 off the mask."""
+    def group_sums(self, table: np.ndarray, counts: np.ndarray, row_codes: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per group: how many turns, and the sum of their values, for a (B, T) table (row b: counts[b] turns)."""
+        count, total = np.zeros(groups, np.float64), np.zeros(groups, np.float64)
+        self._group_sums(table, counts, row_codes, count, total)
+        return count, total
+
+    def group_squares(self, table: np.ndarray, counts: np.ndarray, row_codes: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """Per group: the sum of (value - mean of the group)^2 over its turns."""
+        out = np.zeros(mean.shape[0], np.float64)
+        self._group_squares(table, counts, row_codes, mean, out)
+        return out
+
+    def paint(
+        self,
+        values: np.ndarray,
+        codes: np.ndarray,
+        out: np.ndarray,
+        row_shift: np.ndarray | None = None,
+        row_denominator: np.ndarray | None = None,
+        row_zero: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """out[b, l] = v = values[b, k - 1] on the tokens of row b's k-th turn (k >= 1), 0 off the mask.
+
+        With the row_* arrays (one entry per row) v is normalised on the way:
+        (v - row_shift[b]) / row_denominator[b], or 0 where row_zero[b].
+        """
         batch, length = out.shape
-        spread = np.zeros((batch, 2 * values.shape[1] + 2), out.dtype)  # column 2k + 1 = turn k, even = 0
-        spread[:, 3::2] = values
-        self._split(batch, length, lambda lo, hi: self._paint(spread, codes, out, lo, hi))
+        if row_shift is None:
+            row_shift, row_denominator = np.zeros(batch), np.ones(batch)
+            row_zero = np.zeros(batch, np.bool_)
+        self._split(
+            batch, length, lambda lo, hi: self._paint(values, row_shift, row_denominator, row_zero, codes, out, lo, hi)
+        )
         return out
 
     def _split(self, batch: int, length: int, run: Any) -> None:
@@ -166,11 +198,35 @@ def _build(numba: Any, threads: int) -> Kernels:
                 else:
                     out[b, k] = 0.0
 
+    # Group sums in one thread: they touch one value per turn, a few thousand rows.
     @jit
-    def paint(spread, codes, out, lo, hi):  # pragma: no cover -- compiled
-        for b in range(lo, hi):
-            row = spread[b]
-            for l in range(out.shape[1]):
-                out[b, l] = row[codes[b, l]]
+    def group_sums(table, counts, row_codes, count, total):  # pragma: no cover -- compiled
+        for b in range(table.shape[0]):
+            row_total = 0.0
+            for k in range(counts[b]):
+                row_total += table[b, k]
+            count[row_codes[b]] += counts[b]
+            total[row_codes[b]] += row_total
 
-    return Kernels(turn_table, returns, paint, threads)
+    @jit
+    def group_squares(table, counts, row_codes, mean, out):  # pragma: no cover -- compiled
+        for b in range(table.shape[0]):
+            centre = mean[row_codes[b]]
+            row_total = 0.0
+            for k in range(counts[b]):
+                deviation = table[b, k] - centre
+                row_total += deviation * deviation
+            out[row_codes[b]] += row_total
+
+    # Each row first lays its turn values out by code (slot 2k + 1 = turn k, even slots 0), then
+    # the token loop is a plain gather, which vectorises.
+    @jit
+    def paint(values, row_shift, row_denominator, row_zero, codes, out, lo, hi):  # pragma: no cover -- compiled
+        slots = np.zeros(2 * values.shape[1] + 2, out.dtype)
+        for b in range(lo, hi):
+            for k in range(values.shape[1]):
+                slots[2 * k + 3] = 0.0 if row_zero[b] else (values[b, k] - row_shift[b]) / row_denominator[b]
+            for l in range(out.shape[1]):
+                out[b, l] = slots[codes[b, l]]
+
+    return Kernels(turn_table, returns, group_sums, group_squares, paint, threads)

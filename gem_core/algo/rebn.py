@@ -137,9 +137,15 @@ def apply_stats(ops: Ops, values: Array, codes_b: Array, stats: NormStats, *, ep
     centered = values - stats.mean[codes_b]
     if not scale:
         return centered
-    constant = stats.std <= _CONSTANT_TOLERANCE * ops.abs(stats.mean)
-    denominator = ops.where(constant, 1.0, stats.std + eps)  # 1.0 only to keep 0/0 out of the maths
+    constant, denominator = scaling(ops, stats, eps)
     return ops.where(constant[codes_b], 0.0, centered / denominator[codes_b])
+
+
+def scaling(ops: Ops, stats: NormStats, eps: float) -> tuple[Array, Array]:
+    """Per group: (constant, denominator). A constant group's values all get advantage 0 (no NaN
+    from 0/0); the others are divided by std + eps."""
+    constant = stats.std <= _CONSTANT_TOLERANCE * ops.abs(stats.mean)
+    return constant, ops.where(constant, 1.0, stats.std + eps)  # 1.0 only to keep 0/0 out of the maths
 
 
 def normalization_stats(

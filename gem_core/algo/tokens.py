@@ -34,7 +34,7 @@ from ._backend import (
     is_torch,
     ops_for,
 )
-from .rebn import NormStats, _codes_in, apply_stats, compute_stats, global_codes, stats_from_sums
+from .rebn import NormStats, _codes_in, apply_stats, compute_stats, global_codes, scaling, stats_from_sums
 from .returns import as_turns, episode_layout, reverse_discounted_sum, turn_returns
 
 Ops = NumpyOps | TorchOps
@@ -252,10 +252,12 @@ def _runs_compiled(compiled, rewards, mask, group_by, out_dtype, return_returns,
         raise ValueError(f"token_level_rewards must be finite; row {row} sums to a non-finite turn reward")
     stats, row_codes = _row_stats(
         NUMPY, None, None, batch, group_by, options["ddof"], options["stats"], options["distributed"],
-        options["process_group"], table=(returns, counts),
+        options["process_group"], table=(returns, counts, compiled),
     )
-    advantages = apply_stats(NUMPY, returns, row_codes[:, None], stats, eps=options["eps"])
-    painted = [compiled.paint(advantages, codes, empty((batch, length), out_dtype))]
+    # apply_stats, row by row, inside the paint: (G - mean) / (std + eps), 0 for a constant group.
+    constant, denominator = scaling(NUMPY, stats, options["eps"])
+    out = empty((batch, length), out_dtype)
+    painted = [compiled.paint(returns, codes, out, stats.mean[row_codes], denominator[row_codes], constant[row_codes])]
     if return_returns:
         painted.append(compiled.paint(returns, codes, empty((batch, length), out_dtype)))
     return tuple(painted)
@@ -305,22 +307,17 @@ def _row_stats(ops, returns, turn_row, batch, group_by, ddof, stats, distributed
         if codes is None:
             return stats, np.zeros(batch, dtype=np.int64)
         return stats, np.searchsorted(stats.keys, uniques)[codes]  # distributed stats hold every rank's keys
-    # The table's rows are summed first (padding adds 0), then rows are summed into groups.
-    table_returns, counts = table
+    # The compiled path's (B, T) table: group sums over each row's first counts[b] entries.
+    table_returns, counts, compiled = table
     codes, uniques = global_codes(codes, uniques, distributed, process_group)
     row_codes = np.zeros(batch, dtype=np.int64) if codes is None else codes
     num_groups = 1 if uniques is None else len(uniques)
-    valid = np.arange(table_returns.shape[1]) < counts[:, None]
-
-    def squared_deviation(mean: np.ndarray) -> np.ndarray:
-        centered = np.where(valid, table_returns - mean[row_codes][:, None], 0.0)
-        return np.bincount(row_codes, weights=(centered * centered).sum(axis=1), minlength=num_groups)
-
+    count, total = compiled.group_sums(table_returns, counts, row_codes, num_groups)
     stats = stats_from_sums(
         NUMPY,
-        np.bincount(row_codes, weights=counts, minlength=num_groups),
-        np.bincount(row_codes, weights=table_returns.sum(axis=1), minlength=num_groups),
-        squared_deviation,
+        count,
+        total,
+        lambda mean: compiled.group_squares(table_returns, counts, row_codes, mean),
         uniques,
         ddof=ddof,
         distributed=distributed,

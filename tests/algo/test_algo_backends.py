@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gem_core.algo.tokens as tokens_module
+from gem_core.algo._backend import encode_keys
 from gem_core.algo import (
     discounted_returns,
     grpo,
@@ -197,3 +198,26 @@ def test_property_token_level_agrees_across_backends(seed: int, gamma: float) ->
     expected = rebn_token_level(rewards, mask, keys, gamma=gamma, ddof=1)
     out = rebn_token_level(torch.tensor(rewards), torch.tensor(mask), keys, gamma=gamma, ddof=1)
     np.testing.assert_allclose(out.numpy(), expected, atol=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(["b", "a", "c", "uuid-1", "uuid-0", 3, 2]), min_size=1, max_size=30),
+    st.booleans(),
+)
+def test_encode_keys_matches_a_plain_reference(keys, contiguous):
+    """Contiguous groups (a trainer's layout, the fast path) and scattered ones give the same answer:
+    sorted unique keys, and codes into them."""
+    keys = [str(k) for k in keys]
+    if contiguous:
+        keys = sorted(keys, key=keys.index)  # each key's rows together, in order of first appearance
+    codes, uniques = encode_keys(np.array(keys, dtype=object), len(keys))
+    assert uniques.tolist() == sorted(set(keys))
+    assert [uniques[c] for c in codes] == keys
+    list_codes, list_uniques = encode_keys(keys, len(keys))
+    assert list_codes.tolist() == codes.tolist() and list_uniques.tolist() == uniques.tolist()
+
+
+def test_encode_keys_counts_the_keys():
+    with pytest.raises(ValueError, match="expected 3 keys, got 4"):
+        encode_keys(["a", "a", "b", "a"], 3)

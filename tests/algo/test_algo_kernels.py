@@ -29,7 +29,7 @@ def batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def both_paths(monkeypatch: pytest.MonkeyPatch, threads: int, *args, **kwargs):
     monkeypatch.setattr(_kernels, "MIN_TOKENS_PER_THREAD", 1)  # split even tiny batches over the threads
-    split = _kernels.Kernels(COMPILED._turn_table, COMPILED._returns, COMPILED._paint, threads)
+    split = COMPILED.with_threads(threads)
     monkeypatch.setattr(_kernels, "_KERNELS", split)
     fast = rebn_token_level(*args, **kwargs)
     monkeypatch.setattr(_kernels, "_KERNELS", None)
@@ -90,7 +90,7 @@ def test_a_forked_child_gets_its_own_threads(monkeypatch: pytest.MonkeyPatch) ->
     import multiprocessing
 
     monkeypatch.setattr(_kernels, "MIN_TOKENS_PER_THREAD", 1)
-    split = _kernels.Kernels(COMPILED._turn_table, COMPILED._returns, COMPILED._paint, 2)
+    split = COMPILED.with_threads(2)
     monkeypatch.setattr(_kernels, "_KERNELS", split)
     rewards, mask = np.eye(4, 6), np.eye(4, 6)
     expected = rebn_token_level(rewards, mask)  # the parent's pool now has a thread
