@@ -1,15 +1,19 @@
 """The warm worker ("zygote") of the Python sandbox. Standard library only.
 
 It runs inside the bubblewrap sandbox (or, with ``isolation="none"``, as a plain process), started
-by :mod:`gem_core.tools.python` as ``python -I -c <this source> <config json>``. It imports the
-common modules once, then serves requests from its stdin: for each one it forks a child that runs
-the snippet in its own session/process group, in a fresh temp dir, under rlimits, with stdout and
-stderr read through pipes up to a byte cap. After the child ends (or is killed at the deadline) the
-worker kills every other process left in the sandbox, wipes the writable places and System V IPC,
-and answers on its stdout. Because every call is a fresh fork of the same warm process, nothing a
-snippet does to Python state reaches the next call.
+by :mod:`gem_core.tools.python` as ``python -I -c <this source> <config json>``, with a Unix
+datagram-sequenced socket to the host as its stdin. It imports the common modules once, then forks
+a child ahead of each request: the child isolates itself in its own session/process group, in a
+fresh temp dir, under rlimits, and waits for its code on a pipe. The worker hands the child's pipe
+ends (request in; stdout, stderr and exit report out) and a pidfd to the host over the socket
+(SCM_RIGHTS), so a call never passes through the worker: the host writes the code to the child and
+reads its output directly. When the host says it is done, the worker kills every process left in
+the sandbox, wipes the writable places and System V IPC, forks the next child and hands it over.
+Because every call is a fresh fork of the same warm process, nothing a snippet does to Python state
+reaches the next call.
 
-Messages in both directions are a 4-byte big-endian length followed by UTF-8 JSON.
+Control messages are JSON, one per socket message. The request on the child's pipe is a 4-byte
+big-endian length followed by UTF-8 JSON.
 """
 
 import builtins
@@ -21,9 +25,9 @@ import json
 import linecache
 import os
 import resource
-import select
 import shutil
 import signal
+import socket
 import struct
 import sys
 import time
@@ -66,11 +70,15 @@ def recv(fd):
     return None if body is None else json.loads(body)
 
 
-def send(fd, obj):
-    body = json.dumps(obj).encode()
-    data = struct.pack(">I", len(body)) + body
-    while data:
-        data = data[os.write(fd, data) :]
+def tell(ctl, obj, fds=()):
+    """One control message to the host, with file descriptors attached when given."""
+    socket.send_fds(ctl, [json.dumps(obj).encode()], list(fds))
+
+
+def hear(ctl):
+    """The host's next control message, or None when it has gone."""
+    data = ctl.recv(65536)
+    return json.loads(data) if data else None
 
 
 # -- the child: runs one snippet -------------------------------------------------------------------
@@ -351,86 +359,22 @@ class Child:
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
 
-    def serve(self, req):
-        """Hand the request over, collect output until the child reports, dies, or runs out of time."""
-        started = time.monotonic()
-        try:
-            send(self.w_req, req)
-        except BrokenPipeError:
-            pass  # the child died before reading; reported below
-        os.close(self.w_req)
-        deadline = started + req["timeout"]
-        cap = req["max_output_bytes"]
-        buffers = {self.r_out: bytearray(), self.r_err: bytearray()}
-        watched = [self.r_out, self.r_err, self.r_status, self.pidfd]
-        total = 0
-        timed_out = truncated = False
-        exit_code = None
-        status = b""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select(watched, [], [], remaining)
-            if self.r_status in ready:
-                status += os.read(self.r_status, 4)
-                if len(status) >= 4:
-                    exit_code = struct.unpack(">i", status[:4])[0]
-                    break
-                if not status:  # closed without a report: it died; the pidfd says how
-                    watched.remove(self.r_status)
-            if self.pidfd in ready:
-                break
-            for fd in (self.r_out, self.r_err):
-                if fd in ready:
-                    data = os.read(fd, 65536)
-                    if data:
-                        buffers[fd] += data
-                        total += len(data)
-                    else:
-                        watched.remove(fd)
-            if total > cap:
-                truncated = True
-                break
-        duration = time.monotonic() - started
-        if exit_code is None:  # timed out, over the cap, or died: make sure it is dead
-            _kill_group(self.pid)
-        # Whatever the child wrote before it reported is in the pipes; leftovers may still hold them open.
-        for fd in (self.r_out, self.r_err):
-            os.set_blocking(fd, False)
-            while total <= cap:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                buffers[fd] += data
-                total += len(data)
-        if total > cap:
-            truncated = True
-        signum = None
-        if exit_code is None:
-            _, wait_status = os.waitpid(self.pid, 0)
-            self.pid = None
-            if os.WIFSIGNALED(wait_status):
-                signum = os.WTERMSIG(wait_status)
-            elif os.WIFEXITED(wait_status):
-                exit_code = os.WEXITSTATUS(wait_status)
-        out, err = bytes(buffers[self.r_out]), bytes(buffers[self.r_err])
-        if truncated:  # keep the first `cap` bytes of the two streams together, stdout first
-            out = out[:cap]
-            err = err[: max(0, cap - len(out))]
-        return {
-            "stdout": out.decode("utf-8", "replace"),
-            "stderr": err.decode("utf-8", "replace"),
-            "exit_code": exit_code,
-            "signal": signum,
-            "timed_out": timed_out,
-            "truncated": truncated,
-            "duration": duration,
-        }
+    def hand_over(self, ctl, clean):
+        """Send the host this child's pipe ends and pidfd (with ``{"ready": clean}``); keep none of them:
+        the host alone talks to the child, and EOF then reaches whoever waits on a pipe."""
+        fds = [self.w_req, self.r_out, self.r_err, self.r_status, self.pidfd]
+        tell(ctl, {"ready": clean}, fds)
+        for fd in fds:
+            os.close(fd)
+
+    def end(self):
+        """Make sure the child is dead and reaped; how it ended, as {"exit_code", "signal"}."""
+        _kill_group(self.pid)
+        _, wait_status = os.waitpid(self.pid, 0)
+        self.pid = None
+        if os.WIFSIGNALED(wait_status):
+            return {"exit_code": None, "signal": os.WTERMSIG(wait_status)}
+        return {"exit_code": os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None, "signal": None}
 
     def finish(self):
         """Kill the child and everything it left, close the pipes, wipe every writable place."""
@@ -439,22 +383,11 @@ class Child:
             os.waitpid(self.pid, 0)
             self.pid = None
         clean = sweep_processes()
-        for fd in (self.r_out, self.r_err, self.r_status, self.pidfd):
-            os.close(fd)
         clean = wipe(self.workdir, keep_dir=False) and clean
         clean = wipe(TMP_ROOT, keep_dir=True) and clean
         for path in EXTRA_WIPE:
             clean = wipe(path, keep_dir=True) and clean
         return clear_sysv_ipc() and clean
-
-    def discard(self):
-        """Shut an unused child down (the worker is exiting)."""
-        try:
-            os.close(self.w_req)  # it reads EOF and exits
-        except OSError:
-            pass
-        self.finish()
-
 
 def _kill_group(pid):
     for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
@@ -476,41 +409,40 @@ def preload(names):
 
 
 def main():
-    ctl_in, ctl_out = os.dup(0), os.dup(1)
+    ctl = socket.socket(fileno=os.dup(0))  # the host's end is a SOCK_SEQPACKET pair: one message each
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - a stray print must not corrupt the protocol
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - a stray print must not reach anyone
     loaded = preload(CONFIG.get("preload", []))
     # PR_SET_DUMPABLE=0: a snippet of the same uid cannot ptrace us or write our memory.
     _libc.prctl(4, 0, 0, 0, 0)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     gc.collect()
     gc.freeze()  # forked children then do not touch (and copy) the preloaded objects' pages
-    send(ctl_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "preloaded": loaded})
+    tell(ctl, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "preloaded": loaded})
     os.dup2(devnull, 2)
     counter = 1
     child = Child(counter, devnull)
+    child.hand_over(ctl, True)
     while True:
-        req = recv(ctl_in)
-        if req is None:
-            child.discard()
+        # {"done": true}: the host has what it wanted from the child (it may have killed it).
+        message = hear(ctl)
+        ended = child.end()
+        if message is None:  # the host closed the sandbox
+            child.finish()
             return
+        tell(ctl, {"ended": True, **ended})
         try:
-            reply = child.serve(req)
-        except Exception as exc:  # noqa: BLE001 - report, and let the host replace us
-            reply = {"error": f"worker failure: {exc!r}"}
-        send(ctl_out, reply)
-        # The answer is out; clean up and fork the next child before reading the next request.
-        try:
-            clean = child.finish() and "error" not in reply
+            clean = child.finish()
             counter += 1
             child = Child(counter, devnull) if clean else None
         except Exception:  # noqa: BLE001
             clean = False
-        send(ctl_out, {"ready": clean})
         if not clean:
+            tell(ctl, {"ready": False})
             return
+        child.hand_over(ctl, True)
 
 
 if __name__ == "__main__":

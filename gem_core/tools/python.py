@@ -15,11 +15,12 @@ Isolation (``isolation="bwrap"``, the default; needs the Debian package ``bubble
 
 Speed comes from warm workers: each is one sandboxed Python that imported the common modules once
 and keeps a child forked *ahead* of the next request (see ``_sandbox_worker.py``), already isolated
-and limited, waiting for its code: a call costs two pipe hops and the snippet, not a Python
-start-up nor even a fork. After answering, the worker kills every process left in its sandbox,
-wipes its writable places and forks the next child; the host takes a worker for a call only once
-it has reported itself clean. A worker that cannot prove itself clean, dies, or misses its
-deadline is thrown away and replaced, so no state of one call reaches the next.
+and limited, waiting for its code. The worker hands that child's pipe ends to the host (SCM_RIGHTS
+over a Unix socket), so a call goes from the host straight to the child and back: no hop through
+the worker, no Python start-up, not even a fork. Then the worker kills every process left in its
+sandbox, wipes its writable places and forks the next child; the host takes a worker for a call
+only once it has reported itself clean. A worker that cannot prove itself clean, dies, or misses
+its deadline is thrown away and replaced, so no state of one call reaches the next.
 
 When the host runs as root, the sandbox gets its own user namespace in which the snippets run as a
 uid that maps to the host's ``nobody``: they are not host root, cannot signal their worker, and the
@@ -42,6 +43,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -151,22 +153,22 @@ class _WorkerLost(Exception):
 
 
 class _Worker:
-    """One warm sandboxed Python and the pipes to it."""
+    """One warm sandboxed Python, the control socket to it, and the pipes of its waiting child."""
 
     def __init__(self, settings: _Settings):
         self.settings = settings
         self.host_tmp: str | None = None
         self.calls = 0
         self.owes_ready = False
-        self.proc = self._start()
-        self.ctl_out = self.proc.stdin.fileno()  # type: ignore[union-attr]
-        self.ctl_in = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        self.child: _ChildPipes | None = None
+        self.ctl, self.proc = self._start()
         hello = self._await_ready()
         self.pid_in_sandbox = hello.get("pid")
         self.preloaded: list[str] = hello.get("preloaded", [])
+        self.owes_ready = True  # the first child's pipes follow the greeting
 
     # start-up
-    def _start(self) -> subprocess.Popen[bytes]:
+    def _start(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         s = self.settings
         config: dict[str, Any] = {"preload": list(s.preload), "limits": s.limits}
         pass_fds: tuple[int, ...] = ()
@@ -187,27 +189,34 @@ class _Worker:
                 config.update(nproc_base=2)  # bwrap's init and the worker share the snippet's uid
             argv = _bwrap_argv(s, ns_fd) + [sys.executable, "-I", "-c", _WORKER_SOURCE, json.dumps(config)]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        # One message per send, so no framing; the worker sends its child's pipes as SCM_RIGHTS.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            return _spawn_from_long_lived_thread(
+            proc = _spawn_from_long_lived_thread(
                 argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 env=env,
                 pass_fds=pass_fds,
                 start_new_session=True,  # the host kills the whole sandbox with one killpg
                 cwd="/",
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
+            theirs.close()
             if ns_fd is not None:
                 os.close(ns_fd)
             if helper is not None:
                 helper.stdin.close()  # type: ignore[union-attr]
                 helper.wait()
+        return ours, proc
 
     def _await_ready(self) -> dict[str, Any]:
         try:
-            hello = self._recv(time.monotonic() + self.settings.start_timeout)
+            hello, fds = self._recv(time.monotonic() + self.settings.start_timeout)
         except _WorkerLost as lost:
             stderr = self._stderr_text()
             self.kill()
@@ -220,6 +229,7 @@ class _Worker:
             raise SandboxUnavailable(
                 f"the sandbox worker did not start ({lost}). bwrap said: {stderr.strip()!r}.{hint}"
             ) from None
+        _close_all_fds(fds)
         if not hello.get("ready"):
             self.kill()
             raise SandboxUnavailable(f"the sandbox worker sent an unexpected greeting: {hello!r}")
@@ -236,58 +246,76 @@ class _Worker:
 
     # talking
     def _send(self, obj: dict[str, Any]) -> None:
-        body = json.dumps(obj).encode()
-        data = struct.pack(">I", len(body)) + body
         try:
-            while data:
-                data = data[os.write(self.ctl_out, data) :]
+            self.ctl.send(json.dumps(obj).encode())
         except (OSError, ValueError) as exc:
             raise _WorkerLost(f"could not write to the worker: {exc}") from None
 
-    def _read_exact(self, n: int, deadline: float) -> bytes:
-        chunks = []
-        while n:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _WorkerLost("no answer before the deadline")
-            try:
-                ready, _, _ = select.select([self.ctl_in], [], [], remaining)
-                if not ready:
-                    continue
-                chunk = os.read(self.ctl_in, min(n, 1 << 20))
-            except (OSError, ValueError) as exc:  # the pipe was closed under us (the worker was killed)
-                raise _WorkerLost(f"the pipe to the worker is gone ({exc})") from None
-            if not chunk:
-                raise _WorkerLost("the worker exited")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
-
-    def _recv(self, deadline: float) -> dict[str, Any]:
-        (length,) = struct.unpack(">I", self._read_exact(4, deadline))
+    def _recv(self, deadline: float) -> tuple[dict[str, Any], list[int]]:
+        """The worker's next message and the file descriptors attached to it."""
+        remaining = deadline - time.monotonic()
         try:
-            return json.loads(self._read_exact(length, deadline))
-        except json.JSONDecodeError as exc:
+            if remaining <= 0 or not _wait_readable([self.ctl.fileno()], remaining):
+                raise _WorkerLost("no answer before the deadline")
+            data, fds, flags, _ = socket.recv_fds(self.ctl, 65536, 8)
+        except (OSError, ValueError) as exc:  # the socket was closed under us (the worker was killed)
+            raise _WorkerLost(f"the socket to the worker is gone ({exc})") from None
+        if not data:
+            _close_all_fds(fds)
+            raise _WorkerLost("the worker exited")
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise _WorkerLost("the worker sent a message too long")
+            return json.loads(data), fds
+        except (json.JSONDecodeError, _WorkerLost) as exc:
+            _close_all_fds(fds)
             raise _WorkerLost(f"the worker sent an unreadable message ({exc})") from None
 
-    def run(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
-        """Send one request and wait for its answer until ``deadline`` (host clock)."""
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run one request on the waiting child, straight through its pipes; then tell the worker."""
         self.calls += 1
-        self._send(request)
-        reply = self._recv(deadline)
-        self.owes_ready = True
-        return reply
+        child, self.child = self.child, None
+        if child is None:
+            raise _WorkerLost("no child is waiting")
+        try:
+            reply = child.run(request)
+            self.owes_ready = True
+            try:
+                self._send({"done": True})
+            except _WorkerLost:
+                if reply["exit_code"] is None:
+                    raise
+                return reply  # the snippet finished, then its worker went: the next checkout replaces it
+            if reply["exit_code"] is None:  # killed, or gone without a report: the worker reaped it
+                ended = self._await("ended", time.monotonic() + _WORKER_GRACE)
+                reply["exit_code"], reply["signal"] = ended.get("exit_code"), ended.get("signal")
+            return reply
+        finally:
+            child.close()
+
+    def _await(self, key: str, deadline: float) -> dict[str, Any]:
+        """The worker's next message that carries ``key`` (an ``ended`` report may come first)."""
+        while True:
+            message, fds = self._recv(deadline)
+            if key in message:
+                if fds:
+                    if len(fds) != len(_ChildPipes.__slots__):
+                        _close_all_fds(fds)
+                        raise _WorkerLost(f"the worker sent {len(fds)} descriptors")
+                    self.child = _ChildPipes(*fds)
+                return message
+            _close_all_fds(fds)
 
     def ready(self, timeout: float = 30.0) -> bool:
-        """After an answer the worker cleans up, forks its next child and says whether it is clean."""
+        """After a call the worker cleans up, forks its next child and hands its pipes over."""
         if not self.owes_ready:
-            return self.alive()
+            return self.alive() and self.child is not None
         try:
-            message = self._recv(time.monotonic() + timeout)
+            message = self._await("ready", time.monotonic() + timeout)
         except _WorkerLost:
             return False
         self.owes_ready = False
-        return bool(message.get("ready"))
+        return bool(message.get("ready")) and self.child is not None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -302,12 +330,15 @@ class _Worker:
             self.proc.kill()
         except OSError:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr, self.ctl):
             try:
                 if stream is not None:
                     stream.close()
             except OSError:
                 pass
+        if self.child is not None:
+            self.child.close()
+            self.child = None
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -315,6 +346,126 @@ class _Worker:
         if self.host_tmp is not None:
             shutil.rmtree(self.host_tmp, ignore_errors=True)
             self.host_tmp = None
+
+
+_WORKER_GRACE = 5.0  # seconds the worker gets to report how a killed child ended
+
+
+class _ChildPipes:
+    """The host's ends of one waiting child's pipes, handed over by its worker: the call goes
+    straight from the host to the child and back, with no hop through the worker."""
+
+    __slots__ = ("w_req", "r_out", "r_err", "r_status", "pidfd")
+
+    def __init__(self, w_req: int, r_out: int, r_err: int, r_status: int, pidfd: int):
+        self.w_req, self.r_out, self.r_err, self.r_status, self.pidfd = w_req, r_out, r_err, r_status, pidfd
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Hand the code over, collect output until the child reports, dies, or runs out of time."""
+        started = time.monotonic()
+        deadline = started + request["timeout"]
+        cap = request["max_output_bytes"]
+        body = json.dumps({"code": request["code"], "cpu_seconds": request["cpu_seconds"]}).encode()
+        try:
+            _write_all(self.w_req, struct.pack(">I", len(body)) + body)
+        except OSError:
+            pass  # the child died before reading: reported below
+        os.close(self.w_req)
+        self.w_req = -1
+        buffers = {self.r_out: bytearray(), self.r_err: bytearray()}
+        poller = select.poll()
+        for fd in (self.r_out, self.r_err, self.r_status, self.pidfd):
+            poller.register(fd, select.POLLIN)
+        total = 0
+        timed_out = truncated = False
+        exit_code = None
+        status = b""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            ready = {fd for fd, _ in poller.poll(max(1, math.ceil(remaining * 1000)))}
+            if self.r_status in ready:
+                data = os.read(self.r_status, 4 - len(status))
+                status += data
+                if len(status) >= 4:
+                    exit_code = struct.unpack(">i", status)[0]
+                    break
+                if not data:  # closed without a report: it died; the pidfd says so too
+                    poller.unregister(self.r_status)
+            if self.pidfd in ready:
+                break
+            for fd in (self.r_out, self.r_err):
+                if fd in ready:
+                    data = os.read(fd, 65536)
+                    if data:
+                        buffers[fd] += data
+                        total += len(data)
+                    else:
+                        poller.unregister(fd)
+            if total > cap:
+                truncated = True
+                break
+        duration = time.monotonic() - started
+        if exit_code is None:  # timed out, over the cap, or died: stop it now; the worker kills the rest
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        # Whatever the child wrote before it reported is in the pipes; leftovers may still hold them open.
+        for fd in (self.r_out, self.r_err):
+            os.set_blocking(fd, False)
+            while total <= cap:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                buffers[fd] += data
+                total += len(data)
+        if total > cap:
+            truncated = True
+        out, err = bytes(buffers[self.r_out]), bytes(buffers[self.r_err])
+        if truncated:  # keep the first `cap` bytes of the two streams together, stdout first
+            out = out[:cap]
+            err = err[: max(0, cap - len(out))]
+        return {
+            "stdout": out.decode("utf-8", "replace"),
+            "stderr": err.decode("utf-8", "replace"),
+            "exit_code": exit_code,
+            "signal": None,
+            "timed_out": timed_out,
+            "truncated": truncated,
+            "duration": duration,
+        }
+
+    def close(self) -> None:
+        _close_all_fds([self.w_req, self.r_out, self.r_err, self.r_status, self.pidfd])
+        self.w_req = self.r_out = self.r_err = self.r_status = self.pidfd = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _close_all_fds(fds: list[int]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _wait_readable(fds: list[int], timeout: float) -> bool:
+    """Whether one of ``fds`` becomes readable within ``timeout`` seconds (poll: no FD_SETSIZE limit)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
 
 
 class _Spawner:
@@ -628,31 +779,17 @@ class PythonSandbox:
         }
         worker = self._checkout()
         started = time.monotonic()
-        # The worker enforces the timeout itself; the host waits a little longer, then kills it all.
-        deadline = started + timeout + max(0.5, 0.1 * timeout)
         try:
-            reply = worker.run(request, deadline)
+            reply = worker.run(request)
         except _WorkerLost as lost:
-            late = time.monotonic() >= deadline
             self._replace(worker)
-            message = (
-                f"the sandbox did not answer within {timeout:g}s and was torn down"
-                if late
-                else f"the sandbox worker was lost ({lost}); the code may have killed its supervisor"
-            )
+            message = f"the sandbox worker was lost ({lost}); the code may have killed its supervisor"
             return ExecutionResult(
-                stderr=message + "\n",
-                timed_out=late,
-                error=message,
-                duration=time.monotonic() - started,
-                info={"worker_replaced": True},
+                stderr=message + "\n", error=message, duration=time.monotonic() - started, info={"worker_replaced": True}
             )
         except BaseException:
             self._replace(worker)
             raise
-        if "error" in reply:
-            self._replace(worker)
-            return ExecutionResult(stderr=reply["error"] + "\n", error=reply["error"], info={"worker_replaced": True})
         self._idle.put(worker)  # it cleans up in the background; the next checkout waits for that
         return ExecutionResult(
             stdout=reply["stdout"],

@@ -141,6 +141,7 @@ def test_thousand_calls_leave_no_zombies_processes_or_files(host):
     # sandbox's /tmp so that it can run; that entry is expected, anything else is a leak.
     interpreter_entries = ",".join(sorted({d.split("/")[2] for d in _python_dirs() if d.startswith("/tmp/")}))
     tmp_before = set(os.listdir(tempfile.gettempdir()))
+    fds_before = len(os.listdir("/proc/self/fd"))
     with PythonSandbox(workers=4, timeout=TIMEOUT, preload=("math",)) as sb:
         probe = (
             f"import os\nkept = set('{interpreter_entries}'.split(',')) - {{''}}\n"
@@ -155,6 +156,9 @@ def test_thousand_calls_leave_no_zombies_processes_or_files(host):
         assert max(int(r.stdout.split()[1]) for r in results) <= 3
         assert all(r.stdout.split()[2].startswith("run") for r in results)
         assert sb.replaced == 0
+        # The host holds, per worker, its control socket and the five pipe ends of its waiting child.
+        assert len(os.listdir("/proc/self/fd")) <= fds_before + 4 * (1 + 5)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before  # every call's pipes were closed
     assert _zombie_children() == []
     leftovers = set(os.listdir(tempfile.gettempdir())) - tmp_before
     assert not [name for name in leftovers if name.startswith("gem-")]
