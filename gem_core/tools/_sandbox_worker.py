@@ -2,7 +2,7 @@
 
 It runs inside the bubblewrap sandbox (or, with ``isolation="none"``, as a plain process), started
 by :mod:`gem_core.tools.python` as ``python -I -c <this source> <config json>``, with a Unix
-datagram-sequenced socket to the host as its stdin. It imports the common modules once, then forks
+SOCK_SEQPACKET socket to the host as its stdin. It imports the common modules once, then forks
 a child ahead of each request: the child isolates itself in its own session/process group, in a
 fresh temp dir, under rlimits, and waits for its code on a pipe. The worker hands the child's pipe
 ends (request in; stdout, stderr and exit report out) and a pidfd to the host over the socket

@@ -111,7 +111,7 @@ class ExecutionResult:
     signal: int | None = None
     timed_out: bool = False
     truncated: bool = False
-    duration: float = 0.0  # seconds, measured by the worker from fork to end
+    duration: float = 0.0  # seconds, measured by the host from handing the code over to the end
     error: str | None = None  # a failure of the sandbox itself (worker died), not of the snippet
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -367,7 +367,8 @@ class _ChildPipes:
         cap = request["max_output_bytes"]
         body = json.dumps({"code": request["code"], "cpu_seconds": request["cpu_seconds"]}).encode()
         try:
-            _write_all(self.w_req, struct.pack(">I", len(body)) + body)
+            if not _write_before(self.w_req, struct.pack(">I", len(body)) + body, deadline):
+                deadline = time.monotonic()  # the child did not take its code in time: a timeout
         except OSError:
             pass  # the child died before reading: reported below
         os.close(self.w_req)
@@ -446,9 +447,21 @@ class _ChildPipes:
         self.w_req = self.r_out = self.r_err = self.r_status = self.pidfd = -1
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
+def _write_before(fd: int, data: bytes, deadline: float) -> bool:
+    """Write all of ``data`` to the pipe ``fd`` by ``deadline``; False when time ran out. Non-blocking,
+    so a child that stops reading a large snippet cannot hang the host."""
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(max(1, math.ceil(remaining * 1000))):
+                return False
+    return True
 
 
 def _close_all_fds(fds: list[int]) -> None:

@@ -253,3 +253,10 @@ def test_a_forked_process_gets_its_own_workers(sandbox):
     assert os.read(read_end, 100) == b"child\n"
     os.close(read_end)
     assert sandbox.run("print('parent again')").stdout == "parent again\n"
+
+
+def test_a_snippet_larger_than_a_pipe_buffer_is_handed_over_whole(sandbox):
+    # 2 MB of code: the host writes it to the child's pipe in pieces, waiting for the child to read.
+    code = "# padding\n" * 200_000 + "print('tail ran')"
+    result = sandbox.run(code)
+    assert result.ok and result.stdout == "tail ran\n"

@@ -76,7 +76,9 @@ class TextGame(Env[str, str]):
         raise NotImplementedError
 
     def play(self, move: str) -> Move:
-        """Apply the text inside the last ``\\boxed{}`` (stripped). Never raises on bad text."""
+        """Apply the text inside the last ``\\boxed{}`` (stripped). Never raises on bad text.
+
+        Returns a ``Move`` made by ``moved``, ``illegal``, ``won`` or ``lost`` (this module)."""
         raise NotImplementedError
 
     def random_move(self) -> str:
