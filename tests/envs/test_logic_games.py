@@ -129,6 +129,28 @@ def test_mastermind_accepts_commas_and_compact_digits():
     assert [g for g, _, _ in game.history] == [(1, 2, 5, 6), (2, 1, 5, 6)]
 
 
+@pytest.mark.parametrize(
+    "move, guess",
+    [
+        ("1 2 5 6", (1, 2, 5, 6)),  # the fast path: canonical digits
+        ("01 2 5 6", (1, 2, 5, 6)),  # leading zero: the careful path reads it
+        ("1\t2\n5  6", (1, 2, 5, 6)),  # any whitespace separates
+        (" ,1,2 ,5, 6, ", (1, 2, 5, 6)),
+        ("\u0661 \u0662 \u0665 \u0666", None),  # Arabic-Indic digits: int() reads them, a code does not
+        ("1 2 5 6 ", (1, 2, 5, 6)),
+        ("12 5 6", None),
+    ],
+)
+def test_mastermind_reads_a_guess_the_same_on_either_path(move, guess):
+    game = make_mastermind((1, 2, 3, 4), code_length=4, num_numbers=6, max_turns=20)
+    obs, _, _, _, info = game.step(boxed(move))
+    if guess is None:
+        assert info["invalid_action"] and game.history == []
+    else:
+        assert not info["invalid_action"] and game.history[0][0] == guess
+        assert "you guessed 1 2 5 6:" in obs  # shown canonically, whatever was written
+
+
 def test_mastermind_repeated_guess_is_invalid():
     game = make_mastermind((1, 2, 3, 4), code_length=4, num_numbers=6, max_turns=20)
     game.step(boxed("1 2 5 6"))

@@ -340,10 +340,20 @@ def test_crossword_grids_follow_crossword_rules(hardcore):
 
 
 def test_layout_is_deterministic_for_a_seed():
-    import numpy as np
+    import random
 
     answers = ["planet", "apple", "train", "leaf"]
-    assert layout(answers, np.random.default_rng(3)) == layout(answers, np.random.default_rng(3))
+    assert layout(answers, random.Random(3).randrange) == layout(answers, random.Random(3).randrange)
+
+
+def test_crossword_letters_are_hidden_and_counted():
+    env = Crosswords(num_words=4, hardcore=None, max_turns=100)
+    for seed in range(30):
+        env.reset(seed=seed)
+        assert all(ch.islower() for clue in env.clues for ch in clue.answer)
+        for board_row, solution_row in zip(env.board, env.solution):
+            assert [BLOCK if ch == BLOCK else HIDDEN for ch in solution_row] == board_row
+        assert env.letter_cells == sum(ch != BLOCK for row in env.solution for ch in row)
 
 
 def _crossword() -> Crosswords:

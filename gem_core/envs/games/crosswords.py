@@ -15,11 +15,11 @@ any placed one is put apart, below the rest.
 
 from __future__ import annotations
 
+import string
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import NamedTuple
-
-import numpy as np
 
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 from gem_core.envs.games.word_search import render_grid
@@ -62,58 +62,65 @@ def clue_bank(level: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _fits(letters: dict, directions: dict, word: str, row: int, col: int, direction: str) -> bool:
-    """Whether ``word`` can go at (row, col) without breaking the crossword rules."""
-    dr, dc = _STEP[direction]
+def _fits(letters: dict, same_way: set, word: str, row: int, col: int, dr: int, dc: int) -> bool:
+    """Whether ``word`` can go at (row, col), running (dr, dc), without breaking the crossword rules.
+    ``same_way``: the cells that an answer running the same way already uses."""
     if (row - dr, col - dc) in letters or (row + len(word) * dr, col + len(word) * dc) in letters:
         return False  # it would run on into another answer
-    for i, letter in enumerate(word):
-        cell = (row + i * dr, col + i * dc)
+    for letter in word:
+        cell = (row, col)
         existing = letters.get(cell)
         if existing is not None:
-            if existing != letter or direction in directions[cell]:
+            if existing != letter or cell in same_way:
                 return False
-        elif (cell[0] + dc, cell[1] + dr) in letters or (cell[0] - dc, cell[1] - dr) in letters:
+        elif (row + dc, col + dr) in letters or (row - dc, col - dr) in letters:
             return False  # a side neighbour would make a letter run that is no answer
+        row += dr
+        col += dc
     return True
 
 
-def layout(answers: list[str], rng: np.random.Generator) -> list[tuple[str, int, int, str]]:
+def layout(answers: list[str], randbelow: Callable[[int], int]) -> list[tuple[str, int, int, str]]:
     """Place ``answers`` (longest first) as a crossword: (answer, row, col, direction), rows and
-    columns counted from 0 at the top-left of the used area."""
+    columns counted from 0 at the top-left of the used area. ``randbelow(n)`` draws an int in
+    ``[0, n)``: it picks the first answer's direction and each crossing among those that fit."""
     order = sorted(answers, key=len, reverse=True)
     letters: dict[tuple[int, int], str] = {}
-    directions: dict[tuple[int, int], set[str]] = {}
+    used: dict[str, set[tuple[int, int]]] = {ACROSS: set(), DOWN: set()}  # cells per direction
     placed: list[tuple[str, int, int, str]] = []
 
     def put(word: str, row: int, col: int, direction: str) -> None:
         dr, dc = _STEP[direction]
-        for i, letter in enumerate(word):
-            cell = (row + i * dr, col + i * dc)
-            letters[cell] = letter
-            directions.setdefault(cell, set()).add(direction)
+        cells = [(row + i * dr, col + i * dc) for i in range(len(word))]
+        letters.update(zip(cells, word))
+        used[direction].update(cells)
         placed.append((word, row, col, direction))
 
-    put(order[0], 0, 0, ACROSS if rng.integers(2) == 0 else DOWN)
+    put(order[0], 0, 0, ACROSS if randbelow(2) == 0 else DOWN)
     for word in order[1:]:
+        at: dict[str, list[int]] = {}  # letter -> its positions in word
+        for i, letter in enumerate(word):
+            at.setdefault(letter, []).append(i)
         options: dict[tuple[int, int, str], None] = {}  # ordered and unique, so the draw is reproducible
         for other, prow, pcol, pdir in placed:
             new_dir = DOWN if pdir == ACROSS else ACROSS
             pdr, pdc = _STEP[pdir]
             ndr, ndc = _STEP[new_dir]
+            same_way = used[new_dir]
             for j, shared in enumerate(other):
-                for i, letter in enumerate(word):
-                    if letter == shared:
-                        start = (prow + j * pdr - i * ndr, pcol + j * pdc - i * ndc)
-                        if _fits(letters, directions, word, start[0], start[1], new_dir):
-                            options[(start[0], start[1], new_dir)] = None
+                for i in at.get(shared, ()):
+                    row, col = prow + j * pdr - i * ndr, pcol + j * pdc - i * ndc
+                    if _fits(letters, same_way, word, row, col, ndr, ndc):
+                        options[(row, col, new_dir)] = None
         if options:
             choices = list(options)
-            put(word, *choices[int(rng.integers(len(choices)))])
+            put(word, *choices[randbelow(len(choices))])
         else:  # no crossing possible: a separate answer two rows below everything
-            put(word, max(r for r, _ in letters) + 2, min(c for _, c in letters), ACROSS)
-    top = min(r for r, _ in letters)
-    left = min(c for _, c in letters)
+            bottom = max(r + (len(w) - 1 if d == DOWN else 0) for w, r, _, d in placed)
+            put(word, bottom + 2, min(c for _, _, c, _ in placed), ACROSS)
+    # Answers run right or down, so the first cells hold the smallest row and column.
+    top = min(r for _, r, _, _ in placed)
+    left = min(c for _, _, c, _ in placed)
     return [(word, row - top, col - left, direction) for word, row, col, direction in placed]
 
 
@@ -159,13 +166,19 @@ class Crosswords(TextGame):
         self.progress_paid = 0.0
 
     def new_game(self) -> None:
-        rng = self.np_random
+        randbelow = self._randbelow
         self.num_words = self._randint(2, 4) if self._num_words_arg is None else self._num_words_arg
-        self.hardcore = bool(rng.integers(2)) if self._hardcore_arg is None else bool(self._hardcore_arg)
+        self.hardcore = bool(randbelow(2)) if self._hardcore_arg is None else bool(self._hardcore_arg)
         bank = clue_bank("hard" if self.hardcore else "basic")
-        picks = rng.choice(len(bank), size=min(self.num_words, len(bank)), replace=False)
-        clue_of = {bank[int(i)][0]: bank[int(i)][1] for i in picks}
-        placed = layout(list(clue_of), rng)
+        # A partial Fisher-Yates shuffle of the bank's indices on the buffered uniforms: several
+        # times faster than Generator.choice(replace=False), which permutes the whole bank.
+        order = list(range(len(bank)))
+        count = min(self.num_words, len(bank))
+        for k in range(count):
+            j = k + randbelow(len(order) - k)
+            order[k], order[j] = order[j], order[k]
+        clue_of = {bank[i][0]: bank[i][1] for i in order[:count]}
+        placed = layout(list(clue_of), randbelow)
         rows = 1 + max(r + (len(w) - 1 if d == DOWN else 0) for w, r, _, d in placed)
         cols = 1 + max(c + (len(w) - 1 if d == ACROSS else 0) for w, _, c, d in placed)
         solution = [[BLOCK] * cols for _ in range(rows)]
@@ -176,13 +189,16 @@ class Crosswords(TextGame):
             for (r, c), letter in zip(clue.cells(), clue.answer):
                 solution[r][c] = letter
         self.solution = ["".join(row) for row in solution]
-        self.board = [[BLOCK if ch == BLOCK else HIDDEN for ch in row] for row in self.solution]
-        self.letter_cells = sum(ch != BLOCK for row in self.solution for ch in row)
+        self.board = [list(row.translate(_HIDE_LETTERS)) for row in self.solution]
+        self.letter_cells = rows * cols - sum(row.count(BLOCK) for row in self.solution)
         self.filled = 0
         self.tried = set()
         self.progress_paid = 0.0
         if self._max_turns_arg is None:
             self.max_turns = self.letter_cells + self.num_words
+
+    def _randbelow(self, n: int) -> int:
+        return int(self._uniform() * n)
 
     # -- text ------------------------------------------------------------------------------------
     def render(self) -> str:
@@ -205,8 +221,7 @@ class Crosswords(TextGame):
             f"  fill one cell with 'row col letter', for example \\boxed{{{first.row} {first.col} a}};\n"
             "  or fill a whole answer with 'clue-number word', for example \\boxed{2 yellow}.\n"
             "A wrong letter or word is rejected and the cells stay empty.\n"
-            f"Clues:\n{self.clue_list()}\n"
-            f"Starting grid:\n{self.render()}"
+            f"Clues:\n{self.clue_list()}"  # the grid follows in every task_suffix
         )
 
     def task_suffix(self) -> str:
@@ -283,8 +298,8 @@ class Crosswords(TextGame):
         empty = [(r, c) for r, row in enumerate(self.board) for c, ch in enumerate(row) if ch == HIDDEN]
         if not empty:  # only after a win; any well-formed move will do
             return "0 0 a"
-        r, c = empty[int(self.np_random.integers(len(empty)))]
-        return f"{r} {c} {chr(ord('a') + int(self.np_random.integers(26)))}"
+        r, c = empty[self._randbelow(len(empty))]
+        return f"{r} {c} {chr(ord('a') + self._randbelow(26))}"
 
     def oracle_move(self) -> str:
         """Reads the solution: the first answer that still has empty cells."""
@@ -295,3 +310,4 @@ class Crosswords(TextGame):
 
 
 _STRIP = str.maketrans("", "", "[]()")
+_HIDE_LETTERS = str.maketrans(string.ascii_lowercase, HIDDEN * len(string.ascii_lowercase))

@@ -26,7 +26,6 @@ class GuessTheNumber(TextGame):
         self.min_number = min_number or 1
         self.max_number = max_number or 2
         self.target = 0
-        self.low = self.high = 0  # what the hints so far allow (for the oracle)
         self.guessed: set[int] = set()
         self.last_guess: int | None = None
 
@@ -39,7 +38,6 @@ class GuessTheNumber(TextGame):
         if self._max_turns_arg is None:
             self.max_turns = math.ceil(math.sqrt(self.max_number - self.min_number)) + 1
         self.target = self._randint(self.min_number, self.max_number)
-        self.low, self.high = self.min_number, self.max_number
         self.guessed = set()
         self.last_guess = None
 
@@ -70,14 +68,7 @@ class GuessTheNumber(TextGame):
         target = self.target
         if guess == target:
             return won(f"Congratulations! You guessed the correct number {target} in {self.turn} turns.", self.success_reward)
-        if guess > target:
-            if guess <= self.high:
-                self.high = guess - 1
-            hint = "lower"
-        else:
-            if guess >= self.low:
-                self.low = guess + 1
-            hint = "higher"
+        hint = "lower" if guess > target else "higher"
         return moved(f"At turn {self.turn}, you guessed {guess}, and the target number is {hint} than {guess}.")
 
     def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
@@ -90,5 +81,9 @@ class GuessTheNumber(TextGame):
         return str(self._randint(self.min_number, self.max_number))
 
     def oracle_move(self) -> str:
-        """Binary search over what the hints allow: wins within ceil(log2(range + 1)) turns."""
-        return str((self.low + self.high) // 2)
+        """Binary search over what the hints allow: wins within ceil(log2(range + 1)) turns.
+        The bounds are worked out here from the guesses (not kept up to date in ``play``, the hot path)."""
+        target = self.target
+        low = max((g + 1 for g in self.guessed if g < target), default=self.min_number)
+        high = min((g - 1 for g in self.guessed if g > target), default=self.max_number)
+        return str((low + high) // 2)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import re
 from operator import eq
 from collections.abc import Sequence
 from functools import lru_cache
@@ -14,8 +13,6 @@ from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 
 # (code_length, num_numbers, max_turns) settings that the random variant draws from (GEM's table).
 RANDOM_SETTINGS: tuple[tuple[int, int, int], ...] = ((2, 4, 10), (4, 6, 20), (4, 8, 30))
-
-_SEPARATORS = re.compile(r"[\s,]+")
 
 # The oracle scores at most this many of the still-possible codes as its next guess (minimax over
 # their feedback partitions); more would only cost time without winning noticeably sooner.
@@ -34,6 +31,12 @@ def score_guess(secret: Sequence[int], guess: Sequence[int]) -> tuple[int, int]:
             unmatched.remove(digit)
             common += 1
     return black, common - black
+
+
+@lru_cache(maxsize=None)
+def _digit_values(num_numbers: int) -> dict[str, int]:
+    """``{"1": 1, ..., str(num_numbers): num_numbers}``: reads and range-checks a digit in one lookup."""
+    return {str(d): d for d in range(1, num_numbers + 1)}
 
 
 @lru_cache(maxsize=8)
@@ -151,14 +154,21 @@ class Mastermind(TextGame):
     def task_suffix(self) -> str:
         return "Enter your next guess."
 
+    def _tokens(self, move: str) -> list[str]:
+        """The guess's digit strings: separated by spaces and/or commas, or written together ("1234")
+        when every digit is one character, which is unambiguous for a code of that length."""
+        tokens = move.replace(",", " ").split()
+        if len(tokens) == 1 and self.num_numbers <= 9 and len(tokens[0]) == self.code_length > 1:
+            return list(tokens[0])
+        return tokens
+
     def _parse(self, move: str) -> tuple[int, ...] | str:
-        """The guess as digits, or a message saying what is wrong with it."""
-        tokens = _SEPARATORS.split(move.strip(" ,"))
-        # "1234" for a 4-digit code is unambiguous when every digit is a single character.
-        if len(tokens) == 1 and self.num_numbers <= 9 and len(tokens[0]) == self.code_length > 1 and tokens[0].isdigit():
-            tokens = list(tokens[0])
+        """The guess as digits, or a message saying what is wrong with it (the careful path, for
+        whatever the fast one in ``play`` does not read: leading zeros, non-digits, wrong counts)."""
+        tokens = self._tokens(move)
         try:
-            guess = tuple(map(int, tokens)) if move.isascii() or all(map(str.isascii, tokens)) else ()
+            # ASCII only: int() also reads other scripts' digits, which a code never contains.
+            guess = tuple(map(int, tokens)) if all(map(str.isascii, tokens)) else ()
         except ValueError:
             guess = ()
         if not guess:
@@ -174,12 +184,19 @@ class Mastermind(TextGame):
         return " ".join(map(str, code))
 
     def play(self, move: str) -> Move:
-        guess = self._parse(move)
-        if type(guess) is str:
-            return illegal(f"At turn {self.turn}, {guess}.")
+        # Fast path: every token is a canonical digit of this game (the table also checks the range).
+        tokens = self._tokens(move)
+        guess = tuple(map(_digit_values(self.num_numbers).get, tokens))
+        if len(guess) == self.code_length and None not in guess:
+            shown = " ".join(tokens)
+        else:
+            guess = self._parse(move)
+            if type(guess) is str:
+                return illegal(f"At turn {self.turn}, {guess}.")
+            shown = self._show(guess)
         guessed = self.guessed
         if guess in guessed:
-            return illegal(f"At turn {self.turn}, you guessed {self._show(guess)} again; you already know its pegs.")
+            return illegal(f"At turn {self.turn}, you guessed {shown} again; you already know its pegs.")
         black, white = score_guess(self.secret, guess)
         self.history.append((guess, black, white))
         guessed.add(guess)
@@ -188,7 +205,6 @@ class Mastermind(TextGame):
         if black > best_black:  # progress: reward only the improvement, so a win sums to 1
             reward = (black - best_black) / self.code_length
             self.best_black = black
-        shown = " ".join(map(str, guess))
         if black == self.code_length:
             return won(
                 f"Congratulations! {shown} is the secret code; you cracked it in {self.turn} turns.",

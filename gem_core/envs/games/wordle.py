@@ -107,6 +107,7 @@ class Wordle(TextGame):
         self.word_length = word_length or MAX_LENGTH
         self.secret = ""
         self.history: list[tuple[str, str]] = []  # (guess, feedback), what the player has seen
+        self.guessed: set[str] = set()  # the guesses in history, for the repeat check
         self.greens_seen: list[bool] = []
         self.progress_paid = 0.0
 
@@ -120,6 +121,7 @@ class Wordle(TextGame):
         words = words_of_length(self.word_length)
         self.secret = words[int(self.np_random.integers(len(words)))]
         self.history = []
+        self.guessed = set()
         self.greens_seen = [False] * self.word_length
         self.progress_paid = 0.0
 
@@ -149,28 +151,33 @@ class Wordle(TextGame):
                 f"At turn {self.turn}, you guessed {shown}, which has {len(guess)} letters; "
                 f"the secret word has {self.word_length}."
             )
-        history = self.history
-        for earlier, _ in history:
-            if earlier == guess:
-                return illegal(f"At turn {self.turn}, you guessed {shown} again; try a new word.")
+        guessed = self.guessed
+        if guess in guessed:
+            return illegal(f"At turn {self.turn}, you guessed {shown} again; try a new word.")
+        guessed.add(guess)
         secret = self.secret
         feedback = score_guess(guess, secret)
-        history.append((guess, feedback))
+        self.history.append((guess, feedback))
         if guess == secret:
             reward = self.success_reward - self.progress_paid
             self.progress_paid = self.success_reward
             return won(f"Congratulations! {shown} is the secret word; you found it in {self.turn} turns.", reward, {"feedback": feedback})
-        new_greens = 0
+        reward = 0.0
         if GREEN in feedback:
             greens_seen = self.greens_seen
+            new_greens = 0
             for i, mark in enumerate(feedback):
                 if mark == GREEN and not greens_seen[i]:
                     greens_seen[i] = True
                     new_greens += 1
-        reward = self.progress_share * new_greens / self.word_length
-        self.progress_paid += reward
-        spaced = " ".join
-        return moved(f"At turn {self.turn}, you guessed {shown}.\nFeedback:\n{spaced(shown)}\n{spaced(feedback)}", reward, {"feedback": feedback})
+            if new_greens:
+                reward = self.progress_share * new_greens / self.word_length
+                self.progress_paid += reward
+        # Letters spaced out (one token each for most tokenizers); replace("", " ") is the cheap way.
+        return moved(
+            f"At turn {self.turn}, you guessed {shown}.\nFeedback:\n{shown.replace('', ' ')[1:-1]}\n{feedback.replace('', ' ')[1:-1]}",
+            reward, {"feedback": feedback},
+        )
 
     def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
         observation, reward = super().on_time_limit(observation, reward, invalid)
