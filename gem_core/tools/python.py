@@ -281,7 +281,9 @@ class _Worker:
             reply = child.run(request)
             self.owes_ready = True
             try:
-                self._send({"done": True})
+                # "report": the child was killed or died without telling its exit code; the worker,
+                # which reaps it, says how it ended (one message less on the common path).
+                self._send({"done": True, "report": reply["exit_code"] is None})
             except _WorkerLost:
                 if reply["exit_code"] is None:
                     raise
