@@ -313,7 +313,7 @@ def test_time_limit_composes_with_an_env_limit():
     game.reset(seed=0)
     game.step("\\boxed{1}")
     _, _, terminated, truncated, info = game.step("\\boxed{2}")
-    assert truncated and not terminated and info["time_limit"] is True and info["max_turns"] == 7
+    assert truncated and not terminated and info["time_limit"] is True and game.max_turns == 7
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, None])

@@ -53,7 +53,7 @@ def test_each_move_helper_reaches_the_step(action, expected):
     want_obs, want_reward, want_terminated, want_truncated, want_info = expected
     assert (obs, reward, terminated, truncated) == (want_obs, want_reward, want_terminated, want_truncated)
     assert isinstance(reward, float)
-    assert info["turn"] == 1 and info["max_turns"] == 5 and info["format_error"] is False
+    assert info["turn"] == 1 and info["format_error"] is False
     assert {k: info[k] for k in want_info} == want_info
     assert "extra" in info or "extra" not in want_info
 
@@ -68,9 +68,10 @@ def test_the_turn_limit_hands_on_time_limit_the_last_move():
     assert info["invalid_action"] is True
 
 
-def test_reset_info_has_the_step_keys():
+def test_reset_info_has_the_step_keys_and_the_turn_limit():
     game = Countdown(max_turns=3)
     _, reset_info = game.reset(seed=0)
     _, _, _, _, step_info = game.step("\\boxed{step}")
-    assert set(reset_info) == set(step_info)
+    assert set(reset_info) == set(step_info) | {"max_turns"} and reset_info["max_turns"] == 3
+    assert set(step_info) == {"turn", "success", "invalid_action", "format_error", "suffix"}
     assert reset_info["turn"] == 0 and reset_info["suffix"] == "Enter your next move."

@@ -55,7 +55,7 @@ class Hangman(TextGame):
 
     def pattern(self) -> str:
         """The word as the player sees it: known letters, ``_`` for hidden ones."""
-        return " ".join(c.upper() if shown else "_" for c, shown in zip(self.secret, self.revealed))
+        return " ".join([c if shown else "_" for c, shown in zip(self.secret.upper(), self.revealed)])
 
     def instructions(self) -> str:
         return (
@@ -69,7 +69,7 @@ class Hangman(TextGame):
         )
 
     def task_suffix(self) -> str:
-        tried = ", ".join(c.upper() for c in self.guessed_letters) or "none"
+        tried = ", ".join(self.guessed_letters).upper() or "none"
         return f"The word: {self.pattern()}\nLetters tried: {tried}\nEnter your guess."
 
     def play(self, move: str) -> Move:
@@ -84,7 +84,9 @@ class Hangman(TextGame):
         if letter in self.guessed_letters:
             return illegal(f"At turn {self.turn}, you guessed {letter.upper()} again; try another letter.")
         self.guessed_letters.append(letter)
-        newly = [i for i, c in enumerate(self.secret) if c == letter and not self.revealed[i]]
+        newly = []
+        if letter in self.secret:  # most guesses miss: only a hit needs the positions
+            newly = [i for i, c in enumerate(self.secret) if c == letter and not self.revealed[i]]
         if not newly:
             return moved(f"At turn {self.turn}, {letter.upper()} is not in the word.")
         for i in newly:

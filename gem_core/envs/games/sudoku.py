@@ -263,10 +263,12 @@ class Sudoku(TextGame):
         """The grid as text, with row/column numbers and lines between the boxes."""
         return _board_template(self.scale).format(*[_SYMBOLS[d] for d in self.board])
 
+    _suffix_cache: tuple[tuple[int, ...], str] | None = None  # a class default: see TextGame._rand_buf
+
     def task_suffix(self) -> str:
         # Most steps leave the grid as it was (rejected moves): reuse the text while the board is unchanged.
         board = tuple(self.board)
-        cached = self.__dict__.get("_suffix_cache")
+        cached = self._suffix_cache
         if cached is not None and cached[0] == board:
             return cached[1]
         text = f"Here is the current grid:\n{self.render_board()}\nEnter your next move."
