@@ -1,10 +1,11 @@
 """Env throughput: steps/s and resets/s per game, and vector env steps/s, against gem-llm in the same run.
 
-    python benchmarks/env_throughput.py [--seconds 0.6] [--rounds 3] [--games Sudoku,Wordle] [--markdown out.md]
+    python benchmarks/env_throughput.py [--seconds 0.5] [--games Sudoku,Wordle] [--markdown out.md]
     nox -s bench          # installs gem-llm (the peer) beside gem-core and runs this
 
 Only ``env.step``/``env.reset`` are timed; random actions are drawn outside the timer, for both
-implementations, so the numbers compare the envs and not the action samplers. gem-llm is imported in the
+implementations, so the numbers compare the envs and not the action samplers. The two implementations
+take turns call by call (``interleaved``), so a drift in the machine's speed hits both alike. gem-llm is imported in the
 same process when it is installed (import name ``gem``); otherwise its columns read "n/a".
 The CPU-bound vector row uses ``bench:CpuBound-v0`` (defined here): a step that burns ``work_ms`` of
 pure-Python CPU, which is what an env with a real checker (code tests, math grading) looks like.
@@ -90,34 +91,55 @@ def has_sampler(env: Any) -> bool:
     return True
 
 
-def time_steps(env: Any, seconds: float, seed: int = 0, sampler: Callable[[], str] | None = None) -> float:
-    """Steps per second of ``env.step`` alone, resetting when an episode ends."""
+def stepper(env: Any, seed: int = 0, sampler: Callable[[], str] | None = None) -> Callable[[], float]:
+    """One timed ``env.step`` per call (its seconds): the action is drawn, and a finished episode
+    reset, outside the timer."""
     env.reset(seed=seed)
     sample = sampler or env.sample_random_action
-    spent, steps, episode = 0.0, 0, 0
-    deadline = time.perf_counter() + seconds * 3 + 5  # wall-clock guard for slow envs
-    while spent < seconds and time.perf_counter() < deadline:
+    episode = 0
+
+    def one() -> float:
+        nonlocal episode
         action = sample()
         t0 = time.perf_counter()
         _, _, terminated, truncated, _ = env.step(action)
-        spent += time.perf_counter() - t0
-        steps += 1
+        spent = time.perf_counter() - t0
         if terminated or truncated:
             episode += 1
             env.reset(seed=seed + episode)
-    return steps / spent
+        return spent
+
+    return one
 
 
-def time_resets(env: Any, seconds: float, min_resets: int = 1) -> float:
-    """Resets per second (a new puzzle each time, seeded); at least ``min_resets`` of them."""
-    spent, n = 0.0, 0
-    deadline = time.perf_counter() + seconds * 3 + 10
-    while (spent < seconds or n < min_resets) and time.perf_counter() < deadline:
+def resetter(env: Any) -> Callable[[], float]:
+    """One timed ``env.reset`` per call, a new seed (so a new puzzle) each time."""
+    n = 0
+
+    def one() -> float:
+        nonlocal n
         t0 = time.perf_counter()
         env.reset(seed=n)
-        spent += time.perf_counter() - t0
         n += 1
-    return n / spent
+        return time.perf_counter() - t0
+
+    return one
+
+
+def interleaved(units: list[Callable[[], float]], seconds: float) -> list[float]:
+    """Rates (calls/s) of timed units run in turn, one call each, until each has ``seconds`` of timed
+    calls (at least one). Taking turns call by call puts every unit on the same machine: this
+    machine's speed drifts by tens of percent over seconds, which back-to-back runs would compare."""
+    spent, calls = [0.0] * len(units), [0] * len(units)
+    deadline = time.perf_counter() + 3 * seconds * len(units) + 10  # a guard for very slow units
+    while time.perf_counter() < deadline:
+        due = [i for i in range(len(units)) if spent[i] < seconds or not calls[i]]
+        if not due:
+            break
+        for i in due:
+            spent[i] += units[i]()
+            calls[i] += 1
+    return [n / t if t else 0.0 for n, t in zip(calls, spent)]
 
 
 def time_vector(step: Callable[[list[str]], Any], actions: Callable[[], list[str]], seconds: float) -> float:
@@ -169,8 +191,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=0.6, help="timed seconds per measurement (all rounds)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per measurement; the best counts")
+    parser.add_argument("--seconds", type=float, default=0.5, help="timed seconds per measurement")
     parser.add_argument("--games", default=",".join(GAME_NAMES), help="comma-separated game names")
     parser.add_argument("--vector-id", default="game:Minesweeper-v0-hard", help="light env for the vector rows")
     parser.add_argument("--markdown", help="also write the tables to this file")
@@ -198,22 +219,17 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # the peer lacks or breaks on this id: record, don't stop
                     print(f"  peer failed on {env_id}: {exc!r}", file=sys.stderr)
                     peer_env = None
-            # Rounds alternate the two implementations and keep each one's best: the machine's speed
-            # drifts over seconds, and a single back-to-back pair can land on either side of a drift.
-            ours_steps = ours_resets = 0.0
             peer_steps = peer_resets = None
-            slot = args.seconds / args.rounds
-            for _ in range(args.rounds):
-                ours_steps = max(ours_steps, time_steps(ours_env, slot))
-                ours_resets = max(ours_resets, time_resets(ours_env, slot))
-                if peer_env is None:
-                    continue
+            if peer_env is None:
+                ours_steps, ours_resets = interleaved([stepper(ours_env), resetter(ours_env)], args.seconds)
+            else:
                 try:
-                    peer_steps = max(peer_steps or 0.0, time_steps(peer_env, slot, sampler=sampler))
-                    peer_resets = max(peer_resets or 0.0, time_resets(peer_env, slot))
-                except Exception as exc:
+                    ours_steps, peer_steps = interleaved([stepper(ours_env), stepper(peer_env, sampler=sampler)], args.seconds)
+                    ours_resets, peer_resets = interleaved([resetter(ours_env), resetter(peer_env)], args.seconds)
+                except Exception as exc:  # the peer broke mid-run: record, don't stop
                     print(f"  peer failed on {env_id}: {exc!r}", file=sys.stderr)
-                    peer_env, peer_steps, peer_resets = None, None, None
+                    ours_steps, ours_resets = interleaved([stepper(ours_env), resetter(ours_env)], args.seconds)
+                    peer_steps = peer_resets = None
             rows.append([env_id, fmt(ours_steps), fmt(peer_steps), ratio(ours_steps, peer_steps),
                          fmt(ours_resets), fmt(peer_resets), ratio(ours_resets, peer_resets)])
             print(f"  {env_id}: done", file=sys.stderr)

@@ -98,23 +98,30 @@ def layout(answers: list[str], randbelow: Callable[[int], int]) -> list[tuple[st
 
     put(order[0], 0, 0, ACROSS if randbelow(2) == 0 else DOWN)
     for word in order[1:]:
-        at: dict[str, list[int]] = {}  # letter -> its positions in word
-        for i, letter in enumerate(word):
-            at.setdefault(letter, []).append(i)
-        options: dict[tuple[int, int, str], None] = {}  # ordered and unique, so the draw is reproducible
+        # Every start where a letter of word would cross the same letter of a placed answer (a dict:
+        # unique and in a fixed order, so the draw is reproducible).
+        crossings: dict[tuple[int, int, str], None] = {}
         for other, prow, pcol, pdir in placed:
             new_dir = DOWN if pdir == ACROSS else ACROSS
             pdr, pdc = _STEP[pdir]
             ndr, ndc = _STEP[new_dir]
-            same_way = used[new_dir]
             for j, shared in enumerate(other):
-                for i in at.get(shared, ()):
-                    row, col = prow + j * pdr - i * ndr, pcol + j * pdc - i * ndc
-                    if _fits(letters, same_way, word, row, col, ndr, ndc):
-                        options[(row, col, new_dir)] = None
-        if options:
-            choices = list(options)
-            put(word, *choices[randbelow(len(choices))])
+                i = word.find(shared)
+                while i >= 0:
+                    crossings[(prow + j * pdr - i * ndr, pcol + j * pdc - i * ndc, new_dir)] = None
+                    i = word.find(shared, i + 1)
+        # Draw crossings without replacement until one fits: the same as a uniform draw among those
+        # that fit, without testing them all.
+        choices = list(crossings)
+        while choices:
+            k = randbelow(len(choices))
+            row, col, direction = choices[k]
+            dr, dc = _STEP[direction]
+            if _fits(letters, used[direction], word, row, col, dr, dc):
+                put(word, row, col, direction)
+                break
+            choices[k] = choices[-1]
+            choices.pop()
         else:  # no crossing possible: a separate answer two rows below everything
             bottom = max(r + (len(w) - 1 if d == DOWN else 0) for w, r, _, d in placed)
             put(word, bottom + 2, min(c for _, _, c, _ in placed), ACROSS)
