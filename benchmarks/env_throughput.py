@@ -24,10 +24,18 @@ import gem_core
 from gem_core.envs.games import GAME_NAMES
 
 VARIANTS = ("easy", "hard")
-# Games whose peer sampler draws its guesses from NLTK's vocabulary, which offline is our stand-in (see
-# _offline_nltk_words): its 3-letter list has 17 words, so a quarter of the peer's Wordle-easy steps were
-# repeated guesses (a cheap path) and one in sixteen a win. Both envs get gem-core's guesses here instead.
-SHARED_ACTIONS = ("Wordle",)
+# Games on which the peer steps on gem-core's actions although it has a sampler, because its own would
+# not make a fair workload (gem-llm 0.1.0, checked by stepping them):
+# - FifteenPuzzle, Crosswords, WordSearch: its sampler writes a move its own step cannot read (no
+#   \boxed{}, or brackets inside it), so every one of its steps is a format error that ends the episode;
+# - Wordle: its guesses come from NLTK's word list, which offline is our stand-in (_offline_nltk_words),
+#   whose 17 three-letter words made a quarter of its Wordle-easy steps repeats (a cheap path).
+SHARED_ACTIONS = {
+    "FifteenPuzzle": "its sampler's moves lack \\boxed{}, so each of its steps would be a format error",
+    "Crosswords": "its sampler's moves have brackets its parser rejects (format errors)",
+    "WordSearch": "its sampler's moves have brackets its parser rejects (format errors)",
+    "Wordle": "its guesses come from the offline stand-in for NLTK's word list, too small a vocabulary",
+}
 NUM_VECTOR_ENVS = 64
 
 
@@ -238,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         single += ("\n\nThe peer has no random-action sampler for " + ", ".join(borrowed)
                    + "; its steps there use actions from gem-core's sampler for the same id.")
     if shared:
-        single += ("\n\nOn " + ", ".join(shared) + " the peer also steps on gem-core's sampler: its own draws from the"
-                   " offline stand-in for NLTK's word list, too small a vocabulary to be a fair workload.")
+        games = sorted({env_id.split(":")[1].split("-")[0] for env_id in shared})
+        single += "\n\nThe peer also steps on gem-core's sampler for " + "; ".join(
+            f"{game} ({SHARED_ACTIONS[game]})" for game in games) + "."
     print(single, "\n")
 
     vrows = []
