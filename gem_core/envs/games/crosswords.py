@@ -48,16 +48,18 @@ class Clue(NamedTuple):
 
 @cache
 def clue_bank(level: str) -> tuple[tuple[str, str], ...]:
-    """The (answer, clue) pairs of a level, from the shipped clue file, in file order."""
+    """The (answer, clue) pairs of a level, from the shipped clue file, in file order; each answer
+    once (the first clue given for it), so that drawing answers until enough are distinct ends."""
     if level not in LEVELS:
         raise ValueError(f"clue level must be one of {LEVELS}, got {level!r}")
     text = resources.files("gem_core").joinpath("data/crossword_clues.tsv").read_text(encoding="utf-8")
-    pairs = []
+    pairs, seen = [], set()
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
             continue
         row_level, answer, clue = line.split("\t")
-        if row_level == level:
+        if row_level == level and answer not in seen:
+            seen.add(answer)
             pairs.append((answer, clue))
     return tuple(pairs)
 
@@ -177,14 +179,13 @@ class Crosswords(TextGame):
         self.num_words = self._randint(2, 4) if self._num_words_arg is None else self._num_words_arg
         self.hardcore = bool(randbelow(2)) if self._hardcore_arg is None else bool(self._hardcore_arg)
         bank = clue_bank("hard" if self.hardcore else "basic")
-        # A partial Fisher-Yates shuffle of the bank's indices on the buffered uniforms: several
-        # times faster than Generator.choice(replace=False), which permutes the whole bank.
-        order = list(range(len(bank)))
+        # Distinct answers drawn on the buffered uniforms, redrawing a repeat (a handful from ~100):
+        # far cheaper than Generator.choice(replace=False), which permutes the whole bank.
         count = min(self.num_words, len(bank))
-        for k in range(count):
-            j = k + randbelow(len(order) - k)
-            order[k], order[j] = order[j], order[k]
-        clue_of = {bank[i][0]: bank[i][1] for i in order[:count]}
+        clue_of: dict[str, str] = {}
+        while len(clue_of) < count:
+            answer, clue = bank[randbelow(len(bank))]
+            clue_of.setdefault(answer, clue)
         placed = layout(list(clue_of), randbelow)
         rows = 1 + max(r + (len(w) - 1 if d == DOWN else 0) for w, r, _, d in placed)
         cols = 1 + max(c + (len(w) - 1 if d == ACROSS else 0) for w, _, c, d in placed)
@@ -192,9 +193,12 @@ class Crosswords(TextGame):
         # Number the answers in reading order of their first cell, as printed crosswords do.
         placed.sort(key=lambda p: (p[1], p[2], p[3]))
         self.clues = [Clue(n, d, r, c, w, clue_of[w]) for n, (w, r, c, d) in enumerate(placed, start=1)]
-        for clue in self.clues:
-            for (r, c), letter in zip(clue.cells(), clue.answer):
-                solution[r][c] = letter
+        for word, r, c, direction in placed:
+            if direction == ACROSS:
+                solution[r][c : c + len(word)] = word
+            else:
+                for i, letter in enumerate(word):
+                    solution[r + i][c] = letter
         self.solution = ["".join(row) for row in solution]
         self.board = [list(row.translate(_HIDE_LETTERS)) for row in self.solution]
         self.letter_cells = rows * cols - sum(row.count(BLOCK) for row in self.solution)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import string
+from functools import lru_cache
 
 import numpy as np
 
@@ -209,12 +210,19 @@ class WordSearch(TextGame):
 
 def render_grid(rows: list[str] | list[list[str]]) -> str:
     """A grid of one-character cells as text, upper-cased, with 0-based row and column numbers."""
-    width = len(str(max(len(rows), len(rows[0])) - 1))
-    header = " " * (width + 1) + " ".join(str(c).rjust(width) for c in range(len(rows[0])))
+    header, labels, gap = _grid_frame(len(rows), len(rows[0]))
+    return header + "".join([label + gap.join(row).upper() for label, row in zip(labels, rows)])
+
+
+@lru_cache(maxsize=64)
+def _grid_frame(num_rows: int, num_cols: int) -> tuple[str, tuple[str, ...], str]:
+    """The column header, the row labels (each starting a new line) and the gap between cells: the
+    parts of a rendered grid that depend only on its size (games render theirs every turn)."""
+    width = len(str(max(num_rows, num_cols) - 1))
+    header = " " * (width + 1) + " ".join(str(c).rjust(width) for c in range(num_cols))
     gap = " " * width  # cells are one character: right-align them under the column numbers
-    lines = [header]
-    lines += [str(r).rjust(width) + gap + gap.join(row).upper() for r, row in enumerate(rows)]
-    return "\n".join(lines)
+    labels = tuple("\n" + str(r).rjust(width) + gap for r in range(num_rows))
+    return header, labels, gap
 
 
 def _room(size: int, row: int, col: int, dr: int, dc: int) -> int:
