@@ -140,6 +140,28 @@ def test_snippet_sees_a_fresh_private_temp_dir_and_an_empty_environment(sandbox)
     )
 
 
+def test_what_the_worker_prepares_once_is_fresh_in_every_call(sandbox):
+    # argv, the streams, signal dispositions and the environment are made once in the worker and
+    # inherited by each child: a snippet that changes them must not change them for the next call.
+    probe = (
+        "import os, signal, sys\n"
+        "print(sys.argv, sys.stdout.errors, sys.stderr.line_buffering, os.environ['HOME'])\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler,"
+        " signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN, signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN)\n"
+    )
+    first = sandbox.run(probe)
+    assert first.ok, first.stderr
+    meddle = sandbox.run(
+        "import io, os, signal, sys\nsys.argv.append('x')\nprint('meddled', flush=True)\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\nos.environ['HOME'] = '/elsewhere'\n"
+        "sys.stdout = io.StringIO()\nsys.__stdout__.close()"
+    )
+    assert meddle.ok and meddle.stdout == "meddled\n"
+    for _ in range(2 * sandbox.workers):  # every worker has served a call after the meddling one
+        assert sandbox.run(probe).stdout == first.stdout
+    assert first.stdout.splitlines() == ["['<python>'] backslashreplace True /tmp/work", "True True True"]
+
+
 def test_a_timeout_of_one_second_returns_within_1_2_seconds(sandbox):
     for code in ("while True: pass", "import time\ntime.sleep(30)", "import os\nos.close(1)\nwhile True: pass"):
         started = time.monotonic()
