@@ -75,3 +75,14 @@ def test_reset_info_has_the_step_keys_and_the_turn_limit():
     assert set(reset_info) == set(step_info) | {"max_turns"} and reset_info["max_turns"] == 3
     assert set(step_info) == {"turn", "success", "invalid_action", "format_error", "suffix"}
     assert reset_info["turn"] == 0 and reset_info["suffix"] == "Enter your next move."
+
+
+def test_random_helpers_stay_in_range_and_follow_the_seed():
+    def draws(seed):
+        game = Countdown(max_turns=3)
+        game.reset(seed=seed)
+        return [game._randbelow(7) for _ in range(200)], [game._randint(3, 5) for _ in range(200)]
+
+    below, between = draws(1)
+    assert set(below) == set(range(7)) and set(between) == {3, 4, 5}  # every value, none outside
+    assert draws(1) == (below, between) and draws(2) != (below, between)

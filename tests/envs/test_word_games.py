@@ -303,8 +303,12 @@ def test_clue_bank_is_small_our_own_and_uses_listed_words():
     for level in ("basic", "hard"):
         bank = clue_bank(level)
         assert len(bank) >= 80
+        # The file itself lists each answer once per level (clue_bank would drop a repeat silently).
+        rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and not line.startswith("#")]
+        in_file = [answer for row_level, answer, _ in rows if row_level == level]
+        assert len(set(in_file)) == len(in_file) == len(bank)
         answers = [answer for answer, _ in bank]
-        assert len(set(answers)) == len(answers)
         assert all(answer in common for answer in answers)
         assert all(clue and answer not in clue.lower() for answer, clue in bank)  # a clue never gives its answer
     assert not {a for a, _ in clue_bank("basic")} & {a for a, _ in clue_bank("hard")}

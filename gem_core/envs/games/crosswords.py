@@ -208,9 +208,6 @@ class Crosswords(TextGame):
         if self._max_turns_arg is None:
             self.max_turns = self.letter_cells + self.num_words
 
-    def _randbelow(self, n: int) -> int:
-        return int(self._uniform() * n)
-
     # -- text ------------------------------------------------------------------------------------
     def render(self) -> str:
         """The grid as text: letters found, ``_`` for empty cells, ``.`` for black squares."""

@@ -158,7 +158,7 @@ class Mastermind(TextGame):
         """The guess's digit strings: separated by spaces and/or commas, or written together ("1234")
         when every digit is one character, which is unambiguous for a code of that length."""
         tokens = move.replace(",", " ").split()
-        if len(tokens) == 1 and self.num_numbers <= 9 and len(tokens[0]) == self.code_length > 1:
+        if len(tokens) == 1 and self.num_numbers <= 9 and len(tokens[0]) == self.code_length > 1 and tokens[0].isdigit():
             return list(tokens[0])
         return tokens
 
