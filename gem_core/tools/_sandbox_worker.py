@@ -1,24 +1,33 @@
-"""The warm worker ("zygote") of the Python sandbox. Standard library only.
+"""The warm worker of the Python sandbox. Standard library only.
 
 It runs inside the bubblewrap sandbox (or, with ``isolation="none"``, as a plain process), started
 by :mod:`gem_core.tools.python` as ``python -I -c <this source> <config json>``, with a Unix
-SOCK_SEQPACKET socket to the host as its stdin. It imports the common modules once, then forks
-a child ahead of each request: the child isolates itself in its own session/process group, in a
-fresh temp dir, under rlimits, and waits for its code on a pipe. The worker hands the child's pipe
-ends (request in; stdout, stderr and exit report out) and a pidfd to the host over the socket
-(SCM_RIGHTS), so a call never passes through the worker: the host writes the code to the child and
-reads its output directly. When the host says it is done, the worker kills every process left in
-the sandbox, wipes the writable places and System V IPC, forks the next child and hands it over.
-Because every call is a fresh fork of the same warm process, nothing a snippet does to Python state
-reaches the next call.
+SOCK_SEQPACKET socket to the host as its stdin. Three kinds of process live in it:
 
-Control messages are JSON, one per socket message. The request on the child's pipe is a 4-byte
-big-endian length followed by UTF-8 JSON.
+* the **manager** (this process): imports the common modules, prepares what every child inherits,
+  then forks the zygotes once. Per call it ends the last child, kills every process left in the
+  sandbox, wipes the writable places and System V IPC, and asks a zygote for the next child.
+* one **zygote** per kind of child: "lean" (the common modules) and, when heavy modules such as
+  numpy are preloaded, "heavy" (forked after importing them). A zygote only forks children and
+  ends them. It does as little else as it can, because after each fork every page it writes is
+  copied. Fork and exit cost grows with the forking process's pages: numpy doubles them, so
+  calls that do not need it fork the lean zygote.
+* the **child**: forked ahead of its request. It isolates itself in its own session/process
+  group, in a fresh temp dir, under rlimits, and waits for its code on a pipe.
+
+The manager hands the child's pipe ends (request in; stdout, stderr and exit report out) and a
+pidfd to the host over the socket (SCM_RIGHTS). A call never passes through the worker: the host
+writes the code to the child and reads its output directly. Because every call is a fresh fork of
+the same warm zygote, nothing a snippet does to Python state reaches the next call.
+
+Control messages from and to the host are JSON, one per socket message. The request on the
+child's pipe is a 4-byte big-endian length followed by UTF-8 JSON.
 """
 
 import builtins
 import contextlib
 import ctypes
+import fcntl
 import gc
 import io
 import json
@@ -39,7 +48,10 @@ TMP_ROOT = CONFIG["tmp_root"]  # a private writable dir, emptied after every cal
 EXTRA_WIPE = CONFIG.get("extra_wipe", [])  # other writable places (/dev/shm, /dev/mqueue)
 KEEP = frozenset(CONFIG.get("keep", []))  # paths under the wiped places that are mounts, not state
 SNIPPET_UID = CONFIG.get("snippet_uid")  # set when the worker is ns-root: snippets run as this uid
-NPROC_BASE = CONFIG.get("nproc_base", 0)  # processes of the snippet's uid that are not the snippet's
+HEAVY = CONFIG.get("heavy", [])  # modules preloaded only in the heavy zygote
+# Processes of the snippet's uid that are not the snippet's: bwrap's init and the manager, plus the
+# zygotes when they share the uid (without snippet_uid everything in the sandbox has one uid).
+NPROC_BASE = CONFIG.get("nproc_base", 0) + (1 + bool(HEAVY) if SNIPPET_UID is None and CONFIG["sandboxed"] else 0)
 LIMITS = CONFIG["limits"]  # memory_bytes, max_processes, max_file_bytes, max_open_files
 SNIPPET_NAME = "<python>"
 
@@ -134,6 +146,7 @@ def prepare_for_children():
         io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
     )
     sys.argv = [SNIPPET_NAME]
+    sys.path.insert(0, WORKDIR)  # as `python file.py` puts the script's dir first
     # The worker's environment is already the sandbox's (bwrap --clearenv --setenv ...).
     os.environ.update(HOME=WORKDIR, TMPDIR=WORKDIR, PWD=WORKDIR)
     _warm_up()
@@ -143,7 +156,7 @@ def prepare_child(r_req, w_out, w_err, w_status, devnull):
     """In a child forked ahead of any request: isolate it, then wait for the snippet. Never returns.
 
     Everything that does not depend on the request is done before it arrives, so a call costs no
-    fork and no set-up; what does not differ between children was done once in the worker.
+    fork and no set-up; what does not differ between children was done once in the manager.
     """
     exit_code = 1
     try:
@@ -155,15 +168,13 @@ def prepare_child(r_req, w_out, w_err, w_status, devnull):
         os.chdir(WORKDIR)
         os.umask(0o077)
         _clear_keyrings()
-        os.dup2(r_req, _MAXFD - 2)  # parked high so that placing 0-4 below cannot clobber them
-        os.dup2(w_status, _MAXFD - 1)
-        os.dup2(devnull, 0)
-        os.dup2(w_out, 1)
-        os.dup2(w_err, 2)
-        os.dup2(_MAXFD - 2, REQ_FD)
-        os.dup2(_MAXFD - 1, STATUS_FD)
-        os.closerange(STATUS_FD + 1, _MAXFD)  # the worker's control pipes must not reach the snippet
-        sys.path.insert(0, WORKDIR)
+        # Each end is copied to the lowest free number above 4 first, so that placing them on 0-4
+        # cannot clobber one another. (Parking them at the top of the range grew the fd table to
+        # 64k entries in every child: half a megabyte to allocate and free per call.)
+        parked = [fcntl.fcntl(fd, fcntl.F_DUPFD, STATUS_FD + 1) for fd in (devnull, w_out, w_err, r_req, w_status)]
+        for target, fd in enumerate(parked):  # 0 stdin, 1 stdout, 2 stderr, REQ_FD, STATUS_FD
+            os.dup2(fd, target)
+        os.closerange(STATUS_FD + 1, _MAXFD)  # the worker's sockets and pipes must not reach the snippet
         # The limits that do not depend on the request, set before it comes (CPU time follows it).
         nproc = LIMITS["max_processes"] + (NPROC_BASE if SANDBOXED else _nproc_in_use())
         _set_limit(resource.RLIMIT_NPROC, nproc)
@@ -229,15 +240,15 @@ def run_snippet(code):
         return 1
 
 
-# -- the worker: one request -----------------------------------------------------------------------
+# -- the manager: cleaning up after a call ----------------------------------------------------------
 
 
-def _other_pids(me):
+def _other_pids(spare):
     pids = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             pid = int(name)
-            if pid != 1 and pid != me:
+            if pid not in spare:
                 pids.append(pid)
     return pids
 
@@ -250,27 +261,29 @@ def _is_zombie(pid):
         return True  # gone
 
 
-def sweep_processes():
-    """Kill every process in the sandbox but init and us; True when none is left."""
-    me = os.getpid()
+def sweep_processes(spare):
+    """Kill every process in the sandbox but those in ``spare`` (init, the manager, the zygotes);
+    True when none is left. (kill(-1) would spare only init and the caller.)"""
     if not SANDBOXED:
         return True
     for attempt in range(500):
-        try:
-            os.kill(-1, signal.SIGKILL)  # every process we may signal, in our pid namespace only
-        except ProcessLookupError:
-            pass
         _reap()
-        others = _other_pids(me)
+        others = _other_pids(spare)
         if not others:
             return True
         if attempt > 50 and not [pid for pid in others if not _is_zombie(pid)]:
             return True  # only zombies that init has not reaped yet
+        for pid in others:  # SIGKILL stops a process at once: it cannot fork after this
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         time.sleep(0.0005 if attempt < 20 else 0.005)
     return False
 
 
 def _reap():
+    """The manager's own children are the zygotes: reap one that died (its socket then says so)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -348,58 +361,110 @@ def clear_sysv_ipc():
     return ok
 
 
-class Child:
-    """A child forked ahead of its request, and the worker's ends of its pipes."""
+def make_workdir():
+    os.mkdir(WORKDIR, 0o700)
+    if SNIPPET_UID is not None:
+        os.chown(WORKDIR, SNIPPET_UID, SNIPPET_UID)
 
-    def __init__(self, devnull):
-        os.mkdir(WORKDIR, 0o700)
-        if SNIPPET_UID is not None:
-            os.chown(WORKDIR, SNIPPET_UID, SNIPPET_UID)
-        for stream in (sys.stdout, sys.stderr):  # nothing of the worker's may sit in a child's buffers
-            stream.flush()
-        r_req, self.w_req = os.pipe()
-        self.r_out, w_out = os.pipe()
-        self.r_err, w_err = os.pipe()
-        self.r_status, w_status = os.pipe()
+
+def clean_up(spare):
+    """After a call: no process but ``spare``, nothing in the writable places, a fresh WORKDIR."""
+    clean = sweep_processes(spare)
+    clean = wipe(WORKDIR, keep_dir=False) and clean
+    clean = wipe(TMP_ROOT, keep_dir=True) and clean
+    for path in EXTRA_WIPE:
+        clean = wipe(path, keep_dir=True) and clean
+    clean = clear_sysv_ipc() and clean
+    if clean:
+        make_workdir()
+    return clean
+
+
+def _ended(wait_status):
+    """How a child ended, from its wait status, as {"exit_code", "signal"}."""
+    if os.WIFSIGNALED(wait_status):
+        return {"exit_code": None, "signal": os.WTERMSIG(wait_status)}
+    return {"exit_code": os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None, "signal": None}
+
+
+# -- the zygote: forks children ---------------------------------------------------------------------
+
+FORK, END = b"f", b"e"  # the manager's two commands to a zygote
+_FDS_PER_CHILD = 5  # w_req, r_out, r_err, r_status, pidfd
+
+
+class Zygote:
+    """The manager's handle on a zygote: a process forked once that then forks the children."""
+
+    def __init__(self, devnull, close_in_zygote):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            for fd in (self.w_req, self.r_out, self.r_err, self.r_status):
-                os.close(fd)
-            prepare_child(r_req, w_out, w_err, w_status, devnull)
-        for fd in (r_req, w_out, w_err, w_status):
-            os.close(fd)
+            for sock in (self.sock, *close_in_zygote):  # ours, the host's, other zygotes'
+                os.close(sock.detach())
+            serve_forks(theirs, devnull)
+        theirs.close()
         self.pid = pid
-        self.pidfd = os.pidfd_open(pid)
 
-    def hand_over(self, ctl, clean):
-        """Send the host this child's pipe ends and pidfd (with ``{"ready": clean}``); keep none of them:
-        the host alone talks to the child, and EOF then reaches whoever waits on a pipe."""
-        fds = [self.w_req, self.r_out, self.r_err, self.r_status, self.pidfd]
-        tell(ctl, {"ready": clean}, fds)
-        for fd in fds:
-            os.close(fd)
+    def fork_child(self):
+        """A new child's pipe ends and pidfd (the caller closes them)."""
+        self.sock.send(FORK)
+        _, fds, _, _ = socket.recv_fds(self.sock, 1, _FDS_PER_CHILD)
+        if len(fds) != _FDS_PER_CHILD:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("the zygote sent no child")
+        return fds
 
-    def end(self):
-        """Make sure the child is dead and reaped; how it ended, as {"exit_code", "signal"}."""
-        _kill_group(self.pid)
-        _, wait_status = os.waitpid(self.pid, 0)
-        self.pid = None
-        if os.WIFSIGNALED(wait_status):
-            return {"exit_code": None, "signal": os.WTERMSIG(wait_status)}
-        return {"exit_code": os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None, "signal": None}
+    def end_child(self):
+        """Kill the current child (and its process group), reap it; how it ended."""
+        self.sock.send(END)
+        data = self.sock.recv(4)
+        if len(data) != 4:
+            raise OSError("the zygote is gone")
+        return _ended(struct.unpack(">i", data)[0])
 
-    def finish(self):
-        """Kill the child and everything it left, close the pipes, wipe every writable place."""
-        if self.pid is not None:
-            _kill_group(self.pid)
-            os.waitpid(self.pid, 0)
-            self.pid = None
-        clean = sweep_processes()
-        clean = wipe(WORKDIR, keep_dir=False) and clean
-        clean = wipe(TMP_ROOT, keep_dir=True) and clean
-        for path in EXTRA_WIPE:
-            clean = wipe(path, keep_dir=True) and clean
-        return clear_sysv_ipc() and clean
+
+def serve_forks(sock, devnull):
+    """A zygote's loop. Never returns.
+
+    After each fork every page of this process is shared with the child, so each page written here
+    afterwards is copied: this loop touches as little as it can (no JSON, no cleanup work)."""
+    for stream in (sys.stdout, sys.stderr):  # nothing of ours may sit in a child's buffers
+        stream.flush()
+    pid = None
+    while True:
+        command = sock.recv(1)
+        if command == FORK:
+            pid, fds = fork_child(devnull)
+            sock.sendmsg([FORK], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("5i", *fds))])
+            for fd in fds:
+                os.close(fd)
+        elif command == END and pid is not None:
+            _kill_group(pid)
+            wait_status = os.waitpid(pid, 0)[1]
+            pid = None
+            sock.send(struct.pack(">i", wait_status))
+        else:  # the manager is gone: so is the sandbox
+            if pid is not None:
+                _kill_group(pid)
+            os._exit(0)
+
+
+def fork_child(devnull):
+    """Fork a child that prepares itself and waits for its request; its pid, and the ends of its
+    pipes and a pidfd for the host."""
+    r_req, w_req = os.pipe()
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    r_status, w_status = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        prepare_child(r_req, w_out, w_err, w_status, devnull)  # never returns; closes the rest
+    for fd in (r_req, w_out, w_err, w_status):
+        os.close(fd)
+    return pid, (w_req, r_out, r_err, r_status, os.pidfd_open(pid))
+
 
 def _kill_group(pid):
     for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
@@ -407,6 +472,9 @@ def _kill_group(pid):
             target()
         except (ProcessLookupError, PermissionError):
             pass
+
+
+# -- the manager -------------------------------------------------------------------------------------
 
 
 def preload(names):
@@ -420,6 +488,23 @@ def preload(names):
     return loaded
 
 
+def start_zygote(devnull, close_in_zygote):
+    gc.collect()
+    gc.freeze()  # forked children then do not touch (and copy) the preloaded objects' pages
+    return Zygote(devnull, close_in_zygote)
+
+
+def hand_over(ctl, zygote, kind):
+    """Have ``zygote`` fork the next child and send the host its pipe ends and pidfd; keep none of
+    them: the host alone talks to the child, and EOF then reaches whoever waits on a pipe."""
+    fds = zygote.fork_child()
+    try:
+        tell(ctl, {"ready": True, "kind": kind}, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def main():
     ctl = socket.socket(fileno=os.dup(0))  # the host's end is a SOCK_SEQPACKET pair: one message each
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -429,31 +514,46 @@ def main():
     # PR_SET_DUMPABLE=0: a snippet of the same uid cannot ptrace us or write our memory.
     _libc.prctl(4, 0, 0, 0, 0)
     prepare_for_children()
-    gc.collect()
-    gc.freeze()  # forked children then do not touch (and copy) the preloaded objects' pages
-    tell(ctl, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "preloaded": loaded})
+    make_workdir()
+    zygotes = {"lean": start_zygote(devnull, [ctl])}
+    heavy = preload(HEAVY)
+    if heavy:
+        zygotes["heavy"] = start_zygote(devnull, [ctl, zygotes["lean"].sock])
+    spare = {1, os.getpid()} | {zygote.pid for zygote in zygotes.values()}
+    tell(ctl, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "preloaded": loaded + heavy, "kinds": list(zygotes)})
     os.dup2(devnull, 2)
-    child = Child(devnull)
-    child.hand_over(ctl, True)
+    kind = "lean"
+    try:
+        hand_over(ctl, zygotes[kind], kind)
+    except OSError:
+        tell(ctl, {"ready": False})
+        return
     while True:
-        # {"done": true, "report": bool}: the host has what it wanted from the child (it may have
-        # killed it); "report" when it wants to know how the child ended.
+        # {"done": true, "report": bool, "next": kind}: the host has what it wanted from the child (it
+        # may have killed it, or not used it); "report" when it wants to know how the child ended;
+        # "next", the kind of child to make ready.
         message = hear(ctl)
-        ended = child.end()
+        try:
+            ended = zygotes[kind].end_child()
+        except OSError:  # a snippet killed its zygote: this sandbox cannot go on
+            ended = None
         if message is None:  # the host closed the sandbox
-            child.finish()
+            for zygote in zygotes.values():
+                zygote.sock.close()
+            clean_up(spare)
             return
         if message.get("report"):
-            tell(ctl, {"ended": True, **ended})
+            tell(ctl, {"ended": True, **(ended or {"exit_code": None, "signal": None})})
+        kind = message.get("next") if message.get("next") in zygotes else "lean"
         try:
-            clean = child.finish()
-            child = Child(devnull) if clean else None
-        except Exception:  # noqa: BLE001
+            clean = ended is not None and clean_up(spare)
+            if clean:
+                hand_over(ctl, zygotes[kind], kind)
+        except Exception:  # noqa: BLE001 - a zygote gone, or a wipe that failed: not clean
             clean = False
         if not clean:
             tell(ctl, {"ready": False})
             return
-        child.hand_over(ctl, True)
 
 
 if __name__ == "__main__":

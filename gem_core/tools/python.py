@@ -22,6 +22,11 @@ sandbox, wipes its writable places and forks the next child; the host takes a wo
 only once it has reported itself clean. A worker that cannot prove itself clean, dies, or misses
 its deadline is thrown away and replaced, so no state of one call reaches the next.
 
+Heavy modules (numpy, by default) are preloaded in a second zygote of each worker, so a call whose
+code names one (or a library built on one, such as scipy or pandas) gets a child with it imported,
+while other calls fork a process half the size: fork and exit cost grows with the forking
+process's pages. The choice only affects speed; either child can import anything.
+
 When the host runs as root, the sandbox gets its own user namespace in which the snippets run as a
 uid that maps to the host's ``nobody``: they are not host root, cannot signal their worker, and the
 kernel enforces their process limit (it exempts uid 0 from ``RLIMIT_NPROC``).
@@ -34,6 +39,7 @@ it says so loudly every time a sandbox is made that way.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import logging
 import math
@@ -68,6 +74,11 @@ DEFAULT_PRELOAD = (
     "math", "cmath", "re", "json", "string", "random", "itertools", "functools", "collections",
     "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "numpy",
 )  # fmt: skip
+# Preloaded in the heavy zygote only: each maps tens of MB that a fork copies page tables for.
+HEAVY_MODULES = frozenset({"numpy", "scipy", "pandas", "sympy", "torch", "sklearn", "matplotlib"})
+# Code that names one of these gets a heavy child (when the sandbox preloads heavy modules): they
+# are the heavy modules and libraries that import numpy when imported.
+_HEAVY_HINT = re.compile(r"\b(?:numpy|scipy|pandas|sympy|torch|sklearn|matplotlib|seaborn|statsmodels)\b")
 TRUNCATION_MARKER = "\n[... output truncated: more than {limit} bytes ...]"
 _WORKER_SOURCE = (Path(__file__).with_name("_sandbox_worker.py")).read_text()
 _SANDBOX_UID = 1000  # the uid snippets have inside the sandbox
@@ -165,12 +176,14 @@ class _Worker:
         hello = self._await_ready()
         self.pid_in_sandbox = hello.get("pid")
         self.preloaded: list[str] = hello.get("preloaded", [])
+        self.kinds: list[str] = hello.get("kinds", ["lean"])  # of child: "lean", and "heavy" when preloaded
+        self.next_kind = "lean"  # the kind of child it has (or is making) ready
         self.owes_ready = True  # the first child's pipes follow the greeting
 
     # start-up
     def _start(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         s = self.settings
-        config: dict[str, Any] = {"preload": list(s.preload), "limits": s.limits}
+        config: dict[str, Any] = {"preload": list(s.preload), "heavy": list(s.heavy), "limits": s.limits}
         pass_fds: tuple[int, ...] = ()
         ns_fd = helper = None
         if s.isolation == "none":
@@ -186,7 +199,7 @@ class _Worker:
                 pass_fds = (ns_fd,)
                 config.update(snippet_uid=_SANDBOX_UID, nproc_base=0)
             else:
-                config.update(nproc_base=2)  # bwrap's init and the worker share the snippet's uid
+                config.update(nproc_base=2)  # bwrap's init and the manager share the snippet's uid (and its zygotes)
             argv = _bwrap_argv(s, ns_fd) + [sys.executable, "-I", "-c", _WORKER_SOURCE, json.dumps(config)]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         # One message per send, so no framing; the worker sends its child's pipes as SCM_RIGHTS.
@@ -272,7 +285,8 @@ class _Worker:
             raise _WorkerLost(f"the worker sent an unreadable message ({exc})") from None
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run one request on the waiting child, straight through its pipes; then tell the worker."""
+        """Run one request on the waiting child, straight through its pipes; then tell the worker
+        (which makes a child of the same kind ready next)."""
         self.calls += 1
         child, self.child = self.child, None
         if child is None:
@@ -283,7 +297,7 @@ class _Worker:
             try:
                 # "report": the child was killed or died without telling its exit code; the worker,
                 # which reaps it, says how it ended (one message less on the common path).
-                self._send({"done": True, "report": reply["exit_code"] is None})
+                self._send({"done": True, "report": reply["exit_code"] is None, "next": self.next_kind})
             except _WorkerLost:
                 if reply["exit_code"] is None:
                     raise
@@ -294,6 +308,15 @@ class _Worker:
             return reply
         finally:
             child.close()
+
+    def switch(self, kind: str) -> None:
+        """Give up the waiting child unused and have one of ``kind`` made ready instead."""
+        if self.child is not None:
+            self.child.close()  # it reads EOF instead of a request and exits
+            self.child = None
+        self.next_kind = kind
+        self.owes_ready = True
+        self._send({"done": True, "report": False, "next": kind})
 
     def _await(self, key: str, deadline: float) -> dict[str, Any]:
         """The worker's next message that carries ``key`` (an ``ended`` report may come first)."""
@@ -317,6 +340,7 @@ class _Worker:
         except _WorkerLost:
             return False
         self.owes_ready = False
+        self.next_kind = message.get("kind", self.next_kind)
         return bool(message.get("ready")) and self.child is not None
 
     def alive(self) -> bool:
@@ -606,7 +630,8 @@ def _bwrap_argv(s: _Settings, ns_fd: int | None) -> list[str]:
 @dataclass(frozen=True)
 class _Settings:
     isolation: Isolation
-    preload: tuple[str, ...]
+    preload: tuple[str, ...]  # in every child
+    heavy: tuple[str, ...]  # in heavy children only
     tmpfs_bytes: int
     start_timeout: float
     limits: dict[str, Any]  # set in each child before its request arrives
@@ -682,8 +707,10 @@ class PythonSandbox:
             "max_file_bytes": max_file_mb * 1024 * 1024,
             "max_open_files": max_open_files,
         }
-        self._settings = _Settings(isolation, tuple(preload), tmpfs_mb * 1024 * 1024, start_timeout, limits)
-        self._idle: queue.Queue[_Worker | None] = queue.Queue()
+        lean = tuple(name for name in preload if name.split(".")[0] not in HEAVY_MODULES)
+        heavy = tuple(name for name in preload if name.split(".")[0] in HEAVY_MODULES)
+        self._settings = _Settings(isolation, lean, heavy, tmpfs_mb * 1024 * 1024, start_timeout, limits)
+        self._idle = _IdleWorkers()
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -728,8 +755,7 @@ class PythonSandbox:
             self._all.clear()
         for worker in workers:
             worker.kill()
-        for _ in range(self.workers):
-            self._idle.put(None)  # wake any caller waiting for a worker
+        self._idle.close()  # wake any caller waiting for a worker
 
     def __enter__(self) -> PythonSandbox:  # noqa: PYI034 - start() returns self
         return self.start()
@@ -773,7 +799,7 @@ class PythonSandbox:
         """In a process forked from the one that made this pool: the workers belong to the parent.
         Forget them (without killing them) and start our own on demand."""
         self._pid = os.getpid()
-        self._idle = queue.Queue()
+        self._idle = _IdleWorkers()
         self._all = set()
         self._lock = threading.Lock()
         self._started = False
@@ -792,7 +818,7 @@ class PythonSandbox:
             "cpu_seconds": self.cpu_seconds or math.ceil(timeout) + 1,
             "max_output_bytes": self.max_output_bytes,
         }
-        worker = self._checkout()
+        worker = self._checkout("heavy" if self._settings.heavy and _HEAVY_HINT.search(code) else "lean")
         started = time.monotonic()
         try:
             reply = worker.run(request)
@@ -816,11 +842,12 @@ class PythonSandbox:
             duration=reply["duration"],
         )
 
-    def _checkout(self) -> _Worker:
-        """An idle worker that has proved itself clean since its last call (others are replaced)."""
+    def _checkout(self, kind: str) -> _Worker:
+        """An idle worker that has proved itself clean since its last call (others are replaced),
+        with a child of ``kind`` ready: one that has it if any is idle, else one that switches."""
         while True:
             try:
-                worker = self._idle.get(timeout=1.0)
+                worker = self._idle.get(kind, timeout=1.0)
             except queue.Empty:
                 with self._lock:
                     starved = not self._all and self._booting == 0
@@ -829,12 +856,56 @@ class PythonSandbox:
                 continue
             if worker is None:
                 raise SandboxError("the sandbox is closed (or could not replace a failed worker)")
+            if not worker.ready():
+                self._replace(worker)
+                continue
+            if worker.next_kind == kind or kind not in worker.kinds:
+                return worker
+            try:
+                worker.switch(kind)
+            except _WorkerLost:
+                self._replace(worker)
+                continue
             if worker.ready():
                 return worker
             self._replace(worker)
 
     def __repr__(self) -> str:
         return f"PythonSandbox(workers={self.workers}, isolation={self.isolation!r}, timeout={self.timeout})"
+
+
+class _IdleWorkers:
+    """The pool's free workers, oldest first (the likeliest to have finished cleaning up), each with
+    the kind of child it has, or is making, ready."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._workers: collections.deque[_Worker] = collections.deque()
+        self._closed = False
+
+    def put(self, worker: _Worker) -> None:
+        with self._ready:
+            self._workers.append(worker)
+            self._ready.notify()
+
+    def get(self, kind: str, timeout: float) -> _Worker | None:
+        """The oldest free worker with a ``kind`` child, else the oldest; None once closed.
+        Raises queue.Empty when none came free within ``timeout`` seconds."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._workers or self._closed, timeout):
+                raise queue.Empty
+            if self._closed:
+                return None
+            for worker in self._workers:
+                if worker.next_kind == kind:
+                    self._workers.remove(worker)
+                    return worker
+            return self._workers.popleft()
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
 
 
 # -- the tool --------------------------------------------------------------------------------------

@@ -382,10 +382,11 @@ def _(r, host):
     "/proc snooping: processes and their command lines",
     "import os\npids = [p for p in os.listdir('/proc') if p.isdigit()]\nprint('PIDS', len(pids))\n"
     "for p in pids[:200]:\n    try: print(open(f'/proc/{p}/cmdline', 'rb').read()[:60])\n    except OSError: pass",
-    lambda t, h: _if("PIDS " in t and int(t.split("PIDS ")[1].split()[0]) > 3, "sees the host's processes"),
+    lambda t, h: _if("PIDS " in t and int(t.split("PIDS ")[1].split()[0]) > 5, "sees the host's processes"),
 )
 def _(r, host):
-    assert int(r.stdout.split("PIDS ")[1].split()[0]) <= 3  # bwrap's init, the worker, this snippet
+    # bwrap's init, the worker's manager, its one or two zygotes, this snippet
+    assert int(r.stdout.split("PIDS ")[1].split()[0]) <= 5
 
 
 @hostile(

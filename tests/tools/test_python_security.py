@@ -81,8 +81,13 @@ def test_background_process_does_not_survive(box, host):
             "import os, time\ntime.sleep(0.1)\nprint(os.path.exists('/tmp/alive'), len([p for p in os.listdir('/proc') if p.isdigit()]))",
             host,
         )
-        assert r.stdout.split() == ["False", "3"] or r.stdout.split()[0] == "False"
-        assert int(r.stdout.split()[1]) <= 3
+        assert r.stdout.split()[0] == "False"
+        assert int(r.stdout.split()[1]) <= _processes_of_a_quiet_sandbox(box)
+
+
+def _processes_of_a_quiet_sandbox(sandbox):
+    """bwrap's init, the worker's manager, its zygotes (lean, and heavy when numpy is there), the snippet."""
+    return 2 + len(next(iter(sandbox._all)).kinds) + 1
 
 
 def test_python_state_files_and_ipc_do_not_survive(box, host):
@@ -151,9 +156,9 @@ def test_thousand_calls_leave_no_zombies_processes_or_files(host):
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda _: sb.run(probe), range(1000)))
         assert all(r.ok for r in results), [r for r in results if not r.ok][:2]
-        # Each call sees only its own fresh temp dir and at most init + worker + itself.
+        # Each call sees only its own fresh temp dir and at most init + manager + zygote + itself.
         assert {r.stdout.split()[0] for r in results} == {"1"}
-        assert max(int(r.stdout.split()[1]) for r in results) <= 3
+        assert max(int(r.stdout.split()[1]) for r in results) <= _processes_of_a_quiet_sandbox(sb) == 4
         assert {r.stdout.split()[2] for r in results} == {"work"}
         assert sb.replaced == 0
         # The host holds, per worker, its control socket and the five pipe ends of its waiting child.

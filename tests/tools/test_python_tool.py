@@ -282,3 +282,40 @@ def test_a_snippet_larger_than_a_pipe_buffer_is_handed_over_whole(sandbox):
     code = "# padding\n" * 200_000 + "print('tail ran')"
     result = sandbox.run(code)
     assert result.ok and result.stdout == "tail ran\n"
+
+
+def test_code_that_names_numpy_gets_a_child_with_numpy_imported_and_other_code_a_lean_one():
+    pytest.importorskip("numpy")
+    require = pytest.importorskip("sandbox_support")
+    require.require_bwrap()
+    # One worker, so every call below goes to the same one, switching its waiting child's kind.
+    with PythonSandbox(workers=1, timeout=5.0) as sb:
+        (worker,) = sb._all
+        assert worker.kinds == ["lean", "heavy"]
+        lean = "import sys\nprint(sorted(m for m in sys.modules if m.startswith('nump')))"
+        heavy = "import sys\nprint('numpy' in sys.modules)  # the word numpy routes this call"
+        for _ in range(3):
+            assert sb.run(lean).stdout == "[]\n"  # numpy is not loaded in a lean child
+            assert sb.run(heavy).stdout == "True\n"  # it is, before any import, in a heavy one
+        # Any child can still import anything: routing only decides what was imported ahead.
+        indirect = "m = __import__('nu' + 'mpy')\nprint(int(m.arange(4).sum()))"
+        assert sb.run(indirect).stdout == "6\n"
+        assert sb.replaced == 0
+
+
+def test_without_heavy_modules_there_is_one_kind_of_child():
+    require = pytest.importorskip("sandbox_support")
+    require.require_bwrap()
+    with PythonSandbox(workers=1, preload=("math",)) as sb:
+        (worker,) = sb._all
+        assert worker.kinds == ["lean"]
+        assert sb.run("import sys\nprint('numpy' in sys.modules, 'math' in sys.modules)").stdout == "False True\n"
+
+
+def test_each_child_has_a_small_file_descriptor_table(sandbox):
+    # The child moves its pipes onto fds 0-4 without growing its fd table (growing it to 64k
+    # entries cost every call half a megabyte to allocate, copy and free).
+    result = sandbox.run("print([l.split()[1] for l in open('/proc/self/status') if l.startswith('FDSize')][0])")
+    assert result.ok and int(result.stdout) <= 1024
+    # The streams, the exit-report pipe (4) and listdir's own fd (3, where the request pipe was): no more.
+    assert sandbox.run("import os\nprint(sorted(os.listdir('/proc/self/fd')))").stdout == "['0', '1', '2', '3', '4']\n"
