@@ -499,6 +499,14 @@ def _close_all_fds(fds: list[int]) -> None:
                 pass
 
 
+def _readable(fds: list[int]) -> set[int]:
+    """Those of ``fds`` that can be read now, without waiting."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(0)}
+
+
 def _wait_readable(fds: list[int], timeout: float) -> bool:
     """Whether one of ``fds`` becomes readable within ``timeout`` seconds (poll: no FD_SETSIZE limit)."""
     poller = select.poll()
@@ -875,8 +883,13 @@ class PythonSandbox:
 
 
 class _IdleWorkers:
-    """The pool's free workers, oldest first (the likeliest to have finished cleaning up), each with
-    the kind of child it has, or is making, ready."""
+    """The pool's free workers, in the order they came back, each with the kind of child it has, or
+    is making, ready.
+
+    A call takes the most recently used worker that has finished cleaning up, so that at low load a
+    few workers serve every call and their pages stay in the CPU caches (on a 2-core VM, rotating
+    through 16 workers made a call 30% slower than through 4); failing that, the oldest, the
+    likeliest to finish first."""
 
     def __init__(self) -> None:
         self._ready = threading.Condition()
@@ -896,11 +909,18 @@ class _IdleWorkers:
                 raise queue.Empty
             if self._closed:
                 return None
-            for worker in self._workers:
-                if worker.next_kind == kind:
-                    self._workers.remove(worker)
-                    return worker
-            return self._workers.popleft()
+            same_kind = [worker for worker in self._workers if worker.next_kind == kind] or list(self._workers)
+            ready = [worker for worker in same_kind if not worker.owes_ready]
+            pending = [worker for worker in same_kind if worker.owes_ready]
+            if pending:  # those whose ready message has arrived (or whose socket is closed: a dead worker)
+                readable = _readable([worker.ctl.fileno() for worker in pending if worker.ctl.fileno() >= 0])
+                ready += [worker for worker in pending if worker.ctl.fileno() in readable or worker.ctl.fileno() < 0]
+            if ready:
+                worker = max(ready, key=self._workers.index)  # the most recently used of them
+            else:
+                worker = same_kind[0]
+            self._workers.remove(worker)
+            return worker
 
     def close(self) -> None:
         with self._ready:

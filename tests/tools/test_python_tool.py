@@ -319,3 +319,30 @@ def test_each_child_has_a_small_file_descriptor_table(sandbox):
     assert result.ok and int(result.stdout) <= 1024
     # The streams, the exit-report pipe (4) and listdir's own fd (3, where the request pipe was): no more.
     assert sandbox.run("import os\nprint(sorted(os.listdir('/proc/self/fd')))").stdout == "['0', '1', '2', '3', '4']\n"
+
+
+def test_a_call_takes_the_most_recently_used_worker_that_is_ready():
+    import socket
+
+    from gem_core.tools.python import _IdleWorkers
+
+    class FakeWorker:
+        def __init__(self, name, kind="lean", owes_ready=False):
+            self.name, self.next_kind, self.owes_ready = name, kind, owes_ready
+            self.ctl, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    idle = _IdleWorkers()
+    old, cleaning, recent, heavy = FakeWorker("old"), FakeWorker("cleaning", owes_ready=True), FakeWorker("recent"), FakeWorker("heavy", "heavy")
+    for worker in (old, cleaning, recent, heavy):
+        idle.put(worker)
+    assert idle.get("lean", timeout=1).name == "recent"  # ready and the most recent of its kind
+    assert idle.get("heavy", timeout=1).name == "heavy"
+    cleaning.peer.send(b'{"ready": true}')  # its clean-up is done: it is now the most recent ready one
+    assert idle.get("lean", timeout=1).name == "cleaning"
+    idle.put(cleaning)
+    cleaning.owes_ready = True
+    cleaning.ctl.recv(100)  # nothing pending: still cleaning up
+    assert idle.get("heavy", timeout=1).name == "old"  # no heavy one idle: the most recent ready one
+    assert idle.get("lean", timeout=1).name == "cleaning"  # none ready: the oldest, which is waited for
+    idle.close()
+    assert idle.get("lean", timeout=1) is None
