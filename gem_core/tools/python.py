@@ -664,6 +664,9 @@ class PythonSandbox:
     ``max_file_mb`` (largest file it may write), ``max_open_files``, ``max_output_bytes`` (stdout and
     stderr together; the rest is cut with a marker). Memory, process, file and open-file limits are
     fixed when the sandbox is made (each child sets them before its request arrives).
+    ``preload`` names the modules each worker imports once, ahead of every call; those in
+    ``HEAVY_MODULES`` (numpy, by default) are imported only in the worker's heavy zygote, whose
+    children get the calls whose code names one of them (see ``_HEAVY_HINT``).
     Workers start on the first call (or on :meth:`start`), and are replaced when one dies or cannot
     be proved clean.
     """
