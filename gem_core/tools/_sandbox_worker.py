@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import fcntl
 import gc
+import importlib.util
 import io
 import json
 import linecache
@@ -43,12 +44,14 @@ import time
 import traceback
 
 CONFIG = json.loads(sys.argv[1])
-SANDBOXED = CONFIG["sandboxed"]  # inside bwrap's pid namespace: kill(-1) reaches only the sandbox
+SANDBOXED = CONFIG["sandboxed"]  # inside bwrap's pid namespace: /proc lists only the sandbox's processes
 TMP_ROOT = CONFIG["tmp_root"]  # a private writable dir, emptied after every call
 EXTRA_WIPE = CONFIG.get("extra_wipe", [])  # other writable places (/dev/shm, /dev/mqueue)
 KEEP = frozenset(CONFIG.get("keep", []))  # paths under the wiped places that are mounts, not state
 SNIPPET_UID = CONFIG.get("snippet_uid")  # set when the worker is ns-root: snippets run as this uid
-HEAVY = CONFIG.get("heavy", [])  # modules preloaded only in the heavy zygote
+# Modules preloaded only in the heavy zygote: those installed (found before the lean zygote is
+# forked, so that its children's process limit counts the heavy zygote only when there is one).
+HEAVY = [name for name in CONFIG.get("heavy", []) if importlib.util.find_spec(name.split(".")[0]) is not None]
 # Processes of the snippet's uid that are not the snippet's: bwrap's init and the manager, plus the
 # zygotes when they share the uid (without snippet_uid everything in the sandbox has one uid).
 NPROC_BASE = CONFIG.get("nproc_base", 0) + (1 + bool(HEAVY) if SNIPPET_UID is None and CONFIG["sandboxed"] else 0)
@@ -267,7 +270,10 @@ def sweep_processes(spare):
     if not SANDBOXED:
         return True
     for attempt in range(500):
-        _reap()
+        if _reap() & spare:
+            # A zygote died (a snippet of its uid killed it). Its pid is free for a snippet's process
+            # to take, which the sweep would then spare: this sandbox is not clean any more.
+            return False
         others = _other_pids(spare)
         if not others:
             return True
@@ -283,14 +289,16 @@ def sweep_processes(spare):
 
 
 def _reap():
-    """The manager's own children are the zygotes: reap one that died (its socket then says so)."""
+    """The manager's own children are the zygotes: reap those that died; their pids."""
+    reaped = set()
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.add(pid)
 
 
 def _make_writable(path):

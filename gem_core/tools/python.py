@@ -689,6 +689,8 @@ class PythonSandbox:
     ):
         if isolation not in ("bwrap", "none"):
             raise ValueError(f"isolation must be 'bwrap' or 'none', got {isolation!r}")
+        if isinstance(preload, str):
+            raise TypeError(f"preload must be a sequence of module names, got the string {preload!r}")
         if isolation == "bwrap":
             require_bwrap()
         else:
@@ -905,8 +907,9 @@ class _IdleWorkers:
             self._ready.notify()
 
     def get(self, kind: str, timeout: float) -> _Worker | None:
-        """The oldest free worker with a ``kind`` child, else the oldest; None once closed.
-        Raises queue.Empty when none came free within ``timeout`` seconds."""
+        """Among the free workers with a ``kind`` child (or all, if none has one): the most recently
+        used that is ready now, else the oldest. None once closed; queue.Empty when none came free
+        within ``timeout`` seconds."""
         with self._ready:
             if not self._ready.wait_for(lambda: self._workers or self._closed, timeout):
                 raise queue.Empty

@@ -9,6 +9,7 @@ variable exist on the host for the whole module; neither may ever appear in any 
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -167,3 +168,24 @@ def test_thousand_calls_leave_no_zombies_processes_or_files(host):
     assert _zombie_children() == []
     leftovers = set(os.listdir(tempfile.gettempdir())) - tmp_before
     assert not [name for name in leftovers if name.startswith("gem-")]
+
+
+def test_a_sandbox_whose_zygote_died_is_replaced(host):
+    # Without root a snippet shares its zygotes' uid and can kill one. Its pid would then be free for a
+    # snippet's process to take, and the sweep spares that pid: the sandbox must be thrown away instead.
+    # (Here the test kills the zygote from the host, as such a snippet would.)
+    pytest.importorskip("numpy")
+    from gem_core.tools.python import PythonSandbox
+
+    def children(pid):
+        return [int(k) for k in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+    with PythonSandbox(workers=1, timeout=TIMEOUT) as sb:
+        (worker,) = sb._all
+        (inner_bwrap,) = children(worker.proc.pid)
+        (manager,) = children(inner_bwrap)
+        lean_zygote, heavy_zygote = children(manager)  # forked in this order
+        os.kill(heavy_zygote, signal.SIGKILL)
+        assert sb.run("print(1)").stdout == "1\n"  # the lean child was already waiting
+        assert sb.run("print(2)").stdout == "2\n"
+        assert sb.replaced == 1

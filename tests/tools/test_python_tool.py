@@ -89,6 +89,8 @@ def test_bad_arguments_are_rejected():
         PythonSandbox(isolation="docker")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="either"):
         PythonTool(sandbox=_FakeSandbox(), workers=2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sequence of module names"):
+        PythonSandbox(preload="numpy")  # type: ignore[arg-type]  # would preload "n", "u", "m", ...
 
 
 def test_isolation_none_warns_loudly_and_still_runs_with_limits():
