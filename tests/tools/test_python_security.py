@@ -119,6 +119,12 @@ def test_numpy_random_differs_between_calls(box, host):
     assert len(draws) == 4
 
 
+def test_random_differs_between_calls(box, host):
+    # Children are forked without CPython's at-fork hooks: the zygote reseeds `random` for each one.
+    draws = [run(box, "import random; print(random.getrandbits(62))", host).stdout for _ in range(6)]
+    assert len(set(draws)) == 6, draws
+
+
 # -- many calls: nothing accumulates ---------------------------------------------------------------
 
 
