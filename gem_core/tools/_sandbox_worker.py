@@ -153,14 +153,16 @@ def prepare_for_children():
     sys.path.insert(0, WORKDIR)  # as `python file.py` puts the script's dir first
     # The worker's environment is already the sandbox's (bwrap --clearenv --setenv ...).
     os.environ.update(HOME=WORKDIR, TMPDIR=WORKDIR, PWD=WORKDIR)
+    os.umask(0o077)
     _warm_up()
 
 
-def prepare_child(r_req, w_out, w_err, w_status, devnull):
+def prepare_child():
     """In a child forked ahead of any request: isolate it, then wait for the snippet. Never returns.
 
     Everything that does not depend on the request is done before it arrives, so a call costs no
-    fork and no set-up; what does not differ between children was done once in the manager.
+    fork and no set-up; what does not differ between children was done once in the manager, and
+    the zygote forked it with its pipes already on 0-4.
     """
     exit_code = 1
     try:
@@ -170,14 +172,7 @@ def prepare_child(r_req, w_out, w_err, w_status, devnull):
             os.setresgid(SNIPPET_UID, SNIPPET_UID, SNIPPET_UID)
             os.setresuid(SNIPPET_UID, SNIPPET_UID, SNIPPET_UID)
         os.chdir(WORKDIR)
-        os.umask(0o077)
         _clear_keyrings()
-        # Each end is copied to the lowest free number above 4 first, so that placing them on 0-4
-        # cannot clobber one another. (Parking them at the top of the range grew the fd table to
-        # 64k entries in every child: half a megabyte to allocate and free per call.)
-        parked = [fcntl.fcntl(fd, fcntl.F_DUPFD, STATUS_FD + 1) for fd in (devnull, w_out, w_err, r_req, w_status)]
-        for target, fd in enumerate(parked):  # 0 stdin, 1 stdout, 2 stderr, REQ_FD, STATUS_FD
-            os.dup2(fd, target)
         os.closerange(STATUS_FD + 1, _MAXFD)  # the worker's sockets and pipes must not reach the snippet
         # The limits that do not depend on the request, set before it comes (CPU time follows it).
         nproc = LIMITS["max_processes"] + (NPROC_BASE if SANDBOXED else _nproc_in_use())
@@ -440,11 +435,17 @@ def serve_forks(sock, devnull):
     afterwards is copied: this loop touches as little as it can (no JSON, no cleanup work)."""
     for stream in (sys.stdout, sys.stderr):  # nothing of ours may sit in a child's buffers
         stream.flush()
+    # Our own descriptors move above 4, and /dev/null fills 0-4: pipes made later then get numbers
+    # above 4, and each child's ends are put on 0-4 just before it is forked (see fork_child).
+    sock = socket.socket(fileno=_above_child_fds(sock.detach()))
+    devnull = _above_child_fds(devnull)
+    for fd in range(STATUS_FD + 1):
+        os.dup2(devnull, fd)
     pid = None
     while True:
         command = sock.recv(1)
         if command == FORK:
-            pid, fds = fork_child(devnull)
+            pid, fds = fork_child()
             sock.sendmsg([FORK], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("5i", *fds))])
             for fd in fds:
                 os.close(fd)
@@ -459,7 +460,7 @@ def serve_forks(sock, devnull):
             os._exit(0)
 
 
-def fork_child(devnull):
+def fork_child():
     """Fork a child that prepares itself and waits for its request; its pid, and the ends of its
     pipes and a pidfd for the host."""
     _reseed()
@@ -467,12 +468,25 @@ def fork_child(devnull):
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
     r_status, w_status = os.pipe()
+    # The child's ends go on 1-4 here (0 is /dev/null), so the child has none to move: in the
+    # child, each Python call costs copy-on-write faults; here the same calls cost far less.
+    for target, fd in enumerate((w_out, w_err, r_req, w_status), start=1):
+        os.dup2(fd, target)  # they stay here until the next fork replaces them
     pid = _fork()
     if pid == 0:
-        prepare_child(r_req, w_out, w_err, w_status, devnull)  # never returns; closes the rest
+        prepare_child()  # never returns
     for fd in (r_req, w_out, w_err, w_status):
         os.close(fd)
     return pid, (w_req, r_out, r_err, r_status, os.pidfd_open(pid))
+
+
+def _above_child_fds(fd):
+    """``fd`` moved to a number above the child's five (0-4)."""
+    if fd > STATUS_FD:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, STATUS_FD + 1)
+    os.close(fd)
+    return moved
 
 
 def _reseed():
