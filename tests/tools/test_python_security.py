@@ -96,21 +96,25 @@ def test_python_state_files_and_ipc_do_not_survive(box, host):
         "import builtins, math, os, sys, ctypes\nbuiltins.LEAK = 1\nmath.pi = 3\nsys.modules['json'].LEAK = 1\n"
         "os.environ['LEAK'] = '1'\nopen('/tmp/leak', 'w').write('x')\nopen('/dev/shm/leak', 'w').write('x')\n"
         "open('leak-in-cwd', 'w').write('x')\nos.makedirs('/tmp/d/e', exist_ok=True); os.chmod('/tmp/d', 0)\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\nprint('shm', libc.shmget(4242, 4096, 0o1666))\nprint(os.getcwd())"
+        "libc = ctypes.CDLL(None, use_errno=True)\nprint('shm', libc.shmget(4242, 4096, 0o1666))\n"
+        "print('msg', libc.msgget(4243, 0o1666), 'sem', libc.semget(4244, 2, 0o1666))\nprint(os.getcwd())"
     )
     probe = (
         "import builtins, math, os, sys, ctypes, json\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "print(hasattr(builtins, 'LEAK'), math.pi == 3, hasattr(json, 'LEAK'), 'LEAK' in os.environ,\n"
-        "      sorted(os.listdir('/tmp')), os.listdir('/dev/shm'), libc.shmget(4242, 0, 0), os.listdir('.'))"
+        "      sorted(os.listdir('/tmp')), os.listdir('/dev/shm'), libc.shmget(4242, 0, 0), os.listdir('.'))\n"
+        "print('ipc', libc.msgget(4243, 0), libc.semget(4244, 0, 0))"
     )
     first = run(box, poison, host)
     assert "shm" in first.stdout and first.ok
+    assert " -1" not in first.stdout, first.stdout  # the segment, the queue and the semaphore set exist
     for _ in range(4):
         r = run(box, probe, host)
         assert r.ok, r.stderr
         assert r.stdout.startswith("False False False False")
         assert "leak" not in r.stdout and "'d'" not in r.stdout
         assert " -1 " in r.stdout  # the System V segment is gone
+        assert r.stdout.splitlines()[-1] == "ipc -1 -1"  # and the message queue and semaphore set
 
 
 def test_numpy_random_differs_between_calls(box, host):
