@@ -35,7 +35,6 @@ import json
 import linecache
 import os
 import resource
-import shutil
 import signal
 import socket
 import struct
@@ -324,6 +323,10 @@ def wipe(path, keep_dir):
             continue
         try:
             if os.path.isdir(full) and not os.path.islink(full):
+                # Imported here, in the manager after the zygotes were forked: shutil brings zlib,
+                # bz2 and lzma, 40 memory mappings that made every fork and exit dearer.
+                import shutil
+
                 try:
                     shutil.rmtree(full)
                 except OSError:
