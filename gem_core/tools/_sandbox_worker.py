@@ -412,7 +412,7 @@ def _ended(wait_status):
 # -- the zygote: forks children ---------------------------------------------------------------------
 
 FORK, END = b"f", b"e"  # the manager's two commands to a zygote
-_FDS_PER_CHILD = 5  # w_req, r_out, r_err, r_status, pidfd
+_FDS_PER_CHILD = 4  # the host's ends of the child's pipes: w_req, r_out, r_err, r_status
 
 
 class Zygote:
@@ -429,14 +429,19 @@ class Zygote:
         self.pid = pid
 
     def fork_child(self):
-        """A new child's pipe ends and pidfd (the caller closes them)."""
+        """A new child's pipe ends and a pidfd (the caller closes them)."""
         self.sock.send(FORK)
-        _, fds, _, _ = socket.recv_fds(self.sock, 1, _FDS_PER_CHILD)
-        if len(fds) != _FDS_PER_CHILD:
+        data, fds, _, _ = socket.recv_fds(self.sock, 4, _FDS_PER_CHILD)
+        try:
+            if len(data) != 4 or len(fds) != _FDS_PER_CHILD:
+                raise OSError("the zygote sent no child")
+            # Opened here, not in the zygote: the child stays a zombie until the zygote reaps it,
+            # so its pid cannot be reused before this.
+            return [*fds, os.pidfd_open(struct.unpack(">i", data)[0])]
+        except OSError:
             for fd in fds:
                 os.close(fd)
-            raise OSError("the zygote sent no child")
-        return fds
+            raise
 
     def end_child(self):
         """Kill the current child (and its process group), reap it; how it ended."""
@@ -461,16 +466,17 @@ def serve_forks(sock, devnull):
     for fd in range(STATUS_FD + 1):
         os.dup2(devnull, fd)
     pid = None
+    for_host = []  # our copies of the host's ends of the current child's pipes
     while True:
         command = sock.recv(1)
         if command == FORK:
-            pid, fds = fork_child()
-            sock.sendmsg([FORK], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("5i", *fds))])
-            for fd in fds:
-                os.close(fd)
+            pid, for_host, message = fork_child()
+            sock.sendmsg(*message)
         elif command == END and pid is not None:
             _kill_group(pid)
             wait_status = os.waitpid(pid, 0)[1]
+            for fd in for_host:  # closed now, with the child gone, where a write costs no copy
+                os.close(fd)
             pid = None
             sock.send(struct.pack(">i", wait_status))
         else:  # the manager is gone: so is the sandbox
@@ -480,8 +486,9 @@ def serve_forks(sock, devnull):
 
 
 def fork_child():
-    """Fork a child that prepares itself and waits for its request; its pid, and the ends of its
-    pipes and a pidfd for the host."""
+    """Fork a child that prepares itself and waits for its request: its pid, the host's ends of its
+    pipes, and the message that hands them to the manager (made before the fork: while the child
+    lives, each page the zygote writes is copied)."""
     _reseed()
     r_req, w_req = os.pipe()
     r_out, w_out = os.pipe()
@@ -491,12 +498,15 @@ def fork_child():
     # child, each Python call costs copy-on-write faults; here the same calls cost far less.
     for target, fd in enumerate((w_out, w_err, r_req, w_status), start=1):
         os.dup2(fd, target)  # they stay here until the next fork replaces them
+        os.close(fd)
+    for_host = [w_req, r_out, r_err, r_status]
+    pid_bytes = bytearray(4)
+    message = ([pid_bytes], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", *for_host))])
     pid = _fork()
     if pid == 0:
         prepare_child()  # never returns
-    for fd in (r_req, w_out, w_err, w_status):
-        os.close(fd)
-    return pid, (w_req, r_out, r_err, r_status, os.pidfd_open(pid))
+    struct.pack_into(">i", pid_bytes, 0, pid)
+    return pid, for_host, message
 
 
 def _above_child_fds(fd):
