@@ -375,7 +375,6 @@ class _Worker:
 
 
 _WORKER_GRACE = 5.0  # seconds the worker gets to report how a killed child ended
-_OUTPUT_GRACE = 0.005  # seconds a call runs before its output is read as it comes (see _ChildPipes.run)
 
 
 class _ChildPipes:
@@ -401,13 +400,9 @@ class _ChildPipes:
         os.close(self.w_req)
         self.w_req = -1
         buffers = {self.r_out: bytearray(), self.r_err: bytearray()}
-        # At first only the report and the child's exit are watched: the child flushes its output
-        # before it reports, so a quick snippet wakes us once, not once per stream. A snippet that
-        # runs longer (or fills a pipe) gets its output read as it comes after _OUTPUT_GRACE.
         poller = select.poll()
-        for fd in (self.r_status, self.pidfd):
+        for fd in (self.r_out, self.r_err, self.r_status, self.pidfd):
             poller.register(fd, select.POLLIN)
-        output_watched = False
         total = 0
         timed_out = truncated = False
         exit_code = None
@@ -417,13 +412,7 @@ class _ChildPipes:
             if remaining <= 0:
                 timed_out = True
                 break
-            wait = remaining if output_watched else min(remaining, _OUTPUT_GRACE)
-            ready = {fd for fd, _ in poller.poll(max(1, math.ceil(wait * 1000)))}
-            if not ready and not output_watched:
-                for fd in (self.r_out, self.r_err):
-                    poller.register(fd, select.POLLIN)
-                output_watched = True
-                continue
+            ready = {fd for fd, _ in poller.poll(max(1, math.ceil(remaining * 1000)))}
             if self.r_status in ready:
                 data = os.read(self.r_status, 4 - len(status))
                 status += data
