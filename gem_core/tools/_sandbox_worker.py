@@ -21,7 +21,7 @@ writes the code to the child and reads its output directly. Because every call i
 the same warm zygote, nothing a snippet does to Python state reaches the next call.
 
 Control messages from and to the host are JSON, one per socket message. The request on the
-child's pipe is a 4-byte big-endian length followed by UTF-8 JSON.
+child's pipe is binary (see ``recv_request``).
 """
 
 import builtins
@@ -80,12 +80,17 @@ def _read_exact(fd, n):
     return b"".join(chunks)
 
 
-def recv(fd):
-    head = _read_exact(fd, 4)
+def recv_request(fd):
+    """The host's request, ``(code, cpu_seconds)``; None when the host closed the pipe instead.
+
+    Framed as a big-endian 4-byte length and 4-byte CPU seconds, then the code in UTF-8 (lone
+    surrogates passed through): no JSON in the child, whose every new page of work is a fault."""
+    head = _read_exact(fd, 8)
     if head is None:
         return None
-    body = _read_exact(fd, struct.unpack(">I", head)[0])
-    return None if body is None else json.loads(body)
+    size, cpu_seconds = struct.unpack(">II", head)
+    body = _read_exact(fd, size)
+    return None if body is None else (body.decode("utf-8", "surrogatepass"), cpu_seconds)
 
 
 def tell(ctl, obj, fds=()):
@@ -181,22 +186,27 @@ def prepare_child():
         _set_limit(resource.RLIMIT_NOFILE, LIMITS["max_open_files"])
         _set_limit(resource.RLIMIT_CORE, 0)
         _warm_up()  # again, to take the copy-on-write faults of a call now rather than while the caller waits
-        req = recv(REQ_FD)  # length-prefixed: one wake-up, no waiting for the writer to close
+        request = recv_request(REQ_FD)  # length-prefixed: one wake-up, no waiting for the writer to close
         os.close(REQ_FD)
-        if req is None:  # the worker is shutting down
+        if request is None:  # the worker is shutting down
             os._exit(0)
-        _set_limit(resource.RLIMIT_CPU, req["cpu_seconds"], req["cpu_seconds"] + 1)
-        exit_code = run_snippet(req["code"])
+        code, cpu_seconds = request
+        _set_limit(resource.RLIMIT_CPU, cpu_seconds, cpu_seconds + 1)
+        exit_code = run_snippet(code)
     except BaseException as exc:  # noqa: BLE001 - set-up failed: say so on stderr
         with contextlib.suppress(OSError):
             os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
     finally:
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):  # a closed or broken stream cannot be helped
+            try:
                 stream.flush()
-        # Tell the worker we are done: it must not wait for EOF, a leftover process may hold the pipes.
-        with contextlib.suppress(OSError):
+            except BaseException:  # noqa: BLE001, S110 - a closed or broken stream cannot be helped
+                pass
+        # Tell the host we are done: it must not wait for EOF, a leftover process may hold the pipes.
+        try:
             os.write(STATUS_FD, struct.pack(">i", exit_code))
+        except OSError:
+            pass
         os._exit(exit_code)
 
 
@@ -206,7 +216,8 @@ def _warm_up():
     child the first time) is made once; in a child, to take the copy-on-write faults of a call
     before the caller waits. Nothing more: each extra step costs every child faults of its own
     (json.dumps and getrlimit here cost 0.3 ms of CPU per call)."""
-    json.loads('{"code": "x", "cpu_seconds": 2}')
+    struct.unpack(">II", bytes(8))
+    b"x".decode("utf-8", "surrogatepass")
     exec(compile("_ = [str(i) for i in range(3)]\n", SNIPPET_NAME, "exec"), {"__builtins__": builtins})  # noqa: S102
     sys.stdout.write("")
     sys.stderr.write("")

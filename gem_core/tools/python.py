@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import json
 import logging
 import math
@@ -258,9 +259,9 @@ class _Worker:
             return ""
 
     # talking
-    def _send(self, obj: dict[str, Any]) -> None:
+    def _send(self, message: bytes) -> None:
         try:
-            self.ctl.send(json.dumps(obj).encode())
+            self.ctl.send(message)
         except (OSError, ValueError) as exc:
             raise _WorkerLost(f"could not write to the worker: {exc}") from None
 
@@ -297,7 +298,7 @@ class _Worker:
             try:
                 # "report": the child was killed or died without telling its exit code; the worker,
                 # which reaps it, says how it ended (one message less on the common path).
-                self._send({"done": True, "report": reply["exit_code"] is None, "next": self.next_kind})
+                self._send(_done_message(reply["exit_code"] is None, self.next_kind))
             except _WorkerLost:
                 if reply["exit_code"] is None:
                     raise
@@ -316,7 +317,7 @@ class _Worker:
             self.child = None
         self.next_kind = kind
         self.owes_ready = True
-        self._send({"done": True, "report": False, "next": kind})
+        self._send(_done_message(False, kind))
 
     def _await(self, key: str, deadline: float) -> dict[str, Any]:
         """The worker's next message that carries ``key`` (an ``ended`` report may come first)."""
@@ -375,6 +376,14 @@ class _Worker:
 
 
 _WORKER_GRACE = 5.0  # seconds the worker gets to report how a killed child ended
+_MAX_CPU_SECONDS = 2**31  # RLIMIT_CPU of a call (sent as 4 bytes); longer than any timeout that makes sense
+
+
+@functools.lru_cache(maxsize=None)
+def _done_message(report: bool, next_kind: str) -> bytes:
+    """{"done": true, "report": ..., "next": ...}: the host is done with the child; the worker reaps
+    it (and says how it ended when ``report``), cleans up and makes a child of ``next_kind`` ready."""
+    return json.dumps({"done": True, "report": report, "next": next_kind}).encode()
 
 
 class _ChildPipes:
@@ -391,9 +400,9 @@ class _ChildPipes:
         started = time.monotonic()
         deadline = started + request["timeout"]
         cap = request["max_output_bytes"]
-        body = json.dumps({"code": request["code"], "cpu_seconds": request["cpu_seconds"]}).encode()
+        code = request["code"].encode("utf-8", "surrogatepass")  # framed as the worker's recv_request reads it
         try:
-            if not _write_before(self.w_req, struct.pack(">I", len(body)) + body, deadline):
+            if not _write_before(self.w_req, struct.pack(">II", len(code), request["cpu_seconds"]) + code, deadline):
                 deadline = time.monotonic()  # the child did not take its code in time: a timeout
         except OSError:
             pass  # the child died before reading: reported below
@@ -701,15 +710,17 @@ class PythonSandbox:
             )
             warnings.warn(message, RuntimeWarning, stacklevel=2)
             logger.warning(message)
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
+        if not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        if cpu_seconds is not None and cpu_seconds <= 0:
+            raise ValueError(f"cpu_seconds must be positive, got {cpu_seconds}")
         self.workers = workers if workers is not None else max(2, min(8, os.cpu_count() or 1))
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         self.isolation: Isolation = isolation
         self.timeout = float(timeout)
         self.memory_mb = memory_mb
-        self.cpu_seconds = cpu_seconds
+        self.cpu_seconds = math.ceil(cpu_seconds) if cpu_seconds is not None else None  # RLIMIT_CPU counts whole seconds
         self.max_processes = max_processes
         self.max_file_mb = max_file_mb
         self.max_open_files = max_open_files
@@ -825,10 +836,12 @@ class PythonSandbox:
         if not self._started:
             self.start()
         timeout = self.timeout if timeout is None else float(timeout)
+        if not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         request = {
             "code": code,
             "timeout": timeout,
-            "cpu_seconds": self.cpu_seconds or math.ceil(timeout) + 1,
+            "cpu_seconds": min(self.cpu_seconds or math.ceil(timeout) + 1, _MAX_CPU_SECONDS),
             "max_output_bytes": self.max_output_bytes,
         }
         worker = self._checkout("heavy" if self._settings.heavy and _HEAVY_HINT.search(code) else "lean")

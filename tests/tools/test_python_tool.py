@@ -91,6 +91,11 @@ def test_bad_arguments_are_rejected():
         PythonTool(sandbox=_FakeSandbox(), workers=2)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="sequence of module names"):
         PythonSandbox(preload="numpy")  # type: ignore[arg-type]  # would preload "n", "u", "m", ...
+    for timeout in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            PythonSandbox(timeout=timeout)
+    with pytest.raises(ValueError, match="cpu_seconds must be positive"):
+        PythonSandbox(cpu_seconds=0)
 
 
 def test_isolation_none_warns_loudly_and_still_runs_with_limits():
@@ -277,6 +282,20 @@ def test_a_forked_process_gets_its_own_workers(sandbox):
     assert os.read(read_end, 100) == b"child\n"
     os.close(read_end)
     assert sandbox.run("print('parent again')").stdout == "parent again\n"
+
+
+def test_code_reaches_the_child_unchanged_and_bad_per_call_timeouts_are_rejected(sandbox):
+    text = "h\u00e9 \u2603 \U0001f600"
+    result = sandbox.run(f"s = {text!r}\nprint(len(s), ascii(s))")
+    assert result.ok and result.stdout == f"{len(text)} {ascii(text)}\n", result
+    # A lone surrogate (which JSON from a model can carry) reaches the child, which reports that
+    # Python cannot compile it, as `python` would.
+    lone = sandbox.run("print('\ud800')")
+    assert lone.exit_code == 1 and "surrogates not allowed" in lone.stderr, lone
+    assert sandbox.run("print(1)", timeout=0.5).stdout == "1\n"
+    for timeout in (0, float("inf")):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            sandbox.run("print(1)", timeout=timeout)
 
 
 def test_a_snippet_larger_than_a_pipe_buffer_is_handed_over_whole(sandbox):
