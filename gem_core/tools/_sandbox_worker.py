@@ -585,6 +585,8 @@ def hand_over(ctl, zygote, kind):
     them: the host alone talks to the child, and EOF then reaches whoever waits on a pipe."""
     fds = zygote.fork_child()
     try:
+        for fd in fds[:3]:  # w_req, r_out, r_err: the host never blocks on them (setting this is its work saved)
+            os.set_blocking(fd, False)
         tell(ctl, {"ready": True, "kind": kind}, fds)
     finally:
         for fd in fds:

@@ -278,9 +278,9 @@ class _Worker:
             _close_all_fds(fds)
             raise _WorkerLost("the worker exited")
         try:
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            if flags & _TRUNCATED:
                 raise _WorkerLost("the worker sent a message too long")
-            return json.loads(data), fds
+            return dict(_parse_message(data)), fds
         except (json.JSONDecodeError, _WorkerLost) as exc:
             _close_all_fds(fds)
             raise _WorkerLost(f"the worker sent an unreadable message ({exc})") from None
@@ -376,7 +376,14 @@ class _Worker:
 
 
 _WORKER_GRACE = 5.0  # seconds the worker gets to report how a killed child ended
+_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)  # an int: flag enums are slow to combine per call
 _MAX_CPU_SECONDS = 2**31  # RLIMIT_CPU of a call (sent as 4 bytes); longer than any timeout that makes sense
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_message(data: bytes) -> dict[str, Any]:
+    """A worker's message, parsed once: most are the same few bytes ({"ready": true, "kind": ...})."""
+    return json.loads(data)
 
 
 @functools.lru_cache(maxsize=None)
@@ -450,8 +457,7 @@ class _ChildPipes:
             except OSError:
                 pass
         # Whatever the child wrote before it reported is in the pipes; leftovers may still hold them open.
-        for fd in (self.r_out, self.r_err):
-            os.set_blocking(fd, False)
+        for fd in (self.r_out, self.r_err):  # non-blocking, as the worker hands them over
             while total <= cap:
                 try:
                     data = os.read(fd, 65536)
@@ -483,9 +489,9 @@ class _ChildPipes:
 
 
 def _write_before(fd: int, data: bytes, deadline: float) -> bool:
-    """Write all of ``data`` to the pipe ``fd`` by ``deadline``; False when time ran out. Non-blocking,
-    so a child that stops reading a large snippet cannot hang the host."""
-    os.set_blocking(fd, False)
+    """Write all of ``data`` to the pipe ``fd`` (non-blocking, as the worker hands it over) by
+    ``deadline``; False when time ran out: a child that stops reading a large snippet cannot hang the
+    host."""
     view = memoryview(data)
     while view:
         try:
@@ -929,17 +935,27 @@ class _IdleWorkers:
             if self._closed:
                 return None
             same_kind = [worker for worker in self._workers if worker.next_kind == kind] or list(self._workers)
-            ready = [worker for worker in same_kind if not worker.owes_ready]
-            pending = [worker for worker in same_kind if worker.owes_ready]
-            if pending:  # those whose ready message has arrived (or whose socket is closed: a dead worker)
-                readable = _readable([worker.ctl.fileno() for worker in pending if worker.ctl.fileno() >= 0])
-                ready += [worker for worker in pending if worker.ctl.fileno() in readable or worker.ctl.fileno() < 0]
-            if ready:
-                worker = max(ready, key=self._workers.index)  # the most recently used of them
-            else:
-                worker = same_kind[0]
+            worker = self._most_recent_ready(same_kind) or same_kind[0]
             self._workers.remove(worker)
             return worker
+
+    @staticmethod
+    def _most_recent_ready(workers: list[_Worker]) -> _Worker | None:
+        """The last of ``workers`` that is ready now: it owes no ready message, or that message has
+        arrived (or its socket is closed: a dead worker, which the checkout replaces)."""
+        pending: list[tuple[_Worker, int]] = []  # those used after the last one that owes nothing
+        settled = None
+        for worker in reversed(workers):
+            if not worker.owes_ready:
+                settled = worker
+                break
+            pending.append((worker, worker.ctl.fileno()))
+        if pending:
+            readable = _readable([fd for _, fd in pending if fd >= 0])
+            for worker, fd in pending:
+                if fd < 0 or fd in readable:
+                    return worker
+        return settled
 
     def close(self) -> None:
         with self._ready:
