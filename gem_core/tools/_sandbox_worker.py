@@ -476,12 +476,13 @@ def serve_forks(sock, devnull):
     devnull = _above_child_fds(devnull)
     for fd in range(STATUS_FD + 1):
         os.dup2(devnull, fd)
+    fork, reseeders = _fork_function(), _reseeders()
     pid = None
     for_host = []  # our copies of the host's ends of the current child's pipes
     while True:
         command = sock.recv(1)
         if command == FORK:
-            pid, for_host, message = fork_child()
+            pid, for_host, message = fork_child(fork, reseeders)
             sock.sendmsg(*message)
         elif command == END and pid is not None:
             _kill_group(pid)
@@ -496,11 +497,12 @@ def serve_forks(sock, devnull):
             os._exit(0)
 
 
-def fork_child():
+def fork_child(fork, reseeders):
     """Fork a child that prepares itself and waits for its request: its pid, the host's ends of its
     pipes, and the message that hands them to the manager (made before the fork: while the child
     lives, each page the zygote writes is copied)."""
-    _reseed()
+    for reseed in reseeders:
+        reseed()
     r_req, w_req = os.pipe()
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
@@ -513,7 +515,7 @@ def fork_child():
     for_host = [w_req, r_out, r_err, r_status]
     pid_bytes = bytearray(4)
     message = ([pid_bytes], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", *for_host))])
-    pid = _fork()
+    pid = fork()
     if pid == 0:
         prepare_child()  # never returns
     struct.pack_into(">i", pid_bytes, 0, pid)
@@ -529,33 +531,39 @@ def _above_child_fds(fd):
     return moved
 
 
-def _reseed():
-    """Give the next child a fresh random state (the zygote's fork skips CPython's at-fork hooks,
-    random's reseed among them; numpy's global RNG has none)."""
-    if "random" in sys.modules:
-        sys.modules["random"].seed()
-    if "numpy.random" in sys.modules:
-        sys.modules["numpy.random"].seed()
+def _reseeders():
+    """What gives each child a fresh random state: the zygote's fork skips CPython's at-fork hooks,
+    random's reseed among them, and numpy's global RNG has none. (Looked up once: each lookup in
+    the zygote's loop writes pages that the next fork write-protects again.)"""
+    return [module.seed for module in (sys.modules.get("random"), sys.modules.get("numpy.random")) if module]
 
 
-def _fork():
+def _fork_without_hooks():
     """fork(2) without CPython's after-fork work in the child: it cost about 250 us and 70
     copy-on-write page faults per child, and what it does (drop other threads' state, run the
-    at-fork hooks) matters only with other threads, which a zygote does not have, and for random's
-    reseed, which ``_reseed`` does. The GIL stays held across the call (PyDLL)."""
-    threading = sys.modules.get("threading")
-    if threading is not None and threading.active_count() > 1:  # a preloaded module started one
-        return os.fork()
+    at-fork hooks) matters only with other threads, and for random's reseed, which the zygote does
+    itself. The GIL stays held across the call (PyDLL)."""
     pid = _libc_fork()
     if pid < 0:
         raise OSError(ctypes.get_errno(), "fork failed")
     return pid
 
 
+def _fork_function():
+    """A zygote has one thread (fork copies only the caller's): it forks without hooks, unless a
+    thread was started in it after all."""
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return os.fork
+    return _fork_without_hooks
+
+
 def _kill_group(pid):
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the child leads its own group once it has called setsid
+    except (ProcessLookupError, PermissionError):
         try:
-            target()
+            os.kill(pid, signal.SIGKILL)  # it has not yet
         except (ProcessLookupError, PermissionError):
             pass
 
