@@ -28,6 +28,7 @@ import builtins
 import contextlib
 import ctypes
 import fcntl
+import functools
 import gc
 import importlib.util
 import io
@@ -98,10 +99,25 @@ def tell(ctl, obj, fds=()):
     socket.send_fds(ctl, [json.dumps(obj).encode()], list(fds))
 
 
+def tell_ready(ctl, kind, fds):
+    """{"ready": true, "kind": kind} with the child's pipe ends and pidfd: the message of every call."""
+    socket.send_fds(ctl, [_ready_message(kind)], fds)
+
+
+@functools.lru_cache(maxsize=None)
+def _ready_message(kind):
+    return json.dumps({"ready": True, "kind": kind}).encode()
+
+
 def hear(ctl):
     """The host's next control message, or None when it has gone."""
     data = ctl.recv(65536)
-    return json.loads(data) if data else None
+    return dict(_parsed(data)) if data else None
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(data):
+    return json.loads(data)  # the host's messages are a few distinct ones: each parsed once
 
 
 # -- the child: runs one snippet -------------------------------------------------------------------
@@ -595,7 +611,7 @@ def hand_over(ctl, zygote, kind):
     try:
         for fd in fds[:3]:  # w_req, r_out, r_err: the host never blocks on them (setting this is its work saved)
             os.set_blocking(fd, False)
-        tell(ctl, {"ready": True, "kind": kind}, fds)
+        tell_ready(ctl, kind, fds)
     finally:
         for fd in fds:
             os.close(fd)
