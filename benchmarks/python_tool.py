@@ -49,35 +49,53 @@ DEFAULT_PEER_PYTHON = "/tmp/peer/bin/python"
 # -- measuring -------------------------------------------------------------------------------------
 
 
-def latency(call: Callable[[], Any], n: int, warmup: int = 5) -> dict[str, float]:
-    """p50/p99 of ``n`` sequential calls, in milliseconds, and the calls/s they make."""
-    for _ in range(warmup):
-        call()
-    times = []
-    started = time.perf_counter()
-    for _ in range(n):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    total = time.perf_counter() - started
-    times.sort()
+def latencies(calls: dict[str, Callable[[], Any]], n: int, rounds: int = 10, warmup: int = 10) -> dict[str, dict[str, float]]:
+    """p50/p99 (ms) of ``n`` back-to-back calls of each tool, and the calls/s they make.
+
+    With several tools, the calls go in ``rounds`` alternating chunks, so that each tool's numbers
+    come from the same stretch of time: a shared VM's speed drifts by tens of percent within
+    minutes, and one tool measured after the other would carry that drift into the ratio. Each
+    chunk starts with ``warmup`` untimed calls, so that a tool that rested while the other ran
+    (gem-core's workers finish their clean-up then) is timed back-to-back, not rested."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    spent = dict.fromkeys(calls, 0.0)
+    for chunk in _chunks(n, rounds if len(calls) > 1 else 1):
+        for name, call in calls.items():
+            for _ in range(warmup):
+                call()
+            started = time.perf_counter()
+            for _ in range(chunk):
+                t = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - t)
+            spent[name] += time.perf_counter() - started
+    return {name: _stats(times[name], spent[name]) for name in calls}
+
+
+def _chunks(n: int, rounds: int) -> list[int]:
+    return [n // rounds + (i < n % rounds) for i in range(rounds)]
+
+
+def _stats(times: list[float], spent: float) -> dict[str, float]:
+    times = sorted(times)
     return {
         "p50_ms": 1000 * statistics.median(times),
         "p99_ms": 1000 * times[min(len(times) - 1, int(0.99 * len(times)))],
-        "rate_1": n / total,
+        "rate_1": len(times) / spent,
     }
 
 
-def paced(call: Callable[[], Any], n: int, gap: float = 0.05) -> float:
+def paced(calls: dict[str, Callable[[], Any]], n: int, gap: float = 0.05) -> dict[str, float]:
     """p50 latency (ms) of calls made ``gap`` seconds apart: a tool that is not saturated, as in a
-    rollout where calls are separated by generation time."""
-    times = []
+    rollout where calls are separated by generation time. Several tools take turns, call by call."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(n):
-        time.sleep(gap)
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
+        for name, call in calls.items():
+            time.sleep(gap)
+            t = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
 
 
 def throughput(call: Callable[[], Any], n: int, concurrency: int) -> float:
@@ -98,23 +116,33 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 # -- gem-core --------------------------------------------------------------------------------------
 
 
-def bench_ours(calls: int, concurrency: int, workers: int) -> dict[str, Any]:
+def bench_ours(calls: int, concurrency: int, workers: int, peer: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """gem-core's numbers; with ``peer`` (gem-llm's tool, in this process), the latencies of both,
+    measured in alternating turns (see ``latencies``)."""
     from gem_core.tools.python import PythonSandbox, PythonTool
 
     with PythonSandbox(workers=workers, timeout=5.0) as sandbox:
         tool = PythonTool(sandbox=sandbox)
         first = tool.execute(ACTION)
         assert first is not None and first.ok and "4950" in first.observation, first
-        row = latency(lambda: tool.execute(ACTION), calls)
-        row["paced_ms"] = paced(lambda: tool.execute(ACTION), max(20, calls // 5))
         numpy_first = tool.execute(NUMPY_ACTION)
         assert numpy_first is not None and "4950" in numpy_first.observation, numpy_first
-        row["numpy_p50_ms"] = latency(lambda: tool.execute(NUMPY_ACTION), max(20, calls // 5))["p50_ms"]
-        row["rate_c"] = throughput(lambda: tool.execute(ACTION), calls, concurrency)
+        plain = {"ours": lambda: tool.execute(ACTION)}
+        numpy = {"ours": lambda: tool.execute(NUMPY_ACTION)}
+        if peer is not None:
+            plain["peer"] = lambda: peer.execute_action(ACTION)
+            numpy["peer"] = lambda: peer.execute_action(NUMPY_ACTION)
+        rows: dict[str, dict[str, Any]] = latencies(plain, calls)
+        for name, ms in paced(plain, max(20, calls // 5)).items():
+            rows[name]["paced_ms"] = ms
+        for name, row in latencies(numpy, max(20, calls // 5)).items():
+            rows[name]["numpy_p50_ms"] = row["p50_ms"]
+        ours = rows["ours"]
+        ours["rate_c"] = throughput(lambda: tool.execute(ACTION), calls, concurrency)
         late, seconds = timed(lambda: sandbox.run("while True: pass", timeout=1.0))
-        row["timeout_s"] = seconds
-        row["timeout_ok"] = bool(late.timed_out)
-    return row
+        ours["timeout_s"] = seconds
+        ours["timeout_ok"] = bool(late.timed_out)
+    return ours, rows.get("peer", {})
 
 
 def hostile_ours(timeout: float) -> list[dict[str, Any]]:
@@ -154,15 +182,24 @@ def peer_tool(timeout: float, sandbox_type: str = "none") -> Any:
     return PythonCodeTool(timeout=timeout, sandbox_type=sandbox_type)
 
 
-def peer_perf(calls: int, concurrency: int) -> dict[str, Any]:
+def checked_peer_tool() -> Any:
     tool = peer_tool(5)
-    valid, error, obs, _ = tool.execute_action(ACTION)
-    assert valid and not error and "4950" in obs, obs
-    row = latency(lambda: tool.execute_action(ACTION), calls)
-    row["paced_ms"] = paced(lambda: tool.execute_action(ACTION), max(20, calls // 5))
-    valid, error, obs, _ = tool.execute_action(NUMPY_ACTION)
-    assert valid and not error and "4950" in obs, obs
-    row["numpy_p50_ms"] = latency(lambda: tool.execute_action(NUMPY_ACTION), max(20, calls // 5))["p50_ms"]
+    for action in (ACTION, NUMPY_ACTION):
+        valid, error, obs, _ = tool.execute_action(action)
+        assert valid and not error and "4950" in obs, obs
+    return tool
+
+
+def peer_perf(calls: int, concurrency: int, latency_rows: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The peer's numbers; its latencies measured here unless given (taken in turns with ours)."""
+    tool = checked_peer_tool()
+    if latency_rows:
+        row = dict(latency_rows)
+    else:
+        row = latencies({"peer": lambda: tool.execute_action(ACTION)}, calls)["peer"]
+        row["paced_ms"] = paced({"peer": lambda: tool.execute_action(ACTION)}, max(20, calls // 5))["peer"]
+        numpy = {"peer": lambda: tool.execute_action(NUMPY_ACTION)}
+        row["numpy_p50_ms"] = latencies(numpy, max(20, calls // 5))["peer"]["p50_ms"]
     row["rate_c"] = throughput(lambda: tool.execute_action(ACTION), calls, concurrency)
     (_, _, obs, _), seconds = timed(lambda: peer_tool(1).execute_action("<python>while True: pass</python>"))
     row["timeout_s"] = seconds
@@ -198,16 +235,24 @@ def peer_hostile(timeout: float) -> list[dict[str, Any]]:
     return rows
 
 
-def run_peer(python: str | None, calls: int, concurrency: int, timeout: float) -> dict[str, Any] | str:
-    """The peer's numbers, measured here if ``gem`` imports, else in ``python`` (a subprocess)."""
+def peer_here() -> bool:
     try:
         import gem.tools.python_code_tool  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
-        perf = peer_perf(calls, concurrency)
+
+def run_peer(
+    python: str | None, calls: int, concurrency: int, timeout: float, latency_rows: dict[str, Any] | None = None
+) -> dict[str, Any] | str:
+    """The peer's numbers, measured here if ``gem`` imports (its latencies already taken, in turns
+    with ours, when given), else in ``python`` (a subprocess, after ours)."""
+    if peer_here():
+        perf = peer_perf(calls, concurrency, latency_rows)
+        perf["interleaved"] = bool(latency_rows)
         hostile = _in_child(sys.executable, ["--peer-hostile", "--timeout", str(timeout)])
         return {"perf": perf, "hostile": hostile, "python": sys.executable}
-    except ImportError:
-        pass
     if python is None or not Path(python).exists():
         return "gem-llm is not installed here (pip install 'gem-core[bench]'), and no --peer-python was found"
     perf = _in_child(python, ["--peer-perf", "--calls", str(calls), "--concurrency", str(concurrency)])
@@ -272,8 +317,10 @@ def print_report(
         f"| gem-llm PythonCodeTool | none (its default) | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | "
         f"{p['paced_ms']:.2f} | {p['numpy_p50_ms']:.2f} | {p['rate_1']:.0f} | {p['rate_c']:.0f} | {p['timeout_s']:.2f} s |"
     )
+    turns = "in alternating turns" if p.get("interleaved") else "one tool after the other"
+    print(f"\nLatencies measured {turns}; calls/s and the timeout, one tool after the other.")
     print(
-        f"\np50 speed-up: {p['p50_ms'] / ours['p50_ms']:.1f}x back-to-back, {p['paced_ms'] / ours['paced_ms']:.1f}x paced, "
+        f"p50 speed-up: {p['p50_ms'] / ours['p50_ms']:.1f}x back-to-back, {p['paced_ms'] / ours['paced_ms']:.1f}x paced, "
         f"{p['numpy_p50_ms'] / ours['numpy_p50_ms']:.1f}x with numpy; "
         f"calls/s at {concurrency} concurrent: {ours['rate_c'] / p['rate_c']:.1f}x"
     )
@@ -326,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer_hostile:
         print(json.dumps(peer_hostile(args.timeout)))
         return 0
-    ours = bench_ours(args.calls, args.concurrency, args.workers)
-    peer = run_peer(args.peer_python, args.calls, args.concurrency, args.timeout)
+    ours, peer_latencies = bench_ours(args.calls, args.concurrency, args.workers, checked_peer_tool() if peer_here() else None)
+    peer = run_peer(args.peer_python, args.calls, args.concurrency, args.timeout, peer_latencies)
     hostile = hostile_ours(args.timeout)
     print_report(ours, peer, hostile, args.concurrency, args.calls, args.workers)
     if args.json:
