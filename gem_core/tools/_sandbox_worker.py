@@ -10,8 +10,11 @@ SOCK_SEQPACKET socket to the host as its stdin. Three kinds of process live in i
 * one **zygote** per kind of child: "lean" (the common modules) and, when heavy modules such as
   numpy are preloaded, "heavy" (forked after importing them). A zygote only forks children and
   ends them. It does as little else as it can, because after each fork every page it writes is
-  copied. Fork and exit cost grows with the forking process's pages: numpy doubles them, so
-  calls that do not need it fork the lean zygote.
+  copied. Fork and exit cost grows with the forking process's pages and memory mappings: numpy
+  doubles them, so calls that do not need it fork the lean zygote (and the manager imports what
+  only it needs, such as shutil, after the zygotes exist). A zygote forks with libc's fork, not
+  ``os.fork``: CPython's after-fork work in the child concerns other threads, which a zygote has
+  none of, and random's reseed, which the zygote does itself before each fork.
 * the **child**: forked ahead of its request. It isolates itself in its own session/process
   group, in a fresh temp dir, under rlimits, and waits for its code on a pipe.
 
