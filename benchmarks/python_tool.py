@@ -9,7 +9,9 @@ tool's own action API): p50/p99 latency of sequential calls and calls/s with 1 a
 callers; the p50 of a snippet that imports numpy (gem-core routes it to a child forked from the
 zygote that preloaded numpy); how long a 1 s timeout takes to come back (``while True: pass``);
 and the hostile snippets of ``tests/tools/hostile_snippets.py`` against both tools (gem-core's
-result asserted in the tests, the peer's only recorded here).
+result asserted in the tests, the peer's only recorded here). When gem-llm imports in this
+interpreter, the two tools' latencies are taken in alternating chunks (see ``latencies``), so that
+the VM's drift does not enter the ratio; from ``--peer-python`` they are taken after gem-core's.
 
 The peer runs as an installed user would run it: ``sandbox_type="none"`` (its default), with its
 interpreter's ``bin`` first on PATH (it starts ``python`` from PATH; an activated venv does this).
