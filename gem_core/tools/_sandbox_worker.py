@@ -609,7 +609,8 @@ def start_zygote(devnull, close_in_zygote):
 
 def hand_over(ctl, zygote, kind):
     """Have ``zygote`` fork the next child and send the host its pipe ends and pidfd; keep none of
-    them: the host alone talks to the child, and EOF then reaches whoever waits on a pipe."""
+    them: the host alone talks to the child. (The zygote holds copies until it ends the child, so
+    a child is never ended by EOF on its request pipe, only by the zygote.)"""
     fds = zygote.fork_child()
     try:
         for fd in fds[:3]:  # w_req, r_out, r_err: the host never blocks on them (setting this is its work saved)

@@ -313,7 +313,7 @@ class _Worker:
     def switch(self, kind: str) -> None:
         """Give up the waiting child unused and have one of ``kind`` made ready instead."""
         if self.child is not None:
-            self.child.close()  # it reads EOF instead of a request and exits
+            self.child.close()  # the worker's zygote ends it
             self.child = None
         self.next_kind = kind
         self.owes_ready = True
