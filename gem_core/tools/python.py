@@ -673,8 +673,9 @@ class PythonSandbox:
     """A pool of warm sandboxed Python workers. ``run(code)`` is thread-safe; calls run in parallel
     up to ``workers`` at a time.
 
-    Limits apply to every call: ``timeout`` (wall clock, seconds; ``run`` may override it per call),
-    ``cpu_seconds`` (default: the timeout rounded up, plus one), ``memory_mb`` (address space of each
+    Limits apply to every call: ``timeout`` (wall clock, seconds, positive and finite; ``run`` may
+    override it per call, and a bad value is a ValueError), ``cpu_seconds`` (whole seconds, rounded
+    up; default: the timeout rounded up, plus one), ``memory_mb`` (address space of each
     process), ``max_processes`` (the snippet's process and everything it forks, threads included),
     ``max_file_mb`` (largest file it may write), ``max_open_files``, ``max_output_bytes`` (stdout and
     stderr together; the rest is cut with a marker). Memory, process, file and open-file limits are

@@ -96,6 +96,7 @@ def test_bad_arguments_are_rejected():
             PythonSandbox(timeout=timeout)
     with pytest.raises(ValueError, match="cpu_seconds must be positive"):
         PythonSandbox(cpu_seconds=0)
+    assert PythonSandbox(cpu_seconds=1.5).cpu_seconds == 2  # RLIMIT_CPU counts whole seconds
 
 
 def test_isolation_none_warns_loudly_and_still_runs_with_limits():
