@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import gem_core
-from gem_core.rollout import ChatFormatter, Generation, SamplingParams, run_episodes
+from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, run_episodes
 from gem_core.testing import build_test_tokenizer
 
 RANGE = (1, 1_000_000)
@@ -141,7 +141,7 @@ def gem_core_tokenizer_work(tokenizer: Any, turns: int, episodes: int) -> tuple[
     policy = InstantPolicy(tokenizer, formatter.end_of_turn_id, turns)
     counting.reset()
     envs = [make_env(turns) for _ in range(episodes)]
-    trajectories = asyncio.run(run_episodes(envs, policy, formatter, seeds=list(range(episodes)), params=SamplingParams(max_tokens=32), step_in_thread=False))
+    trajectories = asyncio.run(run_episodes(envs, policy, formatter, RunConfig(params=SamplingParams(max_tokens=32), step_in_thread=False), seeds=list(range(episodes))))
     played = sum(t.num_turns for t in trajectories) / episodes
     return counting.chars / episodes, 1e3 * counting.seconds / episodes, played
 
@@ -196,7 +196,7 @@ def runner_overhead(tokenizer: Any, turns: int, episodes: int, step_in_thread: b
     TimedEnv.seconds = 0.0
     started = time.perf_counter()
     trajectories = asyncio.run(
-        run_episodes(envs, policy, formatter, seeds=list(range(episodes)), params=SamplingParams(max_tokens=32), step_in_thread=step_in_thread)
+        run_episodes(envs, policy, formatter, RunConfig(params=SamplingParams(max_tokens=32), step_in_thread=step_in_thread), seeds=list(range(episodes)))
     )
     elapsed = time.perf_counter() - started
     played = sum(t.num_turns for t in trajectories)

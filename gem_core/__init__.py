@@ -3,7 +3,7 @@
 ``import gem_core`` needs only numpy; envs, tools and trainers are imported when used.
 """
 
-from gem_core.core import Env, Wrapper
+from gem_core.core import Env, Wrapper, model_message
 from gem_core.errors import GemError, RegistrationError, ResetNeeded, UnknownEnvError, UnknownKwargError
 from gem_core.registry import EnvSpec, list_envs, make, make_vec, register, register_alias, spec
 
@@ -23,6 +23,7 @@ __all__ = [
     "list_envs",
     "make",
     "make_vec",
+    "model_message",
     "register",
     "register_alias",
     "spec",

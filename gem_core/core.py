@@ -9,6 +9,7 @@ A time limit gives ``truncated=True, terminated=False``. Every env can snapshot 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, SupportsFloat, TypeVar
 
 import numpy as np
@@ -25,6 +26,41 @@ StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
 _NOT_STATE = frozenset({"spec"})
 
 _MASK64 = (1 << 64) - 1
+
+
+SUFFIX_KEY = "suffix"
+SUFFIX_SEPARATOR = "\n\n"
+
+
+def model_message(observation: str, info: Mapping[str, Any] | None) -> str:
+    """What the model is shown for an observation: the observation, then ``info["suffix"]``.
+
+    GEM's convention: an env may keep the current board (or the word pattern, the words found, the
+    request for the next move) in ``info["suffix"]`` rather than in the observation. This is the one
+    rule that turns the two into the text of the model's next message; the runner, every trainer
+    plugin, ``make-dataset`` and the wrappers use it:
+
+    * no suffix (missing, ``None`` or only whitespace): the observation unchanged;
+    * an observation that already ends with the suffix (a wrapper such as ``HistoryWrapper`` rendered
+      it): unchanged, so the suffix is never shown twice;
+    * otherwise the observation without its trailing newlines, a blank line (:data:`SUFFIX_SEPARATOR`),
+      and the suffix without its leading and trailing newlines.
+    """
+    if not isinstance(observation, str):
+        raise TypeError(f"model_message needs a text observation, got {type(observation).__name__}")
+    suffix = None if info is None else info.get(SUFFIX_KEY)
+    if not isinstance(suffix, str):
+        if suffix is not None:
+            raise TypeError(f"info['suffix'] must be text, got {type(suffix).__name__}")
+        return observation
+    suffix = suffix.strip("\n")
+    if not suffix.strip():
+        return observation
+    body = observation.rstrip()
+    if body.endswith(suffix.rstrip()):
+        return observation
+    body = observation.rstrip("\n")
+    return body + SUFFIX_SEPARATOR + suffix if body else suffix
 
 
 def _splitmix64_words(seed: int, n: int) -> list[int]:
@@ -95,6 +131,13 @@ class Env(Generic[ObsType, ActType]):
     def step(self, action: ActType) -> StepResult:
         """Apply one action. Bad actions never raise: they are penalised and explained in obs/info."""
         raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    def state_text(self) -> str | None:
+        """The part of the current state that the next move needs and that can change during the
+        episode (a board, a word pattern, the words still to find), as the env shows it to the model;
+        ``None`` when every observation already says all of it (e.g. feedback on the last guess). The
+        env checker asserts that this text reaches the model's context after reset and every step."""
+        return None
 
     def sample_random_action(self) -> ActType:
         """A random action that is well formed for the current state (used by tests and benchmarks)."""
@@ -203,6 +246,9 @@ class Wrapper(Env[ObsType, ActType]):
 
     def sample_random_action(self) -> ActType:
         return self.env.sample_random_action()
+
+    def state_text(self) -> str | None:
+        return self.env.state_text()
 
     def close(self) -> None:
         self.env.close()

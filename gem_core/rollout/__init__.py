@@ -1,7 +1,8 @@
 """The framework-neutral multi-turn episode runner: token in, token out (DESIGN.md contracts 3 and 4).
 
     formatter = ChatFormatter(tokenizer)                     # chat template as token deltas
-    trajectory = await run_episode(env, policy, formatter, seed=0, params=SamplingParams(max_tokens=256))
+    config = RunConfig(params=SamplingParams(max_tokens=256), max_context_tokens=4096)
+    trajectory = await run_episode(env, policy, formatter, config, seed=0)
     samples = trajectory.per_turn_samples(gamma=0.9)         # one sample per turn (GEM's default)
     sequence = trajectory.as_sequence()                      # one sequence with a loss mask (agent-loop view)
 
@@ -26,6 +27,7 @@ from gem_core.rollout.policy import (
 from gem_core.rollout.runner import (
     AsyncEnv,
     EpisodeSpec,
+    RunConfig,
     ThreadedEnv,
     VectorEnvSlots,
     run_episode,
@@ -48,6 +50,7 @@ __all__ = [
     "OpenAIPolicy",
     "Policy",
     "RandomPolicy",
+    "RunConfig",
     "SamplingParams",
     "ScriptedPolicy",
     "SequenceView",

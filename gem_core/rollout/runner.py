@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import inspect
 import secrets
 import time
@@ -19,12 +20,48 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from gem_core.core import Env
+from gem_core.core import Env, model_message
 from gem_core.rollout.chat import ChatFormatter
 from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
 from gem_core.rollout.trajectory import Trajectory, Turn
 
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How episodes are played: the settings a trainer plugin fixes once per rollout.
+
+    ``params``: sampling for every turn (``params.max_tokens`` caps each response). ``max_turns``: a
+    turn limit on top of the env's own. ``max_context_tokens``: the whole context (prompt, responses,
+    observations) stays within it; a turn's ``max_tokens`` is lowered to what is left, and when the
+    next observation plus ``min_turn_tokens`` would not fit, the episode ends as truncated with reason
+    ``"context_limit"`` (every reward earned so far kept). ``step_in_thread``: ``True``, ``False`` or
+    ``"auto"`` (see :class:`ThreadedEnv`); ``executor``: where env steps run (default: the loop's).
+    """
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_turns: int | None = None
+    max_context_tokens: int | None = None
+    min_turn_tokens: int = 1
+    step_in_thread: bool | str = "auto"
+    executor: Executor | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, SamplingParams):
+            raise TypeError(f"RunConfig.params must be a SamplingParams, got {type(self.params).__name__}")
+        for name, low in (("max_turns", 1), ("max_context_tokens", 2)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"RunConfig.{name} must be an integer >= {low} or None, got {value!r}")
+        if isinstance(self.min_turn_tokens, bool) or not isinstance(self.min_turn_tokens, int) or self.min_turn_tokens < 1:
+            raise ValueError(f"RunConfig.min_turn_tokens must be an integer >= 1, got {self.min_turn_tokens!r}")
+        if self.step_in_thread not in (True, False, "auto"):
+            raise ValueError(f"RunConfig.step_in_thread must be True, False or 'auto', got {self.step_in_thread!r}")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -217,53 +254,47 @@ async def run_episode(
     env: Any,
     policy: Policy | ChatPolicy,
     formatter: ChatFormatter | None = None,
+    config: RunConfig | None = None,
     *,
-    params: SamplingParams | None = None,
     seed: int | None = None,
     options: dict[str, Any] | None = None,
     observation: str | None = None,
     reset_info: dict[str, Any] | None = None,
-    max_turns: int | None = None,
-    max_context_tokens: int | None = None,
-    min_turn_tokens: int = 1,
     episode_id: str | None = None,
     group_id: str | None = None,
     env_id: str | None = None,
-    executor: Executor | None = None,
-    step_in_thread: bool | str = "auto",
 ) -> Trajectory:
     """Play one episode and return its :class:`Trajectory`.
 
-    ``env``: a gem_core env (its steps run in ``executor``'s threads; ``step_in_thread``: ``True``,
-    ``False`` or ``"auto"``, see :class:`ThreadedEnv`) or an :class:`AsyncEnv`. It is reset with ``seed``/``options``, unless ``observation`` is given: then
-    the env is taken as already reset (e.g. a clone of a group's start state) and ``observation`` is its
-    first observation.
+    ``env``: a gem_core env (its steps run as ``config.step_in_thread`` says, see :class:`ThreadedEnv`)
+    or an :class:`AsyncEnv`. It is reset with ``seed``/``options``, unless ``observation`` is given:
+    then the env is taken as already reset (e.g. a clone of a group's start state) and
+    ``observation``/``reset_info`` are what its reset returned.
+
+    What the model sees: every message is :func:`gem_core.model_message` of the observation and its
+    info (the observation, then ``info["suffix"]``: the board, for the games that keep it there).
 
     ``policy``: a token-level :class:`Policy` with a :class:`ChatFormatter` (the training path), or a
     text-level :class:`ChatPolicy` (``formatter`` optional, used for its system prompt and thinking
     removal; the trajectory then has text and rewards but no token ids).
 
-    Limits: ``params.max_tokens`` per turn; ``max_context_tokens`` for the whole context (a turn's
-    ``max_tokens`` is lowered to what is left; if the next observation plus ``min_turn_tokens`` would not
-    fit, the episode ends as truncated with reason ``"context_limit"``, keeping every reward already
-    earned); ``max_turns`` on top of the env's own turn limit. The last turn of a truncated episode has
-    ``truncated=True`` and ``info["truncation_reason"]``; so has the trajectory.
+    ``config``: the limits and sampling (:class:`RunConfig`; default ``RunConfig()``). The last turn of
+    a truncated episode has ``truncated=True`` and ``info["truncation_reason"]``; so has the trajectory.
 
     ``episode_id`` (default: a random uuid) makes the request ids ``"{episode_id}/turn-{t}"``; pass a
     stable one for reproducible sampling.
     """
-    if min_turn_tokens < 1:
-        raise ValueError(f"min_turn_tokens must be >= 1, got {min_turn_tokens}")
-    if max_turns is not None and max_turns < 1:
-        raise ValueError(f"max_turns must be >= 1 or None, got {max_turns}")
-    aenv = as_async_env(env, executor, step_in_thread)
-    params = params or SamplingParams()
+    config = RunConfig() if config is None else config
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+    aenv = as_async_env(env, config.executor, config.step_in_thread)
     episode_id = episode_id or uuid.uuid4().hex
     if env_id is None:
         env_id = getattr(aenv, "env_id", None)
     if observation is None:
         observation, reset_info = await aenv.reset(seed=seed, options=options)
     _require_text(observation, "reset")
+    reset_info = dict(reset_info or {})
     trajectory = Trajectory(
         episode_id=episode_id,
         prompt_ids=[],
@@ -271,31 +302,24 @@ async def run_episode(
         seed=seed,
         group_id=group_id,
         initial_observation=observation,
-        reset_info=dict(reset_info or {}),
+        initial_message=model_message(observation, reset_info),
+        reset_info=reset_info,
     )
     token_level = hasattr(policy, "generate")
     if token_level:
         if formatter is None:
             raise TypeError("a token-level Policy needs a ChatFormatter (formatter=...)")
-        await _play_tokens(trajectory, aenv, policy, formatter, formatter.sampling_params(params), max_turns, max_context_tokens, min_turn_tokens)
+        await _play_tokens(trajectory, aenv, policy, formatter, config.replace(params=formatter.sampling_params(config.params)))
     elif hasattr(policy, "chat"):
-        await _play_text(trajectory, aenv, policy, formatter, params, max_turns)
+        await _play_text(trajectory, aenv, policy, formatter, config)
     else:
         raise TypeError(f"{type(policy).__name__} has neither generate() (Policy) nor chat() (ChatPolicy)")
     return trajectory
 
 
-async def _play_tokens(
-    trajectory: Trajectory,
-    env: Any,
-    policy: Policy,
-    formatter: ChatFormatter,
-    params: SamplingParams,
-    max_turns: int | None,
-    max_context_tokens: int | None,
-    min_turn_tokens: int,
-) -> None:
-    context = formatter.prompt_ids(trajectory.initial_observation)
+async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatter: ChatFormatter, config: RunConfig) -> None:
+    params, max_context_tokens, min_turn_tokens = config.params, config.max_context_tokens, config.min_turn_tokens
+    context = formatter.prompt_ids(trajectory.initial_message)
     trajectory.prompt_ids = list(context)
     if max_context_tokens is not None and len(context) + min_turn_tokens > max_context_tokens:
         _truncate(trajectory, "context_limit")
@@ -321,36 +345,31 @@ async def _play_tokens(
             context_len=len(context), response_ids=generation.token_ids, logprobs=generation.logprobs,
         )
         context.extend(generation.token_ids)
-        if _episode_over(trajectory, record, max_turns):
+        if _episode_over(trajectory, record, config.max_turns):
             return
         _require_text(observation, "step")
         role = formatter.tool_role if _is_tool_turn(info) else "user"
-        delta = formatter.observation_ids(observation, generation.token_ids, role)
+        message = model_message(observation, info)
+        delta = formatter.observation_ids(message, generation.token_ids, role)
         if max_context_tokens is not None and len(context) + len(delta) + min_turn_tokens > max_context_tokens:
             _truncate(trajectory, "context_limit")
             return
+        record.message = message
         record.obs_delta_ids = delta
         context.extend(delta)
         turn += 1
 
 
-async def _play_text(
-    trajectory: Trajectory,
-    env: Any,
-    policy: ChatPolicy,
-    formatter: ChatFormatter | None,
-    params: SamplingParams,
-    max_turns: int | None,
-) -> None:
+async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, formatter: ChatFormatter | None, config: RunConfig) -> None:
     trajectory.token_mode = False
     system = None if formatter is None else formatter.system_prompt
     messages: list[dict[str, str]] = [] if system is None else [{"role": "system", "content": system}]
-    messages.append({"role": "user", "content": trajectory.initial_observation})
+    messages.append({"role": "user", "content": trajectory.initial_message})
     trajectory.messages = messages
     turn = 0
     while True:
         try:
-            generation = await policy.chat([dict(m) for m in messages], params, request_id=request_id_for(trajectory.episode_id, turn))
+            generation = await policy.chat([dict(m) for m in messages], config.params, request_id=request_id_for(trajectory.episode_id, turn))
         except ContextLimitExceeded:
             _truncate(trajectory, "context_limit")
             return
@@ -362,10 +381,11 @@ async def _play_text(
         observation, reward, terminated, truncated, info = step = await env.step(action)
         record = _record_turn(trajectory, turn, step, generation.finish_reason, text, action)
         messages.append({"role": "assistant", "content": text})
-        if _episode_over(trajectory, record, max_turns):
+        if _episode_over(trajectory, record, config.max_turns):
             return
         _require_text(observation, "step")
-        messages.append({"role": "tool" if _is_tool_turn(info) else "user", "content": observation})
+        record.message = model_message(observation, info)
+        messages.append({"role": "tool" if _is_tool_turn(info) else "user", "content": record.message})
         turn += 1
 
 
@@ -481,17 +501,12 @@ async def run_episodes(
     envs: Any,
     policy: Policy | ChatPolicy,
     formatter: ChatFormatter | None = None,
+    config: RunConfig | None = None,
     *,
     seeds: Sequence[int | None] | None = None,
     group_size: int = 1,
-    params: SamplingParams | None = None,
-    max_turns: int | None = None,
-    max_context_tokens: int | None = None,
-    min_turn_tokens: int = 1,
     max_concurrency: int | None = None,
     options: dict[str, Any] | None = None,
-    executor: Executor | None = None,
-    step_in_thread: bool | str = "auto",
     episode_id_prefix: str = "ep",
 ) -> list[Trajectory]:
     """Play a batch of episodes concurrently; trajectories come back in job order.
@@ -507,12 +522,18 @@ async def run_episodes(
     ``group_size``: episodes per group, all reset with the group's seed, so they start from one state
     (an unseeded group draws one seed for all its members). Group ``g``'s episodes have ``group_id``
     ``"{prefix}{g}"`` and ``episode_id`` ``"{prefix}{g}"`` (``"{prefix}{g}-{m}"`` when ``group_size > 1``).
-    ``max_concurrency`` bounds episodes in flight (a pool also bounds it by its size). Other arguments
-    as :func:`run_episode`.
+    ``max_concurrency`` bounds episodes in flight (a pool also bounds it by its size). ``config`` and the
+    other arguments as :func:`run_episode`.
     """
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    pool, specs = _classify(envs, executor, step_in_thread)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
+    if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1):
+        raise ValueError(f"max_concurrency must be an integer >= 1 or None, got {max_concurrency!r}")
+    config = RunConfig() if config is None else config
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+    executor = config.executor
+    pool, specs = _classify(envs, executor, config.step_in_thread)
     if specs is not None:
         if seeds is not None and len(seeds) != len(specs):
             raise ValueError(f"got {len(seeds)} seeds for {len(specs)} episode specs")
@@ -542,29 +563,18 @@ async def run_episodes(
     async def play(job: _Job) -> Trajectory:
         async with gate:
             episode_id = f"{episode_id_prefix}{job.group}" + (f"-{job.member}" if group_size > 1 else "")
-            common = dict(
-                params=params,
-                seed=job.seed,
-                options=options,
-                max_turns=max_turns,
-                max_context_tokens=max_context_tokens,
-                min_turn_tokens=min_turn_tokens,
-                episode_id=episode_id,
-                group_id=f"{episode_id_prefix}{job.group}",
-                executor=executor,
-                step_in_thread=step_in_thread,
-            )
+            common = dict(seed=job.seed, options=options, episode_id=episode_id, group_id=f"{episode_id_prefix}{job.group}")
             if free is not None:
                 slot = await free.get()
                 try:
-                    return await run_episode(slot, policy, formatter, **common)
+                    return await run_episode(slot, policy, formatter, config, **common)
                 finally:
                     free.put_nowait(slot)
             loop = asyncio.get_running_loop()
             spec = job.spec
             env = await loop.run_in_executor(executor, lambda: _make(spec))
             try:
-                return await run_episode(env, policy, formatter, env_id=spec.env_id, **common)
+                return await run_episode(env, policy, formatter, config, env_id=spec.env_id, **common)
             finally:
                 env.close()
 

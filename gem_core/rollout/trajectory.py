@@ -28,7 +28,9 @@ class Turn:
     ``obs_delta_ids``: the template tokens appended after the response (closing, observation turn,
     generation prompt); empty on the last turn, whose observation is never shown to the model.
     ``response_text``: the decoded response; ``action``: the text the env received (thinking removed);
-    ``observation``: what the env returned. ``info``: the env's step info, plus
+    ``observation``: what the env returned; ``message``: what the model was shown of it
+    (:func:`gem_core.model_message`: the observation and ``info["suffix"]``), empty when the episode
+    ended at this turn. ``info``: the env's step info, plus
     ``info["truncation_reason"]`` on the last turn of a truncated episode.
     """
 
@@ -45,6 +47,7 @@ class Turn:
     response_text: str = ""
     action: str = ""
     observation: str = ""
+    message: str = ""
 
     @property
     def num_model_tokens(self) -> int:
@@ -103,7 +106,9 @@ class SequenceView:
 @dataclass
 class Trajectory:
     """One episode. ``episode_id`` is unique in a batch; ``group_id`` ties together the episodes that
-    started from one env state (GRPO-style groups). ``truncation_reason`` is one of
+    started from one env state (GRPO-style groups). ``initial_observation`` is what the env's reset
+    returned, ``initial_message`` what the model was shown (:func:`gem_core.model_message`).
+    ``truncation_reason`` is one of
     :data:`TRUNCATION_REASONS` when ``truncated``. ``token_mode`` is False for text-only (chat) policies,
     whose trajectories carry text and rewards but no token ids.
     """
@@ -115,6 +120,7 @@ class Trajectory:
     seed: int | None = None
     group_id: str | None = None
     initial_observation: str = ""
+    initial_message: str = ""
     reset_info: dict[str, Any] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False

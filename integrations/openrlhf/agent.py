@@ -34,8 +34,9 @@ from typing import Any
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
+from gem_core import model_message
 from gem_core.rollout import ChatFormatter, ThreadedEnv
-from gem_core.rollout.task import make_task_env
+from gem_core.tasks import make_task_env
 
 TURN_REWARDS_KEY = "gem_turn_rewards"
 TURN_REWARDS_ENV = "GEM_OPENRLHF_TURN_REWARDS"
@@ -92,10 +93,10 @@ class GemAgentInstance(AgentInstanceBase):
         self.formatter = formatter_for(self.tokenizer, spec.get("system_prompt"))
         self.max_turns = spec.get("max_turns")
         self.env = ThreadedEnv(make_task_env(spec["env_id"], spec.get("env_kwargs"), spec.get("tools")))
-        observation, _ = await self.env.reset(seed=spec.get("seed"))
+        observation, info = await self.env.reset(seed=spec.get("seed"))
         if not isinstance(observation, str):
             raise TypeError(f"{spec['env_id']} returned a {type(observation).__name__} observation; the agent needs text")
-        prompt = self.formatter.prompt_text(observation)
+        prompt = self.formatter.prompt_text(model_message(observation, info))
         self.context_len = len(self.formatter.encode(prompt))
         return {"observation": prompt}
 
@@ -125,7 +126,7 @@ class GemAgentInstance(AgentInstanceBase):
                 raise TypeError(f"the env returned a {type(observation).__name__} observation; the agent needs text")
             role = "tool" if (info.get("tool_turn") or info.get("use_tool")) else "user"
             closed = self._closed(response)
-            feedback = formatter.observation_text(observation, closed, role)
+            feedback = formatter.observation_text(model_message(observation, info), closed, role)
             delta = len(formatter.encode(feedback))
             if self.max_length is not None and self.context_len + delta + 1 > self.max_length:
                 feedback, done, self.truncated, self.context_limit = "", True, True, True

@@ -2,7 +2,8 @@
 
     gem-core make-dataset openrlhf --env game:GuessTheNumber-v0-easy --n 256 --out prompts.jsonl
 
-Each row is ``{"prompt": <the env's first observation>, "label": "<JSON env spec>"}``; train with
+Each row is ``{"prompt": <the model's first message>, "label": "<JSON task spec>"}`` (the prompt is
+:meth:`gem_core.tasks.TaskSpec.first_message`: the observation and its suffix); train with
 ``--data.prompt_dataset prompts.jsonl --data.input_key prompt --data.label_key label`` (no
 ``--data.apply_chat_template``: the GEM agent renders the env's own observation itself). The label
 ``{"env_id", "seed", "env_kwargs", "tools"}`` is what :mod:`gem_integrations.openrlhf.agent` reads; every sample
@@ -19,14 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import gem_core
-from gem_core.rollout.task import add_task_arguments, make_task_env, parse_tools, task_arguments
+from gem_core.tasks import TaskSpec, add_task_arguments, parse_tools, specs_for, task_arguments
 
 
 def label_for(env_id: str, seed: int | None, env_kwargs: dict[str, Any] | None = None, **extra: Any) -> str:
-    """The label JSON of one prompt row."""
-    spec: dict[str, Any] = {"env_id": env_id, "seed": seed, "env_kwargs": dict(env_kwargs or {})}
-    spec.update({k: v for k, v in extra.items() if v is not None})
-    return json.dumps(spec, sort_keys=True)
+    """The label JSON of one prompt row (:meth:`gem_core.tasks.TaskSpec.to_json`)."""
+    return TaskSpec(env_id, seed=seed, env_kwargs=dict(env_kwargs or {}), **{k: v for k, v in extra.items() if v is not None}).to_json()
 
 
 def rows(
@@ -39,13 +38,11 @@ def rows(
 ) -> Iterator[dict[str, str]]:
     """Rows for ``n`` episodes of ``env_id`` (the env is made once and reset for each prompt)."""
     env_id = gem_core.spec(env_id).id  # unknown ids fail here, before anything is written
-    tools = parse_tools(tools)  # unknown tools too
-    env = make_task_env(env_id, env_kwargs, tools)  # and unknown kwargs
+    specs = specs_for(env_id, n, seed_start=seed_start, env_kwargs=env_kwargs or {}, tools=tuple(parse_tools(tools)), max_turns=max_turns)
+    env = specs[0].make_env()  # unknown tools and kwargs too
     try:
-        for i in range(n):
-            observation, _ = env.reset(seed=seed_start + i)
-            label = label_for(env_id, seed_start + i, env_kwargs, max_turns=max_turns, tools=list(tools) or None)
-            yield {"prompt": observation, "label": label}
+        for spec in specs:
+            yield {"prompt": spec.first_message(env), "label": spec.to_json()}
     finally:
         env.close()
 

@@ -26,8 +26,9 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from gem_core.rollout import ChatFormatter, Generation, SamplingParams, Trajectory, episode_of, run_episode
-from gem_core.rollout.task import make_task_env
+from gem_core import model_message
+from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, Trajectory, episode_of, run_episode
+from gem_core.tasks import make_task_env
 
 from .advantage import ESTIMATORS
 
@@ -179,7 +180,7 @@ class GemEnvAgentLoop(AgentLoopBase):
         env = self.make_env(row)
         try:
             observation, reset_info = env.reset(seed=seed)
-            prompt_ids = formatter.prompt_ids(observation)
+            prompt_ids = formatter.prompt_ids(model_message(observation, reset_info))
             if len(prompt_ids) > self.prompt_length:
                 raise ValueError(
                     f"{row['env_id']} (seed {seed}): the first observation is {len(prompt_ids)} tokens, more than "
@@ -193,12 +194,10 @@ class GemEnvAgentLoop(AgentLoopBase):
                 env,
                 policy,
                 formatter,
-                params=params,
+                RunConfig(params=params, max_turns=self.max_turns(row), max_context_tokens=max_context),
                 seed=seed,
                 observation=observation,
                 reset_info=reset_info,
-                max_turns=self.max_turns(row),
-                max_context_tokens=max_context,
                 episode_id=_plain(row.get("episode_id")) or uuid4().hex,
                 group_id=str(_plain(row.get("uid")) or "") or None,
                 env_id=str(row["env_id"]),

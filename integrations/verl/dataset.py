@@ -3,19 +3,20 @@
 Each row has what ``verl.utils.dataset.RLHFDataset`` needs (``data_source``, ``prompt`` as chat messages,
 ``reward_model``, ``extra_info.index``), ``agent_name="gem_env"`` so verl runs the gem_env agent loop on
 it, and the env columns that loop reads (``env_id``, ``env_seed``, ``env_kwargs`` as JSON, ``env_tools``,
-``max_turns``, ``max_turn_tokens``). ``prompt`` holds the env's real first observation for that seed (verl filters and logs
-prompts by it); the agent loop resets the env with the same seed and builds its own prompt tokens.
+``max_turns``, ``max_turn_tokens``, ``max_context_tokens``, ``system_prompt``: :meth:`gem_core.tasks.TaskSpec.to_columns`).
+``prompt`` holds the model's real first message for that seed (:meth:`~gem_core.tasks.TaskSpec.first_message`: the
+observation and its suffix; verl filters and logs prompts by it); the agent loop resets the env with
+the same seed and builds its own prompt tokens.
 Imports no verl: only gem_core and pyarrow.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from gem_core.rollout.task import add_task_arguments, task_arguments
+from gem_core.tasks import add_task_arguments, specs_for, task_arguments
 
 AGENT_NAME = "gem_env"
 
@@ -31,32 +32,26 @@ def dataset_rows(
     max_turn_tokens: int | None = None,
     split: str = "train",
     observation_prompt: bool = True,
+    system_prompt: str | None = None,
 ) -> list[dict[str, Any]]:
     """``n`` rows for ``env_id`` with seeds ``seed_start .. seed_start + n - 1``."""
-    import gem_core
-
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    env_kwargs = dict(env_kwargs or {})
-    env = gem_core.make(env_id, **env_kwargs)  # fails early on an unknown id or bad kwargs
+    specs = specs_for(env_id, n, seed_start=seed_start, env_kwargs=env_kwargs or {}, tools=tuple(tools), max_turns=max_turns, max_turn_tokens=max_turn_tokens, system_prompt=system_prompt)
+    env = specs[0].make_env()  # fails early on an unknown id, bad kwargs or an unknown tool
     rows = []
     try:
-        for i in range(n):
-            seed = seed_start + i
-            text = env.reset(seed=seed)[0] if observation_prompt else f"{env_id} (seed {seed})"
+        for i, spec in enumerate(specs):
+            text = spec.first_message(env) if observation_prompt else f"{env_id} (seed {spec.seed})"
+            messages = [{"role": "user", "content": text}]
+            if spec.system_prompt:
+                messages.insert(0, {"role": "system", "content": spec.system_prompt})
             rows.append(
                 {
                     "data_source": env_id,
-                    "prompt": [{"role": "user", "content": text if isinstance(text, str) else repr(text)}],
+                    "prompt": messages,
                     "agent_name": AGENT_NAME,
-                    "env_id": env_id,
-                    "env_seed": seed,
-                    "env_kwargs": json.dumps(env_kwargs, sort_keys=True),
-                    "env_tools": ",".join(tools),
-                    "max_turns": int(max_turns or 0),
-                    "max_turn_tokens": int(max_turn_tokens or 0),
+                    **spec.to_columns(),
                     "reward_model": {"style": "env", "ground_truth": ""},
-                    "extra_info": {"index": i, "split": split, "env_seed": seed},
+                    "extra_info": {"index": i, "split": split, "env_seed": spec.seed},
                 }
             )
     finally:
@@ -86,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     env_kwargs, tools = task_arguments(args)
     make_dataset(
         args.env, args.n, args.out, seed_start=args.seed_start, env_kwargs=env_kwargs, tools=tools, max_turns=args.max_turns,
-        max_turn_tokens=args.max_turn_tokens, split=args.split
+        max_turn_tokens=args.max_turn_tokens, split=args.split, system_prompt=args.system_prompt
     )
     print(f"wrote {args.n} rows of {args.env} to {args.out}")
     return 0

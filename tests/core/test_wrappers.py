@@ -173,7 +173,8 @@ def test_history_on_guess_the_number_matches_bare_env():
 
     env = gem_core.make(GTN, wrappers=[HistoryWrapper])
     obs, _ = env.reset(seed=3)
-    assert obs == f"{task}\n\nEnter your next guess."
+    assert obs == task  # the instructions already ask for the first guess: no reset suffix
+    assert task.endswith("Enter your first guess to start the game.")
     env.step("\\boxed{25}")
     obs, *_ = env.step("I think \\boxed{12}")
     assert obs == (
@@ -335,7 +336,7 @@ def _stack(env_id: str = GTN) -> Env:
 def test_wrappers_compose():
     env = _stack()
     task, _ = env.reset(seed=0)
-    assert task.endswith("\n\nEnter your next guess.")
+    assert task.endswith("Enter your first guess to start the game.")
     env.step("\\boxed{1}")
     env.step("\\boxed{2}")
     obs, _, terminated, truncated, info = env.step("\\boxed{3}")
@@ -414,7 +415,7 @@ def test_wrappers_inside_a_vector_env(mode):
     )
     try:
         obs, _ = vec.reset(seed=0)
-        assert all(o.endswith("\n\nEnter your next guess.") for o in obs)
+        assert all(o.endswith("Enter your first guess to start the game.") for o in obs)
         episodes = []
         for _ in range(4):  # the easy variant ends within 4 turns
             _, _, terminated, truncated, infos = vec.step(vec.call("sample_random_action"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gem_core.rollout import ScriptedPolicy
-from gem_core.rollout.golden import (
+from gem_core.testing.golden import (
     GOLDEN_EPISODES,
     golden_formatter,
     golden_respond,

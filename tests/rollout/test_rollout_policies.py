@@ -10,6 +10,7 @@ from rollout_envs import ScriptedRewardEnv
 
 import gem_core
 from gem_core.rollout import (
+    RunConfig,
     ChatFormatter,
     EpisodeSpec,
     Generation,
@@ -20,7 +21,7 @@ from gem_core.rollout import (
     run_episode,
     run_episodes,
 )
-from gem_core.rollout.golden import golden_respond
+from gem_core.testing.golden import golden_respond
 from gem_core.testing import FakeChatServer
 
 
@@ -77,7 +78,7 @@ def test_openai_policy_plays_text_episodes(tokenizer):
     with FakeChatServer(_chat_reply) as server:
         policy = OpenAIPolicy(server.base_url, "fake-model", api_key="test-key")
         specs = [EpisodeSpec("game:GuessTheNumber-v0-easy", seed=s) for s in range(3)]
-        trajectories = asyncio.run(run_episodes(specs, policy, formatter, params=SamplingParams(max_tokens=200)))
+        trajectories = asyncio.run(run_episodes(specs, policy, formatter, RunConfig(params=SamplingParams(max_tokens=200))))
         requests = list(server.requests)
     for trajectory in trajectories:
         assert trajectory.terminated and trajectory.rewards[-1] == 1.0  # binary search wins
@@ -93,7 +94,7 @@ def test_openai_policy_length_and_context_errors(tokenizer):
     with FakeChatServer(lambda messages: "x" * 50 + " \\boxed{3}", context_chars=1200) as server:
         policy = OpenAIPolicy(server.base_url, "fake")
         env = ScriptedRewardEnv([0.1] * 50, obs_chars=200)
-        trajectory = asyncio.run(run_episode(env, policy, None, seed=0, params=SamplingParams(max_tokens=20)))
+        trajectory = asyncio.run(run_episode(env, policy, None, RunConfig(params=SamplingParams(max_tokens=20)), seed=0))
     assert trajectory.turns[0].finish_reason == "length" and trajectory.turns[0].response_text == "x" * 20
     assert trajectory.truncation_reason == "context_limit"
     assert 1 <= trajectory.num_turns < 50 and trajectory.rewards == [0.1] * trajectory.num_turns
@@ -121,8 +122,8 @@ def test_hf_policy_end_to_end_on_cpu(tokenizer, formatter, tiny_model):
     params = SamplingParams(max_tokens=12, temperature=1.0)
     envs = [ScriptedRewardEnv([0.0, 0.5, 1.0], obs_chars=30) for _ in range(3)]
     policy = HFPolicy(tiny_model, seed=0, max_batch_size=1)
-    first = asyncio.run(run_episodes(envs, policy, formatter, seeds=[0, 1, 2], params=params, max_context_tokens=200))
-    again = asyncio.run(run_episodes(envs, HFPolicy(tiny_model, seed=0, max_batch_size=1), formatter, seeds=[0, 1, 2], params=params, max_context_tokens=200))
+    first = asyncio.run(run_episodes(envs, policy, formatter, RunConfig(params=params, max_context_tokens=200), seeds=[0, 1, 2]))
+    again = asyncio.run(run_episodes(envs, HFPolicy(tiny_model, seed=0, max_batch_size=1), formatter, RunConfig(params=params, max_context_tokens=200), seeds=[0, 1, 2]))
     assert [t.to_dict() for t in first] == [t.to_dict() for t in again]
     assert sum(t.num_turns for t in first) >= 4
     for trajectory in first:
@@ -154,7 +155,7 @@ def test_hf_policy_batches_concurrent_requests(tokenizer, formatter, tiny_model)
     greedy = SamplingParams(max_tokens=6, temperature=0.0)
     assert policy.generate_batch(prompts[:1], greedy, ["x"])[0].token_ids == policy.generate_batch(prompts[:1], greedy, ["y"])[0].token_ids
     trajectories = asyncio.run(
-        run_episodes([EpisodeSpec("game:Mastermind-v0-easy", seed=s) for s in range(4)], policy, formatter, params=SamplingParams(max_tokens=8))
+        run_episodes([EpisodeSpec("game:Mastermind-v0-easy", seed=s) for s in range(4)], policy, formatter, RunConfig(params=SamplingParams(max_tokens=8)))
     )
     assert all(t.done and t.num_turns >= 1 for t in trajectories)
 
@@ -169,5 +170,5 @@ def test_hf_policy_from_a_saved_model(tmp_path, tokenizer, tiny_model):
     prompt = tokenizer.encode("hello", add_special_tokens=False)
     assert loaded.generate_batch([prompt], params, ["q"])[0].token_ids == original.generate_batch([prompt], params, ["q"])[0].token_ids
     env = gem_core.make("game:GuessTheNumber-v0-easy")
-    trajectory = asyncio.run(run_episode(env, loaded, ChatFormatter(tokenizer), seed=0, params=params))
+    trajectory = asyncio.run(run_episode(env, loaded, ChatFormatter(tokenizer), RunConfig(params=params), seed=0))
     assert trajectory.done

@@ -11,6 +11,7 @@ from rollout_envs import ScriptedRewardEnv
 
 import gem_core
 from gem_core.rollout import (
+    RunConfig,
     ContextLimitExceeded,
     EpisodeSpec,
     Generation,
@@ -21,11 +22,15 @@ from gem_core.rollout import (
     run_episode,
     run_episodes,
 )
-from gem_core.rollout.golden import golden_respond
+from gem_core.testing.golden import golden_respond
+
+
+_CONFIG_FIELDS = ("params", "max_turns", "max_context_tokens", "min_turn_tokens", "step_in_thread", "executor")
 
 
 def _play(env, policy, formatter, **kwargs):
-    return asyncio.run(run_episode(env, policy, formatter, **kwargs))
+    config = RunConfig(**{k: kwargs.pop(k) for k in _CONFIG_FIELDS if k in kwargs})
+    return asyncio.run(run_episode(env, policy, formatter, config, **kwargs))
 
 
 class Recording:
@@ -211,7 +216,7 @@ def test_same_seeds_same_trajectories_across_sync_async_specs_and_reruns(tokeniz
     params = SamplingParams(max_tokens=48)
 
     def batch(envs):
-        return asyncio.run(run_episodes(envs, policy, formatter, seeds=seeds, params=params))
+        return asyncio.run(run_episodes(envs, policy, formatter, RunConfig(params=params), seeds=seeds))
 
     sync_env = gem_core.make_vec(IDS, vectorization_mode="sync")
     async_env = gem_core.make_vec(IDS, vectorization_mode="async", vector_kwargs={"num_workers": 2})
@@ -236,8 +241,8 @@ def test_random_policy_is_reproducible_whatever_the_scheduling(tokenizer, format
     policy = RandomPolicy(len(tokenizer), seed=1, stop_probability=0.2)
     params = SamplingParams(max_tokens=12)
     envs = [EpisodeSpec("game:Mastermind-v0-easy", seed=s) for s in range(6)]
-    wide = asyncio.run(run_episodes(envs, policy, formatter, params=params))
-    narrow = asyncio.run(run_episodes(envs, policy, formatter, params=params, max_concurrency=1))
+    wide = asyncio.run(run_episodes(envs, policy, formatter, RunConfig(params=params)))
+    narrow = asyncio.run(run_episodes(envs, policy, formatter, RunConfig(params=params), max_concurrency=1))
     assert _dicts(wide) == _dicts(narrow)
     assert len({tuple(t.turns[0].response_ids) for t in wide}) == 6  # different streams per episode
 
@@ -247,7 +252,7 @@ def test_groups_start_from_one_state(tokenizer, formatter):
     vector = gem_core.make_vec("game:GuessTheNumber-v0-random", 4, vectorization_mode="sync")
     try:
         trajectories = asyncio.run(
-            run_episodes(vector, policy, formatter, seeds=[7, 8, None], group_size=2, params=SamplingParams(max_tokens=8))
+            run_episodes(vector, policy, formatter, RunConfig(params=SamplingParams(max_tokens=8)), seeds=[7, 8, None], group_size=2)
         )
     finally:
         vector.close()
@@ -287,7 +292,7 @@ def test_random_policy_fuzz_keeps_the_invariants(tokenizer, formatter):
     ids = ["game:GuessTheNumber-v0-hard", "game:Mastermind-v0-hard", "game:Wordle-v0-easy", "game:Sudoku-v0-easy"]
     limit = 600
     trajectories = asyncio.run(
-        run_episodes([EpisodeSpec(i, seed=s) for i in ids for s in range(3)], policy, formatter, params=SamplingParams(max_tokens=64), max_context_tokens=limit)
+        run_episodes([EpisodeSpec(i, seed=s) for i in ids for s in range(3)], policy, formatter, RunConfig(params=SamplingParams(max_tokens=64), max_context_tokens=limit))
     )
     for trajectory in trajectories:
         sequence = trajectory.as_sequence()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gem_core.rollout import Trajectory, Turn, scripted_logprob
-from gem_core.rollout.golden import golden_scenario
+from gem_core.testing.golden import golden_scenario
 
 
 @pytest.fixture(scope="module")

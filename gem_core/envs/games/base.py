@@ -98,6 +98,12 @@ class TextGame(Env[str, str]):
         (as GEM does) the current board. The history wrapper appends it; it may span several lines."""
         return "Enter your next move."
 
+    def reset_suffix(self) -> str:
+        """The suffix that follows the instructions after ``reset``: by default ``task_suffix()``. A game
+        whose instructions already show the starting board and ask for the first move returns ``""``,
+        so the model is not asked twice."""
+        return self.task_suffix()
+
     def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
         """The last move's observation and reward when the turn limit ends the episode (a game may add
         e.g. GEM's closeness reward). ``invalid``: whether that last move was illegal."""
@@ -116,7 +122,7 @@ class TextGame(Env[str, str]):
         # The keys of every step's info dict (built inline in step, the hot path), before any move, and
         # the episode's turn limit (fixed for the episode, so not repeated in every step's info).
         info = {"turn": 0, "max_turns": self.max_turns, "success": False, "invalid_action": False,
-                "format_error": False, "suffix": self.task_suffix()}
+                "format_error": False, "suffix": self.reset_suffix()}
         return self.instructions(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

@@ -220,6 +220,9 @@ class Crosswords(TextGame):
             for c in self.clues
         )
 
+    def state_text(self) -> str:
+        return self.render()
+
     def instructions(self) -> str:
         first = self.clues[0]
         return (

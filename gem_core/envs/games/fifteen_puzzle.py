@@ -284,6 +284,12 @@ class FifteenPuzzle(TextGame):
         template, texts = _board_layout(self.num_rows)
         return template % tuple([texts[tile] for tile in self.board])
 
+    def reset_suffix(self) -> str:
+        return ""  # the instructions show the starting position and ask for the first move
+
+    def state_text(self) -> str:
+        return self.render()
+
     def instructions(self) -> str:
         last = self.num_rows * self.num_rows - 1
         return (

@@ -184,6 +184,12 @@ class Game2048(TextGame):
         template, texts = _board_layout(self.size, max(4, len(str(max(self.board)))))
         return template % tuple([texts[v] for v in self.board])
 
+    def reset_suffix(self) -> str:
+        return ""  # the instructions show the starting position and ask for the first move
+
+    def state_text(self) -> str:
+        return self.render()
+
     def instructions(self) -> str:
         return (
             f"You are playing 2048 on a {self.size}x{self.size} board.\n"

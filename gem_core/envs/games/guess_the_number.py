@@ -41,6 +41,9 @@ class GuessTheNumber(TextGame):
         self.guessed = set()
         self.last_guess = None
 
+    def reset_suffix(self) -> str:
+        return ""  # the instructions show the starting position and ask for the first move
+
     def instructions(self) -> str:
         return (
             f"You are playing Guess The Number.\n"

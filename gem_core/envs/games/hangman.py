@@ -57,6 +57,9 @@ class Hangman(TextGame):
         """The word as the player sees it: known letters, ``_`` for hidden ones."""
         return " ".join([c if shown else "_" for c, shown in zip(self.secret.upper(), self.revealed)])
 
+    def state_text(self) -> str:
+        return self.pattern()
+
     def instructions(self) -> str:
         return (
             "You are playing Hangman.\n"

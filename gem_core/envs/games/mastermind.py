@@ -137,6 +137,9 @@ class Mastermind(TextGame):
     def _example(self) -> str:
         return " ".join(str(d % self.num_numbers + 1) for d in range(self.code_length))
 
+    def reset_suffix(self) -> str:
+        return ""  # the instructions show the starting position and ask for the first move
+
     def instructions(self) -> str:
         repeats = "may repeat" if self.duplicate_numbers else "are all different"
         return (

@@ -118,6 +118,9 @@ class Minesweeper(TextGame):
         self.mines_laid = True
 
     # -- text ------------------------------------------------------------------------------------
+    def state_text(self) -> str:
+        return self.render_board()
+
     def instructions(self) -> str:
         last_r, last_c = self.rows - 1, self.cols - 1
         return (

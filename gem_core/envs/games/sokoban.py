@@ -583,6 +583,12 @@ class Sokoban(TextGame):
         self._rendered = (key, text)
         return text
 
+    def reset_suffix(self) -> str:
+        return ""  # the instructions show the starting position and ask for the first move
+
+    def state_text(self) -> str:
+        return self.render()
+
     def instructions(self) -> str:
         return (
             "You are playing Sokoban.\n"

@@ -245,6 +245,9 @@ class Sudoku(TextGame):
         return [base[r][c] for r in row_order for c in col_order]
 
     # -- text ------------------------------------------------------------------------------------
+    def state_text(self) -> str:
+        return self.render_board()
+
     def instructions(self) -> str:
         box = math.isqrt(self.scale)
         return (

@@ -55,6 +55,12 @@ class TowerOfHanoi(TextGame):
             self.max_turns = turn_budget(self.num_disks)
         self.pegs = [list(range(self.num_disks, 0, -1)), [], []]
 
+    def reset_suffix(self) -> str:
+        return ""  # the instructions show the starting position and ask for the first move
+
+    def state_text(self) -> str:
+        return self.render()
+
     def instructions(self) -> str:
         return (
             f"You are playing Tower of Hanoi with {self.num_disks} disks on three pegs, A, B and C.\n"

@@ -122,6 +122,9 @@ class WordSearch(TextGame):
         """The letter grid with row and column numbers."""
         return render_grid(self.grid)
 
+    def state_text(self) -> str:
+        return "Still to find: " + ", ".join(w.upper() for w in self.words if w not in self.found)
+
     def instructions(self) -> str:
         if self.hardcore:
             ways = "in any of the eight directions: across, down, diagonally, and backwards along any of these"

@@ -22,7 +22,7 @@ import openrlhf_import_stubs  # noqa: E402
 openrlhf_import_stubs.install()
 os.environ["GEM_OPENRLHF_TURN_REWARDS"] = "1"  # what the launcher sets in every Ray worker
 
-from gem_core.rollout.golden import (  # noqa: E402
+from gem_core.testing.golden import (  # noqa: E402
     GOLDEN_MAX_CONTEXT_TOKENS,
     GOLDEN_PARAMS,
     golden_formatter,

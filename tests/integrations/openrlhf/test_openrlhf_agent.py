@@ -9,7 +9,7 @@ import pytest
 from conftest import label_of, run_executor, samples_generator, vllm_like_params
 from openrlhf.utils.agent import AgentExecutorBase, MultiTurnAgentExecutor
 
-from gem_core.rollout.golden import GOLDEN_MAX_CONTEXT_TOKENS
+from gem_core.testing.golden import GOLDEN_MAX_CONTEXT_TOKENS
 
 
 def expected_ranges(trajectory, sequence):
@@ -84,7 +84,7 @@ def test_group_of_one_prompt_starts_from_one_state(executor, tokenizer, golden):
 
 def test_bad_label_fails_clearly(executor, tokenizer):
     from gem_integrations.openrlhf.engine import PolicyEngine
-    from gem_core.rollout.golden import golden_formatter, golden_policy
+    from gem_core.testing.golden import golden_formatter, golden_policy
 
     engine = PolicyEngine(golden_policy(tokenizer), golden_formatter(tokenizer))
     with pytest.raises(ValueError, match="env_id"):
@@ -93,7 +93,7 @@ def test_bad_label_fails_clearly(executor, tokenizer):
 
 def test_skip_special_tokens_is_refused(executor, tokenizer, golden):
     from gem_integrations.openrlhf.engine import PolicyEngine
-    from gem_core.rollout.golden import golden_formatter, golden_policy
+    from gem_core.testing.golden import golden_formatter, golden_policy
 
     params = vllm_like_params()
     params.skip_special_tokens = True

@@ -76,7 +76,7 @@ def test_gem_core_openrlhf_train_passes_everything_to_the_launcher(monkeypatch):
 
 def test_make_dataset_rows_drive_the_agent(tmp_path, executor, tokenizer, capsys):
     from gem_integrations.openrlhf.engine import PolicyEngine
-    from gem_core.rollout.golden import golden_formatter, golden_policy
+    from gem_core.testing.golden import golden_formatter, golden_policy
 
     out = tmp_path / "prompts.jsonl"
     assert cli.main(["make-dataset", "openrlhf", "--env", "game:Mastermind-v0-easy", "--n", "3", "--seed-start", "5", "--out", str(out)]) == 0

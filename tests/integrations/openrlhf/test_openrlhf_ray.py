@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import samples_generator
 
-from gem_core.rollout.golden import GOLDEN_DDOF, GOLDEN_EPS, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS
+from gem_core.testing.golden import GOLDEN_DDOF, GOLDEN_EPS, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS
 
 ray = pytest.importorskip("ray")
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("verl", reason="the verl plugin tests run in the `verl` nox session")
 
 from gem_core.rollout import SamplingParams  # noqa: E402
-from gem_core.rollout.golden import GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_policy, golden_scenario  # noqa: E402
+from gem_core.testing.golden import GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_policy, golden_scenario  # noqa: E402
 
 PROMPT_LENGTH = 512
 RESPONSE_LENGTH = 1024

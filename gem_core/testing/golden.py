@@ -28,9 +28,9 @@ An integration replays it like this, with ``policy`` being its engine adapter ar
 
     for episode in golden_scenario().episodes:
         env = make_golden_env(episode)
-        trajectory = await run_episode(env, policy, golden_formatter(tokenizer), params=GOLDEN_PARAMS,
-                                       seed=episode.seed, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS,
-                                       episode_id=episode.episode_id, group_id=episode.group_id)
+        trajectory = await run_episode(env, policy, golden_formatter(tokenizer), golden_config(),
+                                       seed=episode.seed, episode_id=episode.episode_id,
+                                       group_id=episode.group_id)
 
 and compares ids, masks, logprobs, rewards and its per-token advantages with the reference.
 """
@@ -51,7 +51,7 @@ from gem_core.core import Wrapper
 from gem_core.rollout.chat import ChatFormatter
 from gem_core.rollout.policies import ScriptedPolicy
 from gem_core.rollout.policy import SamplingParams
-from gem_core.rollout.runner import run_episode
+from gem_core.rollout.runner import RunConfig, run_episode
 from gem_core.rollout.trajectory import SequenceView, Trajectory
 
 GOLDEN_GAMMA = 0.9
@@ -150,6 +150,11 @@ def _pegs(secret: tuple[int, ...], guess: tuple[int, ...]) -> tuple[int, int]:
     black = sum(s == g for s, g in zip(secret, guess))
     common = sum(min(secret.count(d), guess.count(d)) for d in set(guess))
     return black, common - black
+
+
+def golden_config(params: SamplingParams = GOLDEN_PARAMS, max_context_tokens: int = GOLDEN_MAX_CONTEXT_TOKENS) -> RunConfig:
+    """The scenario's :class:`RunConfig` (steps inline, so the run is a pure function of its inputs)."""
+    return RunConfig(params=params, max_context_tokens=max_context_tokens, step_in_thread=False)
 
 
 def golden_policy(tokenizer: Any) -> ScriptedPolicy:
@@ -326,13 +331,11 @@ async def _play_all(episodes: tuple[GoldenEpisode, ...], tokenizer: Any, params:
                     env,
                     policy,
                     formatter,
-                    params=params,
+                    golden_config(params, max_context_tokens),
                     seed=episode.seed,
-                    max_context_tokens=max_context_tokens,
                     episode_id=episode.episode_id,
                     group_id=episode.group_id,
                     env_id=episode.env_id,
-                    step_in_thread=False,
                 )
             )
         finally:

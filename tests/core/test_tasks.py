@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import gem_core
-from gem_core.rollout.task import make_task_env, parse_env_kwargs, parse_tools
+from gem_core.tasks import make_task_env, parse_env_kwargs, parse_tools
 
 
 def test_parse_tools_accepts_the_shapes_datasets_store():
@@ -62,7 +62,7 @@ def test_make_task_env_wraps_tools(tmp_path, monkeypatch):
 def test_shared_dataset_arguments_parse_and_validate():
     import argparse
 
-    from gem_core.rollout.task import add_task_arguments, task_arguments
+    from gem_core.tasks import add_task_arguments, task_arguments
 
     parser = argparse.ArgumentParser()
     add_task_arguments(parser)

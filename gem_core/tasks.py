@@ -1,0 +1,281 @@
+"""TaskSpec: the dataset-row schema that ``make-dataset``, every trainer plugin and evaluation share.
+
+One row of a trainer's dataset names one episode to play: the env id, its ``make`` kwargs, the reset
+seed, the tools to wrap it with, and optional limits (turns, tokens per response, whole context) and a
+system prompt. :class:`TaskSpec` is that row; each plugin stores it in its trainer's own format
+(verl: parquet columns, :meth:`TaskSpec.to_columns`/:meth:`TaskSpec.from_columns`; OpenRLHF: a JSON
+label, :meth:`TaskSpec.to_json`/:meth:`TaskSpec.from_json`) and builds the env with
+:meth:`TaskSpec.make_env`, so the same row builds the same env everywhere. The first prompt a dataset
+shows is :meth:`TaskSpec.first_message`: the env's reset through :func:`gem_core.model_message`, the
+same text the runner puts in the model's context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gem_core.core import Env, model_message
+
+KNOWN_TOOLS = ("python", "search")
+
+
+def parse_tools(value: Any) -> list[str]:
+    """Tool names from a row: a list/tuple/array of names, a comma-separated string, or nothing."""
+    if value is None:
+        return []
+    if hasattr(value, "tolist"):  # numpy arrays and scalars from a parquet/pandas row
+        value = value.tolist()
+    names = [t.strip() for t in value.split(",")] if isinstance(value, str) else [str(t).strip() for t in value]
+    names = [t for t in names if t]
+    unknown = [t for t in names if t not in KNOWN_TOOLS]
+    if unknown:
+        raise ValueError(f"unknown env tool(s) {unknown}; known: {', '.join(KNOWN_TOOLS)}")
+    return names
+
+
+def parse_env_kwargs(value: Any) -> dict[str, Any]:
+    """Env kwargs from a row: a mapping, a JSON object string, or nothing."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"env kwargs are not JSON: {exc}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"env kwargs must be a JSON object, got {type(value).__name__}")
+    return dict(value)
+
+
+SEARCH_URL_VAR = "GEM_SEARCH_URL"
+SEARCH_CORPUS_VAR = "GEM_SEARCH_CORPUS"
+
+
+def make_tool(name: str) -> Any:
+    """A fresh tool by name: ``python`` (sandboxed PythonTool) or ``search`` (SearchTool).
+
+    A dataset row cannot carry a search index, so the search backend comes from the worker's
+    environment: ``GEM_SEARCH_URL`` (a ``gem-core serve-search`` server that every env worker shares)
+    or ``GEM_SEARCH_CORPUS`` (a JSONL corpus indexed in this process).
+    """
+    if name == "python":
+        from gem_core.tools import PythonTool
+
+        return PythonTool()
+    if name == "search":
+        from gem_core.tools import SearchTool
+
+        url, corpus = os.environ.get(SEARCH_URL_VAR), os.environ.get(SEARCH_CORPUS_VAR)
+        if url:
+            return SearchTool(url=url)
+        if corpus:
+            return SearchTool(corpus)
+        raise ValueError(
+            f"the search tool needs a backend: set {SEARCH_URL_VAR} to a retrieval server "
+            f"(`gem-core serve-search`) or {SEARCH_CORPUS_VAR} to a JSONL corpus"
+        )
+    raise ValueError(f"unknown env tool {name!r}; known: {', '.join(KNOWN_TOOLS)}")
+
+
+def make_task_env(env_id: str, env_kwargs: Any = None, tools: Iterable[str] | str | None = None) -> Env:
+    """``gem_core.make(env_id, **env_kwargs)``, wrapped in a ToolEnvWrapper when ``tools`` names any."""
+    from gem_core.registry import make
+
+    env = make(str(env_id), **parse_env_kwargs(env_kwargs))
+    names = parse_tools(tools)
+    if names:
+        from gem_core.wrappers import ToolEnvWrapper
+
+        env = ToolEnvWrapper(env, [make_tool(name) for name in names])
+    return env
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every ``gem-core make-dataset TRAINER`` shares: which env, how many rows, from which seed."""
+    parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
+    parser.add_argument("--n", type=_positive_int, required=True, help="rows to write (one episode each)")
+    parser.add_argument("--seed-start", type=_non_negative_int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
+    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 20}\'')
+    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
+    parser.add_argument("--max-turns", type=_positive_int, default=None, help="turn limit on top of the env's own")
+    parser.add_argument("--system-prompt", default=None, help="system message of every episode")
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """``(env_kwargs, tools)`` from the parsed shared options, validated (clear ValueErrors)."""
+    return parse_env_kwargs(args.env_kwargs), parse_tools(args.tools)
+
+
+_SPEC_FIELDS = ("env_id", "seed", "env_kwargs", "tools", "max_turns", "max_turn_tokens", "max_context_tokens", "system_prompt")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One episode to play, as a dataset row names it (see the module docstring).
+
+    ``seed``: the reset seed (``None``: unseeded). ``max_turns``, ``max_turn_tokens`` (tokens per
+    response), ``max_context_tokens`` (the whole context): ``None`` leaves the trainer's own limits.
+    Every field is checked when the spec is made; a bad value is one ``ValueError`` naming it.
+    """
+
+    env_id: str
+    seed: int | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[str, ...] = ()
+    max_turns: int | None = None
+    max_turn_tokens: int | None = None
+    max_context_tokens: int | None = None
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env_id, str) or not self.env_id.strip():
+            raise ValueError(f"env_id must be a non-empty string, got {self.env_id!r}")
+        object.__setattr__(self, "seed", _optional_int("seed", self.seed, low=0))
+        object.__setattr__(self, "env_kwargs", parse_env_kwargs(self.env_kwargs))
+        object.__setattr__(self, "tools", tuple(parse_tools(self.tools)))
+        for name in ("max_turns", "max_turn_tokens", "max_context_tokens"):
+            object.__setattr__(self, name, _optional_int(name, getattr(self, name), low=1))
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ValueError(f"system_prompt must be text, got {type(self.system_prompt).__name__}")
+        if self.system_prompt == "":
+            object.__setattr__(self, "system_prompt", None)
+
+    # -- building ----------------------------------------------------------------------------------
+    def make_env(self) -> Env:
+        """The env this row names (``make`` with its kwargs, wrapped with its tools)."""
+        return make_task_env(self.env_id, self.env_kwargs, self.tools)
+
+    def first_message(self, env: Env | None = None) -> str:
+        """What the model is shown first: the env reset with this seed, through :func:`gem_core.model_message`.
+        ``env``: an env made from this spec to reuse (it is reset); default: a fresh one, closed after."""
+        own = env is None
+        env = self.make_env() if own else env
+        try:
+            observation, info = env.reset(seed=self.seed)
+            if not isinstance(observation, str):
+                raise TypeError(f"{self.env_id} returned a {type(observation).__name__} observation; datasets need text")
+            return model_message(observation, info)
+        finally:
+            if own:
+                env.close()
+
+    # -- storing -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain data (tools as a list)."""
+        out = dataclasses.asdict(self)
+        out["tools"] = list(self.tools)
+        return out
+
+    def to_json(self) -> str:
+        """The spec as one JSON object, fields that are ``None`` or empty left out (OpenRLHF's label)."""
+        return json.dumps({k: v for k, v in self.to_dict().items() if v not in (None, [], {})}, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
+        """A spec from a mapping with :class:`TaskSpec`'s field names; unknown keys are an error."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a task spec must be a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_SPEC_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown task spec field(s) {unknown}; known: {', '.join(_SPEC_FIELDS)}")
+        if "env_id" not in data:
+            raise ValueError("a task spec needs an 'env_id'")
+        return cls(**{k: _plain(v) for k, v in data.items()})
+
+    @classmethod
+    def from_json(cls, text: Any) -> TaskSpec:
+        """The inverse of :meth:`to_json` (also accepts a mapping)."""
+        if isinstance(text, Mapping):
+            return cls.from_dict(text)
+        if not isinstance(text, str):
+            raise ValueError(f"a task spec label must be a JSON string, got {type(text).__name__}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the task spec label is not JSON: {exc}; got {text[:200]!r}") from None
+        return cls.from_dict(data)
+
+    def to_columns(self) -> dict[str, Any]:
+        """Flat, parquet-friendly columns: ``env_id``, ``env_seed``, ``env_kwargs`` (JSON), ``env_tools``
+        (comma-separated), ``max_turns``/``max_turn_tokens``/``max_context_tokens`` (0 = unset),
+        ``system_prompt`` ("" = none)."""
+        return {
+            "env_id": self.env_id,
+            "env_seed": -1 if self.seed is None else self.seed,
+            "env_kwargs": json.dumps(self.env_kwargs, sort_keys=True),
+            "env_tools": ",".join(self.tools),
+            "max_turns": self.max_turns or 0,
+            "max_turn_tokens": self.max_turn_tokens or 0,
+            "max_context_tokens": self.max_context_tokens or 0,
+            "system_prompt": self.system_prompt or "",
+        }
+
+    @classmethod
+    def from_columns(cls, row: Mapping[str, Any]) -> TaskSpec:
+        """The inverse of :meth:`to_columns`, from a dataset row (numpy scalars and arrays accepted;
+        columns other than the spec's are ignored, missing optional ones are unset)."""
+        if "env_id" not in row:
+            raise ValueError(f"the dataset row has no 'env_id' column (columns: {sorted(row)[:20]}); write it with `gem-core make-dataset`")
+        seed = _plain(row.get("env_seed"))
+        return cls(
+            env_id=_plain(row["env_id"]),
+            seed=None if seed is None or (isinstance(seed, (int, float)) and seed < 0) else seed,
+            env_kwargs=_plain(row.get("env_kwargs")),
+            tools=_plain(row.get("env_tools")),
+            max_turns=_plain(row.get("max_turns")) or None,
+            max_turn_tokens=_plain(row.get("max_turn_tokens")) or None,
+            max_context_tokens=_plain(row.get("max_context_tokens")) or None,
+            system_prompt=_plain(row.get("system_prompt")) or None,
+        )
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays (from parquet/pandas rows) as plain Python values."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _optional_int(name: str, value: Any, *, low: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low} or unset, got {value!r}")
+    return value
+
+
+def specs_for(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> list[TaskSpec]:
+    """``n`` specs of ``env_id`` with seeds ``seed_start .. seed_start + n - 1`` (the make-dataset rows)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if isinstance(seed_start, bool) or not isinstance(seed_start, int) or seed_start < 0:
+        raise ValueError(f"seed_start must be an integer >= 0, got {seed_start!r}")
+    return [TaskSpec(env_id, seed=seed_start + i, **fields) for i in range(n)]

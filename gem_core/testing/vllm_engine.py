@@ -1,0 +1,210 @@
+"""A stand-in for a vLLM engine that behaves like vLLM where trainer plugins depend on it.
+
+Plugin tests drive a trainer's own rollout code with this engine instead of a GPU. A stand-in that is
+kinder than vLLM hides real defects, so the rules below are vLLM's (``vllm/v1/engine/detokenizer.py``,
+``vllm/v1/core/sched/utils.py:check_stop``, ``vllm/sampling_params.py``), not a convenient guess:
+
+* **The model does not know what you asked for.** :class:`ScriptedModel` emits its reply, then its
+  end-of-turn token, and then keeps going (a new turn it made up) until something stops it. Only the
+  request's ``stop_token_ids``, the tokenizer's EOS (unless ``ignore_eos``), ``max_tokens`` and the
+  engine's ``max_model_len`` stop it.
+* **The stop token is in ``token_ids`` but not in ``text``** unless ``include_stop_str_in_output``.
+  EOS and ``stop_token_ids`` are never held back from ``token_ids``. Stop tokens are ignored before
+  ``min_tokens``.
+* **``text`` is decoded with the request's ``skip_special_tokens``, which defaults to True** as in
+  ``vllm.SamplingParams``.
+* **``max_tokens``** is the request's; ``None`` means "the rest of ``max_model_len``". A prompt of
+  ``max_model_len`` tokens or more is refused with vLLM's error; a prompt plus ``max_tokens`` longer
+  than ``max_model_len`` is cut at ``max_model_len`` with ``finish_reason="length"``.
+* **Finish reasons** are vLLM's: ``"stop"`` (EOS, a stop token or a stop string), ``"length"``
+  (``max_tokens`` or ``max_model_len``), ``"abort"``. ``stop_reason`` is the stop token id (None for EOS
+  or length).
+* **Logprobs**: with ``logprobs=k`` (0 included), one dict per generated token mapping token id ->
+  :class:`Logprob`, the sampled token always present; ``None`` when the request did not ask.
+
+``generate`` takes ``(prompt_token_ids, sampling_params, ...)`` as OpenRLHF's rollout actor calls it;
+:meth:`VLLMFaithfulEngine.generate_tokens` answers verl's server-manager call shape
+(``request_id, prompt_ids=..., sampling_params={dict}``) with the same rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gem_core.rollout.policies import scripted_logprob
+
+#: What a model that was not stopped writes after its end-of-turn token: a turn it made up.
+RUNAWAY_TEXT = "\n<|im_start|>user\nAnd then? Tell me more.<|im_end|>\n<|im_start|>assistant\nMore text."
+
+
+@dataclass
+class Logprob:
+    """vLLM's per-token logprob record."""
+
+    logprob: float
+    rank: int | None = 1
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """vLLM's ``CompletionOutput`` (the fields trainers read)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """vLLM's ``RequestOutput`` (one completion per request: ``n=1``)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+
+@dataclass
+class VLLMSamplingParams:
+    """The fields of ``vllm.SamplingParams`` that the engine honours, with vLLM's defaults."""
+
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    seed: int | None = None
+    n: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineError(ValueError):
+    """What vLLM raises for a request it refuses (e.g. a prompt longer than the model's context)."""
+
+
+class ScriptedModel:
+    """A deterministic "model": ``respond(decoded_prompt) -> reply text``; it writes the reply, then its
+    end-of-turn token, then :data:`RUNAWAY_TEXT` over and over, whatever the request asks for."""
+
+    def __init__(self, tokenizer: Any, respond: Callable[[str], str], *, end_of_turn_id: int | None = None, runaway_text: str = RUNAWAY_TEXT):
+        self.tokenizer = tokenizer
+        self.respond = respond
+        end = end_of_turn_id if end_of_turn_id is not None else getattr(tokenizer, "eos_token_id", None)
+        if end is None:
+            raise ValueError("ScriptedModel needs an end-of-turn token: pass end_of_turn_id or use a tokenizer with an EOS")
+        self.end_of_turn_id = int(end)
+        self.runaway_ids = list(tokenizer.encode(runaway_text, add_special_tokens=False)) or [self.end_of_turn_id]
+
+    def stream(self, prompt_token_ids: Sequence[int]) -> Any:
+        """The tokens the model would write after ``prompt_token_ids``, forever."""
+        context = self.tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False)
+        reply = list(self.tokenizer.encode(self.respond(context), add_special_tokens=False))
+        return itertools.chain(reply, [self.end_of_turn_id], itertools.cycle(self.runaway_ids))
+
+
+class VLLMFaithfulEngine:
+    """An engine with vLLM's request semantics (see the module docstring) over a :class:`ScriptedModel`.
+
+    ``max_model_len``: the context window (prompt + response). ``requests`` records every request as
+    ``(prompt_token_ids, sampling params as given)``; ``aborted`` request ids get ``finish_reason="abort"``
+    with what was generated so far (nothing, here), as vLLM does when a request is aborted.
+    """
+
+    def __init__(self, model: ScriptedModel, *, max_model_len: int = 4096):
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.max_model_len = int(max_model_len)
+        self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        self.requests: list[tuple[list[int], Any]] = []
+        self.aborted: set[str] = set()
+        self._count = 0
+
+    # -- OpenRLHF / vLLM AsyncLLM call shape ---------------------------------------------------------
+    async def generate(self, prompt_token_ids: Sequence[int], sampling_params: Any, multi_modal_data: Any = None, request_id: str | None = None) -> RequestOutput:
+        """``generate(prompt_token_ids, sampling_params)`` answered as vLLM would."""
+        if multi_modal_data:
+            raise EngineError("this engine serves text only")
+        self._count += 1
+        request_id = request_id or f"req-{self._count}"
+        self.requests.append((list(prompt_token_ids), dataclasses.replace(sampling_params) if dataclasses.is_dataclass(sampling_params) else sampling_params))
+        return self._complete(list(prompt_token_ids), _read_params(sampling_params), request_id)
+
+    # -- verl server-manager call shape ----------------------------------------------------------------
+    async def generate_tokens(self, request_id: str, *, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any], **_: Any) -> RequestOutput:
+        """verl's ``server_manager.generate(request_id, prompt_ids=..., sampling_params={...})``: the dict
+        is read as vLLM's server reads it (vLLM names and defaults)."""
+        self._count += 1
+        params = _read_params(dict(sampling_params))
+        self.requests.append((list(prompt_ids), dict(sampling_params)))
+        return self._complete(list(prompt_ids), params, request_id)
+
+    # -- the rules -------------------------------------------------------------------------------------
+    def _complete(self, prompt: list[int], params: VLLMSamplingParams, request_id: str) -> RequestOutput:
+        if params.n != 1:
+            raise EngineError("this engine answers n=1 only")
+        if len(prompt) >= self.max_model_len:
+            raise EngineError(
+                f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length of {self.max_model_len}."
+            )
+        room = self.max_model_len - len(prompt)
+        max_tokens = room if params.max_tokens is None else int(params.max_tokens)
+        if max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1, got {max_tokens}.")
+        if request_id in self.aborted:
+            return RequestOutput(request_id, prompt, [CompletionOutput(0, "", [], None, [] if params.logprobs is not None else None, "abort")])
+        stops = set(params.stop_token_ids or ())
+        ids: list[int] = []
+        finish, stop_reason, stopped_on_token = "length", None, False
+        for token in self.model.stream(prompt):
+            ids.append(int(token))
+            if len(ids) > params.min_tokens:  # vLLM masks stop tokens out of the first min_tokens
+                if not params.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id:
+                    finish, stopped_on_token = "stop", True
+                    break
+                if token in stops:
+                    finish, stop_reason, stopped_on_token = "stop", int(token), True
+                    break
+            if len(ids) >= max_tokens or len(prompt) + len(ids) >= self.max_model_len:
+                break
+        shown = ids[:-1] if stopped_on_token and not params.include_stop_str_in_output else ids
+        text = self.tokenizer.decode(shown, skip_special_tokens=params.skip_special_tokens)
+        logprobs = None
+        cumulative = None
+        if params.logprobs is not None:
+            values = [scripted_logprob(t, i) for i, t in enumerate(ids)]
+            logprobs = [{t: Logprob(v, 1, self.tokenizer.decode([t]))} for t, v in zip(ids, values)]
+            cumulative = float(sum(values))
+        return RequestOutput(request_id, prompt, [CompletionOutput(0, text, ids, cumulative, logprobs, finish, stop_reason)])
+
+
+def _read_params(params: Any) -> VLLMSamplingParams:
+    """vLLM sampling params from a vllm.SamplingParams-like object or a dict; unset fields get vLLM's defaults."""
+    defaults = VLLMSamplingParams()
+    if isinstance(params, Mapping):
+        get = params.get
+    else:
+        def get(name: str, default: Any = None) -> Any:
+            return getattr(params, name, default)
+    values = {}
+    for f in dataclasses.fields(VLLMSamplingParams):
+        if f.name == "extra":
+            continue
+        value = get(f.name, None)
+        values[f.name] = getattr(defaults, f.name) if value is None and f.name not in ("max_tokens", "logprobs", "seed", "stop_token_ids") else value
+    if isinstance(params, Mapping) and "max_tokens" not in params:
+        values["max_tokens"] = defaults.max_tokens
+    return VLLMSamplingParams(**values)
