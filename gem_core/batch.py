@@ -1,0 +1,127 @@
+"""Trajectories -> a token-level batch that says, per token, which turn and which episode it belongs to.
+
+Trainers zero loss-mask tokens for their own reasons (verl's token-level rollout rejection, OpenRLHF's
+overlong filtering), so turns cannot be re-derived from the mask afterwards: one rejected token would
+split a turn in two and change every advantage of the batch. The runner knows each turn; this module
+keeps that knowledge next to the tokens, and the estimators take it (``rebn_token_level(...,
+turn_ids=...)``). Inferring turns from runs of the mask stays only as the fallback for batches that
+carry no turn ids.
+
+Two views (DESIGN.md contract 5):
+
+* :func:`sequence_batch`: one row per episode (the verl/OpenRLHF agent-loop view): every turn's
+  response then the tokens the env added, ``loss_mask`` 1 on model tokens.
+* :func:`turn_batch`: one row per turn (GEM's default): the turn's response only; ``episode_ids``
+  ties the rows of an episode together and ``turn_ids`` holds each row's turn index.
+
+``turn_ids`` is the turn index (0, 1, ...) on every token of a turn (its response and the env tokens
+that follow it) and -1 on padding; each turn's reward sits on its last model token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gem_core.rollout.trajectory import Trajectory
+
+NO_TURN = -1
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded (rows, length) arrays and one entry per row of the lists.
+
+    ``response_ids`` (int64, ``pad_id`` on padding), ``loss_mask`` (int8), ``turn_ids`` (int64, -1 on
+    padding), ``token_rewards`` (float64), ``logprobs`` (float64, 0 on env tokens and padding; None when
+    a policy reported none). ``prompt_ids``: each row's prompt (per-turn rows: the context at the turn's
+    start). ``episode_ids``/``group_ids``/``env_ids``: per row. ``lengths``: real tokens per row.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: np.ndarray
+    loss_mask: np.ndarray
+    turn_ids: np.ndarray
+    token_rewards: np.ndarray
+    logprobs: np.ndarray | None
+    episode_ids: list[str]
+    group_ids: list[str | None]
+    env_ids: list[str | None]
+    lengths: list[int]
+    per_turn: bool
+
+    def __len__(self) -> int:
+        return len(self.episode_ids)
+
+    def advantages(self, *, gamma: float = 1.0, eps: float = 1e-6, ddof: int = 0, group_by: Sequence[Any] | None = None) -> np.ndarray:
+        """ReBN on this batch with its explicit turns (see :func:`gem_core.algo.rebn_token_level`)."""
+        from gem_core.algo import rebn_token_level
+
+        if self.per_turn:
+            return rebn_token_level(self.token_rewards, self.loss_mask, group_by, gamma=gamma, eps=eps, ddof=ddof, episode_ids=self.episode_ids)
+        return rebn_token_level(self.token_rewards, self.loss_mask, group_by, gamma=gamma, eps=eps, ddof=ddof, turn_ids=self.turn_ids)
+
+
+def sequence_batch(trajectories: Sequence[Trajectory], *, pad_id: int = 0, length: int | None = None) -> TokenBatch:
+    """One row per episode (see the module docstring). ``length``: pad every row to it (default: the
+    longest row); a row longer than ``length`` is an error, never cut silently."""
+    rows = []
+    for trajectory in trajectories:
+        view = trajectory.as_sequence()
+        rows.append((view.prompt_ids, view.response_ids, view.loss_mask, view.turn_ids, view.token_rewards(), view.logprobs))
+    return _pack(rows, trajectories, [t.episode_id for t in trajectories], pad_id, length, per_turn=False)
+
+
+def turn_batch(trajectories: Sequence[Trajectory], *, pad_id: int = 0, length: int | None = None) -> TokenBatch:
+    """One row per turn (see the module docstring)."""
+    rows, owners, episode_ids = [], [], []
+    for trajectory in trajectories:
+        for sample in trajectory.per_turn_samples():
+            n = len(sample.response_ids)
+            rewards = [0.0] * n
+            if n:
+                rewards[-1] = sample.reward
+            rows.append((sample.prompt_ids, sample.response_ids, [1] * n, [sample.turn_index] * n, rewards, sample.logprobs))
+            owners.append(trajectory)
+            episode_ids.append(trajectory.episode_id)
+    return _pack(rows, owners, episode_ids, pad_id, length, per_turn=True)
+
+
+def _pack(rows: list[tuple], owners: Sequence[Trajectory], episode_ids: list[str], pad_id: int, length: int | None, *, per_turn: bool) -> TokenBatch:
+    if not rows:
+        raise ValueError("an empty batch: no trajectory has a turn")
+    lengths = [len(row[1]) for row in rows]
+    width = max(lengths) if length is None else int(length)
+    if max(lengths) > width:
+        raise ValueError(f"a row has {max(lengths)} response tokens, more than length={width}")
+    count = len(rows)
+    response = np.full((count, width), pad_id, dtype=np.int64)
+    mask = np.zeros((count, width), dtype=np.int8)
+    turn_ids = np.full((count, width), NO_TURN, dtype=np.int64)
+    rewards = np.zeros((count, width), dtype=np.float64)
+    have_logprobs = all(row[5] is not None for row in rows)
+    logprobs = np.zeros((count, width), dtype=np.float64) if have_logprobs else None
+    for i, (_, ids, row_mask, row_turns, row_rewards, row_logprobs) in enumerate(rows):
+        n = len(ids)
+        response[i, :n] = ids
+        mask[i, :n] = row_mask
+        turn_ids[i, :n] = row_turns
+        rewards[i, :n] = row_rewards
+        if logprobs is not None:
+            logprobs[i, :n] = row_logprobs
+    return TokenBatch(
+        prompt_ids=[list(row[0]) for row in rows],
+        response_ids=response,
+        loss_mask=mask,
+        turn_ids=turn_ids,
+        token_rewards=rewards,
+        logprobs=logprobs,
+        episode_ids=list(episode_ids),
+        group_ids=[t.group_id for t in owners],
+        env_ids=[t.env_id for t in owners],
+        lengths=lengths,
+        per_turn=per_turn,
+    )

@@ -1,0 +1,312 @@
+"""The base every trainer plugin uses: versions, estimator install/uninstall, the engine adapter.
+
+A plugin (``gem_integrations.<trainer>``) is thin. What two plugins would share lives here:
+
+* :class:`TrainerPlugin`: the trainer's distribution name and the versions the plugin is tested
+  against (:meth:`~TrainerPlugin.check_version` raises one clear :class:`PluginError` otherwise), and
+  the plugin's :class:`Patch`\\ es, installed and uninstalled together. A trainer with an advantage
+  registry (verl) needs no patch for the estimator; one without (OpenRLHF, RL2) wraps a method, and
+  uninstalling puts back exactly what was there, leaving every other estimator unchanged.
+* :class:`EnginePolicy`: a gem_core :class:`~gem_core.rollout.Policy` over an engine that answers in
+  vLLM's terms (token ids with the stop token, vLLM finish reasons); a plugin implements
+  :meth:`~EnginePolicy.request` for its trainer's call shape.
+* Plugins are found through the ``gem_core.plugins`` entry-point group (:func:`discover`): the
+  ``gem-core`` command adds each plugin's ``make-dataset`` writer and subcommands without importing
+  any trainer.
+
+The dataset-row schema is :class:`gem_core.tasks.TaskSpec`; the token-level batch with explicit turn
+ids is :mod:`gem_core.batch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gem_core.errors import GemError
+from gem_core.rollout.policy import Generation, SamplingParams
+
+ENTRY_POINT_GROUP = "gem_core.plugins"
+
+
+class PluginError(GemError):
+    """A trainer plugin cannot run here: the trainer is missing, its version is unsupported, or a
+    patch target moved. The message says which, and what to install."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Patches: a method wrapped, and put back exactly.
+# ------------------------------------------------------------------------------------------------
+
+_PATCH_MARK = "__gem_core_patch__"
+
+
+@dataclass
+class Patch:
+    """Replace ``owner.attribute`` (``owner`` given as ``"module:Class"`` or ``"module"``) with
+    ``make(original)``. :meth:`apply` is idempotent; :meth:`revert` restores the original object only
+    if the current one is still this patch's (another patch on top is left alone, and reported)."""
+
+    target: str
+    attribute: str
+    make: Callable[[Any], Any]
+    _applied: Any = field(default=None, init=False, repr=False)
+    _original: Any = field(default=None, init=False, repr=False)
+
+    def owner(self) -> Any:
+        module_name, _, qualname = self.target.partition(":")
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise PluginError(f"cannot patch {self.target}.{self.attribute}: {exc}") from exc
+        for part in filter(None, qualname.split(".")):
+            owner = getattr(owner, part)
+        if not hasattr(owner, self.attribute):
+            raise PluginError(f"cannot patch {self.target}.{self.attribute}: it does not exist in this version")
+        return owner
+
+    @property
+    def applied(self) -> bool:
+        return self._applied is not None and self.owner().__dict__.get(self.attribute) is self._applied
+
+    def apply(self) -> None:
+        owner = self.owner()
+        current = owner.__dict__.get(self.attribute, getattr(owner, self.attribute))
+        if getattr(current, _PATCH_MARK, None) is self:
+            return
+        replacement = self.make(current)
+        try:
+            setattr(replacement, _PATCH_MARK, self)
+        except (AttributeError, TypeError):  # a builtin or a staticmethod object: marked by identity only
+            pass
+        self._original, self._applied = current, replacement
+        setattr(owner, self.attribute, replacement)
+
+    def revert(self) -> bool:
+        """Put the original back; False when the attribute is no longer this patch's (left alone)."""
+        if self._applied is None:
+            return True
+        owner = self.owner()
+        if owner.__dict__.get(self.attribute) is not self._applied:
+            return False
+        setattr(owner, self.attribute, self._original)
+        self._applied = self._original = None
+        return True
+
+
+# ------------------------------------------------------------------------------------------------
+# The plugin base.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainerPlugin:
+    """One trainer's plugin: what it needs installed and what it changes in the trainer.
+
+    ``distribution``: the trainer's name on the package index (``verl``, ``openrlhf``); ``supported``:
+    a PEP 440 specifier of the versions tested (``">=0.9,<0.10"``); ``module``: the trainer's import
+    name. ``estimators``: the advantage estimators the plugin adds (names the trainer's config
+    selects). ``patches``: what :meth:`install` applies and :meth:`uninstall` reverts, in order.
+    ``register``: called by :meth:`install` for trainers with a registry (returns nothing).
+    ``dataset``: the module that writes this trainer's dataset (``add_arguments(parser)``,
+    ``main(args)``); ``commands``: a module with ``add_arguments(parser)`` and ``main(args)`` for
+    ``gem-core <name> ...``.
+    """
+
+    name: str
+    distribution: str
+    supported: str
+    module: str
+    estimators: tuple[str, ...] = ()
+    patches: Sequence[Patch] = ()
+    register: Callable[[], None] | None = None
+    dataset: str | None = None
+    commands: str | None = None
+    description: str = ""
+
+    def installed_version(self) -> str | None:
+        """The trainer's installed version, or None when it is not installed."""
+        try:
+            return importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def check_version(self) -> str:
+        """The installed version, if supported; else a :class:`PluginError` saying what to install."""
+        version = self.installed_version()
+        if version is None:
+            raise PluginError(f"{self.name}: {self.distribution} is not installed (pip install 'gem-core[{self.name}]'; tested: {self.distribution}{self.supported})")
+        if not version_matches(version, self.supported):
+            raise PluginError(f"{self.name}: {self.distribution} {version} is not supported by this plugin (tested: {self.distribution}{self.supported})")
+        return version
+
+    def install(self, *, check: bool = True) -> None:
+        """Check the version, register the estimators and apply the patches (idempotent). On a failure
+        midway, whatever was applied is reverted before the error propagates."""
+        if check:
+            self.check_version()
+        if self.register is not None:
+            self.register()
+        done: list[Patch] = []
+        try:
+            for patch in self.patches:
+                patch.apply()
+                done.append(patch)
+        except BaseException:
+            for patch in reversed(done):
+                patch.revert()
+            raise
+
+    def uninstall(self) -> list[str]:
+        """Revert the patches (newest first); returns the targets that could not be reverted because
+        something else patched them since (they are left as they are)."""
+        stuck = []
+        for patch in reversed(list(self.patches)):
+            if not patch.revert():
+                stuck.append(f"{patch.target}.{patch.attribute}")
+        return stuck
+
+    @property
+    def is_installed(self) -> bool:
+        """Whether every patch is in place."""
+        return all(patch.applied for patch in self.patches)
+
+
+def version_matches(version: str, specifier: str) -> bool:
+    """Whether ``version`` satisfies the PEP 440 ``specifier`` (uses ``packaging``, which pip and every
+    trainer bring; a plain comparison of release numbers without it)."""
+    try:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        return Version(version) in SpecifierSet(specifier)
+    except ImportError:  # pragma: no cover - packaging is everywhere pip is
+        return _release_matches(version, specifier)
+
+
+def _release_matches(version: str, specifier: str) -> bool:
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split("+")[0].split(".") if p.isdigit())
+
+    have = release(version)
+    for clause in filter(None, (c.strip() for c in specifier.split(","))):
+        for op in (">=", "<=", "==", "!=", ">", "<"):
+            if clause.startswith(op):
+                want = release(clause[len(op) :])
+                ok = {">=": have >= want, "<=": have <= want, "==": have[: len(want)] == want, "!=": have[: len(want)] != want, ">": have > want, "<": have < want}[op]
+                if not ok:
+                    return False
+                break
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine adapter.
+# ------------------------------------------------------------------------------------------------
+
+
+class EnginePolicy:
+    """A gem_core :class:`~gem_core.rollout.Policy` over a trainer's inference engine.
+
+    Subclasses implement :meth:`request`, the trainer's own call, and return what it returned; this
+    class turns gem_core's :class:`SamplingParams` into vLLM's names (:meth:`vllm_params`) and the
+    answer into a :class:`Generation` (:meth:`generation`), the same way for every trainer: the token
+    ids as the engine returned them (with the stop token, as vLLM's ``token_ids`` have it: never
+    re-derived from the text), logprobs, and vLLM's finish reason (``"length"`` also when the engine
+    returned exactly ``max_tokens`` tokens without a stop token).
+    """
+
+    def vllm_params(self, params: SamplingParams, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """vLLM sampling params for one turn: ``base`` (the trainer's own), then gem_core's fields."""
+        out = dict(base or {})
+        out.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_tokens)
+        if params.stop_token_ids:
+            out["stop_token_ids"] = list(dict.fromkeys([*(out.get("stop_token_ids") or ()), *params.stop_token_ids]))
+        if params.seed is not None:
+            out["seed"] = params.seed
+        out.update(params.extra)
+        return out
+
+    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+        output = await self.request(list(prompt_ids), params, request_id)
+        return self.generation(output, params)
+
+    def generation(self, output: Any, params: SamplingParams) -> Generation:
+        """A vLLM-like answer (``.token_ids``, ``.logprobs``/``.log_probs``, ``.finish_reason``/``.stop_reason``,
+        or a ``RequestOutput`` with ``.outputs[0]``) as a :class:`Generation`."""
+        if hasattr(output, "outputs"):
+            output = output.outputs[0]
+        ids = [int(t) for t in output.token_ids]
+        logprobs = _logprobs(output, ids)
+        return Generation(ids, logprobs, finish_reason(output, ids, params))
+
+
+def finish_reason(output: Any, ids: Sequence[int], params: SamplingParams) -> str:
+    """gem_core's finish reason from an engine's answer: vLLM's ``finish_reason`` when given
+    (``"stop"``/``"length"``/``"abort"``), verl's ``stop_reason`` (``"aborted"``, ``"completed"``),
+    and ``"length"`` whenever the answer used all of ``max_tokens`` without ending on a stop token
+    (an engine that reports "completed" for a response it cut)."""
+    reason = getattr(output, "finish_reason", None)
+    stop = getattr(output, "stop_reason", None)
+    if reason == "abort" or stop in ("aborted", "abort"):
+        return "abort"
+    if reason == "length":
+        return "length"
+    if len(ids) >= params.max_tokens and (not ids or int(ids[-1]) not in params.stop_token_ids):
+        return "length"
+    return "stop"
+
+
+def _logprobs(output: Any, ids: Sequence[int]) -> list[float] | None:
+    values = getattr(output, "log_probs", None)
+    if values is not None:
+        return [float(v) for v in values] or None
+    records = getattr(output, "logprobs", None)
+    if records is None:
+        return None
+    out = []
+    for token, record in zip(ids, records):
+        entry = record.get(token) if isinstance(record, dict) else record
+        out.append(float(getattr(entry, "logprob", entry)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Discovery.
+# ------------------------------------------------------------------------------------------------
+
+
+def discover() -> dict[str, TrainerPlugin]:
+    """Every plugin registered in the ``gem_core.plugins`` entry-point group, by name. Loading one
+    imports its small descriptor module only, never the trainer."""
+    found: dict[str, TrainerPlugin] = {}
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            plugin = entry.load()
+        except Exception as exc:  # a broken third-party plugin must not break the CLI
+            found.setdefault(entry.name, TrainerPlugin(entry.name, entry.name, "", entry.name, description=f"(failed to load: {exc})"))
+            continue
+        if isinstance(plugin, TrainerPlugin):
+            found[plugin.name] = plugin
+    return dict(sorted(found.items()))
+
+
+def add_dataset_commands(commands: Any, plugins: dict[str, TrainerPlugin]) -> None:
+    """``make-dataset <trainer>`` for each plugin that writes a dataset (argparse only; no trainer import)."""
+    datasets = commands.add_parser("make-dataset", help="write a trainer's dataset file of env episodes")
+    writers = datasets.add_subparsers(dest="trainer", metavar="TRAINER")
+    writers.required = True
+    for plugin in plugins.values():
+        if plugin.dataset is None:
+            continue
+        module = importlib.import_module(plugin.dataset)
+        sub = writers.add_parser(plugin.name, help=f"the dataset file {plugin.name} reads", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(plugin_main=module.main)

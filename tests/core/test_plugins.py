@@ -1,0 +1,109 @@
+"""The plugin base: version checks, patches that put back exactly what was there, the engine adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from gem_core.plugins import EnginePolicy, Patch, PluginError, TrainerPlugin, discover, finish_reason, version_matches
+from gem_core.rollout import SamplingParams
+
+
+class Maker:
+    def compute(self, x):
+        return ("original", x)
+
+    def other(self):
+        return "other"
+
+
+def _wrap(original):
+    def compute(self, x):
+        return ("patched", original(self, x))
+
+    return compute
+
+
+def test_patch_applies_once_and_reverts_exactly(monkeypatch):
+    module = types.ModuleType("gem_fake_trainer")
+    module.Maker = Maker
+    monkeypatch.setitem(__import__("sys").modules, "gem_fake_trainer", module)
+    original = Maker.__dict__["compute"]
+    patch = Patch("gem_fake_trainer:Maker", "compute", _wrap)
+    patch.apply()
+    patch.apply()  # idempotent: not wrapped twice
+    assert Maker().compute(1) == ("patched", ("original", 1)) and patch.applied
+    assert patch.revert() and Maker.__dict__["compute"] is original and not patch.applied
+    assert Maker().compute(1) == ("original", 1)
+
+
+def test_revert_leaves_a_later_patch_alone(monkeypatch):
+    module = types.ModuleType("gem_fake_trainer2")
+    module.Maker = type("Maker", (), {"compute": lambda self, x: x})
+    monkeypatch.setitem(__import__("sys").modules, "gem_fake_trainer2", module)
+    patch = Patch("gem_fake_trainer2:Maker", "compute", _wrap)
+    patch.apply()
+    later = lambda self, x: "someone else"  # noqa: E731
+    module.Maker.compute = later
+    assert patch.revert() is False and module.Maker.compute is later
+
+
+def test_missing_target_is_a_clear_error():
+    with pytest.raises(PluginError, match="does not exist in this version"):
+        Patch("gem_core.plugins:Patch", "no_such_method", _wrap).apply()
+    with pytest.raises(PluginError, match="cannot patch"):
+        Patch("gem_core_no_such_module:X", "y", _wrap).apply()
+
+
+def test_install_rolls_back_when_a_patch_fails(monkeypatch):
+    module = types.ModuleType("gem_fake_trainer3")
+    module.Maker = type("Maker", (), {"compute": lambda self, x: x})
+    monkeypatch.setitem(__import__("sys").modules, "gem_fake_trainer3", module)
+    original = module.Maker.__dict__["compute"]
+    plugin = TrainerPlugin("fake", "pip", ">=1", "gem_fake_trainer3", patches=[Patch("gem_fake_trainer3:Maker", "compute", _wrap), Patch("gem_fake_trainer3:Maker", "missing", _wrap)])
+    with pytest.raises(PluginError):
+        plugin.install()
+    assert module.Maker.__dict__["compute"] is original
+
+
+def test_version_check_names_what_to_install():
+    plugin = TrainerPlugin("fake", "gem-core-no-such-dist", ">=1,<2", "x")
+    with pytest.raises(PluginError, match="not installed"):
+        plugin.check_version()
+    pip = TrainerPlugin("pip", "pip", ">=1000", "pip")
+    with pytest.raises(PluginError, match="is not supported"):
+        pip.check_version()
+    assert version_matches("0.9.1", ">=0.9,<0.10") and not version_matches("0.10.0", ">=0.9,<0.10")
+
+
+def test_engine_policy_keeps_the_stop_token_and_reads_vllm_finish_reasons():
+    from gem_core.testing import build_test_tokenizer
+    from gem_core.testing.vllm_engine import ScriptedModel, VLLMFaithfulEngine, VLLMSamplingParams
+
+    tokenizer = build_test_tokenizer()
+    engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, lambda context: "I guess \\boxed{5}."), max_model_len=256)
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    class Adapter(EnginePolicy):
+        async def request(self, prompt_ids, params, request_id):
+            return await engine.generate(prompt_ids, VLLMSamplingParams(**{k: v for k, v in self.vllm_params(params).items() if k in ("max_tokens", "stop_token_ids", "temperature", "top_p", "top_k")}))
+
+    prompt = tokenizer.encode("hello", add_special_tokens=False)
+    full = asyncio.run(Adapter().generate(prompt, SamplingParams(max_tokens=64, stop_token_ids=(stop,))))
+    assert full.token_ids[-1] == stop and full.finish_reason == "stop"
+    cut = asyncio.run(Adapter().generate(prompt, SamplingParams(max_tokens=3, stop_token_ids=(stop,))))
+    assert len(cut.token_ids) == 3 and cut.finish_reason == "length"
+    # an engine that says "completed" for a response it cut at max_tokens (verl's TokenOutput)
+    assert finish_reason(types.SimpleNamespace(stop_reason="completed"), [1, 2, 3], SamplingParams(max_tokens=3, stop_token_ids=(9,))) == "length"
+    assert finish_reason(types.SimpleNamespace(stop_reason="completed"), [1, 9], SamplingParams(max_tokens=2, stop_token_ids=(9,))) == "stop"
+    assert finish_reason(types.SimpleNamespace(stop_reason="aborted"), [], SamplingParams()) == "abort"
+
+
+def test_discover_finds_no_trainer_imports():
+    import sys
+
+    plugins = discover()
+    assert all(isinstance(p, TrainerPlugin) for p in plugins.values())
+    assert "verl" not in sys.modules and "openrlhf" not in sys.modules
