@@ -72,3 +72,45 @@ def test_shared_dataset_arguments_parse_and_validate():
     bad = parser.parse_args(["--env", "x:y", "--n", "1", "--env-kwargs", "{not json"])
     with pytest.raises(ValueError, match="not JSON"):
         task_arguments(bad)
+
+
+def test_task_spec_round_trips_and_validates():
+    from gem_core.tasks import TaskSpec
+
+    spec = TaskSpec("game:Sudoku-v0-easy", seed=3, env_kwargs='{"max_turns": 9}', tools="python", max_turn_tokens=64)
+    assert spec.env_kwargs == {"max_turns": 9} and spec.tools == ("python",)
+    assert TaskSpec.from_json(spec.to_json()) == spec
+    assert TaskSpec.from_columns(spec.to_columns()) == spec
+    assert TaskSpec.from_columns({**spec.to_columns(), "env_seed": np.int64(3), "max_turns": np.int64(0)}) == spec
+    for kwargs, match in [
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turn_tokens": True}, "max_turn_tokens"),
+        ({"tools": "shell"}, "unknown env tool"),
+        ({"env_kwargs": "[1]"}, "JSON object"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            TaskSpec("game:Sudoku-v0-easy", **kwargs)
+    with pytest.raises(ValueError, match="env_id"):
+        TaskSpec("")
+    with pytest.raises(ValueError, match="unknown task spec field"):
+        TaskSpec.from_json('{"env_id": "game:Sudoku-v0-easy", "sead": 1}')
+    with pytest.raises(ValueError, match="not JSON"):
+        TaskSpec.from_json("{nope")
+    with pytest.raises(ValueError, match="no 'env_id' column"):
+        TaskSpec.from_columns({"prompt": "x"})
+
+
+def test_first_message_is_what_the_runner_shows():
+    import asyncio
+
+    from gem_core.rollout import RunConfig, ScriptedPolicy, run_episode
+    from gem_core.tasks import TaskSpec
+    from gem_core.testing import build_test_tokenizer
+    from gem_core.rollout import ChatFormatter
+
+    tokenizer = build_test_tokenizer()
+    spec = TaskSpec("game:Minesweeper-v0-easy", seed=2)
+    trajectory = asyncio.run(run_episode(spec.make_env(), ScriptedPolicy(tokenizer, lambda c: "\\boxed{r 0 0}"), ChatFormatter(tokenizer), RunConfig(max_turns=1), seed=2))
+    assert trajectory.initial_message == spec.first_message()

@@ -78,3 +78,21 @@ def test_checker_catches_an_env_that_raises_on_bad_input():
 
     with pytest.raises(EnvCheckError, match="raised ValueError"):
         check_env(Fragile())
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_the_first_dataset_prompt_shows_the_state(env_id):
+    """make-dataset writes TaskSpec.first_message as a row's prompt: it holds the board too."""
+    from gem_core.tasks import TaskSpec
+
+    spec = TaskSpec(env_id, seed=5)
+    env = spec.make_env()
+    try:
+        observation, info = env.reset(seed=5)
+        state = env.state_text()
+    finally:
+        env.close()
+    message = spec.first_message()
+    assert observation in message
+    if state is not None:
+        assert state in message

@@ -67,3 +67,31 @@ def test_length_is_never_cut_silently(golden):
         sequence_batch(golden.trajectories, length=3)
     with pytest.raises(ValueError, match="empty batch"):
         sequence_batch([])
+
+
+def test_run_config_rejects_bad_values():
+    from gem_core.rollout import RunConfig, SamplingParams
+
+    for kwargs, match in [
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turns": 2.5}, "max_turns"),
+        ({"max_turns": "5"}, "max_turns"),
+        ({"max_context_tokens": 1}, "max_context_tokens"),
+        ({"min_turn_tokens": 0}, "min_turn_tokens"),
+        ({"step_in_thread": "yes"}, "step_in_thread"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            RunConfig(**kwargs)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        RunConfig(params={"max_tokens": 5})
+    assert RunConfig(params=SamplingParams(max_tokens=5)).replace(max_turns=3).max_turns == 3
+
+
+def test_run_episode_rejects_a_config_of_the_wrong_type():
+    import asyncio
+
+    import gem_core
+    from gem_core.rollout import RandomPolicy, run_episode
+
+    with pytest.raises(TypeError, match="RunConfig"):
+        asyncio.run(run_episode(gem_core.make("game:GuessTheNumber-v0-easy"), RandomPolicy(10), None, {"max_turns": 3}))
