@@ -97,32 +97,44 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives no topk")
 
+    plugins = discover()
     datasets = commands.add_parser("make-dataset", help="write a trainer's dataset file of env episodes (e.g. verl parquet)")
     trainers = datasets.add_subparsers(dest="trainer", metavar="TRAINER")
     trainers.required = True
-    for trainer, module_name in DATASET_BUILDERS.items():
-        _add_dataset_builder(trainers, trainer, module_name)
-
-    from gem_integrations.openrlhf import commands as openrlhf_commands  # argparse only; OpenRLHF is imported by `train`
-
-    openrlhf_commands.add_arguments(commands.add_parser("openrlhf", help="OpenRLHF: the GEM agent file's path, the rebn launcher"))
+    for plugin in plugins.values():
+        if plugin.dataset:
+            _add_dataset_builder(trainers, plugin.name, plugin.dataset)
+    for plugin in plugins.values():
+        if plugin.commands:
+            module = _plugin_module(plugin.commands)
+            if module is not None:
+                sub = commands.add_parser(plugin.name, help=plugin.description or f"{plugin.name} plugin commands")
+                module.add_arguments(sub)
+                sub.set_defaults(plugin_main=module.main)
     return parser
 
 
-# `gem-core make-dataset TRAINER ...`: each trainer's module (in its integration) provides
-# `add_arguments(parser)` and `main(args) -> int`; its docstring's first line is the help text.
-DATASET_BUILDERS: dict[str, str] = {
-    "verl": "gem_integrations.verl.dataset",
-    "openrlhf": "gem_integrations.openrlhf.dataset",
-}
+# Trainer plugins come from the `gem_core.plugins` entry-point group (gem_core.plugins.discover): each
+# descriptor names its `make-dataset` module (`add_arguments(parser)`, `main(args) -> int`; its
+# docstring's first line is the help text) and its `gem-core NAME ...` commands module, if any.
+def discover() -> dict[str, Any]:
+    from gem_core.plugins import discover as discover_plugins
+
+    return discover_plugins()
 
 
-def _add_dataset_builder(trainers: Any, trainer: str, module_name: str) -> None:
+def _plugin_module(module_name: str) -> Any:
     import importlib
 
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ImportError:  # that integration is not shipped in this install
+        return None
+
+
+def _add_dataset_builder(trainers: Any, trainer: str, module_name: str) -> None:
+    module = _plugin_module(module_name)
+    if module is None:
         return
     summary = (module.__doc__ or trainer).strip().splitlines()[0]
     sub = trainers.add_parser(trainer, help=summary, description=module.__doc__)
@@ -138,13 +150,25 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
 
 
+def _passthrough(argv: list[str]) -> Any:
+    """A plugin command that takes the rest of the command line untouched (its module's ``PASSTHROUGH``
+    maps action names to ``fn(argv) -> int``), or None. argparse's REMAINDER cannot take arguments
+    that start with ``--`` inside a subcommand."""
+    if len(argv) < 2 or argv[0].startswith("-"):
+        return None
+    plugin = discover().get(argv[0])
+    if plugin is None or not plugin.commands:
+        return None
+    module = _plugin_module(plugin.commands)
+    return None if module is None else getattr(module, "PASSTHROUGH", {}).get(argv[1])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gem-core`` command with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["openrlhf", "train"]:  # everything after it is OpenRLHF's arguments
-        from gem_integrations.openrlhf.commands import train
-
-        return train(argv[2:])
+    passthrough = _passthrough(argv)
+    if passthrough is not None:  # e.g. `gem-core openrlhf train ...`: everything after it is the trainer's
+        return passthrough(argv[2:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -157,8 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_serve_search(args, sys.stdout)
         if args.command == "make-dataset":
             return cmd_make_dataset(args)
-        if args.command == "openrlhf":
-            return int(args.openrlhf_main(args))
+        if getattr(args, "plugin_main", None) is not None:
+            return int(args.plugin_main(args))
         return cmd_play(args, sys.stdout)
     except (CliError, UnknownEnvError) as err:
         print(f"gem-core: error: {err}", file=sys.stderr)

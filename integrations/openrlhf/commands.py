@@ -48,3 +48,7 @@ def train(argv: list[str]) -> int:
     from gem_integrations.openrlhf import train_ppo_ray
 
     return train_ppo_ray.main(list(argv))
+
+
+# `gem-core openrlhf train ARGS`: gem-core's CLI hands ARGS to these untouched (see gem_core.cli._passthrough).
+PASSTHROUGH = {"train": train}
