@@ -77,7 +77,7 @@ def test_instructions_name_the_syntax_and_timeout():
 
 
 def test_missing_bwrap_is_a_clear_error_naming_the_package(monkeypatch):
-    monkeypatch.setattr("gem_core.tools.python.shutil.which", lambda name: None)
+    monkeypatch.setattr("gem_core.tools.sandbox.policy.shutil.which", lambda name: None)
     with pytest.raises(SandboxUnavailable, match=r"bubblewrap.*apt-get install -y bubblewrap"):
         require_bwrap()
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
@@ -190,7 +190,7 @@ def test_output_is_truncated_with_a_marker():
 
 def test_a_worker_killed_from_outside_is_replaced(sandbox):
     before = sandbox.replaced
-    workers = list(sandbox._all)
+    workers = sandbox.pool.live_workers()
     for worker in workers:
         worker.kill()  # as if the machine's OOM killer took them
     results = [sandbox.run("print('still here')") for _ in range(4)]
@@ -238,20 +238,20 @@ def test_a_pool_whose_workers_cannot_be_replaced_says_so():
     import sandbox_support
 
     sandbox_support.require_bwrap()
-    import gem_core.tools.python as python_module
+    import gem_core.tools.sandbox.pool as pool_module
     from gem_core.tools.python import SandboxError
 
     sb = PythonSandbox(workers=1, preload=()).start()
     try:
-        real_worker = python_module._Worker
+        real_worker = pool_module.WorkerProcess
 
         class Broken:
-            def __init__(self, settings):
+            def __init__(self, spec):
                 raise SandboxUnavailable("cannot start (test)")
 
-        python_module._Worker = Broken  # type: ignore[misc]
+        pool_module.WorkerProcess = Broken  # type: ignore[misc]
         try:
-            for worker in list(sb._all):
+            for worker in sb.pool.live_workers():
                 worker.kill()
             try:  # the dead worker is noticed at checkout (an error) or mid-call (an error result)
                 lost = sb.run("print(1)")
@@ -261,7 +261,7 @@ def test_a_pool_whose_workers_cannot_be_replaced_says_so():
             with pytest.raises(SandboxError, match="no worker left"):
                 sb.run("print(1)")
         finally:
-            python_module._Worker = real_worker  # type: ignore[misc]
+            pool_module.WorkerProcess = real_worker  # type: ignore[misc]
     finally:
         sb.close()
 
@@ -306,32 +306,19 @@ def test_a_snippet_larger_than_a_pipe_buffer_is_handed_over_whole(sandbox):
     assert result.ok and result.stdout == "tail ran\n"
 
 
-def test_code_that_names_numpy_gets_a_child_with_numpy_imported_and_other_code_a_lean_one():
+def test_numpy_is_preloaded_only_when_asked():
     pytest.importorskip("numpy")
     require = pytest.importorskip("sandbox_support")
     require.require_bwrap()
-    # One worker, so every call below goes to the same one, switching its waiting child's kind.
-    with PythonSandbox(workers=1, timeout=5.0) as sb:
-        (worker,) = sb._all
-        assert worker.kinds == ["lean", "heavy"]
-        lean = "import sys\nprint(sorted(m for m in sys.modules if m.startswith('nump')))"
-        heavy = "import sys\nprint('numpy' in sys.modules)  # the word numpy routes this call"
-        for _ in range(3):
-            assert sb.run(lean).stdout == "[]\n"  # numpy is not loaded in a lean child
-            assert sb.run(heavy).stdout == "True\n"  # it is, before any import, in a heavy one
-        # Any child can still import anything: routing only decides what was imported ahead.
-        indirect = "m = __import__('nu' + 'mpy')\nprint(int(m.arange(4).sum()))"
-        assert sb.run(indirect).stdout == "6\n"
-        assert sb.replaced == 0
+    from gem_core.tools.python import DEFAULT_PRELOAD
 
-
-def test_without_heavy_modules_there_is_one_kind_of_child():
-    require = pytest.importorskip("sandbox_support")
-    require.require_bwrap()
+    probe = "import sys\nprint('numpy' in sys.modules, 'math' in sys.modules)"
+    with PythonSandbox(workers=1, preload=(*DEFAULT_PRELOAD, "numpy")) as sb:
+        assert sb.run(probe).stdout == "True True\n"
+        assert sb.run("import numpy as np\nprint(int(np.arange(4).sum()))").stdout == "6\n"
     with PythonSandbox(workers=1, preload=("math",)) as sb:
-        (worker,) = sb._all
-        assert worker.kinds == ["lean"]
-        assert sb.run("import sys\nprint('numpy' in sys.modules, 'math' in sys.modules)").stdout == "False True\n"
+        assert sb.run(probe).stdout == "False True\n"
+        assert sb.run("import numpy as np\nprint(int(np.arange(4).sum()))").stdout == "6\n"  # imported on demand
 
 
 def test_each_child_has_a_small_file_descriptor_table(sandbox):
@@ -341,30 +328,3 @@ def test_each_child_has_a_small_file_descriptor_table(sandbox):
     assert result.ok and int(result.stdout) <= 1024
     # The streams, the exit-report pipe (4) and listdir's own fd (3, where the request pipe was): no more.
     assert sandbox.run("import os\nprint(sorted(os.listdir('/proc/self/fd')))").stdout == "['0', '1', '2', '3', '4']\n"
-
-
-def test_a_call_takes_the_most_recently_used_worker_that_is_ready():
-    import socket
-
-    from gem_core.tools.python import _IdleWorkers
-
-    class FakeWorker:
-        def __init__(self, name, kind="lean", owes_ready=False):
-            self.name, self.next_kind, self.owes_ready = name, kind, owes_ready
-            self.ctl, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-
-    idle = _IdleWorkers()
-    old, cleaning, recent, heavy = FakeWorker("old"), FakeWorker("cleaning", owes_ready=True), FakeWorker("recent"), FakeWorker("heavy", "heavy")
-    for worker in (old, cleaning, recent, heavy):
-        idle.put(worker)
-    assert idle.get("lean", timeout=1).name == "recent"  # ready and the most recent of its kind
-    assert idle.get("heavy", timeout=1).name == "heavy"
-    cleaning.peer.send(b'{"ready": true}')  # its clean-up is done: it is now the most recent ready one
-    assert idle.get("lean", timeout=1).name == "cleaning"
-    idle.put(cleaning)
-    cleaning.owes_ready = True
-    cleaning.ctl.recv(100)  # nothing pending: still cleaning up
-    assert idle.get("heavy", timeout=1).name == "old"  # no heavy one idle: the most recent ready one
-    assert idle.get("lean", timeout=1).name == "cleaning"  # none ready: the oldest, which is waited for
-    idle.close()
-    assert idle.get("lean", timeout=1) is None

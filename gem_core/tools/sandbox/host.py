@@ -1,0 +1,427 @@
+"""The host's end of one worker: start it, run one call on its waiting child, end it.
+
+A call goes from the host straight to the child the worker forked for it (the worker hands the
+child's pipe ends over the control socket) and back: no hop through the worker, no Python start-up
+and no fork while the caller waits. Once the host has the child's output it tells the worker
+``done`` and returns; the worker cleans up in the background, and the next call on this worker
+first waits for its ``ready`` (:meth:`WorkerProcess.wait_ready`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gem_core.tools.sandbox import policy, protocol
+
+logger = logging.getLogger(__name__)
+
+WORKER_SCRIPT = "worker.py"
+REPORT_WAIT_S = 5.0  # how long the worker gets to say how a killed child ended
+KILL_WAIT_S = 5.0  # how long the host waits for a killed worker to exit
+READ_CHUNK = 65536
+
+
+class WorkerLost(Exception):
+    """The worker died, broke the protocol or missed a deadline; the message says which."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker is made with (calls cannot change it): one shared pool per distinct spec."""
+
+    isolation: str = "bwrap"  # or "none": no bubblewrap, only rlimits and the timeout
+    preload: tuple[str, ...] = ()
+    tmpfs_mb: int = 64
+    start_timeout: float = 60.0
+
+
+@dataclass
+class RawReply:
+    """What one call on a child gave, before the API layer turns it into a result."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    duration: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class ChildPipes:
+    """The host's ends of a waiting child's pipes (protocol.CHILD_FDS) and its pidfd."""
+
+    def __init__(self, fds: list[int]):
+        self.w_req, self.r_out, self.r_err, self.r_status, self.pidfd = fds
+
+    def fds(self) -> list[int]:
+        return [self.w_req, self.r_out, self.r_err, self.r_status, self.pidfd]
+
+    def close(self) -> None:
+        close_fds(self.fds())
+        self.w_req = self.r_out = self.r_err = self.r_status = self.pidfd = -1
+
+    def call(self, request: bytes, timeout: float, cap: int) -> RawReply:
+        """Hand ``request`` over; collect stdout and stderr (up to ``cap`` bytes together) until the
+        child reports its exit code, dies, or ``timeout`` seconds pass (then it is killed)."""
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            if not write_all_before(self.w_req, request, deadline):
+                deadline = time.monotonic()  # it did not take its request in time: a timeout
+        except OSError:
+            pass  # it died before reading: reported below
+        close_fds([self.w_req])
+        self.w_req = -1
+        buffers = {self.r_out: bytearray(), self.r_err: bytearray()}
+        poller = select.poll()
+        for fd in (self.r_out, self.r_err, self.r_status, self.pidfd):
+            poller.register(fd, select.POLLIN)
+        reply = RawReply()
+        status = b""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                reply.timed_out = True
+                break
+            ready = {fd for fd, _ in poller.poll(max(1, math.ceil(remaining * 1000)))}
+            if self.r_status in ready:
+                data = os.read(self.r_status, protocol.STATUS.size - len(status))
+                status += data
+                if len(status) == protocol.STATUS.size:
+                    reply.exit_code = protocol.STATUS.unpack(status)[0]
+                    break
+                if not data:  # closed without a report: it died; the pidfd says so too
+                    poller.unregister(self.r_status)
+            if self.pidfd in ready:
+                break
+            for fd in (self.r_out, self.r_err):
+                if fd in ready and not read_some(fd, buffers[fd]):
+                    poller.unregister(fd)
+            if len(buffers[self.r_out]) + len(buffers[self.r_err]) > cap:
+                reply.truncated = True
+                break
+        reply.duration = time.monotonic() - started
+        if reply.exit_code is None:  # timed out, over the cap, or died: stop it now; the worker kills the rest
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        for fd, buffer in buffers.items():  # what it wrote before it reported; leftovers may hold the pipes
+            while len(buffers[self.r_out]) + len(buffers[self.r_err]) <= cap and read_some(fd, buffer):
+                pass
+        out, err = bytes(buffers[self.r_out]), bytes(buffers[self.r_err])
+        if len(out) + len(err) > cap:  # keep the first `cap` bytes of the two streams together, stdout first
+            reply.truncated = True
+            out = out[:cap]
+            err = err[: max(0, cap - len(out))]
+        reply.stdout, reply.stderr = out, err
+        return reply
+
+
+class WorkerProcess:
+    """One warm sandboxed worker: the process, the control socket to it, its waiting child."""
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.host_tmp: str | None = None
+        self.child: ChildPipes | None = None
+        self.owes_ready = False  # it was told "done" and has not yet said "ready" again
+        self.calls = 0
+        self.ctl, self.proc = self._spawn()
+        self.hello = self._greeting()
+        self.preloaded: list[str] = self.hello.get("preloaded", [])
+        self.owes_ready = True  # the first child follows the greeting
+
+    # -- start-up
+    def _spawn(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+        spec = self.spec
+        config: dict[str, Any] = {"preload": list(spec.preload)}
+        pass_fds: tuple[int, ...] = ()
+        ns_fd = helper = None
+        if spec.isolation == "none":
+            self.host_tmp = tempfile.mkdtemp(prefix="gem-pysandbox-")
+            config.update(sandboxed=False, tmp_root=self.host_tmp)
+            script = str(policy.WORKER_SOURCE_DIR / WORKER_SCRIPT)
+            argv = [sys.executable, "-I", script]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **policy.SANDBOX_ENV}
+        else:
+            config.update(
+                sandboxed=True, tmp_root=policy.SANDBOX_TMP, extra_wipe=list(policy.EXTRA_WIPED_DIRS),
+                keep=policy.kept_under_tmp(),
+            )  # fmt: skip
+            if os.geteuid() == 0:
+                helper, ns_fd = policy.user_namespace_as_root()
+                pass_fds = (ns_fd,)
+                config.update(snippet_uid=policy.SANDBOX_UID, nproc_base=0)
+            else:
+                config.update(nproc_base=2)  # bwrap's init and the manager share the snippet's uid
+            script = f"{policy.WORKER_MOUNT}/{WORKER_SCRIPT}"
+            argv = [*policy.bwrap_argv(spec.tmpfs_mb, ns_fd), sys.executable, "-I", script]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        argv.append(json.dumps(config))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = spawner.popen(
+                argv,
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                pass_fds=pass_fds,
+                start_new_session=True,  # the host kills the whole sandbox with one killpg
+                cwd="/",
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            if ns_fd is not None:
+                os.close(ns_fd)
+            if helper is not None:
+                helper.stdin.close()  # type: ignore[union-attr]
+                helper.wait()
+        return ours, proc
+
+    def _greeting(self) -> dict[str, Any]:
+        try:
+            hello = self._expect(protocol.HELLO, time.monotonic() + self.spec.start_timeout)
+        except WorkerLost as lost:
+            stderr = self._stderr_text()
+            self.kill()
+            hint = ""
+            if "namespace" in stderr or "Operation not permitted" in stderr:
+                hint = (
+                    " bubblewrap could not create its namespaces here (a container may forbid user "
+                    "namespaces; allow them, or run on a host that does)."
+                )
+            raise policy.SandboxUnavailable(
+                f"the sandbox worker did not start ({lost}). bwrap said: {stderr.strip()!r}.{hint}"
+            ) from None
+        self.proc.stderr.close()  # type: ignore[union-attr]  # the worker silences its stderr once ready
+        return hello
+
+    def _stderr_text(self) -> str:
+        try:
+            if self.proc.poll() is None:
+                return ""
+            return self.proc.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            return ""
+
+    # -- talking
+    def _expect(self, op: str, deadline: float) -> dict[str, Any]:
+        """The worker's next message, which must be ``op`` (or ``unclean``, which is a loss)."""
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0 or not wait_readable(self.ctl.fileno(), remaining):
+                raise WorkerLost(f"the worker sent no {op!r} in time")
+            message, fds = protocol.receive(self.ctl)
+        except (OSError, ValueError) as exc:
+            raise WorkerLost(f"the control socket failed ({exc})") from None
+        if message is None:
+            raise WorkerLost(self.death_reason())
+        if message["op"] == protocol.UNCLEAN:
+            close_fds(fds)
+            raise WorkerLost(f"the worker gave up: {message.get('reason', 'unclean')}")
+        if message["op"] != op:
+            close_fds(fds)
+            raise WorkerLost(f"the worker sent {message['op']!r} where {op!r} was due")
+        if op == protocol.READY:
+            if len(fds) != len(protocol.CHILD_FDS):
+                close_fds(fds)
+                raise WorkerLost(f"the worker sent {len(fds)} descriptors with its child")
+            self.child = ChildPipes(fds)
+        else:
+            close_fds(fds)
+        return message
+
+    def death_reason(self) -> str:
+        """Why the worker is gone, as far as the host can tell."""
+        try:
+            code = self.proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            return "the worker closed its control socket"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+            return f"the worker was killed by {name}"
+        return f"the worker exited with status {code}"
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether the worker has a clean child waiting (after the last call it cleans up first)."""
+        if self.owes_ready:
+            try:
+                self._expect(protocol.READY, time.monotonic() + timeout)
+            except WorkerLost as lost:
+                logger.info("sandbox worker lost while cleaning up: %s", lost)
+                return False
+            self.owes_ready = False
+        return self.child is not None and self.proc.poll() is None
+
+    def call(self, request: bytes, timeout: float, cap: int) -> RawReply:
+        """Run one request on the waiting child; then tell the worker it may clean up."""
+        child, self.child = self.child, None
+        if child is None:
+            raise WorkerLost("no child is waiting")
+        self.calls += 1
+        try:
+            reply = child.call(request, timeout, cap)
+        finally:
+            child.close()
+        killed = reply.exit_code is None  # the worker, which reaps the child, says how it ended
+        try:
+            protocol.send(self.ctl, protocol.DONE, report=killed)
+        except OSError as exc:
+            if killed:
+                raise WorkerLost(f"{self.death_reason()} ({exc})") from None
+            self.owes_ready = True  # the snippet finished; the next wait_ready finds the worker gone
+            return reply
+        self.owes_ready = True
+        if killed:
+            ended = self._expect(protocol.ENDED, time.monotonic() + REPORT_WAIT_S)
+            reply.exit_code, reply.signal = ended.get("exit_code"), ended.get("signal")
+        return reply
+
+    # -- ending
+    def terminate(self) -> None:
+        """Kill the sandbox's processes but keep the descriptors (another thread may be polling them)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        """Tear the sandbox down: the worker, bwrap and everything in its namespaces; close our ends."""
+        self.terminate()
+        self.forget()
+        try:
+            self.proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("sandbox worker pid %d did not exit after SIGKILL", self.proc.pid)
+        if self.host_tmp is not None:
+            import shutil
+
+            shutil.rmtree(self.host_tmp, ignore_errors=True)
+            self.host_tmp = None
+
+    def forget(self) -> None:
+        """Close our descriptors without touching the processes (in a forked child: they are the parent's)."""
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr, self.ctl):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        if self.child is not None:
+            self.child.close()
+            self.child = None
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def write_all_before(fd: int, data: bytes, deadline: float) -> bool:
+    """Write all of ``data`` to the non-blocking pipe ``fd`` by ``deadline``; False when time ran
+    out (a child that stops reading a large request cannot hang the host)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(max(1, math.ceil(remaining * 1000))):
+                return False
+    return True
+
+
+def read_some(fd: int, buffer: bytearray) -> bool:
+    """Append what the non-blocking ``fd`` has now to ``buffer``; False at EOF or when empty."""
+    try:
+        data = os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return False
+    buffer += data
+    return bool(data)
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def wait_readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout`` seconds (poll: no FD_SETSIZE limit)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+
+
+class Spawner:
+    """Starts worker processes from one long-lived thread.
+
+    bwrap's ``--die-with-parent`` uses PR_SET_PDEATHSIG, which fires when the *thread* that forked
+    bwrap exits, not the process. Workers are started from short-lived threads (lazy growth,
+    replacements), so the fork itself happens here, in a thread that lives as long as the process.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, Any, queue.SimpleQueue[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="gem-sandbox-spawner", daemon=True)
+                self._thread.start()
+        answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._jobs.put((argv, kwargs, answer))
+        ok, value = answer.get()
+        if not ok:
+            raise value
+        return value
+
+    def _loop(self) -> None:
+        while True:
+            argv, kwargs, answer = self._jobs.get()
+            try:
+                answer.put((True, subprocess.Popen(argv, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                answer.put((False, exc))
+
+    def after_fork_in_child(self) -> None:
+        """The spawner thread is the parent's; a forked child starts its own on first use."""
+        self.__init__()  # type: ignore[misc]
+
+
+spawner = Spawner()
+os.register_at_fork(after_in_child=spawner.after_fork_in_child)
