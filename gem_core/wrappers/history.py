@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Literal
 
-from gem_core.core import Env, StepResult, Wrapper
+from gem_core.core import Env, StepResult, Wrapper, model_message
 
 HistoryMode = Literal["full", "last_k", "last"]
 _MODES = ("full", "last_k", "last")
@@ -107,9 +107,8 @@ class HistoryWrapper(Wrapper[str, str]):
                 pieces.append(f"[Turn {number}]\nAction: {_clean(action)}\nObservation: {_clean(observation)}")
             else:
                 pieces.append(f"[Turn {number}]\nObservation: {_clean(observation)}")
-        if suffix:
-            pieces.append(_clean(suffix))
-        return "\n\n".join(pieces)
+        # The suffix goes on by gem_core's one rule for what the model sees (a blank line, then the suffix).
+        return model_message("\n\n".join(pieces), {"suffix": _clean(suffix) if suffix else ""})
 
 
 def _require_text(obs: Any, where: str) -> None:
