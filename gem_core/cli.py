@@ -290,7 +290,7 @@ def play_human(env: gem_core.Env, seed: int | None, stdin: TextIO, out: TextIO) 
     """A person plays one episode: actions are read line by line; EOF (Ctrl-D) quits cleanly."""
     obs, info = env.reset(seed=seed)
     print(_rule(f"{env.spec.id if env.spec else env}  (seed {seed})"), file=out)
-    print(obs, file=out)
+    print(gem_core.model_message(obs, info), file=out)
     print("(type your move; a bare answer is put in \\boxed{} for you; Ctrl-D quits)", file=out)
     turn = 0
     total = 0.0
@@ -307,20 +307,18 @@ def play_human(env: gem_core.Env, seed: int | None, stdin: TextIO, out: TextIO) 
         turn += 1
         obs, reward, terminated, truncated, info = env.step(action)
         total += float(reward)
-        print(_turn_text(turn, action, obs, float(reward), show_action=action != text), file=out)
+        shown = obs if terminated or truncated else gem_core.model_message(obs, info)  # what a model would see
+        print(_turn_text(turn, action, shown, float(reward), show_action=action != text), file=out)
         if terminated or truncated:
             print(_episode_end(turn, total, info, terminated), file=out)
             return EXIT_OK
-        suffix = info.get("suffix")
-        if suffix:
-            print(suffix, file=out)
 
 
 def play_self(env: gem_core.Env, policy: str, seed: int | None, out: TextIO) -> int:
     """A random or oracle policy plays one episode; every turn is printed."""
     obs, info = env.reset(seed=seed)
     print(_rule(f"{env.spec.id if env.spec else env}  (seed {seed}, policy {policy})"), file=out)
-    print(obs, file=out)
+    print(gem_core.model_message(obs, info), file=out)
     act = env.sample_random_action if policy == "random" else env.oracle_action
     turn = 0
     total = 0.0
@@ -329,7 +327,8 @@ def play_self(env: gem_core.Env, policy: str, seed: int | None, out: TextIO) -> 
         turn += 1
         obs, reward, terminated, truncated, info = env.step(action)
         total += float(reward)
-        print(_turn_text(turn, action, obs, float(reward), show_action=True), file=out)
+        shown = obs if terminated or truncated else gem_core.model_message(obs, info)
+        print(_turn_text(turn, action, shown, float(reward), show_action=True), file=out)
         if terminated or truncated:
             print(_episode_end(turn, total, info, terminated), file=out)
             return EXIT_OK

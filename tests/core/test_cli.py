@@ -173,7 +173,7 @@ def test_human_play_wraps_bare_answers_and_quits_cleanly_on_eof(capsys, monkeypa
     first = bare.step("\\boxed{25}")[0]
     second = bare.step("I pick \\boxed{12}")[0]
     assert task in out
-    assert f"[turn 1] action \\boxed{{25}}  reward +0.000\n{first}\nEnter your next guess.\n" in out
+    assert f"[turn 1] action \\boxed{{25}}  reward +0.000\n{first}\n\nEnter your next guess.\n" in out
     assert f"[turn 2] reward +0.000\n{second}\n" in out  # already boxed: not echoed back
     assert "[turn 3]" not in out  # the blank line was skipped, not played
     assert out.rstrip().endswith("bye (episode not finished)")
@@ -362,3 +362,14 @@ def test_batch_oracle_wins_every_episode(capsys):
     assert code == 0, err
     values = _table_values(out)
     assert values["success rate"] == "100.0%" and values["truncation rate"] == "0.0% of episodes"
+
+
+def test_play_shows_a_person_the_board_the_model_sees(capsys):
+    """Sudoku keeps its grid in info['suffix']: `gem-core play` shows it after reset and every step."""
+    from gem_core.cli import main
+
+    assert main(["play", "game:Sudoku-v0-easy", "--policy", "random", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    env = gem_core.make("game:Sudoku-v0-easy")
+    env.reset(seed=0)
+    assert env.unwrapped.render_board() in out.split("[turn 1]")[0]
