@@ -2,11 +2,11 @@
 docs say, or ``--no-deps`` plus its light deps on CPU).
 
 * ``agent.py``: the agent file for ``--train.agent_func_path`` (``gem-core openrlhf agent-path`` prints
-  its path): OpenRLHF's ``MultiTurnAgentExecutor`` over a GEM env, with gem_core's chat-template deltas.
+  its path): OpenRLHF's ``MultiTurnAgentExecutor`` playing each GEM episode with gem_core's runner.
 * ``rebn``: the ``rebn`` advantage estimator, patched into ``RemoteExperienceMaker`` by the launcher
   ``gem-core openrlhf train ...`` / ``python -m gem_integrations.openrlhf.train_ppo_ray ...``.
 * ``dataset``: ``gem-core make-dataset openrlhf --env ID --out prompts.jsonl``.
-* ``engine.PolicyEngine``: an OpenRLHF ``llm_engine`` served by a gem_core policy (tests, CPU runs).
+* ``engine.OpenRLHFEnginePolicy``: OpenRLHF's vLLM engine as a gem_core policy (the agent plays on the core runner).
 
 Nothing here imports OpenRLHF until it is used.
 """

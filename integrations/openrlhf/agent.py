@@ -3,180 +3,165 @@
     --train.agent_func_path $(gem-core openrlhf agent-path)
 
 OpenRLHF loads this file by path (``_load_agent_executor``) and calls ``AgentExecutor().execute(...)``
-once per sample. ``AgentExecutor`` is OpenRLHF's own ``MultiTurnAgentExecutor`` driving
-:class:`GemAgentInstance`; the only thing added is binding the rollout's tokenizer and ``max_len`` to
-the instance class (OpenRLHF builds instances with no arguments).
+once per sample. :class:`AgentExecutor` is a subclass of OpenRLHF's ``MultiTurnAgentExecutor`` whose
+``execute`` plays the episode with gem_core's runner (:func:`gem_core.rollout.run_episode`) over
+OpenRLHF's engine (:class:`~gem_integrations.openrlhf.engine.OpenRLHFEnginePolicy`), and returns the
+dict OpenRLHF's own ``MultiTurnAgentExecutor.execute`` returns, so ``_process_response_into_experience``
+reads it unchanged. Working from the engine's token ids (never its text), each turn's end-of-turn
+token is in the sequence exactly once, with or without ``skip_special_tokens``.
 
-Each sample's env comes from its prompt row's label, a JSON object (``gem-core make-dataset openrlhf``
-writes it): ``{"env_id": ..., "seed": ..., "env_kwargs": {...}}``, optionally ``"system_prompt"`` and
-``"max_turns"``. Every sample of a prompt has the same label, so all of them start from the same state.
-The row's prompt text is not used: ``reset`` returns the env's own first observation, rendered by
-gem_core's :class:`~gem_core.rollout.ChatFormatter` (chat template, generation prompt). Each step's
-``environment_feedback`` is the formatter's chat-template delta (closing of the assistant turn when the
-model did not generate it, the observation turn, the generation prompt), so the token sequence is the
-one gem_core's runner builds. The episode ends with no feedback when the env ends it, when
-``max_turns`` is reached, or when the next observation would not fit in ``max_len`` (``context_limit``,
-as gem_core's runner does): the final observation is never shown to the model.
+Each sample's episode is its prompt row's label, a :class:`gem_core.tasks.TaskSpec` as JSON
+(``gem-core make-dataset openrlhf`` writes it); every sample of a prompt shares it, so a group starts
+from one state. The row's prompt text is not used: the first context is the env's own first message
+(:func:`gem_core.model_message`) in the chat template.
 
-Requirements: OpenRLHF's ``skip_special_tokens`` must stay false (its default), since whether a
-response closed its turn is read from its text. ``extra_logs`` carries, with the same keys on every
-sample, ``gem_episode_length``, ``gem_success``, ``gem_truncated`` and ``gem_context_limit``; when
-``GEM_OPENRLHF_TURN_REWARDS=1`` (the ``gem-core openrlhf train`` launcher sets it) also
-``gem_turn_rewards``, the list of per-turn rewards that the ``rebn`` advantage patch consumes.
+Limits:
+
+* the whole sequence (prompt, responses, observations) stays within OpenRLHF's ``max_len``
+  (``--data.max_len``; the label's ``max_context_tokens`` can lower it): when the next observation
+  would not fit, the episode ends as truncated with reason ``context_limit`` (the runner's rule);
+* each response is capped at the label's ``max_turn_tokens``, else ``GEM_OPENRLHF_MAX_TURN_TOKENS``,
+  else OpenRLHF's ``--rollout.max_new_tokens`` (applied per turn), else only by what is left of
+  ``max_len`` (what OpenRLHF's own multi-turn executor asks for on every turn);
+* the label's ``max_turns`` on top of the env's own.
+
+The env is closed however the episode ends (done, truncated, an exception in the env or the engine,
+cancellation). ``truncated`` in the result is true when the episode was cut for length: its last
+response hit ``max_tokens`` (OpenRLHF's own meaning) or it hit the context limit. ``extra_logs`` has,
+with the same keys on every sample, ``gem_episode_length``, ``gem_success``, ``gem_truncated`` and
+``gem_context_limit``; when ``GEM_OPENRLHF_TURNS=1`` (the ``gem-core openrlhf train`` launcher sets it
+in every Ray worker) also ``gem_turn_rewards`` (one reward per turn) and ``gem_turn_spans`` (each turn's
+``[start, end)`` in the sequence, flattened), which the ``rebn`` patch reads as the explicit turns.
 """
 
 from __future__ import annotations
 
-import json
+import collections
 import os
 from typing import Any
 
-import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from gem_core import model_message
-from gem_core.rollout import ChatFormatter, ThreadedEnv
-from gem_core.tasks import make_task_env
+from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, run_episode
+from gem_core.tasks import TaskSpec
+from gem_integrations.openrlhf.engine import OpenRLHFEnginePolicy, gem_params
 
+TURNS_ENV = "GEM_OPENRLHF_TURNS"
+MAX_TURN_TOKENS_ENV = "GEM_OPENRLHF_MAX_TURN_TOKENS"
 TURN_REWARDS_KEY = "gem_turn_rewards"
-TURN_REWARDS_ENV = "GEM_OPENRLHF_TURN_REWARDS"
+TURN_SPANS_KEY = "gem_turn_spans"
 LOG_KEYS = ("gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit")
+FORMATTER_CACHE_SIZE = 8
 
-_formatters: dict[tuple[int, str | None], ChatFormatter] = {}
-_bound_classes: dict[tuple[int, int], type] = {}
-
-
-def parse_label(label: Any) -> dict[str, Any]:
-    """The env spec of a prompt row: ``{"env_id", "seed", "env_kwargs", "tools", ...}`` from the label JSON."""
-    spec = json.loads(label) if isinstance(label, str) else dict(label or {})
-    if not isinstance(spec, dict) or "env_id" not in spec:
-        raise ValueError(
-            "the GEM agent needs each prompt row's label to be a JSON object with an 'env_id' "
-            f"(write the dataset with `gem-core make-dataset openrlhf`); got {label!r:.200}"
-        )
-    unknown = set(spec) - {"env_id", "seed", "env_kwargs", "tools", "system_prompt", "max_turns"}
-    if unknown:
-        raise ValueError(f"unknown keys in the GEM label: {sorted(unknown)}")
-    return spec
+_formatters: collections.OrderedDict[tuple, ChatFormatter] = collections.OrderedDict()
 
 
 def formatter_for(tokenizer: Any, system_prompt: str | None = None) -> ChatFormatter:
-    """One :class:`ChatFormatter` per (tokenizer, system prompt), built once per process."""
-    key = (id(tokenizer), system_prompt)
+    """The :class:`ChatFormatter` for (tokenizer, system prompt), built once per process. OpenRLHF sends
+    a fresh copy of its tokenizer with every Ray call, so a named tokenizer is keyed by its name, chat
+    template and size, not by object identity; at most :data:`FORMATTER_CACHE_SIZE` are kept."""
+    name = getattr(tokenizer, "name_or_path", None)
+    if name:
+        key: tuple = (name, getattr(tokenizer, "chat_template", None), len(tokenizer), system_prompt)
+    else:
+        key = (id(tokenizer), system_prompt)
     formatter = _formatters.get(key)
-    if formatter is None or formatter.tokenizer is not tokenizer:
-        formatter = _formatters[key] = ChatFormatter(tokenizer, system_prompt=system_prompt)
+    if formatter is None or (not name and formatter.tokenizer is not tokenizer):
+        formatter = ChatFormatter(tokenizer, system_prompt=system_prompt)
+    _formatters[key] = formatter
+    _formatters.move_to_end(key)
+    while len(_formatters) > FORMATTER_CACHE_SIZE:
+        _formatters.popitem(last=False)
     return formatter
 
 
-class GemAgentInstance(AgentInstanceBase):
-    """One GEM episode as an OpenRLHF agent instance. ``tokenizer``/``max_length`` are class attributes,
-    set by :class:`AgentExecutor` on a per-rollout subclass."""
+def run_config(spec: TaskSpec, sampling_params: Any, max_length: int) -> RunConfig:
+    """The runner's limits for one sample (see the module docstring for the order of the caps)."""
+    max_context = min(int(max_length), spec.max_context_tokens or int(max_length))
+    cap = spec.max_turn_tokens or _env_int(MAX_TURN_TOKENS_ENV) or getattr(sampling_params, "max_tokens", None)
+    per_turn = max_context if cap is None else min(int(cap), max_context)
+    return RunConfig(params=gem_params(sampling_params, per_turn), max_turns=spec.max_turns, max_context_tokens=max_context)
 
-    tokenizer: Any = None
-    max_length: int | None = None
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {text!r}")
+    return value
+
+
+def openrlhf_result(trajectory: Trajectory, prompt: Any, label: Any, images: Any, with_logprobs: bool, max_length: int) -> dict[str, Any]:
+    """The dict OpenRLHF's ``MultiTurnAgentExecutor.execute`` returns, from the runner's trajectory."""
+    sequence = trajectory.as_sequence()
+    tokens = list(sequence.prompt_ids) + list(sequence.response_ids)
+    spans = [(turn.context_len, turn.context_len + len(turn.response_ids)) for turn in trajectory.turns]
+    logprobs = None
+    if with_logprobs:
+        if trajectory.turns and sequence.logprobs is None:
+            raise ValueError("the engine returned no logprobs although the sampling params ask for them")
+        logprobs = [0.0] * len(sequence.prompt_ids) + list(sequence.logprobs or [])
+    if not trajectory.turns:  # the first message alone does not fit: nothing was generated
+        tokens = tokens[:max_length]
+        logprobs = None if logprobs is None else logprobs[:max_length]
+    rewards = [float(r) for r in trajectory.rewards]
+    last = trajectory.turns[-1] if trajectory.turns else None
+    context_limit = trajectory.truncation_reason == "context_limit"
+    logs: dict[str, Any] = {
+        "gem_episode_length": len(trajectory.turns),
+        "gem_success": float(bool(last is not None and last.info.get("success", False))),
+        "gem_truncated": float(bool(trajectory.truncated)),
+        "gem_context_limit": float(context_limit),
+    }
+    if os.environ.get(TURNS_ENV) == "1":
+        logs[TURN_REWARDS_KEY] = rewards
+        logs[TURN_SPANS_KEY] = [p for span in spans for p in span]
+    total = float(sum(rewards))
+    return {
+        "prompt": prompt,
+        "label": label,
+        "images": images,
+        "mm_train_inputs": None,
+        "reward": total,
+        "scores": total,
+        "observation_tokens": tokens,
+        "action_ranges": spans,
+        "rollout_log_probs": logprobs,
+        "truncated": bool((last is not None and last.finish_reason == "length") or context_limit),
+        "extra_logs": logs,
+    }
+
+
+class GemAgentInstance(AgentInstanceBase):
+    """Placeholder for OpenRLHF's ``MultiTurnAgentExecutor(agent_instance_cls)`` check; the episode is
+    played by gem_core's runner in :meth:`AgentExecutor.execute`, not step by step through this class."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        if self.tokenizer is None:
-            raise TypeError("GemAgentInstance needs a tokenizer: use it through gem's AgentExecutor")
-        self.env: ThreadedEnv | None = None
-        self.formatter: ChatFormatter | None = None
-        self.context_len = 0
-        self.rewards: list[float] = []
-        self.max_turns: int | None = None
-        self.truncated = False
-        self.context_limit = False
-        self.success = False
-
-    async def reset(self, states: dict, **kwargs: Any) -> dict:
-        spec = parse_label(states.get("label"))
-        self.formatter = formatter_for(self.tokenizer, spec.get("system_prompt"))
-        self.max_turns = spec.get("max_turns")
-        self.env = ThreadedEnv(make_task_env(spec["env_id"], spec.get("env_kwargs"), spec.get("tools")))
-        observation, info = await self.env.reset(seed=spec.get("seed"))
-        if not isinstance(observation, str):
-            raise TypeError(f"{spec['env_id']} returned a {type(observation).__name__} observation; the agent needs text")
-        prompt = self.formatter.prompt_text(model_message(observation, info))
-        self.context_len = len(self.formatter.encode(prompt))
-        return {"observation": prompt}
+        pass
 
     async def step(self, states: dict, **kwargs: Any) -> dict:
-        formatter, env = self.formatter, self.env
-        if formatter is None or env is None:
-            raise RuntimeError("step() before reset()")
-        if getattr(states.get("sampling_params"), "skip_special_tokens", False):
-            raise ValueError(
-                "the GEM agent reads the end-of-turn token from the response text: keep OpenRLHF's "
-                "skip_special_tokens false (its default)"
-            )
-        response = states["action_text"]
-        response_ids = formatter.encode(response)  # counts tokens and drops special-token text
-        action = formatter.action_text(formatter.response_text(response_ids))
-        observation, reward, terminated, truncated, info = await env.step(action)
-        self.rewards.append(float(reward))
-        self.context_len += len(response_ids)
-        self.success = bool(info.get("success", False))
-        done = bool(terminated or truncated)
-        self.truncated = bool(truncated and not terminated)
-        if not done and self.max_turns is not None and len(self.rewards) >= self.max_turns:
-            done, self.truncated = True, True
-        feedback = ""
-        if not done:
-            if not isinstance(observation, str):
-                raise TypeError(f"the env returned a {type(observation).__name__} observation; the agent needs text")
-            role = "tool" if (info.get("tool_turn") or info.get("use_tool")) else "user"
-            closed = self._closed(response)
-            feedback = formatter.observation_text(model_message(observation, info), closed, role)
-            delta = len(formatter.encode(feedback))
-            if self.max_length is not None and self.context_len + delta + 1 > self.max_length:
-                feedback, done, self.truncated, self.context_limit = "", True, True, True
-            else:
-                self.context_len += delta
-        if done:
-            env.env.close()
-        return {
-            "rewards": torch.tensor(float(reward)),
-            "environment_feedback": feedback,
-            "done": done,
-            "extra_logs": self.extra_logs(),
-        }
-
-    def extra_logs(self) -> dict[str, Any]:
-        """Episode statistics, the same keys on every sample (plus the per-turn rewards when asked)."""
-        logs: dict[str, Any] = {
-            "gem_episode_length": len(self.rewards),
-            "gem_success": float(self.success),
-            "gem_truncated": float(self.truncated),
-            "gem_context_limit": float(self.context_limit),
-        }
-        if os.environ.get(TURN_REWARDS_ENV) == "1":
-            logs[TURN_REWARDS_KEY] = list(self.rewards)
-        return logs
-
-    def _closed(self, response: str) -> bool:
-        """Whether the response text ends with the template's end-of-turn token."""
-        formatter = self.formatter
-        if formatter.end_of_turn_id is None:
-            return False
-        return response.endswith(formatter.decode([formatter.end_of_turn_id]))
-
-
-def bound_instance_class(tokenizer: Any, max_length: int | None) -> type:
-    """A :class:`GemAgentInstance` subclass carrying the rollout's tokenizer and max length."""
-    key = (id(tokenizer), max_length)
-    cls = _bound_classes.get(key)
-    if cls is None or cls.tokenizer is not tokenizer:
-        cls = type("BoundGemAgentInstance", (GemAgentInstance,), {"tokenizer": tokenizer, "max_length": max_length})
-        _bound_classes[key] = cls
-    return cls
+        raise RuntimeError("GEM episodes are played by AgentExecutor.execute (gem_core's runner), not per step")
 
 
 class AgentExecutor(MultiTurnAgentExecutor):
-    """OpenRLHF's ``MultiTurnAgentExecutor`` over :class:`GemAgentInstance`."""
+    """OpenRLHF's ``MultiTurnAgentExecutor`` playing a GEM episode with gem_core's runner."""
 
     def __init__(self) -> None:
         super().__init__(GemAgentInstance)
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
-        runner = MultiTurnAgentExecutor(bound_instance_class(hf_tokenizer, max_length))
-        return await runner.execute(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images)
+        if images:
+            raise ValueError("the GEM agent serves text envs only; this sample has images")
+        spec = TaskSpec.from_json(label)
+        formatter = formatter_for(hf_tokenizer, spec.system_prompt)
+        config = run_config(spec, sampling_params, max_length)
+        policy = OpenRLHFEnginePolicy(llm_engine, sampling_params)
+        env = spec.make_env()
+        try:
+            trajectory = await run_episode(env, policy, formatter, config, seed=spec.seed, env_id=spec.env_id)
+        finally:
+            env.close()
+        with_logprobs = getattr(sampling_params, "logprobs", None) is not None
+        return openrlhf_result(trajectory, prompt, label, images, with_logprobs, config.max_context_tokens)

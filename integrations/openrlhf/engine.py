@@ -1,80 +1,61 @@
-"""An OpenRLHF ``llm_engine`` backed by a gem_core :class:`~gem_core.rollout.Policy`.
+"""OpenRLHF's vLLM engine as a gem_core :class:`~gem_core.rollout.Policy` (the runner's side of the agent).
 
-OpenRLHF's agent executors call ``await llm_engine.generate(prompt_token_ids, sampling_params,
-multi_modal_data=None)`` and read ``.outputs[0]`` like a vLLM ``RequestOutput`` (``token_ids``, ``text``,
-``finish_reason``, ``logprobs``). :class:`PolicyEngine` answers that call with any gem_core policy
-(``ScriptedPolicy`` in tests, ``HFPolicy`` for a CPU smoke run), so OpenRLHF's own executor code runs
-unchanged without vLLM.
+OpenRLHF hands its agent executor ``llm_engine`` (the ``RolloutRayActor``) and the rollout's
+``vllm.SamplingParams``; the actor's ``generate(prompt_token_ids, sampling_params,
+multi_modal_data=None)`` answers with a vLLM ``RequestOutput``. :class:`OpenRLHFEnginePolicy` makes
+that a gem_core policy through :class:`gem_core.plugins.EnginePolicy`: each turn gets its **own copy**
+of OpenRLHF's sampling params with gem_core's ``max_tokens`` and the chat template's stop tokens, and
+the answer is read from its ``token_ids`` (which keep the stop token), never from its ``text`` (which
+vLLM returns without it unless ``include_stop_str_in_output``, and without special tokens by default).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
 from typing import Any
 
-from gem_core.rollout import ChatFormatter, Policy, SamplingParams
+from gem_core.plugins import EnginePolicy
+from gem_core.rollout import SamplingParams
 
 
-@dataclass
-class Logprob:
-    """vLLM's per-token logprob record (only ``logprob`` is read by OpenRLHF)."""
+def gem_params(openrlhf_params: Any, max_tokens: int) -> SamplingParams:
+    """gem_core sampling params from OpenRLHF's ``vllm.SamplingParams`` (its temperature, top-p, top-k
+    and seed) with ``max_tokens`` per turn (vLLM's ``top_k=-1`` is gem_core's 0: no top-k)."""
+    def field(name: str, default: Any) -> Any:
+        value = getattr(openrlhf_params, name, None)
+        return default if value is None else value
 
-    logprob: float
-
-
-@dataclass
-class CompletionOutput:
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    logprobs: list[dict[int, Logprob]] | None
-
-
-@dataclass
-class RequestOutput:
-    outputs: list[CompletionOutput]
+    return SamplingParams(
+        max_tokens=int(max_tokens),
+        temperature=float(field("temperature", 1.0)),
+        top_p=float(field("top_p", 1.0)),
+        top_k=max(int(field("top_k", 0)), 0),
+        stop_token_ids=tuple(getattr(openrlhf_params, "stop_token_ids", None) or ()),
+        seed=getattr(openrlhf_params, "seed", None),
+    )
 
 
-class PolicyEngine:
-    """``generate`` as OpenRLHF's rollout actor exposes it, served by ``policy``.
+def own_params(base: Any, changes: dict[str, Any]) -> Any:
+    """A deep copy of ``base`` (a ``vllm.SamplingParams``) with ``changes`` set; OpenRLHF's object is
+    never touched. vLLM derives ``_all_stop_token_ids`` from ``stop_token_ids`` when the params are
+    built (it masks them before ``min_tokens``); the copy's set gets the new stop tokens too."""
+    params = copy.deepcopy(base)
+    for name, value in changes.items():
+        setattr(params, name, value)
+    derived = getattr(params, "_all_stop_token_ids", None)
+    if isinstance(derived, set) and changes.get("stop_token_ids"):
+        derived.update(changes["stop_token_ids"])
+    return params
 
-    The chat template's stop tokens (``formatter.stop_token_ids``) are added to every request, as a vLLM
-    engine stops on the model's end-of-turn token. ``max_tokens_per_turn`` caps each request below the
-    budget the executor asks for (OpenRLHF's multi-turn executor asks for everything left in ``max_len``);
-    ``None`` leaves the executor's budget alone. The text is decoded with the request's
-    ``skip_special_tokens`` (OpenRLHF's default: keep them), as vLLM does.
-    """
 
-    def __init__(self, policy: Policy, formatter: ChatFormatter, *, max_tokens_per_turn: int | None = None):
-        self.policy = policy
-        self.formatter = formatter
-        self.max_tokens_per_turn = max_tokens_per_turn
-        self.requests: list[tuple[list[int], int]] = []  # (prompt ids, max_tokens) of every call
+class OpenRLHFEnginePolicy(EnginePolicy):
+    """A gem_core policy over OpenRLHF's ``llm_engine``; ``base_params``: the rollout's sampling params
+    (kept as they are: logprobs, min_tokens, skip_special_tokens, ...; only the copy per turn changes)."""
 
-    async def generate(self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> RequestOutput:
-        if multi_modal_data:
-            raise ValueError("PolicyEngine serves text only")
-        max_tokens = int(sampling_params.max_tokens)
-        if self.max_tokens_per_turn is not None:
-            max_tokens = min(max_tokens, self.max_tokens_per_turn)
-        top_k = getattr(sampling_params, "top_k", 0) or 0
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=float(getattr(sampling_params, "temperature", 1.0)),
-            top_p=float(getattr(sampling_params, "top_p", 1.0)),
-            top_k=max(int(top_k), 0),  # vLLM's -1 is gem_core's 0: no top-k
-            stop_token_ids=tuple(getattr(sampling_params, "stop_token_ids", None) or ()),
-            seed=getattr(sampling_params, "seed", None),
-        )
-        params = self.formatter.sampling_params(params)
-        self.requests.append((list(prompt_token_ids), max_tokens))
-        generation = await self.policy.generate(list(prompt_token_ids), params, request_id=f"openrlhf-{len(self.requests)}")
-        skip = bool(getattr(sampling_params, "skip_special_tokens", False))
-        text = self.formatter.decode(generation.token_ids, skip_special_tokens=skip)
-        logprobs = None
-        if getattr(sampling_params, "logprobs", None) is not None:
-            if generation.logprobs is None:
-                raise ValueError(f"{type(self.policy).__name__} reports no logprobs, but the request asks for them")
-            logprobs = [{int(t): Logprob(float(lp))} for t, lp in zip(generation.token_ids, generation.logprobs)]
-        finish = "length" if generation.finish_reason == "length" else ("abort" if generation.finish_reason == "abort" else "stop")
-        return RequestOutput([CompletionOutput(list(generation.token_ids), text, finish, logprobs)])
+    def __init__(self, engine: Any, base_params: Any):
+        self.engine = engine
+        self.base_params = base_params
+
+    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:
+        turn_params = own_params(self.base_params, self.vllm_params(params))
+        return await self.engine.generate(prompt_ids, turn_params, multi_modal_data=None)

@@ -9,7 +9,7 @@ It runs OpenRLHF's own ``openrlhf.cli.train_ppo_ray`` module as ``__main__`` (it
 * ``rebn`` is one more choice of ``--algo.advantage.estimator``, with ``--algo.advantage.rebn_eps``
   (default 1e-6) and ``--algo.advantage.rebn_ddof`` (default 0);
 * Ray is started before OpenRLHF would start it, with OpenRLHF's own environment variables plus
-  ``GEM_OPENRLHF_TURN_REWARDS=1`` (the GEM agent file then reports per-turn rewards) and
+  ``GEM_OPENRLHF_TURNS=1`` (the GEM agent file then reports each turn's reward and span) and
   ``worker_process_setup_hook="gem_integrations.openrlhf.rebn.install"``, so every Ray worker,
   the trainer actor included, carries the advantage patch;
 * with ``rebn`` requested, a Ray worker is asked whether the patch is active before training starts,
@@ -103,7 +103,7 @@ def runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
         "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
         "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
-        "GEM_OPENRLHF_TURN_REWARDS": "1",
+        "GEM_OPENRLHF_TURNS": "1",
         **(extra_env or {}),
     }
     return {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}

@@ -1,16 +1,16 @@
 """OpenRLHF 0.11.2 plugin tests: OpenRLHF's own classes on CPU (run by `nox -s openrlhf`).
 
-vllm/deepspeed/flash_attn are import stubs (openrlhf_import_stubs.py); everything else is real.
+vllm/deepspeed/flash_attn are import stubs (openrlhf_import_stubs.py); everything else is real. The
+engine is gem_core's VLLMFaithfulEngine (vLLM's stop-token, max_tokens, finish-reason and text rules)
+over the golden scenario's scripted model, so nothing passes because a stand-in is kinder than vLLM.
 The whole golden scenario is replayed, its python-tool episode included (the label names the tools).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-import types
 
 import pytest
 
@@ -20,30 +20,50 @@ sys.path.insert(0, os.path.dirname(__file__))
 import openrlhf_import_stubs  # noqa: E402
 
 openrlhf_import_stubs.install()
-os.environ["GEM_OPENRLHF_TURN_REWARDS"] = "1"  # what the launcher sets in every Ray worker
+os.environ["GEM_OPENRLHF_TURNS"] = "1"  # what the launcher sets in every Ray worker
 
-from gem_core.testing.golden import (  # noqa: E402
-    GOLDEN_MAX_CONTEXT_TOKENS,
-    GOLDEN_PARAMS,
-    golden_formatter,
-    golden_policy,
-    golden_scenario,
-)
+from gem_core.tasks import TaskSpec  # noqa: E402
 from gem_core.testing import build_test_tokenizer  # noqa: E402
+from gem_core.testing.golden import GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_respond, golden_scenario  # noqa: E402
+from gem_core.testing.vllm_engine import ScriptedModel, VLLMFaithfulEngine, VLLMSamplingParams  # noqa: E402
+
+UNCAPPED = GOLDEN_PARAMS.replace(max_tokens=GOLDEN_MAX_CONTEXT_TOKENS)  # a response may take all that is left
 
 
-def vllm_like_params(logprobs: int | None = 1) -> types.SimpleNamespace:
-    """The fields of the vllm.SamplingParams OpenRLHF's samples generator builds (defaults as there)."""
-    return types.SimpleNamespace(
-        temperature=1.0, top_p=1.0, top_k=-1, max_tokens=None, min_tokens=1, skip_special_tokens=False, logprobs=logprobs
+def openrlhf_params(logprobs: int | None = 1, max_tokens: int | None = None, skip_special_tokens: bool = False) -> VLLMSamplingParams:
+    """The vllm.SamplingParams OpenRLHF's samples generator builds (`_dispatch_prompts_to_vllm`): its
+    defaults, --rollout.max_new_tokens unset (None), logprobs=1 with the default correction level."""
+    return VLLMSamplingParams(
+        temperature=1.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, min_tokens=1, skip_special_tokens=skip_special_tokens, logprobs=logprobs
     )
 
 
-def label_of(episode) -> str:
-    spec = {"env_id": episode.env_id, "seed": episode.seed, "env_kwargs": episode.env_kwargs}
-    if episode.tools:
-        spec["tools"] = list(episode.tools)
-    return json.dumps(spec)
+def label_of(episode, **fields) -> str:
+    """The prompt row's label for a golden episode (what `gem-core make-dataset openrlhf` writes)."""
+    return TaskSpec(episode.env_id, seed=episode.seed, env_kwargs=episode.env_kwargs, tools=episode.tools, **fields).to_json()
+
+
+def faithful_engine(tokenizer, max_model_len: int = 4096, eos_token_id: int | None = None) -> VLLMFaithfulEngine:
+    """A vLLM-faithful engine over the golden scenario's model (it writes past its end-of-turn token
+    unless a stop token or EOS stops it). ``eos_token_id``: the model's EOS, if not the tokenizer's."""
+    engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=max_model_len)
+    if eos_token_id is not None:
+        engine.eos_token_id = eos_token_id
+    return engine
+
+
+def run_executor(executor, tokenizer, episode, *, engine=None, max_length=GOLDEN_MAX_CONTEXT_TOKENS, params=None, **label_fields):
+    """One OpenRLHF sample through the agent file's executor; returns (response dict, engine)."""
+    engine = faithful_engine(tokenizer) if engine is None else engine
+    coroutine = executor.execute(
+        prompt=f"(row prompt of {episode.episode_id}, unused)",
+        label=label_of(episode, **label_fields),
+        sampling_params=openrlhf_params() if params is None else params,
+        max_length=max_length,
+        hf_tokenizer=tokenizer,
+        llm_engine=engine,
+    )
+    return asyncio.run(coroutine), engine
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +73,14 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def golden(tokenizer):
+    """The core reference with a per-turn cap of GOLDEN_PARAMS.max_tokens."""
     return golden_scenario(tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def golden_uncapped(tokenizer):
+    """The core reference with no per-turn cap (each response may use the rest of the context)."""
+    return golden_scenario(tokenizer=tokenizer, params=UNCAPPED)
 
 
 @pytest.fixture(scope="session")
@@ -65,24 +92,10 @@ def executor():
     return _load_agent_executor(agent_path())
 
 
-def run_executor(executor, tokenizer, episode, logprobs: int | None = 1):
-    from gem_integrations.openrlhf.engine import PolicyEngine
-
-    engine = PolicyEngine(golden_policy(tokenizer), golden_formatter(tokenizer), max_tokens_per_turn=GOLDEN_PARAMS.max_tokens)
-    coroutine = executor.execute(
-        prompt=f"(row prompt of {episode.episode_id}, unused)",
-        label=label_of(episode),
-        sampling_params=vllm_like_params(logprobs),
-        max_length=GOLDEN_MAX_CONTEXT_TOKENS,
-        hf_tokenizer=tokenizer,
-        llm_engine=engine,
-    )
-    return asyncio.run(coroutine)
-
-
 @pytest.fixture(scope="session")
 def responses(executor, tokenizer, golden):
-    return [run_executor(executor, tokenizer, episode) for episode in golden.episodes]
+    """The golden episodes through the agent, capped per turn by the label's max_turn_tokens."""
+    return [run_executor(executor, tokenizer, episode, max_turn_tokens=GOLDEN_PARAMS.max_tokens)[0] for episode in golden.episodes]
 
 
 def samples_generator():

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from conftest import vllm_like_params
+from conftest import faithful_engine, openrlhf_params
 
 from gem_core import cli
 from gem_integrations.openrlhf import agent_path, train_ppo_ray
@@ -46,7 +46,7 @@ def test_openrlhf_alone_rejects_rebn(monkeypatch, capsys):
 def test_runtime_env_installs_the_hook_and_the_turn_rewards():
     env = train_ppo_ray.runtime_env()
     assert env["worker_process_setup_hook"] == "gem_integrations.openrlhf.rebn.install"
-    assert env["env_vars"]["GEM_OPENRLHF_TURN_REWARDS"] == "1"
+    assert env["env_vars"]["GEM_OPENRLHF_TURNS"] == "1"
 
 
 def test_check_fails_loudly_when_workers_lack_the_patch(monkeypatch):
@@ -75,15 +75,12 @@ def test_gem_core_openrlhf_train_passes_everything_to_the_launcher(monkeypatch):
 
 
 def test_make_dataset_rows_drive_the_agent(tmp_path, executor, tokenizer, capsys):
-    from gem_integrations.openrlhf.engine import PolicyEngine
-    from gem_core.testing.golden import golden_formatter, golden_policy
-
     out = tmp_path / "prompts.jsonl"
     assert cli.main(["make-dataset", "openrlhf", "--env", "game:Mastermind-v0-easy", "--n", "3", "--seed-start", "5", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [json.loads(r["label"])["seed"] for r in rows] == [5, 6, 7]
-    engine = PolicyEngine(golden_policy(tokenizer), golden_formatter(tokenizer), max_tokens_per_turn=40)
-    result = asyncio.run(executor.execute(rows[0]["prompt"], rows[0]["label"], vllm_like_params(), 2000, tokenizer, engine))
+    engine = faithful_engine(tokenizer)
+    result = asyncio.run(executor.execute(rows[0]["prompt"], rows[0]["label"], openrlhf_params(max_tokens=40), 2000, tokenizer, engine))
     first_prompt = tokenizer.decode(engine.requests[0][0], skip_special_tokens=False)
     assert rows[0]["prompt"] in first_prompt  # the env's own first observation, in the chat template
     assert result["extra_logs"]["gem_success"] == 1.0
