@@ -6,10 +6,20 @@ index=uid)`` on the driver, over the whole training batch, and reads back ``(adv
 How per-turn rewards get here: one row per episode (verl's agent-loop sequence view). The ``gem_env``
 agent loop puts each turn's reward on that turn's last model token in ``rm_scores``, which verl copies to
 ``token_level_scores`` -> ``token_level_rewards`` unchanged (KL-in-reward, if on, adds per-token terms).
-Turns are then the runs of 1s in ``response_mask`` (verl's mask is 0 on the env/template tokens between
-turns), so :func:`gem_core.algo.rebn_token_level` recovers per-turn rewards without any side channel.
-verl 0.9's advantage call passes no ``non_tensor_batch``, so turn ids in ``extra_fields`` could not reach
-an estimator; the mask already carries the same information.
+
+How turns get here (explicit, DESIGN.md contract 6): the agent loop also stores each token's turn index
+in the field :data:`TURN_IDS_FIELD` (the turn on its model tokens and on the env tokens after them). verl 0.9's v1
+trainer reads a fixed field list from TransferQueue in ``PPOTrainer._compute_advantage`` and
+``compute_advantage`` hands an estimator only rewards, mask, config, index and baselines, so the plugin
+wraps ``_compute_advantage`` (:func:`wrap_compute_advantage`, a :class:`gem_core.plugins.Patch`): for the
+gem estimators only, it reads :data:`TURN_IDS_FIELD` for the same keys, pads it as verl pads the batch
+(``-1``) and makes it the batch's turn ids (:func:`batch_turn_ids`) while verl's own step runs; the
+estimator gives them to :func:`gem_core.algo.rebn_token_level`. So verl's token-level rollout rejection
+(``rollout_rs=token_k*``, which zeroes single mask tokens before the estimator) never splits a turn.
+
+Fallback (documented, not silent): a batch without turn ids (rows from another agent loop, or the
+estimator called directly) has its turns found as the runs of 1s in ``response_mask``; the wrapper
+then reports ``gem/turn_ids_from_mask=1`` in the step's metrics.
 
 Options come from the ``algorithm`` config (add them with ``+algorithm.rebn_gamma=0.9`` etc.):
 ``rebn_gamma`` (default: ``algorithm.gamma``), ``rebn_eps`` (1e-6), ``rebn_ddof`` (0: population std,
@@ -19,9 +29,20 @@ as oat; 1: sample std, as ROLL), ``rebn_group_by`` (``null``/``batch``: whole ba
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: The agent loop's per-token turn ids, as stored in TransferQueue next to ``response_mask``.
+TURN_IDS_FIELD = "gem_turn_ids"
+_BATCH_TURN_IDS: ContextVar[Any] = ContextVar("gem_verl_batch_turn_ids", default=None)
 
 REBN = "rebn"
 GEM_REINFORCE = "gem_reinforce"
@@ -70,24 +91,53 @@ def _groups(group_by: str | None, index: Any, batch: int) -> Any:
     return [str(k) for k in keys]
 
 
+@contextmanager
+def batch_turn_ids(turn_ids: Any) -> Iterator[None]:
+    """Make ``turn_ids`` ((batch, response_length), -1 where no turn) the turn ids the gem estimators use
+    while the block runs (how :func:`wrap_compute_advantage` hands them through verl's own step)."""
+    token = _BATCH_TURN_IDS.set(turn_ids)
+    try:
+        yield
+    finally:
+        _BATCH_TURN_IDS.reset(token)
+
+
+def _turn_ids(turn_ids: Any, token_level_rewards: Any) -> Any:
+    """The explicit turn ids for this call: the ``turn_ids`` argument, else the batch's
+    (:func:`batch_turn_ids`), else None (mask-run fallback). A shape that does not match the rewards is
+    an error, never a silent fallback."""
+    if turn_ids is None:
+        turn_ids = _BATCH_TURN_IDS.get()
+    if turn_ids is None:
+        return None
+    if tuple(turn_ids.shape) != tuple(token_level_rewards.shape):
+        raise ValueError(
+            f"turn ids of shape {tuple(turn_ids.shape)} for token_level_rewards of shape {tuple(token_level_rewards.shape)}"
+        )
+    return turn_ids
+
+
 def compute_rebn_advantage(
     token_level_rewards: Any,
     response_mask: Any,
     index: Any = None,
     config: Any = None,
+    turn_ids: Any = None,
     **kwargs: Any,
 ) -> tuple[Any, Any]:
     """ReBN for verl: per-turn returns over turns, normalised over every turn of the batch.
 
     Returns ``(advantages, returns)``, both (batch, response_length), the turn's value on each of its
-    model tokens and 0 elsewhere. Extra keyword arguments verl may pass (``reward_baselines``) are ignored.
+    model tokens (``response_mask`` 1) and 0 elsewhere. Turns: ``turn_ids`` or the batch's (see the module
+    docstring), else the runs of ``response_mask``. Extra keyword arguments verl may pass
+    (``reward_baselines``) are ignored.
     """
     from gem_core.algo import rebn_token_level
 
     options = rebn_options(config)
     group_by = _groups(options.pop("group_by"), index, int(token_level_rewards.shape[0]))
-    advantages, returns = rebn_token_level(token_level_rewards, response_mask, group_by, return_returns=True, **options)
-    return advantages, returns
+    turns = _turn_ids(turn_ids, token_level_rewards)
+    return rebn_token_level(token_level_rewards, response_mask, group_by, turn_ids=turns, return_returns=True, **options)
 
 
 def compute_gem_reinforce_advantage(
@@ -95,15 +145,16 @@ def compute_gem_reinforce_advantage(
     response_mask: Any,
     index: Any = None,
     config: Any = None,
+    turn_ids: Any = None,
     **kwargs: Any,
 ) -> tuple[Any, Any]:
     """The ablation: per-turn discounted returns as advantages, no normalisation (``rebn_gamma``)."""
     from gem_core.algo import rebn_token_level
 
     options = rebn_options(config)
-    _, returns = rebn_token_level(
-        token_level_rewards, response_mask, gamma=options["gamma"], eps=options["eps"], ddof=options["ddof"], return_returns=True
-    )
+    options.pop("group_by")
+    turns = _turn_ids(turn_ids, token_level_rewards)
+    _, returns = rebn_token_level(token_level_rewards, response_mask, turn_ids=turns, return_returns=True, **options)
     return returns, returns
 
 
@@ -117,3 +168,77 @@ def register_estimators() -> None:
     for name, fn in ESTIMATORS.items():
         if core_algos.ADV_ESTIMATOR_REGISTRY.get(name) is not fn:
             core_algos.register_adv_est(name)(fn)
+
+
+# ------------------------------------------------------------------------------------------------
+# verl's v1 trainer: turn ids into its advantage step; configurations that would lose per-turn rewards.
+# ------------------------------------------------------------------------------------------------
+
+
+def check_trainer_config(config: Any) -> None:
+    """Refuse, with the reason, configurations where the gem estimators would not see per-turn rewards.
+
+    * ``trainer.use_v1=False``: the legacy trainer keeps one reward per row.
+    * ``reward.reward_model.enable=True``: a co-located reward model writes its own ``rm_scores`` over the
+      per-turn ones (``PPOTrainer._compute_reward_colocate``); a streaming one is never asked for rows
+      that carry a score. Either way the reward model's score or the env's turns would be dropped silently.
+    """
+    algorithm = _option(config, "algorithm", None)
+    estimator = _option(algorithm, "adv_estimator", None)
+    if estimator not in ESTIMATORS:
+        return
+    trainer = _option(config, "trainer", None)
+    if not _option(trainer, "use_v1", True):
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} needs per-turn rewards, which only verl's v1 trainer "
+            "(trainer.use_v1=True) stores; the legacy trainer keeps one reward per row"
+        )
+    reward_model = _option(_option(config, "reward", None), "reward_model", None)
+    if _option(reward_model, "enable", False):
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} takes each turn's reward from the gem_env agent loop (rm_scores); "
+            "with reward.reward_model.enable=True verl's reward model would overwrite them (co-located) or never "
+            "score the episodes (streaming). Disable the reward model, or make its score part of the env's reward."
+        )
+
+
+def fetch_turn_ids(batch: Any) -> Any:
+    """:data:`TURN_IDS_FIELD` of the TransferQueue rows ``batch`` (a ``KVBatchMeta``) names, right-padded
+    with -1 to the width verl pads the rest of the batch to; None when the rows carry none."""
+    import transfer_queue as tq
+
+    try:
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[TURN_IDS_FIELD])
+        field = data[TURN_IDS_FIELD]
+    except Exception as exc:  # rows written by another agent loop: no such field
+        logger.warning("gem: no %s in this batch (%s); rebn finds turns from response_mask runs", TURN_IDS_FIELD, exc)
+        return None
+    return field.to_padded_tensor(padding=-1) if getattr(field, "is_nested", False) else field
+
+
+def wrap_compute_advantage(original: Any) -> Any:
+    """``PPOTrainer._compute_advantage`` that, for the gem estimators only, runs verl's own step with the
+    batch's explicit turn ids (:func:`fetch_turn_ids`, :func:`batch_turn_ids`). Other estimators: untouched."""
+
+    @functools.wraps(original)
+    def _compute_advantage(self: Any, batch: Any, metrics: dict) -> Any:
+        if self.config.algorithm.adv_estimator not in ESTIMATORS:
+            return original(self, batch, metrics)
+        turn_ids = fetch_turn_ids(batch)
+        metrics["gem/turn_ids_from_mask"] = float(turn_ids is None)
+        with batch_turn_ids(turn_ids):
+            return original(self, batch, metrics)
+
+    return _compute_advantage
+
+
+def wrap_trainer_init(original: Any) -> Any:
+    """``PPOTrainer.__init__`` that first refuses configurations losing per-turn rewards
+    (:func:`check_trainer_config`), so a run stops at start-up, not after its first rollout."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        check_trainer_config(config)
+        original(self, config, *args, **kwargs)
+
+    return __init__

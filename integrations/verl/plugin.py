@@ -2,20 +2,94 @@
 
 verl imports every entry point of the ``verl.plugins`` group at ``import verl`` (unless
 ``VERL_USE_EXTERNAL_PLUGINS=none``), in the driver and in every Ray worker, and swallows any error at
-debug level. Importing this module registers the ``rebn`` and ``gem_reinforce`` advantage estimators and
-the ``gem_env`` agent loop. It runs while ``verl/__init__`` is still executing, after ``verl.protocol``
-is loaded, which is all the modules imported here need. :data:`LOADED` records what was registered and
-:data:`ERRORS` what failed, since verl would hide it.
+debug level. Importing this module installs the verl plugin (:data:`~.plugin_spec.PLUGIN`, through
+gem_core's plugin base): the version check, the ``rebn``/``gem_reinforce`` estimators and the ``gem_env``
+agent loop now; the trainer patches when verl's v1 trainer module is first imported (only verl's
+driver imports it, and importing it here, inside ``verl/__init__``, would load the whole trainer stack
+into every worker). :data:`LOADED` records what was registered and :data:`ERRORS` what failed (an
+unsupported verl version included), since verl would hide it.
 """
 
 from __future__ import annotations
+
+import importlib.abc
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gem_core.plugins import PluginError
+
+from .plugin_spec import PLUGIN, TRAINER_MODULE
 
 LOADED: list[str] = []
 ERRORS: dict[str, str] = {}
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` once, right after the module ``name`` is first executed."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _CallbackLoader(spec.loader, self.callback)
+        return spec
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, callback: Callable[[Any], None]):
+        self.inner = inner
+        self.callback = callback
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        self.callback(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
+        return getattr(self.inner, name)
+
+
+def _apply_patches(_module: Any = None) -> None:
+    try:
+        PLUGIN.install(check=False)  # registers again (idempotent) and applies the patches
+        if "trainer_patches" not in LOADED:
+            LOADED.append("trainer_patches")
+    except Exception as exc:  # noqa: BLE001 - reported, never raised inside someone else's import
+        ERRORS["trainer_patches"] = repr(exc)
+
+
+def when_trainer_imported(callback: Callable[[Any], None]) -> None:
+    """``callback(module)`` now if verl's v1 trainer module is loaded, else right after it is."""
+    module = sys.modules.get(TRAINER_MODULE)
+    if module is not None:
+        callback(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == TRAINER_MODULE for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(TRAINER_MODULE, callback))
+
+
 def load() -> list[str]:
-    """Register everything (idempotent); returns the names registered."""
+    """Install the plugin (idempotent); returns the names registered. An unsupported verl version
+    registers nothing and is recorded in :data:`ERRORS` with what to install."""
+    try:
+        PLUGIN.check_version()
+    except PluginError as exc:
+        ERRORS["version"] = str(exc)
+        return []
     try:
         from .advantage import ESTIMATORS, register_estimators
 
@@ -30,7 +104,8 @@ def load() -> list[str]:
             LOADED.append(AGENT_NAME)
     except Exception as exc:
         ERRORS["agent_loop"] = repr(exc)
-    return list(LOADED)
+    when_trainer_imported(_apply_patches)
+    return [name for name in LOADED if name != "trainer_patches"]
 
 
 load()
