@@ -13,12 +13,17 @@ Two backends give the same answers:
 
 A search that fails (server down, bad answer, timeout) is a tool error the model sees, never an
 exception in the env.
+
+A process holds one index per corpus file and one client per server URL
+(:func:`shared_index`, :func:`shared_client`): a ``SearchTool`` per env, as the dataset-row code
+makes them, builds the index once, not once per env.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import urllib.error
@@ -141,6 +146,57 @@ class BM25Index:
     def search(self, query: str, k: int = 3) -> list[Passage]:
         """The best ``k`` documents for one query."""
         return self.batch_search([query], k)[0]
+
+
+# -- one backend per corpus or URL per process --------------------------------------------------------
+
+_shared_backends: dict[tuple[Any, ...], Any] = {}
+_shared_locks: dict[tuple[Any, ...], threading.Lock] = {}
+_registry_lock = threading.Lock()
+
+
+def _shared(key: tuple[Any, ...], make: Any) -> Any:
+    """The backend stored under ``key``, made by ``make()`` once (other callers wait for it)."""
+    with _registry_lock:
+        backend = _shared_backends.get(key)
+        if backend is not None:
+            return backend
+        lock = _shared_locks.setdefault(key, threading.Lock())
+    with lock:  # one build per key; other corpora are not held up
+        backend = _shared_backends.get(key)
+        if backend is None:
+            backend = make()
+            with _registry_lock:
+                _shared_backends[key] = backend
+        return backend
+
+
+def shared_index(path: str | Path) -> BM25Index:
+    """This process's BM25 index of the corpus at ``path`` (rebuilt only if the file changes)."""
+    real = Path(path).resolve()
+    try:
+        stat = real.stat()
+    except OSError:
+        raise SearchError(f"corpus file {str(path)!r} does not exist") from None
+    return _shared(("index", str(real), stat.st_mtime_ns, stat.st_size), lambda: BM25Index.from_jsonl(real))
+
+
+def shared_client(url: str, timeout: float = 5.0) -> RetrievalClient:
+    """This process's client of the retrieval server at ``url``."""
+    return _shared(("client", retrieve_url(url), float(timeout)), lambda: RetrievalClient(url, timeout=timeout))
+
+
+def _after_fork_in_child() -> None:
+    """Locks held by another thread at the fork would never be released in the child."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    _shared_locks.clear()
+    for backend in _shared_backends.values():
+        if isinstance(backend, BM25Index):
+            backend._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # -- the HTTP client -------------------------------------------------------------------------------
@@ -312,8 +368,8 @@ _SEARCH_PATTERN = [re.compile(r"<search>(.*?)</search>", re.DOTALL)]
 class SearchTool(Tool):
     """Answers the first ``<search>query</search>`` of an action with the top ``topk`` passages.
 
-    Give exactly one backend: ``index`` (a :class:`BM25Index`, or a path to a JSONL corpus to
-    build one from) or ``url`` (a retrieval server). The passages come back inside
+    Give exactly one backend: ``index`` (a :class:`BM25Index`, or a path to a JSONL corpus: the
+    process's shared index of it) or ``url`` (a retrieval server: the process's shared client). The passages come back inside
     ``<information>...</information>``; a failed search is an ``ok=False`` result that says why.
     """
 
@@ -331,8 +387,8 @@ class SearchTool(Tool):
         if (index is None) == (url is None):
             raise ValueError("SearchTool needs exactly one backend: index=<BM25Index or corpus path> or url=<server>")
         if isinstance(index, (str, Path)):
-            index = BM25Index.from_jsonl(index)
-        self.backend: Retriever = index if index is not None else RetrievalClient(url, timeout=timeout)  # type: ignore[arg-type]
+            index = shared_index(index)
+        self.backend: Retriever = index if index is not None else shared_client(url, timeout)  # type: ignore[arg-type]
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         self.topk = topk

@@ -185,6 +185,24 @@ def test_tool_needs_exactly_one_backend(index, corpus):
     assert SearchTool(str(corpus)).execute("<search>Berlin</search>").info["doc_ids"][0] == "d1"  # type: ignore[union-attr]
 
 
+def test_one_index_per_corpus_and_one_client_per_url_per_process(corpus, server, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gem_core.tools.search import shared_index
+
+    with ThreadPoolExecutor(8) as pool:
+        tools = list(pool.map(lambda _: SearchTool(str(corpus)), range(16)))
+    assert len({id(tool.backend) for tool in tools}) == 1  # built once, though 16 envs asked at once
+    assert shared_index(corpus) is tools[0].backend
+    by_url = [SearchTool(url=server) for _ in range(4)]
+    assert len({id(tool.backend) for tool in by_url}) == 1
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "x", "text": "another corpus"}) + "\n")
+    assert SearchTool(str(other)).backend is not tools[0].backend
+    with pytest.raises(SearchError, match="does not exist"):
+        SearchTool(str(tmp_path / "missing.jsonl"))
+
+
 # -- the command -----------------------------------------------------------------------------------
 
 

@@ -233,8 +233,10 @@ class WorkerProcess:
             if remaining <= 0 or not wait_readable(self.ctl.fileno(), remaining):
                 raise WorkerLost(f"the worker sent no {op!r} in time")
             message, fds = protocol.receive(self.ctl)
-        except (OSError, ValueError) as exc:
-            raise WorkerLost(f"the control socket failed ({exc})") from None
+        except OSError as exc:
+            raise WorkerLost(f"{self.death_reason()} ({exc})") from None
+        except ValueError as exc:
+            raise WorkerLost(f"the worker sent an unreadable message ({exc})") from None
         if message is None:
             raise WorkerLost(self.death_reason())
         if message["op"] == protocol.UNCLEAN:

@@ -234,13 +234,15 @@ def run_cases(code, stdins, request):
     write one CASE_REPORT per case to stdout. Expected outputs never enter the sandbox: the host
     compares. Exit code 0 when every case ran (whatever its result)."""
     limit_s = request["case_ms"] / 1000
-    for stdin in stdins:
-        report = run_case(code, stdin.encode("utf-8", "surrogatepass"), limit_s, request["output_bytes"])
+    for index, stdin in enumerate(stdins):
+        workdir = os.path.join(WORKDIR, f"case-{index}")  # each case starts in an empty directory
+        os.mkdir(workdir, 0o700)
+        report = run_case(code, stdin.encode("utf-8", "surrogatepass"), limit_s, request["output_bytes"], workdir)
         os.write(1, protocol.encode_case(**report))
     return 0
 
 
-def run_case(code, stdin, limit_s, cap):
+def run_case(code, stdin, limit_s, cap, workdir):
     """One case: fork, feed ``stdin``, collect output up to ``cap`` bytes, kill at ``limit_s``."""
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
@@ -254,6 +256,7 @@ def run_case(code, stdin, limit_s, cap):
         exit_code = 1
         try:
             os.setpgid(0, 0)  # its own group: the harness kills the case and all it started at once
+            os.chdir(workdir)
             for fd, target in ((stdin_fd, 0), (w_out, 1), (w_err, 2)):
                 os.dup2(fd, target)
             os.closerange(REQ_FD, MAXFD)  # the harness's report and status pipes must not reach it

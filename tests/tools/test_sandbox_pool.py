@@ -1,0 +1,352 @@
+"""The shared sandbox pool at trainer scale: one pool per process, fair queueing, recovery, fork and exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from sandbox_support import require_bwrap
+
+from gem_core.tools.python import PythonSandbox, PythonTool
+from gem_core.tools.sandbox import pool as pool_module
+from gem_core.tools.sandbox import shared_pool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_shared_pools(monkeypatch):
+    """Each test starts with no shared pool (other modules' tools may still hold theirs)."""
+    require_bwrap()
+    monkeypatch.setattr(pool_module, "_shared", {})
+    yield
+    for pool in pool_module._shared.values():
+        pool.close()
+
+
+def _make_task_env(env_id: str, tools: list[str]):
+    try:
+        from gem_core.tasks import make_task_env
+    except ImportError:  # before the dataset-row code moved to gem_core.tasks
+        from gem_core.rollout.task import make_task_env
+    return make_task_env(env_id, {}, tools)
+
+
+def _descendants(root: int) -> set[int]:
+    """Pids of every process below ``root`` (from /proc: no psutil needed)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _zombie_children() -> list[int]:
+    me, zombies = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "Z" and int(fields[1]) == me:
+                zombies.append(int(name))
+    return zombies
+
+
+class _PeakProcesses:
+    """Samples how many processes this test process has below it (itself included), in the background."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, 1 + len(_descendants(os.getpid())))
+            time.sleep(0.02)
+
+    def __enter__(self) -> _PeakProcesses:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- the requirement: 64 envs of the dataset-row code, one call each, at once -------------------------
+
+
+def test_64_task_envs_with_the_python_tool_one_call_each_at_once_under_3_s_and_40_processes():
+    before = len(_descendants(os.getpid()))
+    with _PeakProcesses() as sampler:
+        started = time.monotonic()
+        envs = [_make_task_env("game:GuessTheNumber-v0", ["python"]) for _ in range(64)]
+        for seed, env in enumerate(envs):
+            env.reset(seed=seed)
+        with ThreadPoolExecutor(64) as pool:
+            steps = list(pool.map(lambda i: envs[i].step(f"<python>print({i} * 3)</python>"), range(64)))
+        elapsed = time.monotonic() - started
+        for env in envs:
+            env.close()
+    assert [step[0] for step in steps] == [f"<output>\n{i * 3}\n</output>" for i in range(64)]
+    assert elapsed < 3.0, f"64 envs, one call each, took {elapsed:.2f} s"
+    assert sampler.peak <= 40, f"{sampler.peak} processes (this one and its descendants)"
+    # The envs were the pool's only users: closing the last one stopped its workers.
+    deadline = time.monotonic() + 5
+    while len(_descendants(os.getpid())) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_descendants(os.getpid())) <= before
+    print(f"64 envs: {elapsed:.2f} s, peak {sampler.peak} processes")
+
+
+def test_every_python_tool_shares_the_process_pool():
+    tools = [PythonTool() for _ in range(10)]
+    try:
+        assert len({id(tool.sandbox.pool) for tool in tools}) == 1
+        assert tools[0].sandbox.pool is shared_pool(tools[0].sandbox.pool.spec)
+        assert tools[0].sandbox.pool.workers == 0  # nothing starts until a call needs it
+        for tool in tools:
+            assert tool.execute("<python>print('hi')</python>").ok  # type: ignore[union-attr]
+        assert tools[0].sandbox.pool.workers <= tools[0].sandbox.workers
+    finally:
+        for tool in tools:
+            tool.close()
+    assert tools[0].sandbox.pool.workers == 0  # the last user's close stopped them
+
+
+def test_the_pool_size_comes_from_an_argument_or_the_environment(monkeypatch):
+    monkeypatch.setenv(pool_module.WORKERS_VAR, "3")
+    assert pool_module.default_size() == 3
+    monkeypatch.setenv(pool_module.WORKERS_VAR, "0")
+    with pytest.raises(ValueError, match=pool_module.WORKERS_VAR):
+        pool_module.default_size()
+    monkeypatch.delenv(pool_module.WORKERS_VAR)
+    assert 2 <= pool_module.default_size() <= pool_module.MAX_DEFAULT_WORKERS
+    with PythonSandbox(workers=3, preload=()) as sb:
+        assert sb.workers == 3 and not sb.shared
+
+
+# -- many callers ----------------------------------------------------------------------------------
+
+
+def test_thousand_calls_from_64_callers_leave_no_zombies_temp_files_or_descriptors():
+    tmp_before = set(os.listdir(tempfile.gettempdir()))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    sb = PythonSandbox(timeout=5.0)  # the shared pool, as envs use it
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(lambda i: sb.run(f"open('f', 'w').write('x')\nprint({i})"), range(1000)))
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(1000)]
+        assert all(r.ok for r in results)
+        assert sb.pool.workers <= sb.workers
+    finally:
+        sb.close()
+    assert sb.pool.workers == 0
+    deadline = time.monotonic() + 5
+    while _zombie_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _zombie_children() == []
+    assert len(os.listdir("/proc/self/fd")) <= fds_before
+    leftovers = set(os.listdir(tempfile.gettempdir())) - tmp_before
+    assert not [name for name in leftovers if name.startswith("gem-")]
+
+
+def test_a_saturated_pool_gives_each_caller_its_result_or_its_own_queue_timeout():
+    with PythonSandbox(workers=1, preload=(), timeout=5.0) as sb:
+        results: dict[str, object] = {}
+        slow = threading.Thread(target=lambda: results.update(slow=sb.run("import time\ntime.sleep(1.5)\nprint('slow')")))
+        slow.start()
+        time.sleep(0.3)  # the slow call holds the only worker
+        started = time.monotonic()
+        impatient = sb.run("print('never')", queue_timeout=0.2)
+        waited = time.monotonic() - started
+        assert impatient.error is not None and "no sandbox worker came free" in impatient.error
+        assert impatient.info["queue_timeout"] and not impatient.ok
+        assert 0.15 < waited < 1.0
+        # A patient caller with a 1 s timeout waits ~1.2 s in the queue and still gets its full second.
+        patient = sb.run("import time\ntime.sleep(0.6)\nprint('patient')", timeout=1.0)
+        slow.join()
+        assert patient.ok and patient.stdout == "patient\n", patient
+        assert patient.info["queued_s"] > 0.8 and patient.duration < 1.0
+        assert results["slow"].stdout == "slow\n"  # type: ignore[attr-defined]
+
+
+def test_queued_callers_are_served_first_come_first_served():
+    with PythonSandbox(workers=1, preload=(), timeout=5.0) as sb:
+        order: list[int] = []
+        lock = threading.Lock()
+
+        def call(i: int) -> None:
+            sb.run(f"import time\ntime.sleep(0.05)\nprint({i})")
+            with lock:
+                order.append(i)
+
+        holder = threading.Thread(target=call, args=(-1,))
+        holder.start()
+        time.sleep(0.02)
+        threads = []
+        for i in range(8):
+            threads.append(threading.Thread(target=call, args=(i,)))
+            threads[-1].start()
+            time.sleep(0.02)  # each joins the queue after the one before
+        for thread in [holder, *threads]:
+            thread.join()
+        assert order == [-1, *range(8)]
+
+
+def test_many_asyncio_tasks_at_once():
+    async def main(sb: PythonSandbox) -> list[str]:
+        results = await asyncio.gather(*(sb.arun(f"print({i} + 1)") for i in range(40)))
+        return [r.stdout for r in results]
+
+    sb = PythonSandbox()
+    try:
+        assert asyncio.run(main(sb)) == [f"{i + 1}\n" for i in range(40)]
+    finally:
+        sb.close()
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+
+def test_a_worker_killed_mid_call_is_replaced_and_the_call_says_why():
+    with PythonSandbox(workers=1, preload=(), timeout=10.0) as sb:
+        (worker,) = sb.pool.live_workers()
+        box: dict[str, object] = {}
+        call = threading.Thread(target=lambda: box.update(r=sb.run("import time\nprint('started', flush=True)\ntime.sleep(8)")))
+        started = time.monotonic()
+        call.start()
+        time.sleep(0.5)
+        os.killpg(worker.proc.pid, signal.SIGKILL)  # as the OOM killer would
+        call.join(timeout=5)
+        assert not call.is_alive() and time.monotonic() - started < 5
+        lost = box["r"]
+        assert lost.error is not None and "worker was lost" in lost.error  # type: ignore[attr-defined]
+        assert "SIGKILL" in lost.error, lost.error  # type: ignore[attr-defined]
+        assert lost.info["worker_replaced"] and not lost.ok  # type: ignore[attr-defined]
+        assert sb.run("print('recovered')").stdout == "recovered\n"
+        assert sb.replaced == 1
+        assert [w.proc.pid for w in sb.pool.live_workers()] != [worker.proc.pid]
+
+
+def test_a_forked_child_gets_its_own_pool_and_never_the_parents_pipes():
+    sb = PythonSandbox(preload=())
+    try:
+        assert sb.run("print('parent')").ok
+        parent_workers = {w.proc.pid for w in sb.pool.live_workers()}
+        parent_fds = {w.ctl.fileno() for w in sb.pool.live_workers()}
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's workers are not ours to use
+            try:
+                inherited = [fd for fd in parent_fds if _is_open(fd)]
+                out = sb.run("print('child')").stdout.strip()
+                mine = {w.proc.pid for w in sb.pool.live_workers()}
+                report = f"{out} {sorted(inherited)} {bool(mine & parent_workers)} {len(mine)}"
+                sb.close()
+                os.write(write_end, report.encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        os.waitpid(pid, 0)
+        report = os.read(read_end, 1000).decode()
+        os.close(read_end)
+        assert report == "child [] False 1", report
+        assert {w.proc.pid for w in sb.pool.live_workers()} == parent_workers
+        assert sb.run("print('parent again')").stdout == "parent again\n"
+    finally:
+        sb.close()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_interpreter_exit_with_calls_in_flight_is_clean_and_leaves_no_process():
+    script = textwrap.dedent(
+        """
+        import sys, threading, time
+        from gem_core.tools.python import PythonSandbox
+        sb = PythonSandbox(timeout=30.0, preload=())
+        def call():
+            sb.run("import time\\ntime.sleep(30)")
+        for _ in range(6):
+            threading.Thread(target=call, daemon=True).start()
+        deadline = time.monotonic() + 20
+        while sum(1 for w in sb.pool.live_workers() if w.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(" ".join(str(w.proc.pid) for w in sb.pool.live_workers()), flush=True)
+        sys.exit(0)
+        """
+    )
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False
+    )
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stderr[-2000:]
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) >= 2
+    assert elapsed < 25, f"exit took {elapsed:.1f} s"
+    deadline = time.monotonic() + 5
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_closed_pool_wakes_its_queued_callers():
+    sb = PythonSandbox(workers=1, preload=(), timeout=5.0).start()
+    box: dict[str, object] = {}
+    holder = threading.Thread(target=lambda: box.update(h=sb.run("import time\ntime.sleep(1)")))
+    holder.start()
+    time.sleep(0.3)
+
+    def queued() -> None:
+        try:
+            box["q"] = sb.run("print(1)")
+        except Exception as exc:  # noqa: BLE001
+            box["q"] = exc
+
+    waiter = threading.Thread(target=queued)
+    waiter.start()
+    time.sleep(0.2)
+    sb.close()
+    waiter.join(timeout=5)
+    holder.join(timeout=5)
+    assert not waiter.is_alive() and not holder.is_alive()
+    assert "closed" in str(box["q"])
