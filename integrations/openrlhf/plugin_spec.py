@@ -1,20 +1,98 @@
-"""The OpenRLHF plugin's descriptor for gem_core's plugin base (``gem_core.plugins`` entry point).
+"""The OpenRLHF plugin's descriptor for gem_core's plugin base (the ``gem_core.plugins`` entry point).
 
-Importing it imports no OpenRLHF: the ``gem-core`` command reads it to add ``make-dataset openrlhf``
-and ``gem-core openrlhf ...``.
+Importing it imports neither OpenRLHF nor torch: the ``gem-core`` command reads it to add
+``make-dataset openrlhf`` and ``gem-core openrlhf ...``. :data:`PLUGIN` is a
+:class:`gem_core.plugins.TrainerPlugin`: OpenRLHF 0.11.x, and the ``rebn`` estimator installed as one
+:class:`~gem_core.plugins.Patch` of ``RemoteExperienceMaker.compute_advantages_and_returns`` (OpenRLHF
+has no advantage registry; uninstalling puts the original back, and every other estimator runs the
+original unchanged).
+
+:func:`setup_worker` is the Ray ``worker_process_setup_hook`` the launcher sets. It runs in every Ray
+worker, vLLM engine actors included, so it imports nothing: OpenRLHF keeps deepspeed out of its vLLM
+processes (``openrlhf/trainer/ray/__init__.py``: "No implicit imports of deepspeed here to avoid vllm
+environment gets contaminated"), and ``experience_maker`` imports deepspeed. The hook arms an import
+hook instead: the patch is applied right after ``openrlhf.trainer.ppo_utils.experience_maker`` is
+first imported, which only the process that computes advantages (OpenRLHF's PPO trainer) does; if it
+is already imported, the patch is applied at once.
 """
 
 from __future__ import annotations
 
-from gem_core.plugins import TrainerPlugin
+import importlib.abc
+import importlib.machinery
+import sys
+from typing import Any
+
+from gem_core.plugins import Patch, TrainerPlugin
+from gem_integrations.openrlhf import rebn
+
+TARGET_MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
 
 PLUGIN = TrainerPlugin(
     name="openrlhf",
     distribution="openrlhf",
     supported=">=0.11,<0.12",
     module="openrlhf",
-    estimators=("rebn",),
+    estimators=(rebn.ESTIMATOR,),
+    patches=(Patch(f"{TARGET_MODULE}:RemoteExperienceMaker", "compute_advantages_and_returns", rebn.make_compute_advantages),),
     dataset="gem_integrations.openrlhf.dataset",
     commands="gem_integrations.openrlhf.commands",
-    description="OpenRLHF 0.11: the GEM agent file and the rebn advantage patch",
+    description="OpenRLHF 0.11: the GEM agent file (--train.agent_func_path) and rebn through the gem-core openrlhf train launcher",
 )
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Finds ``TARGET_MODULE`` with the other finders and applies :data:`PLUGIN` once it has run."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != TARGET_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _InstallingLoader(spec.loader)
+        return spec
+
+
+class _InstallingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        disarm()
+        PLUGIN.install()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tracebacks and tools
+        return getattr(self.loader, name)
+
+
+_FINDER = _PatchAfterImport()
+
+
+def armed() -> bool:
+    """Whether this process patches ``experience_maker`` when it is imported, or already has."""
+    return _FINDER in sys.meta_path or (TARGET_MODULE in sys.modules and PLUGIN.is_installed)
+
+
+def disarm() -> None:
+    """Remove the import hook (the patch, if applied, stays)."""
+    while _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+
+
+def setup_worker() -> None:
+    """Ray ``worker_process_setup_hook``: patch now if ``experience_maker`` is loaded, else on its import."""
+    if TARGET_MODULE in sys.modules:
+        PLUGIN.install()
+    elif _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)

@@ -10,9 +10,10 @@ It runs OpenRLHF's own ``openrlhf.cli.train_ppo_ray`` module as ``__main__`` (it
   (default 1e-6) and ``--algo.advantage.rebn_ddof`` (default 0);
 * Ray is started before OpenRLHF would start it, with OpenRLHF's own environment variables plus
   ``GEM_OPENRLHF_TURNS=1`` (the GEM agent file then reports each turn's reward and span) and
-  ``worker_process_setup_hook="gem_integrations.openrlhf.rebn.install"``, so every Ray worker,
-  the trainer actor included, carries the advantage patch;
-* with ``rebn`` requested, a Ray worker is asked whether the patch is active before training starts,
+  ``worker_process_setup_hook="gem_integrations.openrlhf.plugin_spec.setup_worker"``: every Ray worker arms
+  the advantage patch, which is applied when (and only where) OpenRLHF's experience maker is imported,
+  so vLLM engine actors import nothing more than OpenRLHF itself makes them;
+* with ``rebn`` requested, a Ray worker is asked whether the patch is armed before training starts,
   and the run stops with an error if it is not.
 """
 
@@ -28,7 +29,7 @@ from typing import Any
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 ESTIMATOR_FLAG = "--algo.advantage.estimator"
-SETUP_HOOK = "gem_integrations.openrlhf.rebn.install"
+SETUP_HOOK = "gem_integrations.openrlhf.plugin_spec.setup_worker"
 
 
 class PatchNotActive(RuntimeError):
@@ -109,17 +110,18 @@ def runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     return {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
 
 
-def _patch_active_in_worker() -> bool:
-    from gem_integrations.openrlhf.rebn import is_active
+def _patch_armed_in_worker() -> bool:
+    from gem_integrations.openrlhf.plugin_spec import armed
 
-    return is_active()
+    return armed()
 
 
 def check_patch_active() -> None:
-    """Ask a Ray worker whether the ``rebn`` patch is active there; raise :class:`PatchNotActive` if not."""
+    """Ask a Ray worker whether the ``rebn`` patch is armed there (it imports nothing to answer); raise
+    :class:`PatchNotActive` if not."""
     import ray
 
-    probe = ray.remote(num_cpus=0)(_patch_active_in_worker)
+    probe = ray.remote(num_cpus=0)(_patch_armed_in_worker)
     try:
         active = ray.get(probe.remote())
     except Exception as exc:  # the setup hook itself failed in the worker
@@ -134,6 +136,9 @@ def check_patch_active() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse (with ``rebn``), start Ray with the patch hook, check it when ``rebn`` is asked, then train."""
+    from gem_integrations.openrlhf.plugin_spec import PLUGIN
+
+    PLUGIN.check_version()  # a clear PluginError on an OpenRLHF this plugin was not tested with
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     import ray

@@ -10,7 +10,7 @@ code would fail loudly instead of passing by accident. Every other module (openr
 transformers) is the real installed package.
 
 ``install()`` is idempotent; it is called by this folder's conftest and by the Ray worker setup hook
-of the Ray test (``install_then_patch``).
+of the Ray test (``install_then_arm``).
 """
 
 from __future__ import annotations
@@ -77,9 +77,16 @@ def install() -> None:
         sys.meta_path.insert(0, _FINDER)
 
 
-def install_then_patch() -> None:
-    """Ray ``worker_process_setup_hook`` for the Ray test: the stubs, then gem-core's rebn patch."""
-    install()
-    from gem_integrations.openrlhf.rebn import install as install_rebn
+#: The modules loaded once gem-core's setup hook has run in this process (set by install_then_arm).
+HOOK_MODULES: frozenset[str] = frozenset()
 
-    install_rebn()
+
+def install_then_arm() -> None:
+    """Ray ``worker_process_setup_hook`` for the Ray test: the stubs, then gem-core's own hook
+    (``gem_integrations.openrlhf.plugin_spec.setup_worker``); records what was imported by then."""
+    global HOOK_MODULES
+    install()
+    from gem_integrations.openrlhf.plugin_spec import setup_worker
+
+    setup_worker()
+    HOOK_MODULES = frozenset(sys.modules)

@@ -45,7 +45,7 @@ def test_openrlhf_alone_rejects_rebn(monkeypatch, capsys):
 
 def test_runtime_env_installs_the_hook_and_the_turn_rewards():
     env = train_ppo_ray.runtime_env()
-    assert env["worker_process_setup_hook"] == "gem_integrations.openrlhf.rebn.install"
+    assert env["worker_process_setup_hook"] == "gem_integrations.openrlhf.plugin_spec.setup_worker"
     assert env["env_vars"]["GEM_OPENRLHF_TURNS"] == "1"
 
 

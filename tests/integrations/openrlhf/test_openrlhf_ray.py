@@ -1,79 +1,87 @@
-"""A local Ray cluster: the worker setup hook puts the rebn patch inside an actor, which then computes
-the golden advantages with OpenRLHF's RemoteExperienceMaker."""
+"""End to end in a local Ray cluster started with the plugin's runtime env (its worker setup hook):
+OpenRLHF's real agent loader and generate_responses in a rollout actor, OpenRLHF's real
+_process_response_into_experience, then split_rollout_samples and the patched
+compute_advantages_and_returns in a trainer actor; compared with the core reference."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
-from conftest import samples_generator
+from conftest import label_of, openrlhf_params, samples_generator
 
-from gem_core.testing.golden import GOLDEN_DDOF, GOLDEN_EPS, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS
+from gem_core.testing.golden import GOLDEN_DDOF, GOLDEN_EPS, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS
 
 ray = pytest.importorskip("ray")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class AdvantageActor:
-    """Runs in a Ray worker; reports whether the patch is there and uses it."""
-
-    def patch_active(self) -> bool:
-        from gem_integrations.openrlhf.rebn import is_active
-
-        return is_active()
-
-    def rebn(self, batches, gamma, eps, ddof):
-        from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
-        from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
-
-        args = NS(
-            algo=NS(advantage=NS(estimator="rebn", gamma=gamma, lambd=1.0, no_std_norm=False, rebn_eps=eps, rebn_ddof=ddof)),
-            rollout=NS(n_samples_per_prompt=1),
-            reward=NS(clip_range=(-10.0, 10.0)),
-        )
-        maker = object.__new__(RemoteExperienceMaker)
-        maker.strategy, maker.args, maker.advantage_estimator, maker.kl_ctl = NS(args=args), args, "rebn", FixedKLController(0.0)
-        return [b.advantages for b in maker.compute_advantages_and_returns(batches)]
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    from gem_integrations.openrlhf.train_ppo_ray import runtime_env
+    from gem_integrations.openrlhf.train_ppo_ray import SETUP_HOOK, runtime_env
 
     env = runtime_env({"PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])})
-    env["worker_process_setup_hook"] = "openrlhf_import_stubs.install_then_patch"  # stubs first, then gem's hook
+    assert env["worker_process_setup_hook"] == SETUP_HOOK
+    # The GPU packages are import stubs here; the test's hook installs them, then runs gem-core's hook.
+    env["worker_process_setup_hook"] = "openrlhf_import_stubs.install_then_arm"
     # Ray refuses a temp dir inside the virtualenv, which is where nox points TMPDIR: use the system one.
     temp_dir = tempfile.mkdtemp(prefix="ray-gem-", dir="/tmp" if os.path.isdir("/tmp") else None)
-    ray.init(num_cpus=1, include_dashboard=False, runtime_env=env, log_to_driver=False, _temp_dir=temp_dir)
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=env, log_to_driver=False, _temp_dir=temp_dir)
     yield
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_patch_is_active_in_an_actor_and_gives_golden_advantages(cluster, golden, responses):
-    import torch
-    from openrlhf.trainer.ppo_utils.experience import Experience
-
+@pytest.mark.timeout(400)
+def test_rollout_actor_to_patched_advantages_equal_the_core_reference(cluster, golden, tokenizer):
+    from gem_integrations.openrlhf import agent_path
     from gem_integrations.openrlhf.train_ppo_ray import check_patch_active
 
-    actor = ray.remote(num_cpus=1)(AdvantageActor).remote()
-    assert ray.get(actor.patch_active.remote(), timeout=180) is True  # a worker that dies at start fails here
+    from ray_actors import CPURolloutActor, TrainerActor
+
+    rollout = ray.remote(num_cpus=1)(CPURolloutActor).remote(agent_path())
+    trainer = ray.remote(num_cpus=1)(TrainerActor).remote()
     check_patch_active()  # the launcher's own check passes in this cluster
 
+    # What OpenRLHF's samples generator dispatches: one generate_responses per prompt, all in flight.
+    refs = [
+        rollout.generate_responses.remote(
+            prompt=f"(row of {episode.episode_id})",
+            label=label_of(episode, max_turn_tokens=GOLDEN_PARAMS.max_tokens),
+            sampling_params=openrlhf_params(),
+            max_length=GOLDEN_MAX_CONTEXT_TOKENS,
+            hf_tokenizer=tokenizer,
+            num_samples=1,
+        )
+        for episode in golden.episodes
+    ]
+    responses = [r for ref in refs for r in ray.get(ref, timeout=300)]
     generator = samples_generator()
     samples = [generator._process_response_into_experience(r, max_len=GOLDEN_MAX_CONTEXT_TOKENS) for r in responses]
-    for i, sample in enumerate(samples):
-        sample.index = [i]
-        sample.kl = torch.zeros_like(sample.action_mask, dtype=torch.float32)
-    batch = Experience.concat_experiences(samples, 0)
-    batch.kl = torch.zeros(batch.action_mask.shape)
-    (advantages,) = ray.get(actor.rebn.remote([batch], GOLDEN_GAMMA, GOLDEN_EPS, GOLDEN_DDOF), timeout=120)
-    for row, sequence, expected in zip(advantages, golden.sequences, golden.token_advantages):
-        start = len(sequence.prompt_ids) - 1
-        np.testing.assert_allclose(row[start : start + len(sequence.response_ids)].double().numpy(), expected, atol=1e-5)
+
+    before = ray.get(trainer.modules.remote(), timeout=120)
+    result = ray.get(trainer.advantages.remote(samples, GOLDEN_GAMMA, GOLDEN_EPS, GOLDEN_DDOF, 4), timeout=120)
+    rollout_modules = ray.get(rollout.modules.remote(), timeout=60)
+
+    # The setup hook imported nothing heavy anywhere; the patch was armed, and applied only where
+    # OpenRLHF's experience maker was imported (the trainer), never in the rollout (vLLM) actor.
+    for report in (before, rollout_modules["at_start"], rollout_modules["now"]):
+        assert report["hook_loaded"] == [] and report["armed"]
+    assert not before["target_loaded"] and result["patched"]
+    assert not rollout_modules["now"]["target_loaded"] and "deepspeed" not in rollout_modules["now"]["loaded_now"]
+
+    assert "gem_turn_rewards" not in result["info_keys"] and "gem_turn_spans" not in result["info_keys"]
+    for index, (sequence, expected) in enumerate(zip(golden.sequences, golden.token_advantages)):
+        assert responses[index]["observation_tokens"] == sequence.prompt_ids + sequence.response_ids
+        start = len(sequence.prompt_ids) - 1  # OpenRLHF's action axis is shifted by one
+        stop = start + len(sequence.response_ids)
+        assert result["action_mask"][index][start:stop] == sequence.loss_mask
+        row = np.asarray(result["advantages"][index])
+        np.testing.assert_allclose(row[start:stop], expected, atol=1e-5)
+        assert not row[:start].any() and not row[stop:].any()
+        returns = np.asarray(result["returns"][index])
+        np.testing.assert_allclose(returns[[start + p for p in sequence.reward_positions]], golden.turn_returns[index], atol=1e-6)

@@ -100,7 +100,7 @@ def test_rebn_gives_the_golden_token_advantages(golden, responses):
         assert float(advantages[:start].abs().sum()) == 0.0
         assert float(advantages[start + len(sequence.response_ids) :].abs().sum()) == 0.0
     for batch in batches:
-        assert batch.kl is None and "gem_turn_rewards" not in batch.info
+        assert batch.kl is None and not {"gem_turn_rewards", "gem_turn_spans"} & set(batch.info)
 
 
 def test_rebn_returns_are_the_turn_returns(golden, responses):
@@ -166,6 +166,53 @@ def test_rebn_with_overlong_penalty_moves_it_to_the_last_turn(golden, responses)
     np.testing.assert_allclose(got, flat, atol=1e-5)
 
 
+def golden_rows(batches, golden):
+    """Each sample's advantages over its response tokens, in golden order."""
+    return [
+        advantages[len(s.prompt_ids) - 1 : len(s.prompt_ids) - 1 + len(s.response_ids)].double().numpy()
+        for (advantages, _), s in zip(per_sample_advantages(batches), golden.sequences)
+    ]
+
+
+def test_a_masked_token_inside_a_turn_changes_no_other_advantage(golden, responses):
+    """The turns come from the runner (gem_turn_spans), not from the mask: zeroing one action token in
+    the middle of a turn (as a trainer's token-level rejection does) leaves every other advantage as it was."""
+    maker = make_maker(make_args())
+    batches = make_experiences(responses, maker)
+    sample = 1  # gtn-default, first micro-batch
+    sequence = golden.sequences[sample]
+    first_turn = [k for k, t in enumerate(sequence.turn_ids) if t == 0 and sequence.loss_mask[k]]
+    rejected = len(sequence.prompt_ids) - 1 + first_turn[len(first_turn) // 2]
+    assert bool(batches[0].action_mask[sample, rejected])
+    batches[0].action_mask[sample, rejected] = False
+    got = golden_rows(maker.compute_advantages_and_returns(batches), golden)
+    for index, (row, expected) in enumerate(zip(got, golden.token_advantages)):
+        keep = np.ones(len(expected), dtype=bool)
+        if index == sample:
+            keep[first_turn[len(first_turn) // 2]] = False
+            assert row[~keep].tolist() == [0.0]
+        np.testing.assert_allclose(row[keep], np.asarray(expected)[keep], atol=1e-5)
+
+
+def test_mask_run_fallback_without_spans(golden, responses):
+    """Without gem_turn_spans (another agent file), turns are the runs of the action mask: the same
+    advantages while no token inside a turn is masked, and different ones once one is."""
+    maker = make_maker(make_args())
+    batches = make_experiences(responses, maker)
+    for batch in batches:
+        del batch.info["gem_turn_spans"]
+    for row, expected in zip(golden_rows(maker.compute_advantages_and_returns(batches), golden), golden.token_advantages):
+        np.testing.assert_allclose(row, expected, atol=1e-5)
+    batches = make_experiences(responses, maker)
+    for batch in batches:
+        del batch.info["gem_turn_spans"]
+    sequence = golden.sequences[1]
+    first_turn = [k for k, t in enumerate(sequence.turn_ids) if t == 0 and sequence.loss_mask[k]]
+    batches[0].action_mask[1, len(sequence.prompt_ids) - 1 + first_turn[len(first_turn) // 2]] = False
+    with pytest.raises(ValueError, match="turns but only"):  # one turn split in two: more turns than rewards
+        maker.compute_advantages_and_returns(batches)
+
+
 def test_rebn_without_turn_rewards_fails_loudly(responses):
     maker = make_maker(make_args())
     batches = make_experiences(responses, maker)
@@ -190,8 +237,9 @@ def test_other_estimators_are_unchanged(responses, estimator):
     rows = responses[: len(responses) // n_samples * n_samples]  # group estimators need whole groups
     batches = make_experiences(rows, maker, kl_seed=3)
     reference = copy.deepcopy(batches)
-    for batch in reference:  # what OpenRLHF alone gets without the GEM per-turn rewards
+    for batch in reference:  # what OpenRLHF alone gets without the GEM turn fields
         batch.info.pop("gem_turn_rewards")
+        batch.info.pop("gem_turn_spans")
     expected = ORIGINAL(make_maker(copy.deepcopy(args), kl_coef=0.02), reference)
     got = maker.compute_advantages_and_returns(batches)
     assert patch.is_active()
@@ -201,3 +249,43 @@ def test_other_estimators_are_unchanged(responses, estimator):
         assert set(have.info) == set(want.info)
         for key in want.info:
             torch.testing.assert_close(have.info[key], want.info[key], rtol=0, atol=0)
+
+
+def test_the_patch_is_the_plugins_and_found_through_the_entry_point():
+    from gem_core.plugins import TrainerPlugin, discover
+    from gem_integrations.openrlhf.plugin_spec import PLUGIN
+
+    assert isinstance(PLUGIN, TrainerPlugin) and discover()["openrlhf"] is PLUGIN
+    assert PLUGIN.check_version() == "0.11.2" and PLUGIN.estimators == ("rebn",)
+    assert PLUGIN.is_installed
+    assert PLUGIN.uninstall() == [] and RemoteExperienceMaker.compute_advantages_and_returns is ORIGINAL
+
+
+def test_the_setup_hook_patches_at_once_when_the_module_is_loaded():
+    from gem_integrations.openrlhf import plugin_spec
+
+    patch.uninstall()
+    plugin_spec.setup_worker()  # experience_maker is imported in this process: no import hook needed
+    assert patch.is_active() and plugin_spec.armed()
+    assert not any(isinstance(f, type(plugin_spec._FINDER)) for f in __import__("sys").meta_path)
+
+
+def test_a_subprocess_patches_only_on_import_and_imports_nothing_heavy_at_hook_time(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = (
+        "import sys, openrlhf_import_stubs as s\n"
+        "s.install_then_arm()\n"
+        "heavy = [m for m in ('deepspeed', 'vllm', 'torch', 'openrlhf.trainer.ppo_utils.experience_maker') if m in s.HOOK_MODULES]\n"
+        "from gem_integrations.openrlhf import plugin_spec as p\n"
+        "assert heavy == [] and p.armed(), heavy\n"
+        "from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker\n"
+        "assert p.PLUGIN.is_installed and not any(f is p._FINDER for f in sys.meta_path)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
