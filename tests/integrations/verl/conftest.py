@@ -1,5 +1,5 @@
-"""Fixtures for the verl plugin tests: verl's real trainer config (hydra), a real AgentLoopWorker whose
-server manager is backed by the golden scenario's ScriptedPolicy, and the golden reference.
+"""Fixtures for the verl plugin tests: verl's real trainer config (hydra), a vLLM-faithful CPU server with
+verl's server ``generate`` signature playing the golden policy (verl_server.py), and the golden reference.
 
 These tests need verl installed (the `verl` nox session); elsewhere they are skipped.
 """
@@ -13,28 +13,17 @@ import pytest
 
 pytest.importorskip("verl", reason="the verl plugin tests run in the `verl` nox session")
 
-from gem_core.rollout import SamplingParams  # noqa: E402
-from gem_core.testing.golden import GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_policy, golden_scenario  # noqa: E402
+from verl_server import FaithfulVerlServer, InProcessServerManager  # noqa: E402
+
+from gem_core.testing.golden import GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_scenario  # noqa: E402
 
 PROMPT_LENGTH = 512
 RESPONSE_LENGTH = 1024
 
 
-class ScriptedServerManager:
-    """Stands in for verl's LLMServerClient: same ``generate`` signature and a real verl ``TokenOutput``,
-    answers from the golden ScriptedPolicy. Records every call."""
-
-    def __init__(self, tokenizer):
-        self.policy = golden_policy(tokenizer)
-        self.calls: list[dict] = []
-
-    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
-        from verl.workers.rollout.replica import TokenOutput
-
-        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
-        params = SamplingParams(max_tokens=sampling_params["max_tokens"], stop_token_ids=tuple(sampling_params.get("stop_token_ids", ())))
-        generation = await self.policy.generate(list(prompt_ids), params, request_id=request_id)
-        return TokenOutput(token_ids=generation.token_ids, log_probs=generation.logprobs, stop_reason="completed", num_preempted=0)
+def faithful_server_manager(tokenizer_dir: str) -> InProcessServerManager:
+    """verl's server-client call shape over a vLLM-faithful CPU server playing the golden policy."""
+    return InProcessServerManager(FaithfulVerlServer(tokenizer_dir, prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH))
 
 
 def compose_verl_config(model_dir: str, *overrides: str):

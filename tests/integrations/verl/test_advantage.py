@@ -124,3 +124,65 @@ def test_v1_trainer_path_with_golden_scenario(golden):
     )
     for i, expected in enumerate(golden.token_advantages):
         np.testing.assert_allclose(data.batch["advantages"][i, : len(expected)].double().numpy(), expected, atol=1e-5)
+
+
+def _golden_batch(golden):
+    width = max(len(s.response_ids) for s in golden.sequences)
+    n = len(golden.sequences)
+    rewards, mask = torch.zeros(n, width), torch.zeros(n, width, dtype=torch.int64)
+    turn_ids = torch.full((n, width), -1, dtype=torch.int64)
+    for i, sequence in enumerate(golden.sequences):
+        k = len(sequence.response_ids)
+        rewards[i, :k] = torch.tensor(sequence.token_rewards())
+        mask[i, :k] = torch.tensor(sequence.loss_mask)
+        turn_ids[i, :k] = torch.tensor(sequence.turn_ids)
+    return rewards, mask, turn_ids
+
+
+def test_rejected_token_inside_a_turn_changes_no_other_advantage(golden):
+    """verl's token-level rollout rejection zeroes one mask token inside a turn. With the turn ids the
+    plugin hands verl's registered ``rebn`` (batch_turn_ids, as its _compute_advantage patch does), every
+    other token's advantage is what it was without the rejection (the golden values); inferring turns from
+    the mask instead would split the turn and change the whole batch."""
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from gem_integrations.verl.advantage import batch_turn_ids
+
+    rewards, mask, turn_ids = _golden_batch(golden)
+    config = OmegaConf.create({"rebn_gamma": golden.gamma, "rebn_ddof": golden.ddof, "rebn_eps": golden.eps})
+    fn = get_adv_estimator_fn("rebn")
+    row = 0  # a token in the middle of the first turn's response (neither its first nor its reward token)
+    first_turn = (turn_ids[row] == 0) & (mask[row] == 1)
+    position = int(first_turn.nonzero()[len(first_turn.nonzero()) // 2])
+    assert 0 < position < int(first_turn.nonzero()[-1])
+    rejected = mask.clone()
+    rejected[row, position] = 0
+
+    with batch_turn_ids(turn_ids):
+        before, _ = fn(token_level_rewards=rewards, response_mask=mask, config=config)
+        after, _ = fn(token_level_rewards=rewards, response_mask=rejected, config=config)
+    keep = torch.ones_like(mask, dtype=torch.bool)
+    keep[row, position] = False
+    assert torch.equal(after[keep], before[keep])
+    assert float(after[row, position]) == 0.0  # the rejected token itself is out of the loss
+    for i, expected in enumerate(golden.token_advantages):
+        np.testing.assert_allclose(before[i, : len(expected)].double().numpy(), expected, atol=1e-5)
+
+    # the fallback (no turn ids): the rejection splits the turn and moves every advantage of the batch
+    fallback, _ = fn(token_level_rewards=rewards, response_mask=rejected, config=config)
+    assert not torch.allclose(fallback[keep], before[keep], atol=1e-4)
+
+
+def test_turn_ids_of_the_wrong_shape_are_an_error(golden):
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from gem_integrations.verl.advantage import batch_turn_ids
+
+    rewards, mask, turn_ids = _golden_batch(golden)
+    with batch_turn_ids(turn_ids[:, :-1]), pytest.raises(ValueError, match="turn ids of shape"):
+        get_adv_estimator_fn("rebn")(token_level_rewards=rewards, response_mask=mask, config=None)
+    # an explicit argument works too, and equals the batch's
+    explicit, _ = get_adv_estimator_fn("rebn")(token_level_rewards=rewards, response_mask=mask, config=None, turn_ids=turn_ids)
+    with batch_turn_ids(turn_ids):
+        via_batch, _ = get_adv_estimator_fn("rebn")(token_level_rewards=rewards, response_mask=mask, config=None)
+    assert torch.equal(explicit, via_batch)

@@ -1,5 +1,5 @@
 """The gem_env agent loop driven through verl's real AgentLoopWorker machinery (legacy and v1/TransferQueue
-workers), with a server manager backed by the golden ScriptedPolicy: ids, masks, logprobs and rewards
+workers), with verl's server-client call shape over a vLLM-faithful CPU server playing the golden policy: ids, masks, logprobs and rewards
 must equal the golden scenario's, and verl's v1 advantage path must give its per-token ReBN advantages."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import RESPONSE_LENGTH, ScriptedServerManager, golden_rows
+from conftest import RESPONSE_LENGTH, faithful_server_manager, golden_rows
 
 from gem_core.rollout.policy import episode_of
+from gem_integrations.verl.advantage import TURN_IDS_FIELD
 
 
 def _worker(cls, verl_config, manager):
@@ -27,14 +28,14 @@ def _unpad_prompt(row_ids, row_attention):
     return row_ids[row_attention.bool()].tolist()
 
 
-def test_legacy_worker_generate_sequences_reproduces_golden(verl_config, golden):
+def test_legacy_worker_generate_sequences_reproduces_golden(verl_config, golden, model_dir):
     from tensordict import TensorDict
     from verl import DataProto
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     assert any("python" in e.tools for e in golden.episodes), "the tool-env episode is part of the scenario"
     worker = _worker(AgentLoopWorker, verl_config, None)
-    manager = ScriptedServerManager(worker.tokenizer)
+    manager = faithful_server_manager(f"{model_dir}/tokenizer")
     worker.llm_client = manager
     rows = golden_rows(golden)
     n = len(rows)
@@ -70,7 +71,7 @@ def _tq_worker_class():
     return next(c for c in modified.__mro__ if c.__name__ == "AgentLoopWorkerTQ" and "_modify_class" not in c.__qualname__)
 
 
-def test_v1_worker_stores_per_turn_rewards_and_rebn_matches_golden(verl_config, golden, monkeypatch):
+def test_v1_worker_stores_per_turn_rewards_and_rebn_matches_golden(verl_config, golden, model_dir, monkeypatch):
     """verl's v1 (TransferQueue) worker: our output's rows as it stores them, then verl's v1 advantage
     step on them gives the golden per-token ReBN advantages."""
     from verl import DataProto
@@ -97,7 +98,7 @@ def test_v1_worker_stores_per_turn_rewards_and_rebn_matches_golden(verl_config, 
     monkeypatch.setattr(agent_loop_tq.tq, "async_kv_put", kv_put)
 
     worker = _worker(_tq_worker_class(), verl_config, None)
-    worker.llm_client = ScriptedServerManager(worker.tokenizer)
+    worker.llm_client = faithful_server_manager(f"{model_dir}/tokenizer")
     worker.background_tasks = set()
     rows = golden_rows(golden)
 
@@ -122,6 +123,8 @@ def test_v1_worker_stores_per_turn_rewards_and_rebn_matches_golden(verl_config, 
         assert field["response_mask"].tolist() == sequence.loss_mask
         expected_scores = torch.tensor(sequence.token_rewards(), dtype=torch.float32)
         assert torch.equal(field["rm_scores"], expected_scores)  # every turn's reward, at its last token
+        assert field[TURN_IDS_FIELD].tolist() == sequence.turn_ids  # explicit turns, next to response_mask
+        assert field["metrics"]["generate_sequences"] > 0.0 and field["metrics"]["tool_calls"] > 0.0
         n = len(sequence.response_ids)
         rm_scores[i, :n] = field["rm_scores"]
         mask[i, :n] = field["response_mask"]
@@ -143,3 +146,96 @@ def test_v1_worker_stores_per_turn_rewards_and_rebn_matches_golden(verl_config, 
 
 def test_episode_of_request_ids_is_the_sticky_key():
     assert episode_of("mm-easy/a/turn-3") == "mm-easy/a"
+
+
+def _agent_loop(worker, manager):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from gem_integrations.verl.agent_loop import GemEnvAgentLoop
+
+    return GemEnvAgentLoop(
+        trainer_config=DictConfigWrap(worker.config), server_manager=manager, tokenizer=worker.tokenizer, processor=None,
+        dataset_cls=worker.dataset_cls, data_config=DictConfigWrap(worker.config.data),
+    )
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+
+def test_overlong_first_prompt_is_left_truncated_like_verl_loops(model_dir, golden):
+    """A first prompt over rollout.prompt_length keeps its last prompt_length tokens (verl's
+    AgentLoopBase._cap_text_prompt_length) and the episode is played from it, instead of raising."""
+    from conftest import compose_verl_config
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from gem_core.testing.golden import golden_formatter
+
+    config = compose_verl_config(model_dir, "actor_rollout_ref.rollout.prompt_length=48")
+    worker = _worker(AgentLoopWorker, config, None)
+    manager = faithful_server_manager(f"{model_dir}/tokenizer")
+    row = golden_rows(golden)[0]
+    full = golden_formatter(worker.tokenizer).prompt_ids(golden.trajectories[0].initial_message)
+    assert len(full) > 48
+
+    output = asyncio.run(_agent_loop(worker, manager).run(dict(SAMPLING), **row))
+
+    assert output.prompt_ids == full[-48:]
+    assert manager.calls[0]["prompt_ids"] == full[-48:]
+    assert sum(output.response_mask) > 0 and len(manager.calls) >= 1
+
+
+def test_timing_metrics_are_measured(verl_config, model_dir, golden):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    worker = _worker(AgentLoopWorker, verl_config, None)
+    tool_row = next(r for r in golden_rows(golden) if r["env_tools"])
+    output = asyncio.run(_agent_loop(worker, faithful_server_manager(f"{model_dir}/tokenizer")).run(dict(SAMPLING), **tool_row))
+    assert output.metrics.generate_sequences > 0.0
+    assert output.metrics.tool_calls > 0.0  # the env's steps, the Python tool's call included
+
+
+def test_shortened_response_is_length_not_stop(model_dir):
+    """verl's server lowers max_tokens to what is left of max_model_len and reports vLLM's "length" as
+    "completed": the policy must still say "length" (and "stop" when a stop token ended it)."""
+    from verl_server import FaithfulVerlServer, InProcessServerManager
+
+    from gem_core.rollout import SamplingParams
+    from gem_core.testing.golden import golden_formatter
+    from gem_integrations.verl.agent_loop import VerlServerPolicy
+
+    server = FaithfulVerlServer(f"{model_dir}/tokenizer", prompt_length=256, response_length=256)
+    formatter = golden_formatter(server.engine.tokenizer)
+    prompt = formatter.prompt_ids("You are playing Guess The Number. Guess the number between 1 and 20.")
+    params = formatter.sampling_params(SamplingParams(max_tokens=200))
+    policy = VerlServerPolicy(InProcessServerManager(server), SAMPLING)
+
+    roomy = asyncio.run(policy.generate(prompt, params, request_id="e/turn-0"))
+    assert roomy.finish_reason == "stop" and roomy.token_ids[-1] in params.stop_token_ids
+
+    server.max_model_len = server.engine.max_model_len = len(prompt) + 3  # the server can give 3 tokens only
+    short = asyncio.run(policy.generate(prompt, params, request_id="e/turn-0"))
+    assert len(short.token_ids) == 3 < params.max_tokens
+    assert short.finish_reason == "length"
+    assert policy.generate_seconds > 0.0
+
+
+def test_reward_model_with_rebn_is_refused(model_dir):
+    """A reward model would overwrite (co-located) or skip (streaming) the per-turn rm_scores: refused with
+    the reason, by the agent loop and by verl's trainer at construction (the plugin's patch)."""
+    import verl.trainer.ppo.v1.trainer_base  # noqa: F401  (the plugin patches it when it is imported)
+    from conftest import compose_verl_config
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from gem_integrations.verl.plugin_spec import CONFIG_PATCH
+
+    config = compose_verl_config(model_dir, "reward.reward_model.enable=True")
+    worker = _worker(AgentLoopWorker, config, None)
+    with pytest.raises(ValueError, match="reward_model.enable=True"):
+        _agent_loop(worker, None)
+    assert CONFIG_PATCH.applied
+    with pytest.raises(ValueError, match="reward_model.enable=True"):
+        get_trainer_cls("sync")(config)
+    legacy = compose_verl_config(model_dir, "trainer.use_v1=False")
+    with pytest.raises(ValueError, match="use_v1=True"):
+        get_trainer_cls("sync")(legacy)

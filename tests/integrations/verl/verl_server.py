@@ -1,0 +1,115 @@
+"""A CPU stand-in for verl's vLLM rollout server, for the verl plugin tests.
+
+:class:`FaithfulVerlServer` has the signature of ``vLLMHttpServer.generate`` (verl 0.9.1,
+``verl/workers/rollout/vllm_rollout/vllm_async_server.py``) and follows its rules, read from that code:
+
+* ``max_tokens`` is popped from ``sampling_params`` (``max_new_tokens`` too); when absent it is
+  ``min(response_length, prompt_length + response_length - len(prompt))``. Either way it is clamped to
+  ``[1, max_model_len - len(prompt)]``: the server shortens a request that would overrun the context.
+  A prompt that leaves no room is a ``ValueError``.
+* ``logprobs`` (a bool from the agent loop) becomes vLLM's ``0``/``None``; ``repetition_penalty`` and
+  ``ignore_eos`` get the server's defaults.
+* The answer is a verl ``TokenOutput``: vLLM's token ids (the stop token included), the sampled
+  token's logprob per token, and ``stop_reason`` ``"completed"`` for vLLM's ``stop`` *and* ``length``,
+  ``"aborted"`` for ``abort``; ``extra_fields["global_steps"]``.
+
+Underneath is gem_core's :class:`~gem_core.testing.vllm_engine.VLLMFaithfulEngine` (vLLM's request
+semantics) over the golden scenario's :class:`~gem_core.testing.vllm_engine.ScriptedModel`, a model that
+keeps writing past its end-of-turn token unless a stop token stops it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FaithfulVerlServer:
+    """verl's vLLM server ``generate`` over a vLLM-faithful engine (see the module docstring).
+
+    ``tokenizer_path``: a local tokenizer directory (the actor loads it itself). ``prompt_length`` /
+    ``response_length``: verl's rollout config; ``max_model_len`` defaults to their sum, as verl's.
+    """
+
+    def __init__(self, tokenizer_path: str, *, prompt_length: int, response_length: int, max_model_len: int | None = None, global_steps: int = 1):
+        from transformers import AutoTokenizer
+
+        from gem_core.testing.golden import golden_respond
+        from gem_core.testing.vllm_engine import ScriptedModel, VLLMFaithfulEngine
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.prompt_length = int(prompt_length)
+        self.response_length = int(response_length)
+        self.max_model_len = int(max_model_len or prompt_length + response_length)
+        self.engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=self.max_model_len)
+        self.global_steps = global_steps
+        self.calls: list[dict[str, Any]] = []
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        audio_data: Any = None,
+        mm_processor_kwargs: Any = None,
+        priority: int = 0,
+        kv_transfer_params: Any = None,
+    ) -> Any:
+        from verl.workers.rollout.replica import TokenOutput
+
+        sampling_params = dict(sampling_params)
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
+        max_possible_tokens = self.max_model_len - len(prompt_ids)
+        if max_possible_tokens < 1:
+            raise ValueError(f"Prompt length ({len(prompt_ids)}) leaves no room to generate within the model's maximum context length ({self.max_model_len})")
+        if "max_tokens" in sampling_params:
+            max_tokens = sampling_params.pop("max_tokens")
+        elif "max_new_tokens" in sampling_params:
+            max_tokens = sampling_params.pop("max_new_tokens")
+        else:
+            max_tokens = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
+        max_tokens = max(1, min(max_tokens, max_possible_tokens))
+        sampling_params["logprobs"] = 0 if sampling_params.pop("logprobs", False) else None
+        sampling_params.setdefault("repetition_penalty", 1.0)
+        sampling_params.setdefault("ignore_eos", False)
+        sampling_params["max_tokens"] = max_tokens
+
+        final = await self.engine.generate_tokens(request_id, prompt_ids=list(prompt_ids), sampling_params=sampling_params)
+        extra_fields = {"global_steps": self.global_steps}
+        if not final.outputs:
+            return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra_fields)
+        output = final.outputs[0]
+        token_ids = list(output.token_ids)
+        log_probs = None
+        if sampling_params["logprobs"] is not None:
+            log_probs = [records[token_ids[i]].logprob for i, records in enumerate(output.logprobs)]
+        if output.finish_reason == "abort":
+            stop_reason = "aborted"
+        elif output.finish_reason in ("stop", "length"):
+            stop_reason = "completed"
+        else:
+            stop_reason = output.finish_reason
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason=stop_reason, num_preempted=None, extra_fields=extra_fields)
+
+    def get_calls(self) -> list[dict[str, Any]]:
+        return list(self.calls)
+
+
+class InProcessServerManager:
+    """verl's ``LLMServerClient.generate`` call shape over one :class:`FaithfulVerlServer` in this process
+    (for tests that drive an agent loop without Ray); the client's ``min/max_global_steps`` included."""
+
+    def __init__(self, server: FaithfulVerlServer):
+        self.server = server
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return self.server.calls
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+        output = await self.server.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, request_id=request_id, **kwargs)
+        steps = output.extra_fields.get("global_steps")
+        output.extra_fields.setdefault("min_global_steps", steps)
+        output.extra_fields.setdefault("max_global_steps", steps)
+        return output
