@@ -4,9 +4,9 @@
 #   pip install 'gem-core[openrlhf]'        # OpenRLHF with its GPU stack (vllm, deepspeed, flash-attn)
 #   bash examples/openrlhf/train_gtn_rebn.sh
 #
-# Needs GPUs (vLLM rollout). The prompt file holds one row per episode: the env's first observation
-# (unused by the agent, handy to read) and a JSON label {"env_id", "seed", "env_kwargs"}; all
-# n_samples_per_prompt samples of a row start from the same state.
+# Needs GPUs (vLLM rollout). The prompt file holds one row per episode: the env's first message
+# (unused by the agent, handy to read) and a JSON label, gem_core's TaskSpec ({"env_id", "seed",
+# "env_kwargs", "max_turn_tokens", ...}); all n_samples_per_prompt samples of a row start from one state.
 set -euo pipefail
 
 MODEL=${MODEL:-Qwen/Qwen3-1.7B}
@@ -14,10 +14,13 @@ ENV_ID=${ENV_ID:-game:GuessTheNumber-v0-easy}
 OUT=${OUT:-./ckpt/gtn-rebn}
 DATA=${DATA:-./data/gtn_prompts.jsonl}
 
-gem-core make-dataset openrlhf --env "$ENV_ID" --n 4096 --out "$DATA"
+MAX_TURN_TOKENS=${MAX_TURN_TOKENS:-1024}
+
+gem-core make-dataset openrlhf --env "$ENV_ID" --n 4096 --max-turn-tokens "$MAX_TURN_TOKENS" --out "$DATA"
 
 # Multi-turn: --data.max_len bounds the whole episode (prompt + every turn); the agent ends an episode
-# with `context_limit` when the next observation would not fit. Keep skip_special_tokens off (default).
+# as truncated (`context_limit`) when the next observation would not fit. Each response is capped at the
+# label's max_turn_tokens (else GEM_OPENRLHF_MAX_TURN_TOKENS, else --rollout.max_new_tokens per turn).
 gem-core openrlhf train \
   --actor.model_name_or_path "$MODEL" \
   --train.agent_func_path "$(gem-core openrlhf agent-path)" \

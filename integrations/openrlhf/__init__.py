@@ -3,7 +3,8 @@ docs say, or ``--no-deps`` plus its light deps on CPU).
 
 * ``agent.py``: the agent file for ``--train.agent_func_path`` (``gem-core openrlhf agent-path`` prints
   its path): OpenRLHF's ``MultiTurnAgentExecutor`` playing each GEM episode with gem_core's runner.
-* ``rebn``: the ``rebn`` advantage estimator, patched into ``RemoteExperienceMaker`` by the launcher
+* ``rebn``: the ``rebn`` advantage estimator, a patch of ``RemoteExperienceMaker`` (``plugin_spec.PLUGIN``,
+  the ``gem_core.plugins`` entry point) armed in every Ray worker by the launcher
   ``gem-core openrlhf train ...`` / ``python -m gem_integrations.openrlhf.train_ppo_ray ...``.
 * ``dataset``: ``gem-core make-dataset openrlhf --env ID --out prompts.jsonl``.
 * ``engine.OpenRLHFEnginePolicy``: OpenRLHF's vLLM engine as a gem_core policy (the agent plays on the core runner).

@@ -89,3 +89,30 @@ def test_make_dataset_rows_drive_the_agent(tmp_path, executor, tokenizer, capsys
 def test_make_dataset_rejects_bad_input(tmp_path, capsys):
     assert cli.main(["make-dataset", "openrlhf", "--env", "game:NoSuchGame-v0", "--n", "1", "--out", str(tmp_path / "x")]) == 2
     assert cli.main(["make-dataset", "openrlhf", "--env", "game:Mastermind-v0", "--n", "1", "--env-kwargs", "[1]", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_gem_core_openrlhf_commands_import_no_trainer():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from gem_core import cli\n"
+        "assert cli.main(['openrlhf', 'agent-path']) == 0\n"
+        "cli.build_parser()\n"
+        "print(sorted(m for m in ('torch', 'openrlhf', 'ray', 'transformers', 'deepspeed', 'vllm') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_make_dataset_writes_the_limits_into_the_label(tmp_path):
+    from gem_core.tasks import TaskSpec
+
+    out = tmp_path / "p.jsonl"
+    argv = ["make-dataset", "openrlhf", "--env", "game:GuessTheNumber-v0-easy", "--n", "2", "--out", str(out), "--max-turns", "3",
+            "--max-turn-tokens", "64", "--max-context-tokens", "900", "--system-prompt", "Play well."]
+    assert cli.main(argv) == 0
+    spec = TaskSpec.from_json(json.loads(out.read_text().splitlines()[1])["label"])
+    assert (spec.seed, spec.max_turns, spec.max_turn_tokens, spec.max_context_tokens, spec.system_prompt) == (1, 3, 64, 900, "Play well.")
