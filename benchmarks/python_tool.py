@@ -1,13 +1,15 @@
 """Python tool: gem-core's sandbox against gem-llm's PythonCodeTool, in one run.
 
     python benchmarks/python_tool.py                 # gem-llm imported here, or from --peer-python
-    python benchmarks/python_tool.py --calls 500 --workers 16
+    python benchmarks/python_tool.py --calls 500 --workers 8
     nox -s bench_tools
 
 Measures, for the same small snippet (``<python>print(sum(range(100)))</python>`` through each
 tool's own action API): p50/p99 latency of sequential calls and calls/s with 1 and 16 concurrent
-callers; the p50 of a snippet that imports numpy (gem-core routes it to a child forked from the
-zygote that preloaded numpy); how long a 1 s timeout takes to come back (``while True: pass``);
+callers; calls/s and p99 latency with 64 concurrent callers (a rollout's worth of envs calling at
+once; gem-core through the process's shared pool, sized to the machine unless ``--workers``); the
+p50 of a snippet that imports numpy (gem-core: a sandbox made with numpy preloaded, as a
+numpy-heavy workload would make it); how long a 1 s timeout takes to come back (``while True: pass``);
 and the hostile snippets of ``tests/tools/hostile_snippets.py`` against both tools (gem-core's
 result asserted in the tests, the peer's only recorded here). When gem-llm imports in this
 interpreter, the two tools' latencies are taken in alternating chunks (see ``latencies``), so that
@@ -43,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tests" / "tools"))  # the hostile snippets live w
 
 SNIPPET = "print(sum(range(100)))"
 ACTION = f"<python>{SNIPPET}</python>"
-NUMPY_SNIPPET = "import numpy as np\nprint(int(np.arange(100).sum()))"  # gem-core: a heavy child
+NUMPY_SNIPPET = "import numpy as np\nprint(int(np.arange(100).sum()))"  # gem-core: a pool that preloads numpy
 NUMPY_ACTION = f"<python>{NUMPY_SNIPPET}</python>"
 DEFAULT_PEER_PYTHON = "/tmp/peer/bin/python"
 
@@ -102,11 +104,23 @@ def paced(calls: dict[str, Callable[[], Any]], n: int, gap: float = 0.05) -> dic
 
 def throughput(call: Callable[[], Any], n: int, concurrency: int) -> float:
     """Calls/s of ``n`` calls made by ``concurrency`` threads at once."""
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(lambda _: call(), range(concurrency)))  # warm-up
+    return many_callers(call, n, concurrency)["rate"]
+
+
+def many_callers(call: Callable[[], Any], n: int, concurrency: int) -> dict[str, float]:
+    """Calls/s and p99 latency (ms, queueing included) of ``n`` calls made by ``concurrency`` threads at once."""
+
+    def timed_call(_: int) -> float:
         started = time.perf_counter()
-        list(pool.map(lambda _: call(), range(n)))
-        return n / (time.perf_counter() - started)
+        call()
+        return time.perf_counter() - started
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(timed_call, range(concurrency)))  # warm-up
+        started = time.perf_counter()
+        times = sorted(pool.map(timed_call, range(n)))
+        elapsed = time.perf_counter() - started
+    return {"rate": n / elapsed, "p99_ms": 1000 * times[min(n - 1, int(0.99 * n))]}
 
 
 def timed(call: Callable[[], Any]) -> tuple[Any, float]:
@@ -118,19 +132,26 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 # -- gem-core --------------------------------------------------------------------------------------
 
 
-def bench_ours(calls: int, concurrency: int, workers: int, peer: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def bench_ours(
+    calls: int, concurrency: int, workers: int | None, many: int, peer: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """gem-core's numbers; with ``peer`` (gem-llm's tool, in this process), the latencies of both,
     measured in alternating turns (see ``latencies``)."""
-    from gem_core.tools.python import PythonSandbox, PythonTool
+    from gem_core.tools.python import DEFAULT_PRELOAD, PythonSandbox, PythonTool
 
-    with PythonSandbox(workers=workers, timeout=5.0) as sandbox:
+    if workers is not None:
+        from gem_core.tools.sandbox import configure_shared_pool
+
+        configure_shared_pool(workers)
+    with PythonSandbox(timeout=5.0) as sandbox, PythonSandbox(timeout=5.0, preload=(*DEFAULT_PRELOAD, "numpy")) as with_numpy:
         tool = PythonTool(sandbox=sandbox)
+        numpy_tool = PythonTool(sandbox=with_numpy)
         first = tool.execute(ACTION)
         assert first is not None and first.ok and "4950" in first.observation, first
-        numpy_first = tool.execute(NUMPY_ACTION)
+        numpy_first = numpy_tool.execute(NUMPY_ACTION)
         assert numpy_first is not None and "4950" in numpy_first.observation, numpy_first
         plain = {"ours": lambda: tool.execute(ACTION)}
-        numpy = {"ours": lambda: tool.execute(NUMPY_ACTION)}
+        numpy = {"ours": lambda: numpy_tool.execute(NUMPY_ACTION)}
         if peer is not None:
             plain["peer"] = lambda: peer.execute_action(ACTION)
             numpy["peer"] = lambda: peer.execute_action(NUMPY_ACTION)
@@ -141,6 +162,8 @@ def bench_ours(calls: int, concurrency: int, workers: int, peer: Any = None) -> 
             rows[name]["numpy_p50_ms"] = row["p50_ms"]
         ours = rows["ours"]
         ours["rate_c"] = throughput(lambda: tool.execute(ACTION), calls, concurrency)
+        ours["many"] = many_callers(lambda: tool.execute(ACTION), max(calls, 2 * many), many)
+        ours["workers"] = sandbox.workers
         late, seconds = timed(lambda: sandbox.run("while True: pass", timeout=1.0))
         ours["timeout_s"] = seconds
         ours["timeout_ok"] = bool(late.timed_out)
@@ -192,7 +215,7 @@ def checked_peer_tool() -> Any:
     return tool
 
 
-def peer_perf(calls: int, concurrency: int, latency_rows: dict[str, Any] | None = None) -> dict[str, Any]:
+def peer_perf(calls: int, concurrency: int, many: int, latency_rows: dict[str, Any] | None = None) -> dict[str, Any]:
     """The peer's numbers; its latencies measured here unless given (taken in turns with ours)."""
     tool = checked_peer_tool()
     if latency_rows:
@@ -203,6 +226,7 @@ def peer_perf(calls: int, concurrency: int, latency_rows: dict[str, Any] | None 
         numpy = {"peer": lambda: tool.execute_action(NUMPY_ACTION)}
         row["numpy_p50_ms"] = latencies(numpy, max(20, calls // 5))["peer"]["p50_ms"]
     row["rate_c"] = throughput(lambda: tool.execute_action(ACTION), calls, concurrency)
+    row["many"] = many_callers(lambda: tool.execute_action(ACTION), max(calls, 2 * many), many)
     (_, _, obs, _), seconds = timed(lambda: peer_tool(1).execute_action("<python>while True: pass</python>"))
     row["timeout_s"] = seconds
     row["timeout_ok"] = "timed out" in obs
@@ -246,18 +270,18 @@ def peer_here() -> bool:
 
 
 def run_peer(
-    python: str | None, calls: int, concurrency: int, timeout: float, latency_rows: dict[str, Any] | None = None
+    python: str | None, calls: int, concurrency: int, many: int, timeout: float, latency_rows: dict[str, Any] | None = None
 ) -> dict[str, Any] | str:
     """The peer's numbers, measured here if ``gem`` imports (its latencies already taken, in turns
     with ours, when given), else in ``python`` (a subprocess, after ours)."""
     if peer_here():
-        perf = peer_perf(calls, concurrency, latency_rows)
+        perf = peer_perf(calls, concurrency, many, latency_rows)
         perf["interleaved"] = bool(latency_rows)
         hostile = _in_child(sys.executable, ["--peer-hostile", "--timeout", str(timeout)])
         return {"perf": perf, "hostile": hostile, "python": sys.executable}
     if python is None or not Path(python).exists():
         return "gem-llm is not installed here (pip install 'gem-core[bench]'), and no --peer-python was found"
-    perf = _in_child(python, ["--peer-perf", "--calls", str(calls), "--concurrency", str(concurrency)])
+    perf = _in_child(python, ["--peer-perf", "--calls", str(calls), "--concurrency", str(concurrency), "--many", str(many)])
     hostile = _in_child(python, ["--peer-hostile", "--timeout", str(timeout)])
     return {"perf": perf, "hostile": hostile, "python": python}
 
@@ -294,7 +318,7 @@ def print_report(
     hostile: list[dict[str, Any]],
     concurrency: int,
     calls: int,
-    workers: int,
+    many: int,
 ) -> None:
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     print(
@@ -307,7 +331,7 @@ def print_report(
     print(header)
     print("|" + "---|" * 9)
     print(
-        f"| gem-core PythonTool ({workers} warm workers) | bwrap | {ours['p50_ms']:.2f} | {ours['p99_ms']:.2f} | "
+        f"| gem-core PythonTool ({ours['workers']} shared workers) | bwrap | {ours['p50_ms']:.2f} | {ours['p99_ms']:.2f} | "
         f"{ours['paced_ms']:.2f} | {ours['numpy_p50_ms']:.2f} | {ours['rate_1']:.0f} | {ours['rate_c']:.0f} "
         f"| {ours['timeout_s']:.2f} s |"
     )
@@ -319,12 +343,18 @@ def print_report(
         f"| gem-llm PythonCodeTool | none (its default) | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | "
         f"{p['paced_ms']:.2f} | {p['numpy_p50_ms']:.2f} | {p['rate_1']:.0f} | {p['rate_c']:.0f} | {p['timeout_s']:.2f} s |"
     )
+    print(f"\n{many} concurrent callers ({max(calls, 2 * many)} calls):\n")
+    print("| tool | calls/s | p99 ms (queueing included) |")
+    print("|---|---:|---:|")
+    print(f"| gem-core PythonTool ({ours['workers']} shared workers) | {ours['many']['rate']:.0f} | {ours['many']['p99_ms']:.1f} |")
+    print(f"| gem-llm PythonCodeTool | {p['many']['rate']:.0f} | {p['many']['p99_ms']:.1f} |")
     turns = "in alternating turns" if p.get("interleaved") else "one tool after the other"
     print(f"\nLatencies measured {turns}; calls/s and the timeout, one tool after the other.")
     print(
         f"p50 speed-up: {p['p50_ms'] / ours['p50_ms']:.1f}x back-to-back, {p['paced_ms'] / ours['paced_ms']:.1f}x paced, "
         f"{p['numpy_p50_ms'] / ours['numpy_p50_ms']:.1f}x with numpy; "
-        f"calls/s at {concurrency} concurrent: {ours['rate_c'] / p['rate_c']:.1f}x"
+        f"calls/s at {concurrency} concurrent: {ours['rate_c'] / p['rate_c']:.1f}x, at {many}: "
+        f"{ours['many']['rate'] / p['many']['rate']:.1f}x"
     )
     print(f"gem-llm sandbox_type='bwrap': {p['bwrap_mode']}")
     peer_rows = {row["name"]: row for row in peer["hostile"]}
@@ -360,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="calls per measurement (default 300)")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent callers for the throughput column")
-    parser.add_argument("--workers", type=int, default=16, help="warm workers of gem-core's sandbox pool")
+    parser.add_argument("--many", type=int, default=64, help="concurrent callers for the many-callers row")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="size of gem-core's shared sandbox pool (default: fitted to the cores)"
+    )
     parser.add_argument("--timeout", type=float, default=2.0, help="timeout of the hostile snippets (s)")
     parser.add_argument(
         "--peer-python", default=DEFAULT_PEER_PYTHON, help="an interpreter with gem-llm, if this one lacks it"
@@ -370,15 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-hostile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.peer_perf:
-        print(json.dumps(peer_perf(args.calls, args.concurrency)))
+        print(json.dumps(peer_perf(args.calls, args.concurrency, args.many)))
         return 0
     if args.peer_hostile:
         print(json.dumps(peer_hostile(args.timeout)))
         return 0
-    ours, peer_latencies = bench_ours(args.calls, args.concurrency, args.workers, checked_peer_tool() if peer_here() else None)
-    peer = run_peer(args.peer_python, args.calls, args.concurrency, args.timeout, peer_latencies)
+    peer_tool_here = checked_peer_tool() if peer_here() else None
+    ours, peer_latencies = bench_ours(args.calls, args.concurrency, args.workers, args.many, peer_tool_here)
+    peer = run_peer(args.peer_python, args.calls, args.concurrency, args.many, args.timeout, peer_latencies)
     hostile = hostile_ours(args.timeout)
-    print_report(ours, peer, hostile, args.concurrency, args.calls, args.workers)
+    print_report(ours, peer, hostile, args.concurrency, args.calls, args.many)
     if args.json:
         Path(args.json).write_text(json.dumps({"ours": ours, "peer": peer, "hostile": hostile}, indent=2))
     return 0

@@ -59,7 +59,8 @@ REQ_FD, STATUS_FD = 3, 4
 FIRST_FREE_FD = STATUS_FD + 1
 HIGH_FD = 10  # where a child parks its pipe ends before putting them on 1-4
 MAXFD = max(64, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536))
-READ_CHUNK = 65536
+READ_CHUNK = 65536  # bytes per read of a case's output
+REQUEST_CHUNK = 1 << 20  # bytes per read of the request
 
 # Linux constants (<linux/prctl.h>, <linux/keyctl.h>, <linux/ipc.h>, the syscall tables).
 PR_SET_DUMPABLE = 4
@@ -116,7 +117,7 @@ def child_main():
 def read_exact(fd, n):
     chunks = []
     while n:
-        chunk = os.read(fd, min(n, 1 << 20))
+        chunk = os.read(fd, min(n, REQUEST_CHUNK))
         if not chunk:
             return None
         chunks.append(chunk)
