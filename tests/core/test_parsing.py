@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import sys
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gem_core.parsing import boxed, last_boxed
+from gem_core.parsing import _LAST_BOX, boxed, last_boxed
 
 
 def reference_last_boxed(text: object) -> str | None:
@@ -70,3 +74,57 @@ def test_last_boxed_matches_reference(text: str) -> None:
 @given(st.text(alphabet=st.characters(blacklist_characters="{}"), max_size=20))
 def test_boxed_round_trips(content: str) -> None:
     assert last_boxed("answer: " + boxed(content)) == content
+
+
+# The parser used an atomic group until Python 3.10 support (3.10's ``re`` has none). Its behaviour is
+# pinned here: the same match (end and group 1) as the atomic form on every input, and linear time.
+_ATOMIC = r"(?>.*\\(?:boxed|fbox))(?: *\{([^{}]*)\})?"
+_needs_atomic = pytest.mark.skipif(sys.version_info < (3, 11), reason="re has atomic groups from Python 3.11")
+
+
+def _outcome(found: re.Match[str] | None) -> tuple[int, str | None] | None:
+    return None if found is None else (found.end(), found[1])
+
+
+_N = 200_000
+# Inputs that would make a backtracking parser go quadratic or worse: many markers, many backslashes,
+# long runs of spaces, an unclosed brace with a long body, deep nesting, many opening braces.
+_PATHOLOGICAL = {
+    "no marker": "x" * _N,
+    "markers, no braces": "\\boxed" * (_N // 6),
+    "markers and spaces": "\\boxed " * (_N // 7),
+    "backslashes": "\\" * _N,
+    "spaces then no brace": "\\boxed" + " " * _N + "x",
+    "unclosed body": "\\boxed{" + "a" * _N,
+    "unclosed, then a marker": "\\boxed{" + "a" * _N + "\\fbox",
+    "deep nesting": "\\boxed" + "{" * (_N // 2) + "}" * (_N // 2),
+    "deep nesting, unclosed": "\\boxed" + "{" * _N,
+    "many groups": "\\boxed{" + "{a}" * (_N // 3) + "}",
+    "every marker boxed": "\\boxed{1} " * (_N // 11),
+    "half markers": "\\boxe" * (_N // 5) + "\\fbox{ok}",
+}
+
+
+@pytest.mark.parametrize("name", list(_PATHOLOGICAL))
+def test_last_boxed_is_linear_on_pathological_input(name: str) -> None:
+    text = _PATHOLOGICAL[name]
+    start = time.perf_counter()
+    got = last_boxed(text)
+    elapsed = time.perf_counter() - start
+    # Linear work is ~1 ms here; catastrophic backtracking on 200k characters would take minutes.
+    assert elapsed < 1.0, f"{name}: {elapsed:.2f}s"
+    assert got == reference_last_boxed(text)
+
+
+@_needs_atomic
+@pytest.mark.parametrize("name", list(_PATHOLOGICAL))
+def test_regex_equals_atomic_group_on_pathological_input(name: str) -> None:
+    text = _PATHOLOGICAL[name]
+    assert _outcome(_LAST_BOX(text)) == _outcome(re.compile(_ATOMIC, re.DOTALL).match(text))
+
+
+@_needs_atomic
+@settings(max_examples=600, deadline=None)
+@given(st.lists(_pieces, max_size=14).map("".join) | st.text(max_size=30))
+def test_regex_equals_atomic_group(text: str) -> None:
+    assert _outcome(_LAST_BOX(text)) == _outcome(re.compile(_ATOMIC, re.DOTALL).match(text))
