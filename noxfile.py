@@ -1,7 +1,8 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, verl, openrlhf
-    nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU)
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf
+    nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
+    nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
     nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools
@@ -16,11 +17,12 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "verl", "openrlhf"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
 PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
+CORE_TESTS = ["tests", "--ignore=tests/integrations"]
 
 
 def _env() -> dict[str, str]:
@@ -31,7 +33,18 @@ def _env() -> dict[str, str]:
 def core(session: nox.Session) -> None:
     """gem_core with its dev, torch, hf, search and mcp extras: every test except the trainer plugins'."""
     session.install("-e", ".[dev,torch,hf,search,mcp]")
-    session.run(*PYTEST, "tests", "--ignore=tests/integrations", *session.posargs, env=_env())
+    session.run(*PYTEST, *CORE_TESTS, *session.posargs, env=_env())
+
+
+@nox.session(python=["3.10", "3.12"])
+def core_py(session: nox.Session) -> None:
+    """The core tests on Python 3.10 and 3.12 without torch (its tests skip here and run in `core`).
+
+    torch 2.13.0 has a local CPU wheel only for 3.11; elsewhere pip would pull the CUDA build (GBs).
+    The interpreters are pyenv's: .ci/run exposes them as python3.10 / python3.12.
+    """
+    session.install("-e", ".[dev,hf,search,mcp]")
+    session.run(*PYTEST, *CORE_TESTS, *session.posargs, env=_env())
 
 
 @nox.session
