@@ -27,6 +27,9 @@ python -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.calculate_log_probs=True \
   actor_rollout_ref.rollout.agent.default_agent_loop=gem_env \
   actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
   trainer.use_v1=True \
   trainer.n_gpus_per_node=8 \
   trainer.nnodes=1 \

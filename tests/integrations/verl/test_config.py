@@ -37,3 +37,36 @@ def test_composed_config_drives_the_estimator(verl_config):
     assert out.batch["returns"][0, 0].item() == pytest.approx(0.9)
     assert out.batch["returns"][0, 2].item() == pytest.approx(1.0)
     assert out.batch["returns"][1, 0].item() == pytest.approx(1.0)
+
+
+def _script_overrides(model_dir: str, data_dir: str) -> list[str]:
+    """The hydra overrides examples/verl/run_gem_sudoku.sh passes to verl.trainer.main_ppo."""
+    import shlex
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[3] / "examples" / "verl" / "run_gem_sudoku.sh").read_text()
+    block = script.split("python -m verl.trainer.main_ppo", 1)[1].split('"$@"', 1)[0]
+    return shlex.split(block.replace("\\\n", " ").replace("$MODEL", model_dir).replace("$DATA", data_dir))
+
+
+def test_example_script_passes_verls_validate_config(model_dir, tmp_path):
+    """The example's overrides, composed by hydra into verl's ppo_trainer config, pass verl's own
+    validate_config (what main_ppo runs first) and the plugin's own check."""
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from gem_integrations.verl.advantage import check_trainer_config
+
+    overrides = _script_overrides(model_dir, str(tmp_path))
+    assert "algorithm.adv_estimator=rebn" in overrides
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose("ppo_trainer", overrides=overrides)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    check_trainer_config(config)
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "gem_env"
+    assert config.trainer.use_v1 is True
