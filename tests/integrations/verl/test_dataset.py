@@ -28,8 +28,11 @@ def test_cli_writes_parquet_verl_reads(tmp_path, model_dir):
     assert row["env_id"] == "game:Sudoku-v0-easy" and row["env_seed"] == 12
     assert json.loads(row["env_kwargs"]) == {}
     assert row["index"] == 2
-    expected_obs = gem_core.make("game:Sudoku-v0-easy").reset(seed=12)[0]
-    assert row["raw_prompt"][0]["content"] == expected_obs
+    observation, info = gem_core.make("game:Sudoku-v0-easy").reset(seed=12)
+    # the model's real first message: the observation and its suffix (Sudoku keeps the grid in the suffix)
+    assert row["raw_prompt"][0]["content"] == gem_core.model_message(observation, info)
+    assert info["suffix"] and info["suffix"] in row["raw_prompt"][0]["content"]
+    assert row["max_context_tokens"] == 0 and row["system_prompt"] == ""  # TaskSpec.to_columns: unset
 
 
 def test_cli_rejects_bad_input(tmp_path, capsys):
@@ -46,3 +49,14 @@ def test_rows_carry_options():
     assert {r["env_tools"] for r in rows} == {"python"} and {r["max_turns"] for r in rows} == {4}
     with pytest.raises(ValueError):
         dataset_rows("game:GuessTheNumber-v0-easy", 0)
+
+
+def test_rows_are_task_specs_the_agent_loop_reads_back():
+    from gem_core.tasks import TaskSpec
+    from gem_integrations.verl.dataset import dataset_rows
+
+    rows = dataset_rows("game:GuessTheNumber-v0-easy", 2, max_turns=3, max_turn_tokens=32, system_prompt="Play well.")
+    spec = TaskSpec.from_columns(rows[1])
+    assert spec == TaskSpec("game:GuessTheNumber-v0-easy", seed=1, max_turns=3, max_turn_tokens=32, system_prompt="Play well.")
+    assert rows[1]["prompt"][0] == {"role": "system", "content": "Play well."}
+    assert rows[1]["prompt"][1]["content"] == spec.first_message()

@@ -1,5 +1,8 @@
 """The ``verl.plugins`` entry point: ``import verl`` alone registers everything, in a fresh process and in
-a Ray worker; turning verl's plugin discovery off turns it off (so it is the entry point doing it)."""
+a Ray worker; turning verl's plugin discovery off turns it off (so it is the entry point doing it). The
+plugin goes through gem_core's plugin base: its descriptor is found through ``gem_core.plugins``, an
+unsupported verl version is reported, and its trainer patches install when verl's trainer module loads
+and uninstall exactly."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ print(json.dumps({
     "estimators": sorted(k for k in ("rebn", "gem_reinforce") if k in ADV_ESTIMATOR_REGISTRY),
     "agent_loop": _agent_loop_registry.get("gem_env"),
     "errors": getattr(sys.modules.get("gem_integrations.verl.plugin"), "ERRORS", None),
+    "trainer_imported": "verl.trainer.ppo.v1.trainer_base" in sys.modules,
 }))
 """
 
@@ -45,6 +49,7 @@ def test_fresh_process_import_verl_registers_everything():
         "estimators": ["gem_reinforce", "rebn"],
         "agent_loop": {"_target_": "gem_integrations.verl.agent_loop.GemEnvAgentLoop"},
         "errors": {},
+        "trainer_imported": False,  # the trainer patches wait for verl's driver to import it
     }
 
 
@@ -75,3 +80,84 @@ def test_ray_worker_gets_the_plugin():
         ray.shutdown()
     assert pid != os.getpid()
     assert (has_rebn, has_loop, imported) == (True, True, True)
+
+
+PATCH_PROBE = """
+import json, sys
+import verl
+from verl.trainer.ppo.v1 import trainer_base
+plugin = sys.modules["gem_integrations.verl.plugin"]
+print(json.dumps({
+    "errors": plugin.ERRORS,
+    "loaded": plugin.LOADED,
+    "compute_advantage": hasattr(trainer_base.PPOTrainer._compute_advantage, "__gem_core_patch__"),
+    "init": hasattr(trainer_base.PPOTrainer.__init__, "__gem_core_patch__"),
+}))
+"""
+
+
+def test_trainer_patches_install_when_verls_trainer_is_imported():
+    result = subprocess.run([sys.executable, "-c", PATCH_PROBE], capture_output=True, text=True, timeout=300, check=True)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {}
+    assert "trainer_patches" in found["loaded"]
+    assert found["compute_advantage"] is True and found["init"] is True
+
+
+def test_descriptor_is_found_through_gem_core_plugins():
+    from gem_core.plugins import discover
+
+    plugin = discover()["verl"]
+    assert plugin.distribution == "verl" and plugin.supported == ">=0.9,<0.10"
+    assert plugin.estimators == ("rebn", "gem_reinforce")
+    assert plugin.dataset == "gem_integrations.verl.dataset"
+    assert plugin.check_version().startswith("0.9.")
+
+
+def test_install_and_uninstall_revert_exactly():
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from gem_integrations.verl.plugin_spec import PLUGIN
+
+    PLUGIN.install()
+    patched = (PPOTrainer.__dict__["_compute_advantage"], PPOTrainer.__dict__["__init__"])
+    assert PLUGIN.is_installed
+    assert PLUGIN.uninstall() == []
+    assert not PLUGIN.is_installed
+    originals = (PPOTrainer.__dict__["_compute_advantage"], PPOTrainer.__dict__["__init__"])
+    assert all(hasattr(f, "__gem_core_patch__") for f in patched)
+    assert not any(hasattr(f, "__gem_core_patch__") for f in originals)
+    assert originals != patched
+    PLUGIN.install()  # as the entry point left it, for the other tests
+    assert PLUGIN.is_installed and PPOTrainer.__dict__["_compute_advantage"].__wrapped__ is originals[0]
+
+
+def test_unsupported_verl_version_is_reported(monkeypatch):
+    from gem_integrations.verl import plugin
+
+    monkeypatch.setattr(plugin.PLUGIN, "supported", ">=0.10,<0.11")
+    monkeypatch.setattr(plugin, "ERRORS", {})
+    assert plugin.load() == []
+    assert "verl 0.9" in plugin.ERRORS["version"] and "not supported" in plugin.ERRORS["version"]
+    assert "verl>=0.10,<0.11" in plugin.ERRORS["version"]
+
+
+def test_other_estimators_run_verls_step_unchanged(model_dir):
+    """The _compute_advantage patch only acts for rebn/gem_reinforce: for grpo it calls verl's own step
+    without touching TransferQueue first."""
+    from conftest import compose_verl_config
+
+    from gem_integrations.verl.advantage import wrap_compute_advantage
+
+    calls = []
+
+    def original(self, batch, metrics):
+        calls.append(batch)
+        return batch
+
+    class Trainer:
+        config = compose_verl_config(model_dir, "algorithm.adv_estimator=grpo")
+
+    metrics: dict = {}
+    assert wrap_compute_advantage(original)(Trainer(), "batch", metrics) == "batch"
+    assert calls == ["batch"] and metrics == {}
