@@ -117,14 +117,17 @@ def _turn_ids(turn_ids: Any, token_level_rewards: Any) -> Any:
     return turn_ids
 
 
-def compute_rebn_advantage(
-    token_level_rewards: Any,
-    response_mask: Any,
-    index: Any = None,
-    config: Any = None,
-    turn_ids: Any = None,
-    **kwargs: Any,
-) -> tuple[Any, Any]:
+def _rebn(token_level_rewards: Any, response_mask: Any, index: Any, config: Any, turn_ids: Any, *, grouped: bool) -> tuple[Any, Any]:
+    from gem_core.algo import rebn_token_level
+
+    options = rebn_options(config)
+    grouping = options.pop("group_by")
+    group_by = _groups(grouping, index, int(token_level_rewards.shape[0])) if grouped else None
+    turns = _turn_ids(turn_ids, token_level_rewards)
+    return rebn_token_level(token_level_rewards, response_mask, group_by, turn_ids=turns, return_returns=True, **options)
+
+
+def compute_rebn_advantage(token_level_rewards: Any, response_mask: Any, index: Any = None, config: Any = None, turn_ids: Any = None, **kwargs: Any) -> tuple[Any, Any]:
     """ReBN for verl: per-turn returns over turns, normalised over every turn of the batch.
 
     Returns ``(advantages, returns)``, both (batch, response_length), the turn's value on each of its
@@ -132,29 +135,12 @@ def compute_rebn_advantage(
     docstring), else the runs of ``response_mask``. Extra keyword arguments verl may pass
     (``reward_baselines``) are ignored.
     """
-    from gem_core.algo import rebn_token_level
-
-    options = rebn_options(config)
-    group_by = _groups(options.pop("group_by"), index, int(token_level_rewards.shape[0]))
-    turns = _turn_ids(turn_ids, token_level_rewards)
-    return rebn_token_level(token_level_rewards, response_mask, group_by, turn_ids=turns, return_returns=True, **options)
+    return _rebn(token_level_rewards, response_mask, index, config, turn_ids, grouped=True)
 
 
-def compute_gem_reinforce_advantage(
-    token_level_rewards: Any,
-    response_mask: Any,
-    index: Any = None,
-    config: Any = None,
-    turn_ids: Any = None,
-    **kwargs: Any,
-) -> tuple[Any, Any]:
+def compute_gem_reinforce_advantage(token_level_rewards: Any, response_mask: Any, index: Any = None, config: Any = None, turn_ids: Any = None, **kwargs: Any) -> tuple[Any, Any]:
     """The ablation: per-turn discounted returns as advantages, no normalisation (``rebn_gamma``)."""
-    from gem_core.algo import rebn_token_level
-
-    options = rebn_options(config)
-    options.pop("group_by")
-    turns = _turn_ids(turn_ids, token_level_rewards)
-    _, returns = rebn_token_level(token_level_rewards, response_mask, turn_ids=turns, return_returns=True, **options)
+    _, returns = _rebn(token_level_rewards, response_mask, index, config, turn_ids, grouped=False)
     return returns, returns
 
 
