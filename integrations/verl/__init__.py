@@ -7,8 +7,12 @@
         actor_rollout_ref.rollout.multi_turn.enable=True data.train_files=train.parquet ...
 
 with a parquet from ``gem-core make-dataset verl --env game:Sudoku-v0-easy --n 1024 --out train.parquet``
-(its ``agent_name`` column selects the ``gem_env`` loop). Nothing here is imported by ``import gem_core``;
-importing this package imports nothing from verl until an attribute below is used.
+(its ``agent_name`` column selects the ``gem_env`` loop). The loop stores each token's turn id beside
+``response_mask``, and the plugin's patch of verl's v1 ``PPOTrainer._compute_advantage`` hands them to
+``rebn``, so verl's token-level rollout rejection never splits a turn (:mod:`.advantage`). The plugin is
+described for gem_core's plugin base in :mod:`.plugin_spec` (``gem_core.plugins`` entry point). Nothing
+here is imported by ``import gem_core``; importing this package imports nothing from verl until an
+attribute below is used.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from typing import Any
 
 __all__ = [
     "AGENT_NAME",
+    "PLUGIN",
+    "TURN_IDS_FIELD",
+    "batch_turn_ids",
+    "check_trainer_config",
     "GemAgentLoopOutput",
     "GemEnvAgentLoop",
     "VerlServerPolicy",
@@ -29,6 +37,10 @@ __all__ = [
 
 _WHERE = {
     "AGENT_NAME": "agent_loop",
+    "PLUGIN": "plugin_spec",
+    "TURN_IDS_FIELD": "advantage",
+    "batch_turn_ids": "advantage",
+    "check_trainer_config": "advantage",
     "GemAgentLoopOutput": "agent_loop",
     "GemEnvAgentLoop": "agent_loop",
     "VerlServerPolicy": "agent_loop",
