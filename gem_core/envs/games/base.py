@@ -59,6 +59,7 @@ class TextGame(Env[str, str]):
     success_reward: ClassVar[float] = 1.0
     format_error_reward: ClassVar[float] = -0.1
     ends_on_format_error: ClassVar[bool] = True
+    instructions_ask_first_move: ClassVar[bool] = False
 
     def __init__(self, max_turns: int | None = None):
         if max_turns is not None and max_turns < 1:
@@ -99,10 +100,10 @@ class TextGame(Env[str, str]):
         return "Enter your next move."
 
     def reset_suffix(self) -> str:
-        """The suffix that follows the instructions after ``reset``: by default ``task_suffix()``. A game
-        whose instructions already show the starting board and ask for the first move returns ``""``,
-        so the model is not asked twice."""
-        return self.task_suffix()
+        """The suffix that follows the instructions after ``reset``: ``task_suffix()``, or nothing for a
+        game whose instructions already show the starting position and ask for the first move
+        (``instructions_ask_first_move``), so the model is not asked twice."""
+        return "" if self.instructions_ask_first_move else self.task_suffix()
 
     def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:
         """The last move's observation and reward when the turn limit ends the episode (a game may add

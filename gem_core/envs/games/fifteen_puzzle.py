@@ -230,6 +230,8 @@ class FifteenPuzzle(TextGame):
     board per episode, with GEM's turn limits.
     """
 
+    instructions_ask_first_move = True  # the instructions show the start and ask for the first move
+
     title = "Fifteen Puzzle"
 
     def __init__(self, num_rows: int | None = 2, max_turns: int | None = 20):
@@ -283,9 +285,6 @@ class FifteenPuzzle(TextGame):
         """The board, one row per line; the gap is shown as an underscore."""
         template, texts = _board_layout(self.num_rows)
         return template % tuple([texts[tile] for tile in self.board])
-
-    def reset_suffix(self) -> str:
-        return ""  # the instructions show the starting position and ask for the first move
 
     def state_text(self) -> str:
         return self.render()

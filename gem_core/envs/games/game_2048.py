@@ -135,6 +135,8 @@ class Game2048(TextGame):
     a target of 16, 32 or 64 per episode, with GEM's turn limits.
     """
 
+    instructions_ask_first_move = True  # the instructions show the start and ask for the first move
+
     title = "2048"
 
     def __init__(self, target_tile: int | None = 2048, max_turns: int | None = 1000, board_size: int = 4):
@@ -183,9 +185,6 @@ class Game2048(TextGame):
         """The board, one row per line, empty cells as dots."""
         template, texts = _board_layout(self.size, max(4, len(str(max(self.board)))))
         return template % tuple([texts[v] for v in self.board])
-
-    def reset_suffix(self) -> str:
-        return ""  # the instructions show the starting position and ask for the first move
 
     def state_text(self) -> str:
         return self.render()

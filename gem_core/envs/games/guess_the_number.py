@@ -15,6 +15,8 @@ class GuessTheNumber(TextGame):
     ``min_number``/``max_number``/``max_turns`` all ``None`` draws a range per episode.
     """
 
+    instructions_ask_first_move = True  # the instructions show the start and ask for the first move
+
     title = "Guess The Number"
 
     def __init__(self, min_number: int | None = 1, max_number: int | None = 20, max_turns: int | None = 20):
@@ -40,9 +42,6 @@ class GuessTheNumber(TextGame):
         self.target = self._randint(self.min_number, self.max_number)
         self.guessed = set()
         self.last_guess = None
-
-    def reset_suffix(self) -> str:
-        return ""  # the instructions show the starting position and ask for the first move
 
     def instructions(self) -> str:
         return (

@@ -74,6 +74,8 @@ class Mastermind(TextGame):
     draws whether the code may repeat digits.
     """
 
+    instructions_ask_first_move = True  # the instructions show the start and ask for the first move
+
     title = "Mastermind"
 
     def __init__(
@@ -136,9 +138,6 @@ class Mastermind(TextGame):
 
     def _example(self) -> str:
         return " ".join(str(d % self.num_numbers + 1) for d in range(self.code_length))
-
-    def reset_suffix(self) -> str:
-        return ""  # the instructions show the starting position and ask for the first move
 
     def instructions(self) -> str:
         repeats = "may repeat" if self.duplicate_numbers else "are all different"

@@ -325,6 +325,8 @@ class Sokoban(TextGame):
     The board is shown in the instructions and in ``task_suffix`` (GEM shows it in the suffix).
     """
 
+    instructions_ask_first_move = True  # the instructions show the start and ask for the first move
+
     title = "Sokoban"
 
     def __init__(
@@ -582,9 +584,6 @@ class Sokoban(TextGame):
         text = "".join(tokens)
         self._rendered = (key, text)
         return text
-
-    def reset_suffix(self) -> str:
-        return ""  # the instructions show the starting position and ask for the first move
 
     def state_text(self) -> str:
         return self.render()

@@ -35,6 +35,8 @@ class TowerOfHanoi(TextGame):
     disks per episode with a turn limit that leaves room for the optimal solution.
     """
 
+    instructions_ask_first_move = True  # the instructions show the start and ask for the first move
+
     title = "Tower of Hanoi"
 
     def __init__(self, num_disks: int | None = 3, max_turns: int | None = 100):
@@ -54,9 +56,6 @@ class TowerOfHanoi(TextGame):
         if self._max_turns_arg is None:
             self.max_turns = turn_budget(self.num_disks)
         self.pegs = [list(range(self.num_disks, 0, -1)), [], []]
-
-    def reset_suffix(self) -> str:
-        return ""  # the instructions show the starting position and ask for the first move
 
     def state_text(self) -> str:
         return self.render()
