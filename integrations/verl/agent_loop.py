@@ -236,7 +236,6 @@ class GemEnvAgentLoop(AgentLoopBase):
         timed = _TimedEnv(env)
         try:
             observation, reset_info = await timed.reset(seed=spec.seed)
-            timed.step_seconds = 0.0
             # The whole response (every turn and observation) must fit verl's response_length.
             prompt_len = len(formatter.prompt_ids(model_message(observation, reset_info)))
             budget = prompt_len + self.response_length
