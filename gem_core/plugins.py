@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.abc
 import importlib.metadata
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +98,81 @@ class Patch:
         setattr(owner, self.attribute, self._original)
         self._applied = self._original = None
         return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Patching when a module is first imported.
+# ------------------------------------------------------------------------------------------------
+# A trainer's setup hook runs in every one of its processes (verl's plugin entry point at `import verl`,
+# OpenRLHF's Ray worker setup hook), inference engine actors included. Importing the module to patch
+# there would load the whole training stack (deepspeed, ...) into processes that never need it, so a
+# plugin asks to be called right after that module is first executed, in whichever process does.
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds ``name`` with the other finders and runs the callbacks once the module has executed."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.callbacks: list[Callable[[Any], None]] = []
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _CallbackLoader(spec.loader, self)
+        return spec
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, hook: _AfterImport):
+        self.inner = inner
+        self.hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        cancel_when_imported(self.hook.name)
+        for callback in self.hook.callbacks:
+            callback(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tracebacks and inspect
+        return getattr(self.inner, name)
+
+
+def when_imported(module_name: str, callback: Callable[[Any], None]) -> None:
+    """``callback(module)`` now if ``module_name`` is loaded, else right after it is first imported
+    (once; a callback already waiting for that module is not added twice)."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        callback(module)
+        return
+    hook = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == module_name), None)
+    if hook is None:
+        hook = _AfterImport(module_name)
+        sys.meta_path.insert(0, hook)
+    if callback not in hook.callbacks:
+        hook.callbacks.append(callback)
+
+
+def waiting_for_import(module_name: str) -> bool:
+    """Whether a callback waits for ``module_name`` to be imported."""
+    return any(isinstance(f, _AfterImport) and f.name == module_name for f in sys.meta_path)
+
+
+def cancel_when_imported(module_name: str) -> None:
+    """Drop every callback waiting for ``module_name`` (callbacks that already ran are not undone)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _AfterImport) and f.name == module_name)]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,12 +18,10 @@ is already imported, the patch is applied at once.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 from typing import Any
 
-from gem_core.plugins import Patch, TrainerPlugin
+from gem_core.plugins import Patch, TrainerPlugin, cancel_when_imported, waiting_for_import, when_imported
 from gem_integrations.openrlhf import rebn
 
 TARGET_MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
@@ -41,58 +39,20 @@ PLUGIN = TrainerPlugin(
 )
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``TARGET_MODULE`` with the other finders and applies :data:`PLUGIN` once it has run."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != TARGET_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _InstallingLoader(spec.loader)
-        return spec
-
-
-class _InstallingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any):
-        self.loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.loader.exec_module(module)
-        disarm()
-        PLUGIN.install()
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tracebacks and tools
-        return getattr(self.loader, name)
-
-
-_FINDER = _PatchAfterImport()
-
-
 def armed() -> bool:
     """Whether this process patches ``experience_maker`` when it is imported, or already has."""
-    return _FINDER in sys.meta_path or (TARGET_MODULE in sys.modules and PLUGIN.is_installed)
+    return waiting_for_import(TARGET_MODULE) or (TARGET_MODULE in sys.modules and PLUGIN.is_installed)
 
 
 def disarm() -> None:
     """Remove the import hook (the patch, if applied, stays)."""
-    while _FINDER in sys.meta_path:
-        sys.meta_path.remove(_FINDER)
+    cancel_when_imported(TARGET_MODULE)
+
+
+def _install(_module: Any = None) -> None:
+    PLUGIN.install()
 
 
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook``: patch now if ``experience_maker`` is loaded, else on its import."""
-    if TARGET_MODULE in sys.modules:
-        PLUGIN.install()
-    elif _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+    when_imported(TARGET_MODULE, _install)

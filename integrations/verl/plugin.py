@@ -12,56 +12,15 @@ unsupported verl version included), since verl would hide it.
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from gem_core.plugins import PluginError
+from gem_core.plugins import PluginError, when_imported
 
 from .plugin_spec import PLUGIN, TRAINER_MODULE
 
 LOADED: list[str] = []
 ERRORS: dict[str, str] = {}
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` once, right after the module ``name`` is first executed."""
-
-    def __init__(self, name: str, callback: Callable[[Any], None]):
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _CallbackLoader(spec.loader, self.callback)
-        return spec
-
-
-class _CallbackLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, callback: Callable[[Any], None]):
-        self.inner = inner
-        self.callback = callback
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)
-        self.callback(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
-        return getattr(self.inner, name)
 
 
 def _apply_patches(_module: Any = None) -> None:
@@ -75,11 +34,7 @@ def _apply_patches(_module: Any = None) -> None:
 
 def when_trainer_imported(callback: Callable[[Any], None]) -> None:
     """``callback(module)`` now if verl's v1 trainer module is loaded, else right after it is."""
-    module = sys.modules.get(TRAINER_MODULE)
-    if module is not None:
-        callback(module)
-    elif not any(isinstance(f, _AfterImport) and f.name == TRAINER_MODULE for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(TRAINER_MODULE, callback))
+    when_imported(TRAINER_MODULE, callback)
 
 
 def load() -> list[str]:

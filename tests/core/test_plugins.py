@@ -107,3 +107,30 @@ def test_discover_finds_no_trainer_imports():
     plugins = discover()
     assert all(isinstance(p, TrainerPlugin) for p in plugins.values())
     assert "verl" not in sys.modules and "openrlhf" not in sys.modules
+
+
+def test_when_imported_runs_after_the_first_import_only(tmp_path, monkeypatch):
+    import sys
+
+    from gem_core.plugins import cancel_when_imported, waiting_for_import, when_imported
+
+    (tmp_path / "gem_late_module.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def bump(module):
+        seen.append(module.VALUE)
+        module.VALUE += 1
+
+    when_imported("gem_late_module", bump)
+    when_imported("gem_late_module", bump)  # not added twice
+    assert waiting_for_import("gem_late_module") and "gem_late_module" not in sys.modules
+    import gem_late_module  # noqa: F401
+
+    assert seen == [41] and gem_late_module.VALUE == 42 and not waiting_for_import("gem_late_module")
+    when_imported("gem_late_module", bump)  # already loaded: runs now
+    assert seen == [41, 42]
+    when_imported("gem_never_imported_module", bump)
+    cancel_when_imported("gem_never_imported_module")
+    assert not waiting_for_import("gem_never_imported_module")
+    sys.modules.pop("gem_late_module", None)

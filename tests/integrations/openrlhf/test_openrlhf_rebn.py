@@ -262,12 +262,13 @@ def test_the_patch_is_the_plugins_and_found_through_the_entry_point():
 
 
 def test_the_setup_hook_patches_at_once_when_the_module_is_loaded():
+    from gem_core.plugins import waiting_for_import
     from gem_integrations.openrlhf import plugin_spec
 
     patch.uninstall()
     plugin_spec.setup_worker()  # experience_maker is imported in this process: no import hook needed
     assert patch.is_active() and plugin_spec.armed()
-    assert not any(isinstance(f, type(plugin_spec._FINDER)) for f in __import__("sys").meta_path)
+    assert not waiting_for_import(plugin_spec.TARGET_MODULE)
 
 
 def test_a_subprocess_patches_only_on_import_and_imports_nothing_heavy_at_hook_time(tmp_path):
@@ -283,7 +284,8 @@ def test_a_subprocess_patches_only_on_import_and_imports_nothing_heavy_at_hook_t
         "from gem_integrations.openrlhf import plugin_spec as p\n"
         "assert heavy == [] and p.armed(), heavy\n"
         "from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker\n"
-        "assert p.PLUGIN.is_installed and not any(f is p._FINDER for f in sys.meta_path)\n"
+        "from gem_core.plugins import waiting_for_import\n"
+        "assert p.PLUGIN.is_installed and not waiting_for_import(p.TARGET_MODULE)\n"
         "print('ok')\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
