@@ -11,7 +11,7 @@ Trainer plugins implement :class:`Policy` around their engine. Nothing here impo
 transformers until a policy that needs them is built.
 """
 
-from gem_core.rollout.chat import ChatFormatter, ChatTemplateError
+from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter
 from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
 from gem_core.rollout.policy import (
     ChatPolicy,
@@ -59,6 +59,7 @@ __all__ = [
     "Turn",
     "TurnSample",
     "VectorEnvSlots",
+    "cached_formatter",
     "derive_seed",
     "episode_of",
     "request_id_for",

@@ -24,7 +24,10 @@ and it is a deliberate difference from re-templating the history.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import collections
+import json
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gem_core.rollout.policy import SamplingParams, merge_stop_ids
@@ -279,3 +282,32 @@ class ChatFormatter:
         if not tail.startswith(text):
             return None, None
         return first, text
+
+
+FORMATTER_CACHE_SIZE = 16
+_formatters: collections.OrderedDict[tuple, ChatFormatter] = collections.OrderedDict()
+_formatters_lock = threading.Lock()
+
+
+def cached_formatter(tokenizer: Any, *, system_prompt: str | None = None, chat_template_kwargs: Mapping[str, Any] | None = None) -> ChatFormatter:
+    """A :class:`ChatFormatter` built once per process for (tokenizer, system prompt, template kwargs).
+
+    Building one probes the chat template (tens of renders); trainers build an agent loop per sample.
+    Trainers that ship a fresh copy of the tokenizer with every call (OpenRLHF over Ray) would miss a
+    cache keyed by object identity, so a tokenizer with a name is keyed by its name, chat template and
+    size; an unnamed one by identity. At most :data:`FORMATTER_CACHE_SIZE` are kept (least recently used
+    dropped). Thread-safe.
+    """
+    kwargs = dict(chat_template_kwargs or {})
+    name = getattr(tokenizer, "name_or_path", None)
+    identity: tuple = (name, getattr(tokenizer, "chat_template", None), len(tokenizer)) if name else (id(tokenizer),)
+    key = (*identity, system_prompt, json.dumps(kwargs, sort_keys=True, default=str))
+    with _formatters_lock:
+        formatter = _formatters.get(key)
+        if formatter is None or (not name and formatter.tokenizer is not tokenizer):
+            formatter = ChatFormatter(tokenizer, system_prompt=system_prompt, chat_template_kwargs=kwargs)
+        _formatters[key] = formatter
+        _formatters.move_to_end(key)
+        while len(_formatters) > FORMATTER_CACHE_SIZE:
+            _formatters.popitem(last=False)
+        return formatter

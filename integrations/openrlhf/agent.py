@@ -36,13 +36,12 @@ in every Ray worker) also ``gem_turn_rewards`` (one reward per turn) and ``gem_t
 
 from __future__ import annotations
 
-import collections
 import os
 from typing import Any
 
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, run_episode
+from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, cached_formatter, run_episode
 from gem_core.tasks import TaskSpec
 from gem_integrations.openrlhf.engine import OpenRLHFEnginePolicy, gem_params
 
@@ -51,28 +50,12 @@ MAX_TURN_TOKENS_ENV = "GEM_OPENRLHF_MAX_TURN_TOKENS"
 TURN_REWARDS_KEY = "gem_turn_rewards"
 TURN_SPANS_KEY = "gem_turn_spans"
 LOG_KEYS = ("gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit")
-FORMATTER_CACHE_SIZE = 8
-
-_formatters: collections.OrderedDict[tuple, ChatFormatter] = collections.OrderedDict()
 
 
 def formatter_for(tokenizer: Any, system_prompt: str | None = None) -> ChatFormatter:
-    """The :class:`ChatFormatter` for (tokenizer, system prompt), built once per process. OpenRLHF sends
-    a fresh copy of its tokenizer with every Ray call, so a named tokenizer is keyed by its name, chat
-    template and size, not by object identity; at most :data:`FORMATTER_CACHE_SIZE` are kept."""
-    name = getattr(tokenizer, "name_or_path", None)
-    if name:
-        key: tuple = (name, getattr(tokenizer, "chat_template", None), len(tokenizer), system_prompt)
-    else:
-        key = (id(tokenizer), system_prompt)
-    formatter = _formatters.get(key)
-    if formatter is None or (not name and formatter.tokenizer is not tokenizer):
-        formatter = ChatFormatter(tokenizer, system_prompt=system_prompt)
-    _formatters[key] = formatter
-    _formatters.move_to_end(key)
-    while len(_formatters) > FORMATTER_CACHE_SIZE:
-        _formatters.popitem(last=False)
-    return formatter
+    """The :class:`ChatFormatter` for (tokenizer, system prompt), built once per process
+    (:func:`gem_core.rollout.cached_formatter`: OpenRLHF sends a fresh tokenizer copy with every Ray call)."""
+    return cached_formatter(tokenizer, system_prompt=system_prompt)
 
 
 def run_config(spec: TaskSpec, sampling_params: Any, max_length: int) -> RunConfig:

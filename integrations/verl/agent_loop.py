@@ -28,9 +28,7 @@ Metrics (verl's ``AgentLoopMetrics``): ``generate_sequences`` is the time spent 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +38,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from gem_core import model_message
 from gem_core.plugins import EnginePolicy
-from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, Trajectory, episode_of, run_episode
+from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, Trajectory, cached_formatter, episode_of, run_episode
 from gem_core.rollout.runner import as_async_env
 from gem_core.tasks import TaskSpec
 
@@ -180,20 +178,6 @@ class _LeftTruncatedPrompt:
         return getattr(self._formatter, name)
 
 
-# ChatFormatter probes the chat template when built; verl builds one agent loop per sample, so cache it.
-_FORMATTERS: dict[tuple, ChatFormatter] = {}
-_FORMATTERS_LOCK = threading.Lock()
-
-
-def _formatter(tokenizer: Any, system_prompt: str | None, template_kwargs: Mapping[str, Any]) -> ChatFormatter:
-    key = (id(tokenizer), system_prompt, json.dumps(dict(template_kwargs), sort_keys=True, default=str))
-    with _FORMATTERS_LOCK:
-        formatter = _FORMATTERS.get(key)
-        if formatter is None:
-            formatter = _FORMATTERS[key] = ChatFormatter(tokenizer, system_prompt=system_prompt, chat_template_kwargs=dict(template_kwargs))
-        return formatter
-
-
 def env_from_row(row: Mapping[str, Any]) -> Any:
     """Make the env a dataset row names (:meth:`gem_core.tasks.TaskSpec.from_columns`, then ``make_env``)."""
     return TaskSpec.from_columns(row).make_env()
@@ -223,7 +207,7 @@ class GemEnvAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         row = kwargs
         spec = TaskSpec.from_columns(row)
-        formatter = _formatter(self.tokenizer, spec.system_prompt, self.apply_chat_template_kwargs or {})
+        formatter = cached_formatter(self.tokenizer, system_prompt=spec.system_prompt, chat_template_kwargs=self.apply_chat_template_kwargs or {})
         formatter = _LeftTruncatedPrompt(formatter, self.prompt_length, f"{spec.env_id} (seed {spec.seed})")
         policy = VerlServerPolicy(self.server_manager, sampling_params)
         params = SamplingParams(

@@ -213,3 +213,19 @@ def test_templates_that_touch_content_are_rendered_every_time(tokenizer):
     formatter = ChatFormatter(tokenizer, chat_template=trimming)
     assert not formatter.uses_substitution
     assert formatter.observation_text("  padded  ", True) == "\n<|im_start|>user\npadded<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_cached_formatter_builds_once_per_tokenizer_and_prompt():
+    from gem_core.rollout import cached_formatter
+
+    tokenizer = build_test_tokenizer("qwen3")
+    first = cached_formatter(tokenizer, system_prompt="s")
+    assert cached_formatter(tokenizer, system_prompt="s") is first
+    assert cached_formatter(tokenizer, system_prompt="t") is not first
+    assert cached_formatter(tokenizer, system_prompt="s", chat_template_kwargs={"enable_thinking": False}) is not first
+    import copy
+
+    named = copy.deepcopy(tokenizer)
+    named.name_or_path = "local/test-tokenizer"
+    again = copy.deepcopy(named)  # a fresh copy per call, as OpenRLHF's Ray calls send it
+    assert cached_formatter(named) is cached_formatter(again)
