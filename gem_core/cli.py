@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives no topk")
 
+    from gem_core.train import cli as train_cli  # argparse only; torch is imported when a run starts
+
+    train_cli.add_arguments(commands.add_parser("train", help=train_cli.HELP, description=train_cli.DESCRIPTION))
+
     plugins = discover()
     datasets = commands.add_parser("make-dataset", help="write a trainer's dataset file of env episodes (e.g. verl parquet)")
     trainers = datasets.add_subparsers(dest="trainer", metavar="TRAINER")
@@ -177,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return cmd_list(args.category, sys.stdout)
+        if args.command == "train":
+            from gem_core.train import cli as train_cli
+
+            return train_cli.main(args, sys.stdout)
         if args.command == "serve-search":
             return cmd_serve_search(args, sys.stdout)
         if args.command == "make-dataset":

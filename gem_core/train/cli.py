@@ -1,0 +1,141 @@
+"""``gem-core train``: the options of the reference trainer (argparse only; torch is imported when a run
+starts, so ``gem-core --help`` stays fast and works without the ``train`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any, TextIO
+
+HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
+DESCRIPTION = (
+    "Train a causal LM with multi-turn policy gradient on an env (the project's own rollout runner, turn-aware "
+    "batch and estimators). With no arguments: a tiny transformer built locally, a short supervised warm start "
+    "on well-formed random moves, then RL with ReBN on game:GuessTheNumber-v0-easy, on CPU. The run directory "
+    "(--out) gets config.json, metrics.jsonl, checkpoint.pt, model/ and curves.png."
+)
+
+
+def _int(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _float(low: float, high: float = math.inf, *, low_open: bool = False) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+            where = f"in ({low:g}, {high:g}]" if low_open else f"in [{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"expected a number {where}, got {text}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from gem_core.train.trainer import DEFAULT_ENV, ESTIMATORS, VIEWS, TrainConfig
+
+    d = TrainConfig()
+    parser.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
+    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
+    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
+    parser.add_argument("--model", default=None, help="local path or hub id of a causal LM (default: a tiny model built here)")
+    parser.add_argument("--steps", type=_int(1), default=d.steps, help=f"RL updates (default {d.steps})")
+    parser.add_argument("--batch-size", dest="episodes", metavar="N", type=_int(1), default=d.episodes, help=f"episodes per update (default {d.episodes})")
+    parser.add_argument("--group-size", type=_int(1), default=d.group_size, help="episodes per start state (GRPO/RLOO need 2+)")
+    parser.add_argument("--estimator", choices=ESTIMATORS, default=d.estimator, help=f"advantage estimator (default {d.estimator})")
+    parser.add_argument("--gamma", type=_float(0.0, 1.0), default=d.gamma, help=f"discount over turns, in [0, 1] (default {d.gamma})")
+    parser.add_argument("--view", choices=VIEWS, default=d.view, help=f"training rows: a turn each, or an episode each (default {d.view})")
+    parser.add_argument("--lr", type=_float(0.0, low_open=True), default=d.lr, help=f"learning rate of the RL phase (default {d.lr})")
+    parser.add_argument("--clip", type=_float(0.0, 10.0), default=d.clip, help=f"PPO ratio clip (default {d.clip})")
+    parser.add_argument("--epochs", type=_int(1), default=d.epochs, help=f"passes over each batch (default {d.epochs})")
+    parser.add_argument("--kl-coef", type=_float(0.0), default=d.kl_coef, help="KL penalty to the starting policy (default 0: off)")
+    parser.add_argument("--max-grad-norm", type=_float(0.0), default=d.max_grad_norm, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
+    parser.add_argument("--temperature", type=_float(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
+    parser.add_argument("--max-tokens", type=_int(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
+    parser.add_argument("--max-turns", type=_int(1), default=None, help="turn limit on top of the env's own")
+    parser.add_argument("--warmup-steps", type=_int(0), default=d.warmup_steps, help=f"supervised warm-start steps on well-formed random moves (default {d.warmup_steps}; 0 = none)")
+    parser.add_argument("--eval-every", type=_int(0), default=d.eval_every, help=f"evaluate on held-out seeds every N updates (default {d.eval_every})")
+    parser.add_argument("--eval-episodes", type=_int(1), default=d.eval_episodes, help=f"held-out episodes per evaluation (default {d.eval_episodes})")
+    parser.add_argument("--seed", type=_int(0), default=d.seed, help="seed of the model, the rollouts and the sampling (default 0)")
+    parser.add_argument("--device", default=d.device, help="torch device, e.g. cpu or cuda (default cpu)")
+    parser.add_argument("--out", default=d.out, help=f"run directory (default {d.out})")
+    parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    parser.add_argument("--checkpoint-every", type=_int(1), default=d.checkpoint_every, help="updates between checkpoints")
+    parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """A TrainConfig from parsed options; bad combinations raise ValueError with one clear line."""
+    import gem_core
+    from gem_core.tasks import parse_env_kwargs, parse_tools
+    from gem_core.train.trainer import TrainConfig
+
+    gem_core.spec(args.env)  # an unknown id fails here with the registry's suggestion
+    try:
+        env_kwargs = parse_env_kwargs(args.env_kwargs)
+    except ValueError as exc:
+        raise ValueError(f"--env-kwargs: {exc}") from None
+    return TrainConfig(
+        env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=args.steps,
+        episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
+        lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, max_grad_norm=args.max_grad_norm,
+        temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps,
+        eval_every=args.eval_every, eval_episodes=args.eval_episodes, seed=args.seed, device=args.device, out=args.out,
+        resume=args.resume, checkpoint_every=args.checkpoint_every, tensorboard=args.tensorboard,
+    )
+
+
+def main(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``gem-core train``; user errors become the CLI's one-line errors."""
+    from gem_core.cli import CliError
+    from gem_core.errors import UnknownEnvError
+
+    try:
+        config = config_from_args(args)
+    except UnknownEnvError:
+        raise
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise CliError(f"gem-core train needs torch and transformers: pip install -e '.[train]' ({exc})") from None
+    from gem_core.train.run import TrainError, train
+
+    try:
+        if config.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise CliError(f"--device {config.device}: no CUDA device is available here")
+        summary = train(config, progress=not args.no_progress, log=lambda line: print(line, file=out, flush=True))
+    except TrainError as exc:
+        raise CliError(str(exc)) from None
+    print(file=out)
+    print(summary.table(), file=out)
+    if summary.warm_start is not None:
+        gain = summary.final.success_rate - summary.warm_start.success_rate
+        print(f"\nRL changed the held-out success rate by {gain:+.3f} ({summary.warm_start.success_rate:.3f} after the supervised warm start -> {summary.final.success_rate:.3f})", file=out)
+    print(f"run directory: {summary.out} (metrics.jsonl, config.json, checkpoint.pt, model/, curves.png); {summary.seconds:.0f} s", file=out)
+    return 0
+
+
+def describe(config: Any) -> str:
+    from gem_core.train.trainer import config_dict
+
+    return json.dumps(config_dict(config), sort_keys=True)

@@ -1,0 +1,439 @@
+"""The reference trainer: multi-turn policy gradient on GEM envs, readable top to bottom.
+
+One update (:meth:`Trainer.update`) is::
+
+    trajectories = run_episodes(specs, policy, formatter, run_config)     # gem_core.rollout
+    turn_advantages = estimator(per-episode turn rewards)                   # gem_core.algo: ReBN, ...
+    rows = training rows (per-turn samples, or one sequence per episode)    # gem_core.batch
+    loss = PPO-clipped policy gradient on the rows' model tokens (+ KL to a reference model)
+    optimizer step (gradient clipping)
+
+Nothing else: rollouts, the chat template, the estimators and the batch views are the project's own
+pieces, the same ones every trainer plugin is tested against, so this trainer is the reference the
+plugins are compared with (``tests/train``). The default run (``gem-core train``) builds a tiny
+transformer and its tokenizer locally, warms it up with a short supervised phase on well-formed
+random moves (reported as such), then trains with RL; see :class:`TrainConfig` for every option.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from gem_core import algo
+from gem_core.batch import sequence_batch, turn_batch
+from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, run_episodes
+
+ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
+VIEWS = ("turn", "sequence")
+DEFAULT_ENV = "game:GuessTheNumber-v0-easy"
+EVAL_SEED_BASE = 1_000_000  # held-out seeds: training draws below this
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run (saved as ``config.json`` in the run directory).
+
+    Rollouts: ``env_id``, ``env_kwargs``, ``tools``; ``episodes`` per update in groups of ``group_size``
+    (one start state per group; GRPO/RLOO need groups of 2+); ``max_tokens`` per response,
+    ``max_turns``, ``max_context_tokens``; ``temperature``. Learning: ``estimator`` (rebn, reinforce =
+    vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
+    ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
+    a loss mask), ``lr``, ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
+    batch, ``kl_coef`` (to the starting policy; 0 = off), ``max_grad_norm``. ``warmup_steps``:
+    supervised steps on well-formed random moves before RL (0 = none). ``eval_every``/``eval_episodes``:
+    evaluation on fixed held-out seeds. ``model``: a local path or hub id of a causal LM (None: the
+    tiny default built here). ``out``: the run directory; ``resume`` continues the run saved there.
+    """
+
+    env_id: str = DEFAULT_ENV
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[str, ...] = ()
+    model: str | None = None
+    steps: int = 120
+    episodes: int = 64
+    group_size: int = 1
+    estimator: str = "rebn"
+    gamma: float = 0.9
+    view: str = "turn"
+    lr: float = 3e-4
+    clip: float = 0.2
+    epochs: int = 1
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+    max_tokens: int = 8
+    max_turns: int | None = None
+    max_context_tokens: int | None = 1024
+    warmup_steps: int = 150
+    warmup_batch: int = 32
+    warmup_lr: float = 3e-3
+    eval_every: int = 20
+    eval_episodes: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    out: str = "runs/gem-train"
+    resume: bool = False
+    checkpoint_every: int = 20
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        self.tools = tuple(self.tools)
+        _check_int(self, "steps", 1)
+        _check_int(self, "episodes", 1)
+        _check_int(self, "group_size", 1)
+        _check_int(self, "epochs", 1)
+        _check_int(self, "max_tokens", 1)
+        _check_int(self, "warmup_steps", 0)
+        _check_int(self, "warmup_batch", 1)
+        _check_int(self, "eval_every", 0)
+        _check_int(self, "eval_episodes", 1)
+        _check_int(self, "seed", 0)
+        _check_int(self, "checkpoint_every", 1)
+        if self.max_turns is not None:
+            _check_int(self, "max_turns", 1)
+        if self.max_context_tokens is not None:
+            _check_int(self, "max_context_tokens", 2)
+        if self.episodes % self.group_size:
+            raise ValueError(f"episodes ({self.episodes}) must be a multiple of group_size ({self.group_size})")
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
+        if self.estimator in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
+            raise ValueError(f"estimator {self.estimator} compares episodes of a group: set group_size >= 2")
+        if self.view not in VIEWS:
+            raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {self.view!r}")
+        for name, low, high in (("gamma", 0.0, 1.0), ("clip", 0.0, 10.0), ("temperature", 1e-6, 100.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+        for name in ("lr", "warmup_lr", "kl_coef", "max_grad_norm"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.lr == 0:
+            raise ValueError("lr must be > 0")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown train config field(s): {unknown}")
+        return cls(**data)
+
+
+def _check_int(config: TrainConfig, name: str, low: int) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Advantages: one value per turn, from the project's estimators.
+# ------------------------------------------------------------------------------------------------
+
+
+def turn_advantages(trajectories: Sequence[Trajectory], estimator: str, gamma: float, group_size: int = 1) -> list[list[float]]:
+    """Per-turn advantages of a batch (one list per trajectory), by ``estimator``.
+
+    rebn: A_t = (G_t - mean(G)) / (std(G) + eps) over every turn of the batch (population std, eps 1e-6);
+    reinforce: A_t = G_t; grpo / drgrpo / rloo: each turn gets its episode's advantage within its group.
+    """
+    rewards = [t.rewards for t in trajectories]
+    groups = [t.group_id for t in trajectories]
+    if estimator == "rebn":
+        flat = algo.rebn(rewards, gamma=gamma, eps=1e-6, ddof=0)
+    elif estimator == "reinforce":
+        flat = algo.reinforce(rewards, gamma=gamma)
+    elif estimator == "grpo":
+        flat = algo.grpo(rewards, group_by=groups)
+    elif estimator == "drgrpo":
+        flat = algo.grpo(rewards, group_by=groups, scale_by_std=False)
+    elif estimator == "rloo":
+        flat = algo.rloo(rewards, group_by=groups)
+    else:
+        raise ValueError(f"unknown estimator {estimator!r}")
+    flat = np.asarray(flat, dtype=np.float64)
+    out, start = [], 0
+    for episode in rewards:
+        out.append(flat[start : start + len(episode)].tolist())
+        start += len(episode)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Training rows and the loss.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rows:
+    """Padded training rows: ``input_ids`` (prompt + response), ``targets`` (the token predicted at
+    each position, -100 where no loss), ``advantages`` and ``old_logprobs`` per target position."""
+
+    input_ids: Any
+    attention: Any
+    targets: Any
+    advantages: Any
+    old_logprobs: Any
+
+
+def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]], view: str, pad_id: int) -> Rows:
+    """The rows of one update, from the turn-aware batch (:mod:`gem_core.batch`).
+
+    ``turn``: one row per turn (the context at the turn's start, then its response), every response
+    token carrying its turn's advantage. ``sequence``: one row per episode (the first prompt, then
+    every response and observation); model tokens carry their turn's advantage (by the batch's turn
+    ids), environment tokens no loss.
+    """
+    import torch
+
+    usable = [(t, a) for t, a in zip(trajectories, advantages) if t.turns]
+    batch = turn_batch([t for t, _ in usable]) if view == "turn" else sequence_batch([t for t, _ in usable])
+    per_row_advantage: list[np.ndarray] = []
+    if view == "turn":
+        flat = [value for _, values in usable for value in values]
+        per_row_advantage = [np.full(batch.response_ids.shape[1], value) for value in flat]
+    else:
+        for row, (_, values) in enumerate(usable):
+            table = np.asarray(values + [0.0])
+            per_row_advantage.append(table[batch.turn_ids[row]])  # turn id -1 (padding) reads the 0 at the end
+    lengths = [len(p) + n for p, n in zip(batch.prompt_ids, batch.lengths)]
+    width = max(lengths)
+    count = len(batch)
+    input_ids = torch.full((count, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((count, width), dtype=torch.long)
+    targets = torch.full((count, width), -100, dtype=torch.long)
+    adv = torch.zeros((count, width), dtype=torch.float32)
+    old = torch.zeros((count, width), dtype=torch.float32)
+    for i in range(count):
+        prompt = batch.prompt_ids[i]
+        n = batch.lengths[i]
+        response = batch.response_ids[i, :n]
+        p = len(prompt)
+        input_ids[i, :p] = torch.tensor(prompt, dtype=torch.long)
+        input_ids[i, p : p + n] = torch.from_numpy(response)
+        attention[i, : p + n] = 1
+        # position j predicts token j + 1: the response token at p + k is predicted at p + k - 1
+        model_tokens = batch.loss_mask[i, :n].astype(bool)
+        positions = torch.arange(p - 1, p - 1 + n)[torch.from_numpy(model_tokens)]
+        targets[i, positions] = torch.from_numpy(response[model_tokens])
+        adv[i, positions] = torch.from_numpy(per_row_advantage[i][:n][model_tokens]).float()
+        if batch.logprobs is not None:
+            old[i, positions] = torch.from_numpy(batch.logprobs[i, :n][model_tokens]).float()
+    return Rows(input_ids, attention, targets, adv, old)
+
+
+def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0) -> Any:
+    """log pi(target | prefix) at every position (0 where there is no target)."""
+    import torch
+
+    logits = model(input_ids=rows.input_ids, attention_mask=rows.attention).logits.float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    safe = rows.targets.clamp(min=0)
+    return logp.gather(-1, safe[..., None])[..., 0] * (rows.targets >= 0)
+
+
+def policy_loss(logprobs: Any, rows: Rows, clip: float, ref_logprobs: Any = None, kl_coef: float = 0.0) -> tuple[Any, dict[str, float]]:
+    """PPO-clipped policy gradient, averaged over model tokens, plus ``kl_coef`` * KL to a reference.
+
+    ratio = exp(logp - logp_rollout); loss = -min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A).
+    The KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 (non-negative, unbiased).
+    """
+    import torch
+
+    mask = (rows.targets >= 0).float()
+    tokens = mask.sum().clamp(min=1.0)
+    ratio = torch.exp((logprobs - rows.old_logprobs) * mask)
+    unclipped = ratio * rows.advantages
+    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * rows.advantages
+    pg = -(torch.minimum(unclipped, clipped) * mask).sum() / tokens
+    with torch.no_grad():
+        stats = {"pg_loss": float(pg), "clip_fraction": float((((ratio - 1).abs() > clip).float() * mask).sum() / tokens)}
+    loss = pg
+    if ref_logprobs is not None and kl_coef > 0:
+        delta = (ref_logprobs - logprobs) * mask
+        kl = ((torch.exp(delta) - delta - 1) * mask).sum() / tokens
+        loss = loss + kl_coef * kl
+        stats["kl"] = float(kl.detach())
+    return loss, stats
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EpisodeStats:
+    """What a batch of episodes did."""
+
+    success_rate: float
+    mean_return: float
+    mean_turns: float
+    turns_when_solved: float | None
+
+    @classmethod
+    def of(cls, trajectories: Sequence[Trajectory]) -> EpisodeStats:
+        solved = [t for t in trajectories if _solved(t)]
+        return cls(
+            success_rate=len(solved) / max(len(trajectories), 1),
+            mean_return=float(np.mean([t.episode_return for t in trajectories])) if trajectories else 0.0,
+            mean_turns=float(np.mean([t.num_turns for t in trajectories])) if trajectories else 0.0,
+            turns_when_solved=float(np.mean([t.num_turns for t in solved])) if solved else None,
+        )
+
+
+def _solved(trajectory: Trajectory) -> bool:
+    return bool(trajectory.turns) and bool(trajectory.turns[-1].info.get("success", False))
+
+
+class Trainer:
+    """Holds the model, its optimizer and the rollout pieces; :meth:`run` trains (see the module doc)."""
+
+    def __init__(self, config: TrainConfig, model: Any, tokenizer: Any, *, log: Callable[[str], None] = print):
+        import torch
+
+        self.torch = torch
+        self.config = config
+        self.model = model.to(config.device)
+        self.tokenizer = tokenizer
+        self.formatter = ChatFormatter(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.0)
+        self.reference = None
+        self._envs: list[Any] = []
+        self.step = 0
+        self.log = log
+        self.run_config = RunConfig(
+            params=SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature),
+            max_turns=config.max_turns,
+            max_context_tokens=config.max_context_tokens,
+        )
+
+    # -- rollouts ------------------------------------------------------------------------------------
+    def rollout(self, seeds: Sequence[int], *, prefix: str, group_size: int = 1) -> list[Trajectory]:
+        """Play one episode group per seed with the current model (sampling seeded by the episode ids),
+        on envs made through the dataset-row code (:class:`~gem_core.tasks.TaskSpec`), as plugins make them."""
+        policy = HFPolicy(self.model, seed=self.config.seed, max_batch_size=max(len(seeds) * group_size, 1), pad_token_id=self.pad_id)
+        try:
+            return asyncio.run(run_episodes(self.envs, policy, self.formatter, self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix))
+        finally:
+            self.model.train()
+
+    @property
+    def envs(self) -> list[Any]:
+        if not self._envs:
+            from gem_core.tasks import TaskSpec
+
+            spec = TaskSpec(self.config.env_id, env_kwargs=dict(self.config.env_kwargs), tools=self.config.tools)
+            self._envs = [spec.make_env() for _ in range(max(self.config.episodes, self.config.eval_episodes))]
+        return self._envs
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs = []
+
+    def train_seeds(self, step: int) -> list[int]:
+        groups = self.config.episodes // self.config.group_size
+        rng = np.random.default_rng([self.config.seed, step])
+        return [int(s) for s in rng.integers(0, EVAL_SEED_BASE, size=groups)]
+
+    def evaluate(self) -> EpisodeStats:
+        """The current policy on the held-out seeds (the same every time; sampling seeded per episode)."""
+        seeds = [EVAL_SEED_BASE + i for i in range(self.config.eval_episodes)]
+        return EpisodeStats.of(self.rollout(seeds, prefix="eval-"))
+
+    # -- one RL update ---------------------------------------------------------------------------------
+    def update(self) -> dict[str, Any]:
+        """Rollouts, advantages, loss, optimizer step; returns this step's metrics."""
+        torch = self.torch
+        config = self.config
+        started = time.perf_counter()
+        trajectories = self.rollout(self.train_seeds(self.step), prefix=f"s{self.step}-", group_size=config.group_size)
+        rollout_seconds = time.perf_counter() - started
+        advantages = turn_advantages(trajectories, config.estimator, config.gamma, config.group_size)
+        rows = training_rows(trajectories, advantages, config.view, self.pad_id)
+        ref_logprobs = None
+        if config.kl_coef > 0:
+            with torch.no_grad():
+                ref_logprobs = token_logprobs(self._reference(), rows, config.temperature)
+        self.model.train()
+        stats: dict[str, float] = {}
+        for _ in range(config.epochs):
+            loss, stats = policy_loss(token_logprobs(self.model, rows, config.temperature), rows, config.clip, ref_logprobs, config.kl_coef)
+            self.optimizer.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))
+            self.optimizer.step()
+        self.step += 1
+        episodes = EpisodeStats.of(trajectories)
+        return {
+            "step": self.step,
+            "success_rate": episodes.success_rate,
+            "mean_return": episodes.mean_return,
+            "mean_turns": episodes.mean_turns,
+            "turns_when_solved": episodes.turns_when_solved,
+            "loss": float(loss.detach()),
+            "grad_norm": float(grad_norm),
+            **stats,
+            "rollout_seconds": round(rollout_seconds, 3),
+            "update_seconds": round(time.perf_counter() - started, 3),
+        }
+
+    def _reference(self) -> Any:
+        if self.reference is None:
+            import copy
+
+            self.reference = copy.deepcopy(self.model).eval()
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
+        return self.reference
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "reference": None if self.reference is None else self.reference.state_dict(),
+            "torch_rng": self.torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("reference") is not None:
+            self._reference().load_state_dict(state["reference"])
+        self.torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+
+
+def write_json(path: str, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=str)
+
+
+def config_dict(config: TrainConfig) -> dict[str, Any]:
+    out = asdict(config)
+    out["tools"] = list(config.tools)
+    return out
+
+
+def ensure_dir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path

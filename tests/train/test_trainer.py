@@ -1,0 +1,160 @@
+"""The reference trainer: the loss, the update direction, the advantages it uses, checkpoints and resume,
+and the CLI's answers to bad arguments."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from gem_core.train.trainer import Rows, Trainer, TrainConfig, policy_loss, token_logprobs, training_rows, turn_advantages  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny model and the project's tokenizer, saved where ``--model`` can load them."""
+    from gem_core.testing import build_test_tokenizer, build_tiny_model
+
+    tokenizer = build_test_tokenizer("chatml")
+    model = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    path = tmp_path_factory.mktemp("tiny-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path), model, tokenizer
+
+
+def _trainer(tiny, tmp_path, **overrides):
+    from transformers import AutoModelForCausalLM
+
+    path, _, tokenizer = tiny
+    config = TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=4, **overrides)
+    return Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer)
+
+
+def test_one_update_moves_good_responses_up_and_bad_ones_down(tiny, tmp_path):
+    trainer = _trainer(tiny, tmp_path, lr=1e-2)
+    try:
+        trajectories = trainer.rollout([0, 1, 2, 3], prefix="t-")
+        advantages = [[1.0 if i % 2 == 0 else -1.0] * t.num_turns for i, t in enumerate(trajectories)]
+        rows = training_rows(trajectories, advantages, "turn", trainer.pad_id)
+        with torch.no_grad():
+            before = token_logprobs(trainer.model, rows)
+        loss, _ = policy_loss(token_logprobs(trainer.model, rows), rows, clip=0.2)
+        trainer.optimizer.zero_grad()
+        loss.backward()
+        trainer.optimizer.step()
+        with torch.no_grad():
+            after = token_logprobs(trainer.model, rows)
+        mask = rows.targets >= 0
+        change = ((after - before) * mask).sum(1)
+        sign = torch.tensor([float(a[m][0]) for a, m in zip(rows.advantages, mask)])
+        assert (change[sign > 0] > 0).all() and (change[sign < 0] < 0).all()
+    finally:
+        trainer.close()
+
+
+def test_the_loss_is_the_clipped_policy_gradient_by_hand():
+    # two samples: three target positions in row 0, one in row 1
+    targets = torch.tensor([[5, 6, 7, -100], [-100, -100, 8, -100]])
+    advantages = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, -2.0, 0.0]])
+    old = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [0.0, 0.0, -1.0, 0.0]])
+    new = torch.tensor([[-0.9, -2.5, -0.5, 0.0], [0.0, 0.0, -0.7, 0.0]])
+    rows = Rows(None, None, targets, advantages, old)
+    loss, stats = policy_loss(new, rows, clip=0.2)
+    by_hand = 0.0
+    for r, t in [(0, 0), (0, 1), (0, 2), (1, 2)]:
+        ratio = math.exp(new[r, t] - old[r, t])
+        a = float(advantages[r, t])
+        by_hand += -min(ratio * a, min(max(ratio, 0.8), 1.2) * a)
+    assert float(loss) == pytest.approx(by_hand / 4, rel=1e-5)
+    assert stats["clip_fraction"] == pytest.approx(2 / 4)  # exp(0.1)-1 < 0.2 < both others
+
+
+def test_both_views_give_the_same_loss_and_gradient(tiny, tmp_path):
+    trainer = _trainer(tiny, tmp_path)
+    try:
+        trajectories = trainer.rollout([5, 6, 7, 8], prefix="v-")
+        advantages = turn_advantages(trajectories, "rebn", 0.9)
+        grads = []
+        for view in ("turn", "sequence"):
+            trainer.model.zero_grad()
+            rows = training_rows(trajectories, advantages, view, trainer.pad_id)
+            loss, _ = policy_loss(token_logprobs(trainer.model, rows), rows, clip=0.2)
+            loss.backward()
+            grads.append((float(loss.detach()), torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
+        assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5, abs=1e-7)
+        assert torch.allclose(grads[0][1], grads[1][1], rtol=1e-4, atol=1e-6)
+    finally:
+        trainer.close()
+
+
+def test_the_trainer_uses_the_reference_advantages_of_the_golden_scenario():
+    from gem_core.testing.golden import golden_scenario
+
+    golden = golden_scenario()
+    ours = turn_advantages(golden.trajectories, "rebn", golden.gamma)
+    for mine, reference in zip(ours, golden.turn_advantages):
+        np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-12)
+    assert turn_advantages(golden.trajectories, "reinforce", 0.9)[0] == pytest.approx(golden.turn_returns[0])
+
+
+def _rl_lines(path):
+    drop = {"rollout_seconds", "update_seconds"}
+    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in open(path) if '"rl"' in line]
+
+
+def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tiny, tmp_path):
+    from gem_core.train.run import train
+
+    path = tiny[0]
+    common = dict(model=path, episodes=4, eval_episodes=4, eval_every=2, warmup_steps=2, warmup_batch=4, checkpoint_every=1, seed=3)
+    whole = train(TrainConfig(steps=4, out=str(tmp_path / "whole"), **common), progress=False, log=lambda _: None)
+    train(TrainConfig(steps=2, out=str(tmp_path / "cut"), **common), progress=False, log=lambda _: None)
+    resumed = train(TrainConfig(steps=4, out=str(tmp_path / "cut"), resume=True, **common), progress=False, log=lambda _: None)
+    assert resumed.steps == whole.steps == 4
+    assert _rl_lines(tmp_path / "cut" / "metrics.jsonl") == _rl_lines(tmp_path / "whole" / "metrics.jsonl")
+    assert resumed.final == whole.final
+    assert (tmp_path / "whole" / "model" / "config.json").exists()
+
+
+def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
+    from gem_core.train.run import TrainError, train
+
+    config = TrainConfig(model=tiny[0], steps=1, episodes=2, eval_episodes=2, warmup_steps=0, out=str(tmp_path / "r"))
+    train(config, progress=False, log=lambda _: None)
+    with pytest.raises(TrainError, match="--resume"):
+        train(config, progress=False, log=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--env", "game:NoSuchGame-v0"], "no env registered"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--gamma", "1.5"], "--gamma"),
+        (["--gamma", "nan"], "--gamma"),
+        (["--model", "/no/such/model/dir"], "no such directory"),
+        (["--lr", "0"], "--lr"),
+        (["--estimator", "grpo"], "group_size"),
+        (["--batch-size", "6", "--group-size", "4"], "multiple of group_size"),
+        (["--env-kwargs", "{nope"], "--env-kwargs"),
+        (["--steps", "ten"], "--steps"),
+        (["--device", "cuda"], "CUDA"),
+    ],
+)
+def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
+    from gem_core.cli import main
+
+    if argv == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("a CUDA device is available")
+    code = main(["train", "--out", str(tmp_path / "r"), "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(("gem-core: error:", "gem-core train: error:"))
