@@ -121,6 +121,8 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tiny, tmp_path)
     assert _rl_lines(tmp_path / "cut" / "metrics.jsonl") == _rl_lines(tmp_path / "whole" / "metrics.jsonl")
     assert resumed.final == whole.final
     assert (tmp_path / "whole" / "model" / "config.json").exists()
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "whole" / "curves.png").stat().st_size > 1000
 
 
 def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
