@@ -31,7 +31,7 @@ def _env() -> dict[str, str]:
 
 @nox.session
 def core(session: nox.Session) -> None:
-    """gem_core with its dev, torch, hf, search and mcp extras: every test except the trainer plugins'."""
+    """gem_core with its dev, torch, hf, search, mcp and train extras: every test except the trainer plugins'."""
     session.install("-e", ".[dev,torch,hf,search,mcp,train]")
     session.run(*PYTEST, *CORE_TESTS, *session.posargs, env=_env())
 
