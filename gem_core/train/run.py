@@ -88,7 +88,9 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
         for step in range(steps):
             seeds = [2 * 10**6 + step * batch + i for i in range(batch)]
             trajectories = asyncio.run(run_episodes(trainer.envs[:batch] if len(trainer.envs) >= batch else trainer.envs, policy, trainer.formatter, trainer.run_config, seeds=seeds, episode_id_prefix=f"w{step}-"))
-            rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "turn", trainer.pad_id)
+            rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", trainer.pad_id)
+            if config.warmup_transcript:
+                rows = whole_transcript(rows)
             loss = supervised_loss(trainer, rows)
             optimizer.zero_grad()
             loss.backward()
@@ -97,6 +99,18 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
     finally:
         mover.close()
     return loss_value
+
+
+def whole_transcript(rows: Any) -> Any:
+    """The same rows with every token a target (the env's text as well as the moves): language
+    modelling on transcripts of random play, so the model learns to read the env's messages (which
+    number was guessed, higher or lower) before RL has to use them."""
+    import dataclasses
+
+    targets = rows.input_ids.roll(-1, dims=1)
+    keep = rows.attention.bool() & rows.attention.roll(-1, dims=1).bool()
+    keep[:, -1] = False
+    return dataclasses.replace(rows, targets=targets.masked_fill(~keep, -100))
 
 
 def supervised_loss(trainer: Trainer, rows: Any) -> Any:

@@ -48,7 +48,7 @@ class TrainConfig:
     ``max_turns``, ``max_context_tokens``; ``temperature``. Learning: ``estimator`` (rebn, reinforce =
     vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
     ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
-    a loss mask), ``lr``, ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
+    a loss mask), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
     batch, ``kl_coef`` (to the starting policy; 0 = off), ``max_grad_norm``. ``warmup_steps``:
     supervised steps on well-formed random moves before RL (0 = none). ``eval_every``/``eval_episodes``:
     evaluation on fixed held-out seeds. ``model``: a local path or hub id of a causal LM (None: the
@@ -66,6 +66,7 @@ class TrainConfig:
     gamma: float = 0.9
     view: str = "turn"
     lr: float = 3e-4
+    lr_warmup: int = 10
     clip: float = 0.2
     epochs: int = 1
     kl_coef: float = 0.0
@@ -77,6 +78,7 @@ class TrainConfig:
     warmup_steps: int = 150
     warmup_batch: int = 32
     warmup_lr: float = 3e-3
+    warmup_transcript: bool = True
     eval_every: int = 20
     eval_episodes: int = 100
     seed: int = 0
@@ -89,6 +91,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.tools = tuple(self.tools)
         _check_int(self, "steps", 1)
+        _check_int(self, "lr_warmup", 0)
         _check_int(self, "episodes", 1)
         _check_int(self, "group_size", 1)
         _check_int(self, "epochs", 1)
@@ -310,6 +313,8 @@ class Trainer:
         self.formatter = ChatFormatter(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.0)
+        # Adam's first steps move every weight by about lr whatever the gradient: ramp the rate up.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.lr_warmup + 1)))
         self.reference = None
         self._envs: list[Any] = []
         self.step = 0
@@ -376,6 +381,7 @@ class Trainer:
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))
             self.optimizer.step()
+        self.scheduler.step()
         self.step += 1
         episodes = EpisodeStats.of(trajectories)
         return {
@@ -406,6 +412,7 @@ class Trainer:
             "step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
             "reference": None if self.reference is None else self.reference.state_dict(),
             "torch_rng": self.torch.get_rng_state(),
             "numpy_rng": np.random.get_state(),
@@ -416,6 +423,7 @@ class Trainer:
         self.step = int(state["step"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
         if state.get("reference") is not None:
             self._reference().load_state_dict(state["reference"])
         self.torch.set_rng_state(state["torch_rng"])
