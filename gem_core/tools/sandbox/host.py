@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 WORKER_SCRIPT = "worker.py"
 REPORT_WAIT_S = 5.0  # how long the worker gets to say how a killed child ended
 KILL_WAIT_S = 5.0  # how long the host waits for a killed worker to exit
-READ_CHUNK = 65536
 
 
 class WorkerLost(Exception):
@@ -111,7 +110,7 @@ class ChildPipes:
             if self.pidfd in ready:
                 break
             for fd in (self.r_out, self.r_err):
-                if fd in ready and not read_some(fd, buffers[fd]):
+                if fd in ready and not protocol.read_some(fd, buffers[fd]):
                     poller.unregister(fd)
             if len(buffers[self.r_out]) + len(buffers[self.r_err]) > cap:
                 reply.truncated = True
@@ -123,7 +122,7 @@ class ChildPipes:
             except OSError:
                 pass
         for fd, buffer in buffers.items():  # what it wrote before it reported; leftovers may hold the pipes
-            while len(buffers[self.r_out]) + len(buffers[self.r_err]) <= cap and read_some(fd, buffer):
+            while len(buffers[self.r_out]) + len(buffers[self.r_err]) <= cap and protocol.read_some(fd, buffer):
                 pass
         out, err = bytes(buffers[self.r_out]), bytes(buffers[self.r_err])
         if len(out) + len(err) > cap:  # keep the first `cap` bytes of the two streams together, stdout first
@@ -359,16 +358,6 @@ def write_all_before(fd: int, data: bytes, deadline: float) -> bool:
             if remaining <= 0 or not poller.poll(max(1, math.ceil(remaining * 1000))):
                 return False
     return True
-
-
-def read_some(fd: int, buffer: bytearray) -> bool:
-    """Append what the non-blocking ``fd`` has now to ``buffer``; False at EOF or when empty."""
-    try:
-        data = os.read(fd, READ_CHUNK)
-    except BlockingIOError:
-        return False
-    buffer += data
-    return bool(data)
 
 
 def close_fds(fds: list[int]) -> None:

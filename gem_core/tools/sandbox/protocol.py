@@ -125,3 +125,17 @@ def decode_cases(data):
             }
         )
     return cases
+
+
+READ_CHUNK = 65536  # bytes per read of a snippet's or a case's output
+
+
+def read_some(fd: int, buffer: bytearray) -> bool:
+    """Append what the non-blocking ``fd`` has now to ``buffer``; False at EOF or when nothing is there.
+    (Used on both sides: the host reads a snippet's output, the worker a test case's.)"""
+    try:
+        data = os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return False
+    buffer += data
+    return bool(data)

@@ -59,7 +59,6 @@ REQ_FD, STATUS_FD = 3, 4
 FIRST_FREE_FD = STATUS_FD + 1
 HIGH_FD = 10  # where a child parks its pipe ends before putting them on 1-4
 MAXFD = max(64, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536))
-READ_CHUNK = 65536  # bytes per read of a case's output
 REQUEST_CHUNK = 1 << 20  # bytes per read of the request
 
 # Linux constants (<linux/prctl.h>, <linux/keyctl.h>, <linux/ipc.h>, the syscall tables).
@@ -305,10 +304,10 @@ def collect(pidfd, r_out, r_err, deadline, cap):
             exited = True
             break
         for fd in ready:
-            if not read_some(fd, buffers[fd]):
+            if not protocol.read_some(fd, buffers[fd]):
                 poller.unregister(fd)
     for fd, buffer in buffers.items():  # what it wrote before exiting; stragglers may hold the pipes
-        while len(buffer) <= cap and read_some(fd, buffer):
+        while len(buffer) <= cap and protocol.read_some(fd, buffer):
             pass
     out, err = bytes(buffers[r_out]), bytes(buffers[r_err])
     truncated = len(out) + len(err) > cap
@@ -316,16 +315,6 @@ def collect(pidfd, r_out, r_err, deadline, cap):
         out = out[:cap]
         err = err[: max(0, cap - len(out))]
     return out, err, truncated, exited
-
-
-def read_some(fd, buffer):
-    """Append what ``fd`` has now to ``buffer``; False at EOF or when nothing is there."""
-    try:
-        data = os.read(fd, READ_CHUNK)
-    except BlockingIOError:
-        return False
-    buffer += data
-    return bool(data)
 
 
 def how_it_ended(wait_status):
