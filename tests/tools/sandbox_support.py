@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,37 @@ def require_bwrap() -> None:
     if IN_CI:
         pytest.fail(f"CI must be able to run the Python sandbox: {problem}", pytrace=False)
     pytest.skip(problem)
+
+
+def _proc_stats() -> list[tuple[int, str, int]]:
+    """(pid, state, parent pid) of every process, from /proc (no psutil needed)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out.append((int(name), fields[0], int(fields[1])))
+    return out
+
+
+def descendants(root: int) -> set[int]:
+    """Pids of every process below ``root``."""
+    children: dict[int, list[int]] = {}
+    for pid, _, parent in _proc_stats():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def zombie_children() -> list[int]:
+    """This process's children that have exited and were not reaped."""
+    me = os.getpid()
+    return [pid for pid, state, parent in _proc_stats() if state == "Z" and parent == me]
+

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from hostile_snippets import FILE_SECRET, HOSTILE, SECRET, hostile_host
 from sandbox_support import require_bwrap
+from sandbox_support import zombie_children as _zombie_children
 
 TIMEOUT = 2.0
 LIMIT = TIMEOUT + 1.0  # every call must return within this
@@ -129,20 +129,6 @@ def test_random_differs_between_calls(box, host):
 
 
 # -- many calls: nothing accumulates ---------------------------------------------------------------
-
-
-def _zombie_children() -> list[int]:
-    me, zombies = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] == "Z" and int(fields[1]) == me:
-                zombies.append(int(name))
-    return zombies
 
 
 def test_thousand_calls_leave_no_zombies_processes_or_files(host):

@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from sandbox_support import descendants as _descendants
 from sandbox_support import require_bwrap
+from sandbox_support import zombie_children as _zombie_children
 
 from gem_core.tools.python import PythonSandbox, PythonTool
 from gem_core.tools.sandbox import pool as pool_module
@@ -40,38 +42,6 @@ def _make_task_env(env_id: str, tools: list[str]):
     except ImportError:  # before the dataset-row code moved to gem_core.tasks
         from gem_core.rollout.task import make_task_env
     return make_task_env(env_id, {}, tools)
-
-
-def _descendants(root: int) -> set[int]:
-    """Pids of every process below ``root`` (from /proc: no psutil needed)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _zombie_children() -> list[int]:
-    me, zombies = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] == "Z" and int(fields[1]) == me:
-                zombies.append(int(name))
-    return zombies
 
 
 class _PeakProcesses:
