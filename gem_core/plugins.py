@@ -20,7 +20,6 @@ ids is :mod:`gem_core.batch`.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.abc
 import importlib.metadata
@@ -373,17 +372,3 @@ def discover() -> dict[str, TrainerPlugin]:
         if isinstance(plugin, TrainerPlugin):
             found[plugin.name] = plugin
     return dict(sorted(found.items()))
-
-
-def add_dataset_commands(commands: Any, plugins: dict[str, TrainerPlugin]) -> None:
-    """``make-dataset <trainer>`` for each plugin that writes a dataset (argparse only; no trainer import)."""
-    datasets = commands.add_parser("make-dataset", help="write a trainer's dataset file of env episodes")
-    writers = datasets.add_subparsers(dest="trainer", metavar="TRAINER")
-    writers.required = True
-    for plugin in plugins.values():
-        if plugin.dataset is None:
-            continue
-        module = importlib.import_module(plugin.dataset)
-        sub = writers.add_parser(plugin.name, help=f"the dataset file {plugin.name} reads", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        module.add_arguments(sub)
-        sub.set_defaults(plugin_main=module.main)

@@ -4,7 +4,6 @@ starts, so ``gem-core --help`` stays fast and works without the ``train`` extra)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any, TextIO
 
@@ -52,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
     parser.add_argument("--model", default=None, help="local path or hub id of a causal LM (default: a tiny model built here)")
-    parser.add_argument("--steps", type=_int(1), default=d.steps, help=f"RL updates (default {d.steps})")
+    parser.add_argument("--steps", type=_int(1), default=None, help=f"RL updates (default {d.steps}; with --resume, the saved run's)")
     parser.add_argument("--batch-size", dest="episodes", metavar="N", type=_int(1), default=d.episodes, help=f"episodes per update (default {d.episodes})")
     parser.add_argument("--group-size", type=_int(1), default=d.group_size, help="episodes per start state (GRPO/RLOO need 2+)")
     parser.add_argument("--estimator", choices=ESTIMATORS, default=d.estimator, help=f"advantage estimator (default {d.estimator})")
@@ -84,13 +83,18 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from gem_core.tasks import parse_env_kwargs, parse_tools
     from gem_core.train.trainer import TrainConfig
 
+    from gem_core.train.run import saved_steps
+
     gem_core.spec(args.env)  # an unknown id fails here with the registry's suggestion
+    steps = args.steps
+    if steps is None:
+        steps = (saved_steps(args.out) if args.resume else None) or TrainConfig.steps
     try:
         env_kwargs = parse_env_kwargs(args.env_kwargs)
     except ValueError as exc:
         raise ValueError(f"--env-kwargs: {exc}") from None
     return TrainConfig(
-        env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=args.steps,
+        env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=steps,
         episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
         lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, max_grad_norm=args.max_grad_norm,
         temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps,
@@ -111,7 +115,7 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     try:
-        import torch  # noqa: F401
+        import torch
         import transformers  # noqa: F401
     except ImportError as exc:
         raise CliError(f"gem-core train needs torch and transformers: pip install -e '.[train]' ({exc})") from None
@@ -119,8 +123,6 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
 
     try:
         if config.device.startswith("cuda"):
-            import torch
-
             if not torch.cuda.is_available():
                 raise CliError(f"--device {config.device}: no CUDA device is available here")
         summary = train(config, progress=not args.no_progress, log=lambda line: print(line, file=out, flush=True))
@@ -133,9 +135,3 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
         print(f"\nRL changed the held-out success rate by {gain:+.3f} ({summary.warm_start.success_rate:.3f} after the supervised warm start -> {summary.final.success_rate:.3f})", file=out)
     print(f"run directory: {summary.out} (metrics.jsonl, config.json, checkpoint.pt, model/, curves.png); {summary.seconds:.0f} s", file=out)
     return 0
-
-
-def describe(config: Any) -> str:
-    from gem_core.train.trainer import config_dict
-
-    return json.dumps(config_dict(config), sort_keys=True)

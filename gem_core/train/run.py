@@ -165,6 +165,11 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
         config = _resumed_config(config, out)
     elif os.path.exists(checkpoint_path):
         raise TrainError(f"{out} already holds a run: pass --resume to continue it, or another --out")
+    if config.tensorboard:  # checked before the run, not after it
+        try:
+            import torch.utils.tensorboard  # noqa: F401
+        except ImportError:
+            raise TrainError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
     torch.manual_seed(config.seed)
     model, tokenizer = load_model(config.model, config.seed)
     trainer = Trainer(config, model, tokenizer, log=log)
@@ -221,8 +226,17 @@ def _resumed_config(config: TrainConfig, out: str) -> TrainConfig:
         raise TrainError(f"--resume: {out} holds no checkpoint to continue")
     with open(path, encoding="utf-8") as handle:
         saved = json.load(handle)
-    saved.update(resume=True, steps=max(config.steps, saved["steps"]) if config.steps != TrainConfig.steps else saved["steps"])
+    saved.update(resume=True, steps=config.steps)  # the saved run's settings, continued to config.steps updates
     return TrainConfig.from_dict(saved)
+
+
+def saved_steps(out: str) -> int | None:
+    """The ``steps`` of the run saved in ``out`` (what ``--resume`` without ``--steps`` continues to)."""
+    try:
+        with open(os.path.join(out, CONFIG), encoding="utf-8") as handle:
+            return int(json.load(handle)["steps"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _truncate_metrics(path: str, step: int) -> None:
@@ -293,10 +307,8 @@ def plot(metrics_path: str, png_path: str) -> str | None:
 
 
 def _tensorboard(metrics_path: str, log_dir: str) -> None:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise TrainError("--tensorboard needs the tensorboard package (pip install tensorboard)") from exc
+    from torch.utils.tensorboard import SummaryWriter
+
     writer = SummaryWriter(log_dir)
     for record in read_metrics(metrics_path):
         for key, value in record.items():

@@ -3,6 +3,7 @@ and the CLI's answers to bad arguments."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -148,6 +149,8 @@ def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
         (["--env-kwargs", "{nope"], "--env-kwargs"),
         (["--steps", "ten"], "--steps"),
         (["--device", "cuda"], "CUDA"),
+        (["--resume"], "no checkpoint"),
+        (["--tensorboard", "--steps", "1"], "tensorboard"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
@@ -155,8 +158,26 @@ def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
 
     if argv == ["--device", "cuda"] and torch.cuda.is_available():
         pytest.skip("a CUDA device is available")
+    if "--tensorboard" in argv and importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed")
     code = main(["train", "--out", str(tmp_path / "r"), "--no-progress", *argv])
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(("gem-core: error:", "gem-core train: error:"))
+
+
+def test_the_cli_resumes_to_the_saved_number_of_updates(tiny, tmp_path, capsys):
+    """`gem-core train --resume` without --steps continues to the saved run's --steps, not the default."""
+    from gem_core.cli import main
+
+    out = str(tmp_path / "r")
+    common = ["--model", tiny[0], "--out", out, "--no-progress", "--batch-size", "2", "--eval-episodes", "2", "--warmup-steps", "0"]
+    assert main(["train", "--steps", "2", *common]) == 0
+    assert main(["train", "--resume", *common]) == 0
+    lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    assert max(line["step"] for line in lines) == 2
+    assert main(["train", "--resume", "--steps", "3", *common]) == 0
+    lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    assert [line["step"] for line in lines if line["phase"] == "rl"] == [1, 2, 3]
+    assert "RL changed the held-out success rate" in capsys.readouterr().out
