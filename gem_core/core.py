@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, SupportsFloat, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, SupportsFloat, TypeVar
 
 import numpy as np
 
@@ -114,6 +114,10 @@ class Env(Generic[ObsType, ActType]):
 
     metadata: dict[str, Any] = {}
     spec: EnvSpec | None = None
+    #: The constructor's arguments with their types and ranges (name -> gem_core.params.Param), checked by
+    #: ``make``/``make_vec`` before the env is built; a classmethod ``check_params(args)`` may add rules
+    #: between arguments. Undeclared arguments are passed through unchecked.
+    params: ClassVar[dict[str, Any]] = {}
 
     _np_random: np.random.Generator | None = None
     _np_random_seed: int | None = None

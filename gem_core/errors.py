@@ -17,7 +17,23 @@ class UnknownEnvError(GemError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class UnknownKwargError(GemError, TypeError):
+class InvalidArgumentError(GemError, ValueError):
+    """An argument (an env's ``make`` kwarg, a vector env option, a tool option) is outside what is
+    allowed. The message names the argument, the value given and what is allowed; ``name``,
+    ``value`` and ``allowed`` carry the same, for code. Also a ``ValueError``."""
+
+    def __init__(self, message: str, *, name: str | None = None, value: object = None, allowed: str | None = None):
+        super().__init__(message)
+        self.name = name
+        self.value = value
+        self.allowed = allowed
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (``max_turns="5"``). Both a ``ValueError`` and a ``TypeError``."""
+
+
+class UnknownKwargError(InvalidArgumentTypeError):
     """``make`` got a keyword argument that the env's constructor does not take."""
 
 
@@ -27,6 +43,11 @@ class RegistrationError(GemError, ValueError):
 
 class ResetNeeded(GemError, RuntimeError):
     """``step`` was called before ``reset`` or after the episode ended."""
+
+
+class ModelServerError(GemError, ConnectionError):
+    """A policy could not reach its model server, or the server did not answer usably. The message
+    names the URL and the cause."""
 
 
 def suggest(word: str, choices: Iterable[str], n: int = 3) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gem_core.errors import RegistrationError, UnknownEnvError, UnknownKwargError, suggest
+from gem_core.params import Param, check_args, invalid
 
 if TYPE_CHECKING:
     from gem_core.core import Env
@@ -164,8 +165,12 @@ def make(id: str, wrappers: Sequence[Callable[[Env], Env]] = (), **kwargs: Any) 
     return make_from_spec(spec(id), wrappers, **kwargs)
 
 
-def make_from_spec(env_spec: EnvSpec, wrappers: Sequence[Callable[[Env], Env]] = (), **kwargs: Any) -> Env:
-    """Build an env from a spec (no registry lookup: works in a worker process that never saw the id)."""
+def check_kwargs(env_spec: EnvSpec, kwargs: dict[str, Any]) -> tuple[Callable[..., Env], dict[str, Any]]:
+    """The spec's factory and its kwargs (the spec's defaults under ``kwargs``), checked: names the
+    factory does not take (:class:`UnknownKwargError`, with close matches), then the types and ranges
+    the env class declares (``params``, ``check_params``: :mod:`gem_core.params`), as one
+    :class:`~gem_core.errors.InvalidArgumentError` naming the id, the argument, the value and what is
+    allowed. Builds nothing, so ``make_vec`` runs it in the caller before any worker starts."""
     factory = env_spec.load()
     merged = {**env_spec.kwargs, **kwargs}
     allowed = accepted_kwargs(factory)
@@ -175,8 +180,16 @@ def make_from_spec(env_spec: EnvSpec, wrappers: Sequence[Callable[[Env], Env]] =
             hints = "".join(suggest(k, allowed) for k in unknown)
             raise UnknownKwargError(
                 f"{env_spec.id} does not take {', '.join(map(repr, unknown))}.{hints} "
-                f"It accepts: {', '.join(sorted(allowed)) or '(nothing)'}."
+                f"It accepts: {', '.join(sorted(allowed)) or '(nothing)'}.",
+                name=unknown[0], value=merged[unknown[0]], allowed=", ".join(sorted(allowed)),
             )
+    check_args(factory, merged, env_spec.id)
+    return factory, merged
+
+
+def make_from_spec(env_spec: EnvSpec, wrappers: Sequence[Callable[[Env], Env]] = (), **kwargs: Any) -> Env:
+    """Build an env from a spec (no registry lookup: works in a worker process that never saw the id)."""
+    factory, merged = check_kwargs(env_spec, kwargs)
     env = factory(**merged)
     from gem_core.core import Env as _Env
 
@@ -201,27 +214,50 @@ def make_vec(
 
     ``vectorization_mode`` is ``"sync"`` (one process) or ``"async"`` (worker processes);
     ``vector_kwargs`` go to the vector env (``autoreset_mode``, ``num_workers``, ``step_timeout``...).
+    Every argument, the env kwargs included, is checked here in the caller, the same way for both
+    modes, before any env or worker is built (:class:`~gem_core.errors.InvalidArgumentError`).
     """
+    _VECTOR_MODE.check("vectorization_mode", vectorization_mode, "make_vec")
     if isinstance(id, str):
         if num_envs is None:
             num_envs = 1
-        ids = [id] * num_envs
+        _NUM_ENVS.check("num_envs", num_envs, "make_vec")
+        ids = [id] * int(num_envs)
     else:
         ids = list(id)
         if num_envs is not None and num_envs != len(ids):
-            raise ValueError(f"make_vec got {len(ids)} ids but num_envs={num_envs}")
+            raise invalid("num_envs", num_envs, f"None or the number of ids given ({len(ids)})", "make_vec")
     if not ids:
-        raise ValueError("make_vec needs at least one env")
-    specs = {env_id: spec(env_id) for env_id in set(ids)}  # unknown ids fail here, in the caller
-    fns = [EnvFactory(specs[env_id], tuple(wrappers), kwargs) for env_id in ids]
+        raise invalid("id", id, "an env id or a non-empty list of env ids", "make_vec")
+    specs = {env_id: spec(env_id) for env_id in dict.fromkeys(ids)}  # unknown ids fail here, in the caller
+    for env_spec in specs.values():
+        check_kwargs(env_spec, kwargs)  # bad kwargs too: one message whichever the mode
     from gem_core.vector import AsyncVectorEnv, SyncVectorEnv
 
+    vector_class = SyncVectorEnv if vectorization_mode == "sync" else AsyncVectorEnv
     vector_kwargs = dict(vector_kwargs or {})
-    if vectorization_mode == "sync":
-        return SyncVectorEnv(fns, **vector_kwargs)
-    if vectorization_mode == "async":
-        return AsyncVectorEnv(fns, **vector_kwargs)
-    raise ValueError(f"vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
+    _check_vector_kwargs(vector_class, vector_kwargs)
+    fns = [EnvFactory(specs[env_id], tuple(wrappers), kwargs) for env_id in ids]
+    return vector_class(fns, **vector_kwargs)
+
+
+_VECTOR_MODE = Param(str, choices=("sync", "async"))
+_NUM_ENVS = Param(int, low=1)
+
+
+def _check_vector_kwargs(vector_class: type, vector_kwargs: dict[str, Any]) -> None:
+    """``vector_kwargs`` against the vector class's constructor: known names, declared types and ranges."""
+    where = f"make_vec(vectorization_mode={'sync' if vector_class.__name__.startswith('Sync') else 'async'!r})"
+    allowed = (accepted_kwargs(vector_class) or set()) - {"env_fns"}
+    unknown = sorted(set(vector_kwargs) - allowed)
+    if unknown:
+        hints = "".join(suggest(k, allowed) for k in unknown)
+        raise UnknownKwargError(
+            f"{where}: vector_kwargs has {', '.join(map(repr, unknown))}, which {vector_class.__name__} does not take.{hints} "
+            f"It accepts: {', '.join(sorted(allowed))}.",
+            name=unknown[0], value=vector_kwargs[unknown[0]], allowed=", ".join(sorted(allowed)),
+        )
+    check_args(vector_class, vector_kwargs, where)
 
 
 @dataclass(frozen=True)

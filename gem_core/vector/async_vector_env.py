@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_any
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, ClassVar
+
+from gem_core.params import Param, check_args
 
 from gem_core.vector.vector_env import (
     CRASH,
@@ -181,6 +183,12 @@ class AsyncVectorEnv(VectorEnv):
     spawn-based multiprocessing, a script that builds one needs the ``if __name__ == "__main__":`` guard.
     """
 
+    params: ClassVar[dict[str, Param]] = {
+        **VectorEnv.params,
+        "num_workers": Param(int, low=1, none="one per env, at most one per CPU"),
+        "step_timeout": Param(float, above=0, none="no time limit"),
+    }
+
     def __init__(
         self,
         env_fns: Iterable[Callable[[], Any]],
@@ -192,13 +200,10 @@ class AsyncVectorEnv(VectorEnv):
         on_error: str = "raise",
     ):
         env_fns = list(env_fns)
+        check_args(AsyncVectorEnv, {"num_workers": num_workers, "step_timeout": step_timeout}, type(self).__name__)
         super().__init__(len(env_fns), autoreset_mode, on_error)
         if num_workers is None:
             num_workers = min(self.num_envs, os.cpu_count() or 1)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
-        if step_timeout is not None and not step_timeout > 0:
-            raise ValueError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
         self.num_workers = min(num_workers, self.num_envs)
         self.step_timeout = step_timeout
         self._ctx = context if isinstance(context, BaseContext) else multiprocessing.get_context(context or "spawn")

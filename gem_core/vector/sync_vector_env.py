@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gem_core.params import invalid
 from gem_core.vector.vector_env import AutoresetMode, VectorEnv, call_env, run_op
 
 
@@ -25,9 +26,11 @@ class SyncVectorEnv(VectorEnv):
         step_timeout: float | None = None,
     ):
         if step_timeout is not None:
-            raise ValueError(
-                "SyncVectorEnv cannot enforce step_timeout: a step running in this process cannot be "
-                "interrupted safely. Use AsyncVectorEnv (vectorization_mode='async') for a time limit."
+            raise invalid(
+                "step_timeout", step_timeout,
+                "None: SyncVectorEnv cannot enforce step_timeout, since a step running in this process cannot be "
+                "interrupted safely; use AsyncVectorEnv (vectorization_mode='async') for a time limit",
+                type(self).__name__,
             )
         env_fns = list(env_fns)
         super().__init__(len(env_fns), autoreset_mode, on_error)

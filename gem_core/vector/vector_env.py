@@ -26,11 +26,12 @@ import enum
 import operator
 import traceback
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from gem_core.errors import GemError, ResetNeeded
+from gem_core.params import Param, check_args, invalid
 
 __all__ = ["AutoresetMode", "VectorEnv", "VectorEnvError", "call_env", "run_op"]
 
@@ -62,7 +63,7 @@ class AutoresetMode(str, enum.Enum):
                 if mode.name.replace("_", "").lower() == key:
                     return mode
         names = ", ".join(mode.name for mode in cls)
-        raise ValueError(f"autoreset_mode must be an AutoresetMode or one of {names}, got {value!r}")
+        raise invalid("autoreset_mode", value, f"an AutoresetMode or one of {names}", wrong_type=not isinstance(value, str))
 
 
 class VectorEnvError(GemError, RuntimeError):
@@ -158,11 +159,13 @@ class VectorEnv:
     with a mask). Exceptions inside ``reset()``/``call()`` always raise: there is nothing to return.
     """
 
+    #: The options every vector env takes, checked by its constructor and by make_vec (gem_core.params).
+    params: ClassVar[dict[str, Param]] = {"on_error": Param(str, choices=_ON_ERROR)}
+
     def __init__(self, num_envs: int, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, on_error: str = "raise"):
         if num_envs < 1:
-            raise ValueError(f"a vector env needs at least one env, got {num_envs}")
-        if on_error not in _ON_ERROR:
-            raise ValueError(f"on_error must be 'raise' or 'truncate', got {on_error!r}")
+            raise invalid("env_fns", num_envs, "at least one env", type(self).__name__)
+        check_args(VectorEnv, {"on_error": on_error}, type(self).__name__)
         self.num_envs = int(num_envs)
         self.autoreset_mode = AutoresetMode.coerce(autoreset_mode)
         self.on_error = on_error

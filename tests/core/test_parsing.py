@@ -1,27 +1,25 @@
-"""last_boxed: the action parser every game uses, checked against a plain reference implementation."""
+"""last_boxed: the action parser every game uses, checked against a plain reference implementation;
+echo: how model text is quoted back, bounded."""
 
 from __future__ import annotations
 
-import re
-import sys
 import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gem_core.parsing import _LAST_BOX, boxed, last_boxed
+from gem_core.parsing import ECHO_CHARS, boxed, echo, last_boxed
 
 
 def reference_last_boxed(text: object) -> str | None:
-    """Character by character: the rightmost marker, optional spaces, then a balanced brace group."""
+    """Character by character: the rightmost \\boxed marker, optional spaces, then a balanced brace group."""
     if not isinstance(text, str):
         return None
-    starts = [(i, len(m)) for m in ("\\boxed", "\\fbox") for i in range(len(text)) if text.startswith(m, i)]
+    starts = [i for i in range(len(text)) if text.startswith("\\boxed", i)]
     if not starts:
         return None
-    i, width = max(starts)
-    i += width
+    i = max(starts) + len("\\boxed")
     while i < len(text) and text[i] == " ":
         i += 1
     if i >= len(text) or text[i] != "{":
@@ -39,8 +37,9 @@ def reference_last_boxed(text: object) -> str | None:
     [
         ("\\boxed{7}", "7"),
         ("I think \\boxed{3} no, \\boxed{4}", "4"),
-        ("\\boxed{3} then \\fbox{5}", "5"),
+        ("\\boxed{3} then \\fbox{5}", "3"),  # \\fbox is not a move (GEM reads \\boxed only)
         ("\\fbox{5} then \\boxed{3}", "3"),
+        ("\\fbox{5}", None),
         ("\\boxed {x}", "x"),
         ("\\boxed   {x y}", "x y"),
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
@@ -76,16 +75,6 @@ def test_boxed_round_trips(content: str) -> None:
     assert last_boxed("answer: " + boxed(content)) == content
 
 
-# The parser used an atomic group until Python 3.10 support (3.10's ``re`` has none). Its behaviour is
-# pinned here: the same match (end and group 1) as the atomic form on every input, and linear time.
-_ATOMIC = r"(?>.*\\(?:boxed|fbox))(?: *\{([^{}]*)\})?"
-_needs_atomic = pytest.mark.skipif(sys.version_info < (3, 11), reason="re has atomic groups from Python 3.11")
-
-
-def _outcome(found: re.Match[str] | None) -> tuple[int, str | None] | None:
-    return None if found is None else (found.end(), found[1])
-
-
 _N = 200_000
 # Inputs that would make a backtracking parser go quadratic or worse: many markers, many backslashes,
 # long runs of spaces, an unclosed brace with a long body, deep nesting, many opening braces.
@@ -116,15 +105,12 @@ def test_last_boxed_is_linear_on_pathological_input(name: str) -> None:
     assert got == reference_last_boxed(text)
 
 
-@_needs_atomic
-@pytest.mark.parametrize("name", list(_PATHOLOGICAL))
-def test_regex_equals_atomic_group_on_pathological_input(name: str) -> None:
-    text = _PATHOLOGICAL[name]
-    assert _outcome(_LAST_BOX(text)) == _outcome(re.compile(_ATOMIC, re.DOTALL).match(text))
-
-
-@_needs_atomic
-@settings(max_examples=600, deadline=None)
-@given(st.lists(_pieces, max_size=14).map("".join) | st.text(max_size=30))
-def test_regex_equals_atomic_group(text: str) -> None:
-    assert _outcome(_LAST_BOX(text)) == _outcome(re.compile(_ATOMIC, re.DOTALL).match(text))
+def test_echo_quotes_short_text_whole_and_long_text_as_prefix_and_length() -> None:
+    assert echo("up") == "'up'"
+    assert echo("x" * ECHO_CHARS) == repr("x" * ECHO_CHARS)
+    action = "\\boxed{" + "1" * 10_000_000 + "}"
+    start = time.perf_counter()
+    quoted = echo(action)
+    assert time.perf_counter() - start < 0.05
+    assert quoted == repr(action[:ECHO_CHARS] + "…") + " (10000008 chars)"
+    assert len(echo(list(range(10**6)))) < 3 * ECHO_CHARS  # non-text values are shortened too

@@ -708,7 +708,7 @@ def test_sudoku_random_variant_settings():
 
 
 def test_sudoku_rejects_bad_settings():
-    with pytest.raises(ValueError, match="4 or 9"):
+    with pytest.raises(ValueError, match="scale=6 is not allowed: expected one of 4, 9"):
         Sudoku(scale=6, clues=10, max_turns=10)
     with pytest.raises(ValueError, match="between 1 and 16"):
         Sudoku(scale=4, clues=17, max_turns=10)

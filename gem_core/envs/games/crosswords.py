@@ -19,9 +19,11 @@ import string
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args
+from gem_core.parsing import echo, echo_bare
 from gem_core.envs.games.word_search import render_grid
 
 ACROSS, DOWN = "across", "down"
@@ -158,10 +160,15 @@ class Crosswords(TextGame):
     title = "Crosswords"
     progress_share = 0.5
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "num_words": Param(int, low=1, high=10, none="drawn per episode"),
+        "hardcore": Param(bool, none="drawn per episode"),
+    }
+
     def __init__(self, num_words: int | None = 5, hardcore: bool | None = False, max_turns: int | None = 100):
+        check_args(type(self), {"num_words": num_words, "hardcore": hardcore, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
-        if num_words is not None and not 1 <= num_words <= 10:
-            raise ValueError(f"num_words must be in 1..10 or None (random), got {num_words}")
         self._num_words_arg = num_words
         self._hardcore_arg = hardcore
         self.num_words = num_words or 3
@@ -250,12 +257,12 @@ class Crosswords(TextGame):
             if number is not None and word.isascii() and word.isalpha():
                 return self._fill_answer(number, word)
         return illegal(
-            f"At turn {self.turn}, {move!r} is not a move. Write 'row col letter' (e.g. \\boxed{{0 2 a}}) "
+            f"At turn {self.turn}, {echo(move)} is not a move. Write 'row col letter' (e.g. \\boxed{{0 2 a}}) "
             "or 'clue-number word' (e.g. \\boxed{2 yellow}).",
         )
 
     def _fill_cell(self, row: int, col: int, letter: str) -> Move:
-        where = f"({row}, {col})"
+        where = f"({echo_bare(row)}, {echo_bare(col)})"
         if not (0 <= row < len(self.board) and 0 <= col < len(self.board[0])):
             return illegal(f"At turn {self.turn}, {where} is outside the grid.")
         if self.board[row][col] == BLOCK:
@@ -273,11 +280,11 @@ class Crosswords(TextGame):
 
     def _fill_answer(self, number: int, word: str) -> Move:
         if not 1 <= number <= len(self.clues):
-            return illegal(f"At turn {self.turn}, there is no clue {number}; clues are 1-{len(self.clues)}.")
+            return illegal(f"At turn {self.turn}, there is no clue {echo_bare(number)}; clues are 1-{len(self.clues)}.")
         clue = self.clues[number - 1]
         if len(word) != len(clue.answer):
             return illegal(
-                f"At turn {self.turn}, {word.upper()} has {len(word)} letters; answer {number} has {len(clue.answer)}.",
+                f"At turn {self.turn}, {echo_bare(word.upper())} has {len(word)} letters; answer {number} has {len(clue.answer)}.",
             )
         cells = clue.cells()
         if all(self.board[r][c] != HIDDEN for r, c in cells):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from functools import cache
 
+from typing import ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args
+from gem_core.parsing import echo
 
 # A direction names the way a TILE slides into the gap (GEM's convention): "up" moves the tile
 # below the gap up, so the gap itself goes down one row.
@@ -234,10 +238,11 @@ class FifteenPuzzle(TextGame):
 
     title = "Fifteen Puzzle"
 
+    params: ClassVar[dict[str, Param]] = {**TextGame.params, "num_rows": Param(int, low=2, high=8, none="drawn per episode")}
+
     def __init__(self, num_rows: int | None = 2, max_turns: int | None = 20):
+        check_args(type(self), {"num_rows": num_rows, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
-        if num_rows is not None and num_rows < 2:
-            raise ValueError(f"num_rows must be >= 2 or None (random), got {num_rows}")
         self._num_rows_arg = num_rows
         self.num_rows = num_rows or 2
         self.board: list[int] = list(solved_board(self.num_rows))  # cells in reading order, 0 is the gap
@@ -305,7 +310,7 @@ class FifteenPuzzle(TextGame):
     def play(self, move: str) -> Move:
         direction = move if move in _OPPOSITE else move.lower()
         if direction not in _OPPOSITE:
-            return illegal(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.")
+            return illegal(f"At turn {self.turn}, {echo(move)} is not a direction; use up, down, left or right.")
         board = self.board
         if not apply_direction(board, self.num_rows, direction):
             side = _SIDE_OF_GAP[direction]

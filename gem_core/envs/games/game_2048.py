@@ -7,7 +7,11 @@ from functools import cache
 
 import numpy as np
 
+from typing import Any, ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, lost, moved, won
+from gem_core.params import Param, check_args, invalid
+from gem_core.parsing import echo
 
 DIRECTIONS = ("up", "down", "left", "right")
 
@@ -139,12 +143,21 @@ class Game2048(TextGame):
 
     title = "2048"
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "target_tile": Param(int, low=8, high=2**20, none="drawn per episode"),
+        "board_size": Param(int, low=2, high=10),
+    }
+
+    @classmethod
+    def check_params(cls, args: dict[str, Any]) -> None:
+        target = args["target_tile"]
+        if target is not None and target & (target - 1):
+            raise invalid("target_tile", target, "a power of two in 8..1048576, or None (drawn per episode)")
+
     def __init__(self, target_tile: int | None = 2048, max_turns: int | None = 1000, board_size: int = 4):
+        check_args(type(self), {"target_tile": target_tile, "max_turns": max_turns, "board_size": board_size}, type(self).__name__)
         super().__init__(max_turns)
-        if target_tile is not None and (target_tile < 8 or target_tile & (target_tile - 1)):
-            raise ValueError(f"target_tile must be a power of two >= 8 or None (random), got {target_tile}")
-        if board_size < 2:
-            raise ValueError(f"board_size must be >= 2, got {board_size}")
         self._target_tile_arg = target_tile
         self.target_tile = target_tile or 2048
         self.size = board_size
@@ -205,7 +218,7 @@ class Game2048(TextGame):
     def play(self, move: str) -> Move:
         direction = move.lower()
         if direction not in DIRECTIONS:
-            return illegal(f"At turn {self.turn}, {move!r} is not a direction; use up, down, left or right.")
+            return illegal(f"At turn {self.turn}, {echo(move)} is not a direction; use up, down, left or right.")
         slid = slide_board(self.board, self.size, direction)
         if slid is None:
             return illegal(

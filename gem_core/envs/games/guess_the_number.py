@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
+from typing import Any, ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args, invalid
+from gem_core.parsing import ECHO_CHARS, echo
+
+_NUMBER = Param(int, low=-10**9, high=10**9, none="a range drawn per episode")
 
 
 class GuessTheNumber(TextGame):
@@ -19,14 +25,21 @@ class GuessTheNumber(TextGame):
 
     title = "Guess The Number"
 
+    params: ClassVar[dict[str, Param]] = {**TextGame.params, "min_number": _NUMBER, "max_number": _NUMBER}
+
+    @classmethod
+    def check_params(cls, args: dict[str, Any]) -> None:
+        low, high = args["min_number"], args["max_number"]
+        if low is not None and high is not None and not low < high:
+            raise invalid("max_number", high, f"an integer > min_number ({low})")
+
     def __init__(self, min_number: int | None = 1, max_number: int | None = 20, max_turns: int | None = 20):
+        check_args(type(self), {"min_number": min_number, "max_number": max_number, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
         self._random_range = min_number is None or max_number is None
-        if not self._random_range and not min_number < max_number:
-            raise ValueError(f"need min_number < max_number, got {min_number}, {max_number}")
         self._range_arg = (min_number, max_number)
-        self.min_number = min_number or 1
-        self.max_number = max_number or 2
+        self.min_number = 1 if min_number is None else min_number
+        self.max_number = 2 if max_number is None else max_number
         self.target = 0
         self.guessed: set[int] = set()
         self.last_guess: int | None = None
@@ -59,9 +72,10 @@ class GuessTheNumber(TextGame):
         try:
             guess = int(move)
         except ValueError:
-            return illegal(f"At turn {self.turn}, {move!r} is not a whole number.")
+            return illegal(f"At turn {self.turn}, {echo(move)} is not a whole number.")
         if guess < self.min_number or guess > self.max_number:
-            return illegal(f"At turn {self.turn}, you guessed {guess}, which is outside {self.min_number}-{self.max_number}.")
+            shown = guess if len(move) <= ECHO_CHARS else echo(move)
+            return illegal(f"At turn {self.turn}, you guessed {shown}, which is outside {self.min_number}-{self.max_number}.")
         guessed = self.guessed
         if guess in guessed:
             return illegal(f"At turn {self.turn}, you guessed {guess}, which you already guessed.")

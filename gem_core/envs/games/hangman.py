@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import string
 
+from typing import ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args
+from gem_core.parsing import echo, echo_bare
 from gem_core.utils.words import example_word, words_of_length
 
 # (word_length, max_turns) pairs the random variant draws from (GEM's).
@@ -26,10 +30,14 @@ class Hangman(TextGame):
     title = "Hangman"
     progress_share = 0.5
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "word_length": Param(int, low=2, high=15, none="drawn per episode with max_turns"),
+    }
+
     def __init__(self, word_length: int | None = 5, max_turns: int | None = 20):
+        check_args(type(self), {"word_length": word_length, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
-        if word_length is not None and not 2 <= word_length <= 15:
-            raise ValueError(f"word_length must be in 2..15 or None (random), got {word_length}")
         self._word_length_arg = word_length
         self.word_length = word_length or 5
         self.secret = ""
@@ -78,7 +86,7 @@ class Hangman(TextGame):
     def play(self, move: str) -> Move:
         guess = move.lower()
         if not (guess.isascii() and guess.isalpha()):
-            return illegal(f"At turn {self.turn}, {move!r} is not a letter or a word: use the letters a-z only.")
+            return illegal(f"At turn {self.turn}, {echo(move)} is not a letter or a word: use the letters a-z only.")
         if len(guess) == 1:
             return self._guess_letter(guess)
         return self._guess_word(guess)
@@ -104,7 +112,7 @@ class Hangman(TextGame):
     def _guess_word(self, word: str) -> Move:
         if len(word) != self.word_length:
             return illegal(
-                f"At turn {self.turn}, you guessed {word.upper()}, which has {len(word)} letters; "
+                f"At turn {self.turn}, you guessed {echo_bare(word.upper())}, which has {len(word)} letters; "
                 f"the secret word has {self.word_length}.",
             )
         if word in self.guessed_words:

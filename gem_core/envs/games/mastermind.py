@@ -9,7 +9,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from typing import Any, ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args, invalid
+from gem_core.parsing import echo
 
 # (code_length, num_numbers, max_turns) settings that the random variant draws from (GEM's table).
 RANDOM_SETTINGS: tuple[tuple[int, int, int], ...] = ((2, 4, 10), (4, 6, 20), (4, 8, 30))
@@ -78,6 +82,22 @@ class Mastermind(TextGame):
 
     title = "Mastermind"
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "code_length": Param(int, low=1, high=10, none="drawn per episode"),
+        "num_numbers": Param(int, low=1, high=20, none="drawn per episode"),
+        "duplicate_numbers": Param(bool, none="drawn per episode"),
+    }
+
+    @classmethod
+    def check_params(cls, args: dict[str, Any]) -> None:
+        length, numbers = args["code_length"], args["num_numbers"]
+        if length and numbers and args["duplicate_numbers"] is False and length > numbers:
+            raise invalid(
+                "num_numbers", numbers,
+                f"an integer >= code_length ({length}) for a code of distinct digits (or pass duplicate_numbers=True)",
+            )
+
     def __init__(
         self,
         code_length: int | None = 4,
@@ -85,15 +105,9 @@ class Mastermind(TextGame):
         max_turns: int | None = 20,
         duplicate_numbers: bool | None = False,
     ):
+        check_args(type(self), {"code_length": code_length, "num_numbers": num_numbers, "max_turns": max_turns,
+                                "duplicate_numbers": duplicate_numbers}, type(self).__name__)
         super().__init__(max_turns)
-        for name, value in (("code_length", code_length), ("num_numbers", num_numbers)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None (random), got {value}")
-        if code_length and num_numbers and duplicate_numbers is False and code_length > num_numbers:
-            raise ValueError(
-                f"a code of {code_length} distinct digits needs num_numbers >= {code_length}, got {num_numbers}; "
-                "lower code_length or pass duplicate_numbers=True"
-            )
         self._random_setting = code_length is None or num_numbers is None or max_turns is None
         self._size_args = (code_length, num_numbers, duplicate_numbers)
         self.code_length = code_length or 1
@@ -174,11 +188,11 @@ class Mastermind(TextGame):
         except ValueError:
             guess = ()
         if not guess:
-            return f"{move!r} is not a list of digits separated by spaces"
+            return f"{echo(move)} is not a list of digits separated by spaces"
         if len(guess) != self.code_length:
-            return f"your guess {self._show(guess)} has {len(guess)} digits, but the code has {self.code_length}"
+            return f"your guess {echo(self._show(guess))} has {len(guess)} digits, but the code has {self.code_length}"
         if min(guess) < 1 or max(guess) > self.num_numbers:
-            return f"your guess {self._show(guess)} uses digits outside 1 to {self.num_numbers}"
+            return f"your guess {echo(self._show(guess))} uses digits outside 1 to {self.num_numbers}"
         return guess
 
     @staticmethod

@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from typing import Any, ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, lost, moved, won
+from gem_core.params import Param, check_args, invalid
+from gem_core.parsing import echo, echo_bare
 
 _SEPARATORS = re.compile(r"[\s,()\[\]]+")
 _ACTIONS = ("reveal", "flag")
@@ -49,6 +53,19 @@ class Minesweeper(TextGame):
 
     title = "Minesweeper"
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "rows": Param(int, low=1, high=30, none="a square board drawn per episode"),
+        "cols": Param(int, low=1, high=30, none="a square board drawn per episode"),
+        "num_mines": Param(int, low=1, none="a fifth of the cells"),
+    }
+
+    @classmethod
+    def check_params(cls, args: dict[str, Any]) -> None:
+        rows, cols, mines = args["rows"], args["cols"], args["num_mines"]
+        if rows is not None and cols is not None and mines is not None and mines >= rows * cols:
+            raise invalid("num_mines", mines, f"an integer in 1..{rows * cols - 1}, to leave a safe cell on {rows}x{cols} cells")
+
     def __init__(
         self,
         rows: int | None = 8,
@@ -56,15 +73,9 @@ class Minesweeper(TextGame):
         num_mines: int | None = 10,
         max_turns: int | None = 20,
     ):
+        check_args(type(self), {"rows": rows, "cols": cols, "num_mines": num_mines, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
         self._random_size = rows is None or cols is None
-        for name, value in (("rows", rows), ("cols", cols)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None (random), got {value}")
-        if num_mines is not None and num_mines < 1:
-            raise ValueError(f"num_mines must be >= 1 or None (a fifth of the cells), got {num_mines}")
-        if not self._random_size and num_mines is not None and num_mines >= rows * cols:
-            raise ValueError(f"num_mines must leave a safe cell: got {num_mines} mines for {rows}x{cols} cells")
         self._size_args = (rows, cols, num_mines)
         self.rows, self.cols, self.num_mines = rows or 1, cols or 1, num_mines or 1
         self.is_mine: list[bool] = []
@@ -158,13 +169,13 @@ class Minesweeper(TextGame):
         """``(action, row, col)``, or a message saying what is wrong with the move."""
         tokens = [t for t in _SEPARATORS.split(move) if t]
         if len(tokens) != 3 or tokens[0].lower() not in _ACTIONS:
-            return f"{move!r} is not a move; write 'reveal ROW COL' or 'flag ROW COL', e.g. reveal 0 0"
+            return f"{echo(move)} is not a move; write 'reveal ROW COL' or 'flag ROW COL', e.g. reveal 0 0"
         try:
             row, col = int(tokens[1]), int(tokens[2])
         except ValueError:
-            return f"{move!r} does not give the row and column as whole numbers"
+            return f"{echo(move)} does not give the row and column as whole numbers"
         if not (0 <= row < self.rows and 0 <= col < self.cols):
-            return f"cell ({row}, {col}) is off the board; rows run 0-{self.rows - 1}, columns 0-{self.cols - 1}"
+            return f"cell ({echo_bare(row)}, {echo_bare(col)}) is off the board; rows run 0-{self.rows - 1}, columns 0-{self.cols - 1}"
         return tokens[0].lower(), row, col
 
     def play(self, move: str) -> Move:

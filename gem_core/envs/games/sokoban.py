@@ -17,9 +17,11 @@ import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args, invalid
+from gem_core.parsing import echo
 
 DIRECTIONS = ("up", "down", "left", "right")
 _UNREACHABLE = 1 << 30
@@ -329,24 +331,33 @@ class Sokoban(TextGame):
 
     title = "Sokoban"
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        # (rows, cols), the outer wall included; more than 12 a side makes puzzles slow to generate.
+        "dim_room": Param(int, low=5, high=12, pair=True, none="drawn per episode"),
+        "num_boxes": Param(int, low=1, high=6, none="drawn per episode"),
+    }
+
+    @classmethod
+    def check_params(cls, args: dict[str, Any]) -> None:
+        rows, cols = args["dim_room"] if args["dim_room"] is not None else (None, None)
+        boxes, max_turns = args["num_boxes"], args["max_turns"]
+        if rows is not None and cols is not None and boxes is not None and (rows - 2) * (cols - 2) < 2 * boxes + 3:
+            raise invalid("num_boxes", boxes, f"fewer boxes: a {rows}x{cols} room is too small for {boxes}")
+        if max_turns is not None and boxes is not None and solution_budget(max_turns) < 2 * boxes:
+            raise invalid("max_turns", max_turns, f"more turns: {max_turns} is too few for {boxes} boxes, which need {2 * boxes} moves plus slack")
+
     def __init__(
         self,
         dim_room: tuple[int | None, int | None] | None = (6, 6),
         num_boxes: int | None = 3,
         max_turns: int | None = 100,
     ):
+        check_args(type(self), {"dim_room": dim_room, "num_boxes": num_boxes, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
         rows, cols = dim_room if dim_room is not None else (None, None)
         self._size_arg = (rows, cols)
         self._boxes_arg = num_boxes
-        if rows is not None and rows < 5 or cols is not None and cols < 5:
-            raise ValueError(f"dim_room needs at least 5 rows and 5 cols (outer wall included), got {dim_room}")
-        if num_boxes is not None and num_boxes < 1:
-            raise ValueError(f"num_boxes must be >= 1 or None (random), got {num_boxes}")
-        if rows is not None and cols is not None and num_boxes is not None and (rows - 2) * (cols - 2) < 2 * num_boxes + 3:
-            raise ValueError(f"a {rows}x{cols} room is too small for {num_boxes} boxes")
-        if max_turns is not None and num_boxes is not None and solution_budget(max_turns) < 2 * num_boxes:
-            raise ValueError(f"max_turns={max_turns} is too few for {num_boxes} boxes (need {2 * num_boxes} moves plus slack)")
         self.rows = rows or 6
         self.cols = cols or 6
         self.num_boxes = num_boxes or 2
@@ -612,8 +623,7 @@ class Sokoban(TextGame):
     def play(self, move: str) -> Move:
         name = move.lower()
         if name not in _DIRECTION_INDEX:
-            shown = move if len(move) <= 40 else move[:40] + "..."
-            return illegal(f"At turn {self.turn}, {shown!r} is not a move. Use up, down, left or right.")
+            return illegal(f"At turn {self.turn}, {echo(move)} is not a move. Use up, down, left or right.")
         off = _offsets(self.cols)[_DIRECTION_INDEX[name]]
         ahead = self.player + off
         if not self.open_cells[ahead]:

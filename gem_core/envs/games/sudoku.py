@@ -7,7 +7,11 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
+from typing import Any, ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args, invalid
+from gem_core.parsing import echo, echo_bare
 
 # (scale, clues, max_turns) settings that the random variant draws from (GEM's table).
 RANDOM_SETTINGS: tuple[tuple[int, int, int], ...] = ((4, 10, 15), (9, 50, 50))
@@ -183,13 +187,21 @@ class Sudoku(TextGame):
 
     title = "Sudoku"
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "scale": Param(int, choices=(4, 9), none="drawn per episode"),
+        "clues": Param(int, low=1, high=81, none="the scale's default"),
+    }
+
+    @classmethod
+    def check_params(cls, args: dict[str, Any]) -> None:
+        scale, clues = args["scale"], args["clues"]
+        if scale is not None and clues is not None and clues > scale * scale:
+            raise invalid("clues", clues, f"the number of cells to empty, between 1 and {scale * scale} for scale {scale}")
+
     def __init__(self, scale: int | None = 9, clues: int | None = 30, max_turns: int | None = 100):
+        check_args(type(self), {"scale": scale, "clues": clues, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
-        if scale is not None and scale not in (4, 9):
-            raise ValueError(f"scale must be 4 or 9 (or None for random), got {scale}")
-        most = scale * scale if scale else 81
-        if clues is not None and not 1 <= clues <= most:
-            raise ValueError(f"clues (the number of cells to empty) must be between 1 and {most}, got {clues}")
         self._setting_args = (scale, clues)
         self.scale = scale or 4
         self.clues = clues or 1
@@ -302,10 +314,11 @@ class Sudoku(TextGame):
     def play(self, move: str) -> Move:
         match = _MOVE.match(move)
         if not match:
-            return illegal(f"At turn {self.turn}, {move!r} is not a move; write the row, column and digit, e.g. 1 2 3.")
+            return illegal(f"At turn {self.turn}, {echo(move)} is not a move; write the row, column and digit, e.g. 1 2 3.")
         row, col, digit = (int(g) for g in match.groups())
         if not (1 <= row <= self.scale and 1 <= col <= self.scale and 1 <= digit <= self.scale):
-            return illegal(f"At turn {self.turn}, row, column and digit must each be between 1 and {self.scale}; got {row} {col} {digit}.")
+            got = f"{row} {col} {digit}"
+            return illegal(f"At turn {self.turn}, row, column and digit must each be between 1 and {self.scale}; got {echo_bare(got)}.")
         where = f"row {row}, column {col}"
         cell = (row - 1) * self.scale + col - 1
         if self.board[cell]:

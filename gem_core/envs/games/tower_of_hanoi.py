@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
+from typing import ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args
+from gem_core.parsing import echo
 
 PEGS = "ABC"
 
@@ -39,10 +43,11 @@ class TowerOfHanoi(TextGame):
 
     title = "Tower of Hanoi"
 
+    params: ClassVar[dict[str, Param]] = {**TextGame.params, "num_disks": Param(int, low=1, high=20, none="drawn per episode")}
+
     def __init__(self, num_disks: int | None = 3, max_turns: int | None = 100):
+        check_args(type(self), {"num_disks": num_disks, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
-        if num_disks is not None and num_disks < 1:
-            raise ValueError(f"num_disks must be >= 1 or None (random), got {num_disks}")
         self._num_disks_arg = num_disks
         self.num_disks = num_disks or 3
         # Pegs as lists of disk sizes, bottom first; disk 1 is the smallest.
@@ -84,7 +89,7 @@ class TowerOfHanoi(TextGame):
             parsed = _MOVE_PATTERN.fullmatch(move)
             if parsed is None:
                 return illegal(
-                    f"At turn {self.turn}, {move!r} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}."
+                    f"At turn {self.turn}, {echo(move)} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}."
                 )
             src_index, dst_index = PEGS.index(parsed.group(1).upper()), PEGS.index(parsed.group(2).upper())
         src_name, dst_name = PEGS[src_index], PEGS[dst_index]

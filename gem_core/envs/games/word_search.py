@@ -8,7 +8,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from typing import ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args
+from gem_core.parsing import echo, echo_bare
 from gem_core.utils.words import words_between
 
 # (row step, col step). Basic puzzles read left to right or top to bottom; hardcore ones also run
@@ -73,10 +77,15 @@ class WordSearch(TextGame):
     title = "Word Search"
     progress_share = 0.5
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "num_words": Param(int, low=1, high=15, none="drawn per episode"),
+        "hardcore": Param(bool, none="drawn per episode"),
+    }
+
     def __init__(self, num_words: int | None = 5, hardcore: bool | None = False, max_turns: int | None = 20):
+        check_args(type(self), {"num_words": num_words, "hardcore": hardcore, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
-        if num_words is not None and not 1 <= num_words <= 15:
-            raise ValueError(f"num_words must be in 1..15 or None (random), got {num_words}")
         self._num_words_arg = num_words
         self._hardcore_arg = hardcore
         self.num_words = num_words or 5
@@ -151,11 +160,11 @@ class WordSearch(TextGame):
         numbers = [_as_int(t) for t in tokens]
         if len(numbers) != 4 or None in numbers:
             return illegal(
-                f"At turn {self.turn}, {move!r} is not a move. Give four numbers, 'row col row col', "
+                f"At turn {self.turn}, {echo(move)} is not a move. Give four numbers, 'row col row col', "
                 "for example \\boxed{0 0 0 4}.",
             )
         r1, c1, r2, c2 = numbers
-        where = f"({r1}, {c1}) to ({r2}, {c2})"
+        where = f"({echo_bare(r1)}, {echo_bare(c1)}) to ({echo_bare(r2)}, {echo_bare(c2)})"
         size = len(self.grid)
         if not all(0 <= n < size for n in numbers):
             return illegal(f"At turn {self.turn}, {where} leaves the grid (rows and columns are 0-{size - 1}).")

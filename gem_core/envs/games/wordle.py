@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from typing import ClassVar
+
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.params import Param, check_args
+from gem_core.parsing import echo, echo_bare
 from gem_core.utils.words import example_word, words_of_length
 
 GREEN, YELLOW, GREY = "G", "Y", "X"
@@ -99,10 +103,14 @@ class Wordle(TextGame):
     title = "Wordle"
     progress_share = 0.5
 
+    params: ClassVar[dict[str, Param]] = {
+        **TextGame.params,
+        "word_length": Param(int, low=MIN_LENGTH, high=12, none=f"drawn per episode from {MIN_LENGTH}..{MAX_LENGTH}"),
+    }
+
     def __init__(self, word_length: int | None = 5, max_turns: int | None = 20):
+        check_args(type(self), {"word_length": word_length, "max_turns": max_turns}, type(self).__name__)
         super().__init__(max_turns)
-        if word_length is not None and not MIN_LENGTH <= word_length <= 12:
-            raise ValueError(f"word_length must be in {MIN_LENGTH}..12 or None (random), got {word_length}")
         self._word_length_arg = word_length
         self.word_length = word_length or MAX_LENGTH
         self.secret = ""
@@ -144,11 +152,11 @@ class Wordle(TextGame):
     def play(self, move: str) -> Move:
         guess = move.lower() if move.isalpha() else "".join(move.split()).lower()
         if not (guess.isascii() and guess.isalpha()):
-            return illegal(f"At turn {self.turn}, {move!r} is not a word: use the letters a-z only.")
+            return illegal(f"At turn {self.turn}, {echo(move)} is not a word: use the letters a-z only.")
         shown = guess.upper()
         if len(guess) != self.word_length:
             return illegal(
-                f"At turn {self.turn}, you guessed {shown}, which has {len(guess)} letters; "
+                f"At turn {self.turn}, you guessed {echo_bare(shown)}, which has {len(guess)} letters; "
                 f"the secret word has {self.word_length}."
             )
         guessed = self.guessed
