@@ -12,6 +12,7 @@ transformers until a policy that needs them is built.
 """
 
 from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter
+from gem_core.rollout.http import ModelRequestError, Retry
 from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
 from gem_core.rollout.policy import (
     ChatPolicy,
@@ -47,9 +48,11 @@ __all__ = [
     "FinishReason",
     "Generation",
     "HFPolicy",
+    "ModelRequestError",
     "OpenAIPolicy",
     "Policy",
     "RandomPolicy",
+    "Retry",
     "RunConfig",
     "SamplingParams",
     "ScriptedPolicy",

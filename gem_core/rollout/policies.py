@@ -5,18 +5,16 @@ chat endpoint (evaluation). Trainer plugins bring their own (see :class:`~gem_co
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gem_core.rollout.http import ModelRequestError, Retry, post_json
 from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed
 
 
@@ -281,7 +279,12 @@ class OpenAIPolicy:
     defaults to ``$OPENAI_API_KEY``. ``max_concurrency`` bounds requests in flight. ``extra_body`` is
     merged into every request (e.g. ``{"chat_template_kwargs": {"enable_thinking": False}}`` for vLLM).
     A 400 answer that mentions the context length raises :class:`ContextLimitExceeded`, which the runner
-    turns into a ``context_limit`` truncation. Uses only the standard library (requests run in threads).
+    turns into a ``context_limit`` truncation. 429s, 5xx answers, timeouts (``timeout`` seconds per
+    attempt), dropped connections and answers that are not JSON are retried with backoff (``retry``, a
+    :class:`~gem_core.rollout.http.Retry`); then, and on other errors (a 401, a 404, an answer without
+    ``choices``), :class:`~gem_core.rollout.http.ModelRequestError`. The endpoint's ``usage`` comes back
+    as the generation's ``prompt_tokens``/``completion_tokens``. Uses only the standard library
+    (requests run in threads).
     """
 
     def __init__(
@@ -293,6 +296,7 @@ class OpenAIPolicy:
         timeout: float = 300.0,
         max_concurrency: int = 64,
         extra_body: dict[str, Any] | None = None,
+        retry: Retry | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -300,6 +304,7 @@ class OpenAIPolicy:
         self.timeout = timeout
         self.max_concurrency = max_concurrency
         self.extra_body = dict(extra_body or {})
+        self.retry = Retry() if retry is None else retry
         self._semaphores: dict[Any, asyncio.Semaphore] = {}
 
     async def chat(self, messages: list[dict[str, str]], params: SamplingParams, *, request_id: str = "") -> Generation:
@@ -320,24 +325,31 @@ class OpenAIPolicy:
         semaphore = self._semaphores.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
         async with semaphore:
             data = await asyncio.to_thread(self._post, "/chat/completions", body, request_id)
-        choice = data["choices"][0]
-        text = (choice.get("message") or {}).get("content") or ""
-        reason = choice.get("finish_reason")
+        try:
+            choice = data["choices"][0]
+            text = (choice.get("message") or {}).get("content") or ""
+            reason = choice.get("finish_reason")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise ModelRequestError(f"{self.base_url}/chat/completions answered without a choice: {str(data)[:300]!r}") from None
         finish = "length" if reason == "length" else ("abort" if reason in ("abort", "error", "cancelled") else "stop")
-        return Generation([], None, finish, text=text)
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        return Generation([], None, finish, text=text, prompt_tokens=_count(usage.get("prompt_tokens")), completion_tokens=_count(usage.get("completion_tokens")))
 
     def _post(self, path: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
+        headers = {}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         if request_id:
             headers["X-Request-Id"] = request_id
-        request = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
-            if exc.code == 400 and "context" in detail.lower() and ("length" in detail.lower() or "window" in detail.lower()):
-                raise ContextLimitExceeded(detail) from exc
-            raise RuntimeError(f"{self.base_url + path} answered HTTP {exc.code}: {detail[:500]}") from exc
+            return post_json(self.base_url + path, body, headers, timeout=self.timeout, retry=self.retry)
+        except ModelRequestError as exc:
+            detail = exc.detail.lower()
+            if exc.status == 400 and "context" in detail and ("length" in detail or "window" in detail):
+                raise ContextLimitExceeded(exc.detail) from exc
+            raise
+
+
+def _count(value: Any) -> int | None:
+    """A token count from a ``usage`` field (``None`` when missing or not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -70,13 +70,16 @@ class Generation:
     ``"length"`` (``max_tokens`` reached; the response lacks its end-of-turn token), ``"abort"`` (the
     engine gave up, e.g. during a weight sync; the runner ends the episode without stepping the env).
     ``logprobs`` is ``None`` when the engine does not report them. ``text`` is set by text-only
-    (chat) policies, which have no token ids.
+    (chat) policies, which have no token ids. ``prompt_tokens``/``completion_tokens``: what a chat
+    endpoint reported using for the request (its ``usage``), ``None`` when it said nothing.
     """
 
     token_ids: list[int]
     logprobs: list[float] | None = None
     finish_reason: FinishReason = "stop"
     text: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from gem_core.core import Env, model_message
 from gem_core.rollout.chat import ChatFormatter
 from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
-from gem_core.rollout.trajectory import Trajectory, Turn
+from gem_core.rollout.trajectory import Trajectory, Turn, is_tool_turn
 
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 
@@ -348,7 +348,7 @@ async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatt
         if _episode_over(trajectory, record, config.max_turns):
             return
         _require_text(observation, "step")
-        role = formatter.tool_role if _is_tool_turn(info) else "user"
+        role = formatter.tool_role if is_tool_turn(info) else "user"
         message = model_message(observation, info)
         delta = formatter.observation_ids(message, generation.token_ids, role)
         if max_context_tokens is not None and len(context) + len(delta) + min_turn_tokens > max_context_tokens:
@@ -385,7 +385,7 @@ async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, forma
             return
         _require_text(observation, "step")
         record.message = model_message(observation, info)
-        messages.append({"role": "tool" if _is_tool_turn(info) else "user", "content": record.message})
+        messages.append({"role": "tool" if is_tool_turn(info) else "user", "content": record.message})
         turn += 1
 
 
@@ -420,12 +420,6 @@ def _record_turn(
     )
     trajectory.turns.append(record)
     return record
-
-
-def _is_tool_turn(info: dict[str, Any]) -> bool:
-    """Whether an observation is a tool's output: ``info["tool_turn"]`` (gem_core's ToolEnvWrapper) or
-    ``info["use_tool"]`` (GEM's name)."""
-    return bool(info.get("tool_turn") or info.get("use_tool"))
 
 
 def _episode_over(trajectory: Trajectory, record: Turn, max_turns: int | None) -> bool:

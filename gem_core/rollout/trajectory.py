@@ -19,6 +19,12 @@ from typing import Any, NamedTuple
 TRUNCATION_REASONS = ("context_limit", "max_turns", "abort", "env_error", "env")
 
 
+def is_tool_turn(info: dict[str, Any]) -> bool:
+    """Whether a step's observation is a tool's output: ``info["tool_turn"]`` (gem_core's ToolEnvWrapper)
+    or ``info["use_tool"]`` (GEM's name)."""
+    return bool(info.get("tool_turn") or info.get("use_tool"))
+
+
 @dataclass
 class Turn:
     """One turn: the model's response, what the env made of it, and the tokens the env added after it.
@@ -52,6 +58,11 @@ class Turn:
     @property
     def num_model_tokens(self) -> int:
         return len(self.response_ids)
+
+    @property
+    def is_tool_call(self) -> bool:
+        """Whether this turn called a tool (:func:`is_tool_turn` of its info)."""
+        return is_tool_turn(self.info)
 
 
 class TurnSample(NamedTuple):
