@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_cli.add_arguments(commands.add_parser("train", help=train_cli.HELP, description=train_cli.DESCRIPTION))
 
+    from gem_core.eval import cli as eval_cli  # `gem-core eval ENV_ID...` means `gem-core eval run ENV_ID...`
+
+    eval_cli.add_arguments(commands.add_parser("eval", help=eval_cli.HELP, description=eval_cli.DESCRIPTION))
+
     plugins = discover()
     datasets = commands.add_parser("make-dataset", help="write a trainer's dataset file of env episodes (e.g. verl parquet)")
     trainers = datasets.add_subparsers(dest="trainer", metavar="TRAINER")
@@ -169,7 +173,9 @@ def _passthrough(argv: list[str]) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gem-core`` command with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from gem_core.eval.cli import with_default_action
+
+    argv = with_default_action(sys.argv[1:] if argv is None else argv)
     passthrough = _passthrough(argv)
     if passthrough is not None:  # e.g. `gem-core openrlhf train ...`: everything after it is the trainer's
         return passthrough(argv[2:])
@@ -185,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gem_core.train import cli as train_cli
 
             return train_cli.main(args, sys.stdout)
+        if args.command == "eval":
+            from gem_core.eval import cli as eval_cli
+
+            return eval_cli.main(args, sys.stdout)
         if args.command == "serve-search":
             return cmd_serve_search(args, sys.stdout)
         if args.command == "make-dataset":
