@@ -28,6 +28,12 @@ _NOT_STATE = frozenset({"spec"})
 _MASK64 = (1 << 64) - 1
 
 
+#: The most characters a registered env shows the model at once (``model_message(obs, info)`` after a reset
+#: or a step), for any kwargs within their declared ranges and any action: boards are bounded by those
+#: ranges, and an env quotes model text back through ``gem_core.parsing.echo`` (at most
+#: ``ECHO_CHARS`` characters and the length). tests/envs/test_env_properties.py checks it for every id.
+MAX_OBSERVATION_CHARS = 8192
+
 SUFFIX_KEY = "suffix"
 SUFFIX_SEPARATOR = "\n\n"
 

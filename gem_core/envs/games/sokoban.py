@@ -312,6 +312,17 @@ def solution_budget(max_turns: int) -> int:
     return max(1, max_turns - max(2, max_turns // 5))
 
 
+def _cells_needed(boxes: int) -> int:
+    """Interior cells (outer wall excluded) a room needs for ``boxes`` boxes: generation fails on fewer."""
+    return 4 * boxes + 1
+
+
+def _moves_needed(boxes: int) -> int:
+    """The solution budget that generation needs for ``boxes`` boxes, measured over every room of
+    5..12 a side: 2 moves a box up to 3 boxes; more boxes need longer solutions (12 for 4, 34 for 6)."""
+    return 2 * boxes if boxes <= 3 else boxes * boxes + 4
+
+
 class Sokoban(TextGame):
     """Push ``num_boxes`` boxes onto targets in a ``dim_room`` (rows, cols, outer wall included)
     room within ``max_turns`` moves.
@@ -342,10 +353,16 @@ class Sokoban(TextGame):
     def check_params(cls, args: dict[str, Any]) -> None:
         rows, cols = args["dim_room"] if args["dim_room"] is not None else (None, None)
         boxes, max_turns = args["num_boxes"], args["max_turns"]
-        if rows is not None and cols is not None and boxes is not None and (rows - 2) * (cols - 2) < 2 * boxes + 3:
-            raise invalid("num_boxes", boxes, f"fewer boxes: a {rows}x{cols} room is too small for {boxes}")
-        if max_turns is not None and boxes is not None and solution_budget(max_turns) < 2 * boxes:
-            raise invalid("max_turns", max_turns, f"more turns: {max_turns} is too few for {boxes} boxes, which need {2 * boxes} moves plus slack")
+        # The room a reset may draw (rows and cols drawn in 6..8), and the most boxes it may draw.
+        interior = ((rows or 6) - 2) * ((cols or 6) - 2)
+        most = boxes if boxes is not None else min(max(min(rows or 8, cols or 8) - 4, 2), 4)
+        room = f"a {rows or '6..8'}x{cols or '6..8'} room"
+        if boxes is not None and interior < _cells_needed(boxes):
+            fits = max(b for b in range(1, 7) if _cells_needed(b) <= interior) if interior >= _cells_needed(1) else 0
+            raise invalid("num_boxes", boxes, f"at most {fits}: {room} is too small for {boxes} boxes")
+        if max_turns is not None and solution_budget(max_turns) < _moves_needed(most):
+            least = next(m for m in itertools.count(1) if solution_budget(m) >= _moves_needed(most))
+            raise invalid("max_turns", max_turns, f"at least {least}: {max_turns} turns are too few for {most} boxes")
 
     def __init__(
         self,
