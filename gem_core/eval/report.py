@@ -103,7 +103,7 @@ def plot(runs: Sequence[Run], path: str) -> None:
 
     envs = env_order(runs)
     width = 0.8 / len(runs)
-    figure, axes = plt.subplots(figsize=(max(6.0, 1.2 * len(envs) * max(1, len(runs)) / 2 + 2), 4.5))
+    figure, axes = plt.subplots(figsize=(max(6.0, 2.0 + 0.6 * len(envs) * len(runs)), 4.5))
     try:
         for k, run in enumerate(runs):
             xs, rates, below, above = [], [], [], []
@@ -119,9 +119,10 @@ def plot(runs: Sequence[Run], path: str) -> None:
             axes.bar(xs, rates, width, yerr=[below, above], capsize=3, label=run.name)
         axes.set_xticks(range(len(envs)))
         axes.set_xticklabels(envs, rotation=20, ha="right")
-        axes.set_ylim(0, 1.05)
+        axes.set_ylim(0, 1.2)  # room for the legend above the bars
+        axes.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
         axes.set_ylabel("success rate (95% Wilson interval)")
-        axes.legend()
+        axes.legend(loc="upper center", ncol=min(len(runs), 4), frameon=False)
         figure.tight_layout()
         directory = os.path.dirname(path)
         if directory:
