@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from gem_core.utils.http_server import BusyHTTPServer
 
 Reply = Callable[[list[dict[str, str]]], str]
 # fault(request_id, attempt) -> None (answer normally), an HTTP status to answer with (e.g. 500, 429),
@@ -105,8 +107,7 @@ class FakeChatServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = BusyHTTPServer(("127.0.0.1", 0), Handler)
         self._thread: threading.Thread | None = None
 
     @property
@@ -118,7 +119,7 @@ class FakeChatServer:
     def start(self) -> FakeChatServer:
         """Serve in a background thread."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, name="fake-chat-server", daemon=True)
+            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-chat-server", daemon=True)  # close() waits one poll
             self._thread.start()
         return self
 

@@ -31,12 +31,13 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Protocol
 
 from gem_core.errors import GemError
 from gem_core.tools.base import Tool, ToolCall, ToolResult, first_match
+from gem_core.utils.http_server import BusyHTTPServer
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ def _hit(passage: Passage) -> dict[str, Any]:
 
 def make_search_server(
     index: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3
-) -> ThreadingHTTPServer:
+) -> BusyHTTPServer:
     """An HTTP server answering ``POST /retrieve`` from ``index`` (``port=0`` picks a free port).
 
     It accepts Search-R1's ``{"queries": [...], "topk", "return_scores"}`` and GEM's single
@@ -339,9 +340,7 @@ def make_search_server(
             results = [[{**_hit(p), "score": p.score if with_scores else None} for p in hits] for hits in answers]
             self._reply(200, {"result": results[0] if single else results}, msgpack)
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return BusyHTTPServer((host, port), Handler)
 
 
 def _decode_request(raw: bytes, content_type: str) -> tuple[dict[str, Any] | None, bool]:

@@ -115,7 +115,7 @@ def test_failures_are_retried_or_recorded_per_episode_and_the_run_goes_on(tmp_pa
     lines = {line["episode"]: line for line in read_lines(out)}
     assert sorted(lines) == list(range(12))
     for ep in (0, 1, 2, 3, 9, 10, 11):
-        assert lines[ep]["success"] and lines[ep]["error"] is None, lines[ep]
+        assert lines[ep]["success"] and lines[ep]["error"] is None, (lines[ep]["error"], lines[ep]["turns"], lines[ep]["truncation_reason"])
     for ep, words in ((4, "HTTP 500"), (5, "did not answer within 0.5 s"), (6, "not JSON"), (7, "HTTP 503"), (8, "HTTP 401")):
         line = lines[ep]
         assert not line["success"] and words in line["error"] and "ModelRequestError" in line["error"], line
