@@ -27,7 +27,7 @@ RUN_DESCRIPTION = (
     "429/5xx, timeouts and garbled answers; a request that still fails ends only its episode, with the reason in "
     "the 'error' field. Results go to --out as they finish (one JSON line each); --resume continues a run that "
     "was stopped, playing only the episodes the file lacks (and those that ended with an error). Prints a "
-    "summary table per env: success rate with a 95%% Wilson interval, mean return, mean turns, tool calls."
+    "summary table per env: success rate with a 95% Wilson interval, mean return, mean turns, tool calls."
 )
 DEFAULT_CONCURRENCY = 16
 
@@ -119,6 +119,12 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> in
 # -- run -------------------------------------------------------------------------------------------------
 
 
+def _close_policy(policy: Any) -> None:
+    close = getattr(policy.shared, "close", None)
+    if callable(close):
+        close()
+
+
 def run_main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gem_core.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
     from gem_core.eval.plan import PlanError
@@ -152,12 +158,14 @@ def run_main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         evaluate_sync(todo, policy, config, concurrency=args.concurrency, on_result=on_result, save_transcripts=args.save_transcripts)
     except KeyboardInterrupt:
+        _close_policy(policy)
         progress.close()
         if results is not None:
             results.close()
             print(f"\ninterrupted: {len(done)} of {len(jobs)} episodes are in {results.path}; the same command with --resume plays the rest", file=err)
         return EXIT_INTERRUPTED
     progress.close()
+    _close_policy(policy)
     final = results.finish(jobs) if results is not None else [done[job.key] for job in jobs]
     print(format_table(summarize(final)), file=out)
     errors = sum(r.error is not None for r in final)

@@ -4,6 +4,7 @@ chat endpoint (a local fake server)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from rollout_envs import ScriptedRewardEnv
@@ -98,6 +99,38 @@ def test_openai_policy_length_and_context_errors(tokenizer):
     assert trajectory.turns[0].finish_reason == "length" and trajectory.turns[0].response_text == "x" * 20
     assert trajectory.truncation_reason == "context_limit"
     assert 1 <= trajectory.num_turns < 50 and trajectory.rewards == [0.1] * trajectory.num_turns
+
+
+def test_openai_policy_keeps_max_concurrency_requests_in_flight():
+    """asyncio's default thread pool (at most 32 threads, a few per core) must not cap the requests in
+    flight below max_concurrency: 40 slow answers at once all wait on the server together."""
+    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+    release = threading.Event()
+
+    def slow(messages):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+            if state["now"] == 40:
+                release.set()
+        release.wait(2)
+        with lock:
+            state["now"] -= 1
+        return "\\boxed{1}"
+
+    async def many(policy):
+        params = SamplingParams(max_tokens=50)
+        return await asyncio.gather(*(policy.chat([{"role": "user", "content": "go"}], params, request_id=f"e{i}/turn-0") for i in range(40)))
+
+    with FakeChatServer(slow) as server:
+        policy = OpenAIPolicy(server.base_url, "fake", max_concurrency=40)
+        try:
+            answers = asyncio.run(many(policy))
+        finally:
+            policy.close()
+    assert state["peak"] == 40 and all(a.text == "\\boxed{1}" for a in answers)
+    with pytest.raises(ValueError, match="max_concurrency"):
+        OpenAIPolicy("http://127.0.0.1:1/v1", "m", max_concurrency=0)
 
 
 # -- a tiny local transformers model, end to end on CPU ------------------------------------------------------
