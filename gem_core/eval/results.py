@@ -65,8 +65,7 @@ class EpisodeResult:
         return (self.env_id, self.seed, self.item)
 
     def to_json(self) -> str:
-        data = dataclasses.asdict(self)
-        data["return"] = data.pop("return_")
+        data = {("return" if k == "return_" else k): v for k, v in dataclasses.asdict(self).items()}
         if data["transcript"] is None:
             del data["transcript"]
         return json.dumps(data, ensure_ascii=False)
