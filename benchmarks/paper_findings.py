@@ -1,0 +1,181 @@
+"""The GEM paper's two findings, reproduced with the reference trainer (``gem-core train``) on CPU.
+
+    python benchmarks/paper_findings.py [--seeds 0 1 2] [--steps 300] [--jobs 2] [--out runs/paper_findings]
+
+(1) ReBN against vanilla multi-turn REINFORCE (both gamma 0.9): does ReBN learn faster or reach a higher
+    success rate? (2) gamma 0.9 against gamma 0.999 (both ReBN): does the smaller discount give fewer
+    turns per solved GuessTheNumber episode, toward binary search (about 2.9 guesses for 1-10)?
+
+Three arms (ReBN 0.9 is in both findings), each trained from ``--seeds`` with the default run's settings
+otherwise (tiny local model, supervised warm start, the same held-out seeds). A run already complete in
+``--out`` is read back, not trained again, so an interrupted benchmark picks up where it stopped.
+Printed: one table per finding, mean and spread (sample std) over seeds of the held-out success at the
+end, its mean over every evaluation (area under the curve: "learns faster"), and held-out turns per
+solved episode. Written: ``findings.md`` (the tables) and ``findings.png`` (held-out curves per arm).
+It runs long (about ten minutes per run on two cores): start it in the background.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    estimator: str
+    gamma: float
+
+
+ARMS = (Arm("rebn-0.9", "rebn", 0.9), Arm("reinforce-0.9", "reinforce", 0.9), Arm("rebn-0.999", "rebn", 0.999))
+FINDINGS = (
+    ("(1) ReBN vs vanilla multi-turn REINFORCE, gamma 0.9", ("rebn-0.9", "reinforce-0.9")),
+    ("(2) gamma 0.9 vs 0.999, ReBN: turns per solved episode", ("rebn-0.9", "rebn-0.999")),
+)
+
+
+def run_dir(out: str, arm: Arm, seed: int) -> str:
+    return os.path.join(out, f"{arm.name}-seed{seed}")
+
+
+def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any]) -> str:
+    """Train one (arm, seed), unless its run directory already holds the finished run."""
+    import torch
+
+    from gem_core.train.run import read_metrics, train
+    from gem_core.train.trainer import TrainConfig
+
+    directory = run_dir(out, arm, seed)
+    if finished(directory, steps):
+        return directory
+    torch.set_num_threads(1)  # one run per core: small ops on shared threads only contend
+    resume = os.path.exists(os.path.join(directory, "checkpoint.pt"))
+    config = TrainConfig(estimator=arm.estimator, gamma=arm.gamma, seed=seed, steps=steps, out=directory, resume=resume, **extra)
+    train(config, progress=False, log=lambda line: None)
+    assert finished(directory, steps), read_metrics(os.path.join(directory, "metrics.jsonl"))[-1:]
+    return directory
+
+
+def finished(directory: str, steps: int) -> bool:
+    from gem_core.train.run import read_metrics
+
+    path = os.path.join(directory, "metrics.jsonl")
+    if not os.path.exists(path):
+        return False
+    records = read_metrics(path)
+    return any(r.get("step") == steps and "eval_success_rate" in r for r in records)
+
+
+def curves(directory: str) -> list[dict[str, Any]]:
+    """The held-out evaluations of a run (the warm start's at step 0, then every ``eval_every``)."""
+    from gem_core.train.run import read_metrics
+
+    return [r for r in read_metrics(os.path.join(directory, "metrics.jsonl")) if "eval_success_rate" in r]
+
+
+def arm_numbers(out: str, arm: Arm, seeds: list[int]) -> dict[str, list[float]]:
+    numbers: dict[str, list[float]] = {"start": [], "final": [], "auc": [], "turns_solved": []}
+    for seed in seeds:
+        evals = curves(run_dir(out, arm, seed))
+        numbers["start"].append(evals[0]["eval_success_rate"])
+        numbers["final"].append(evals[-1]["eval_success_rate"])
+        numbers["auc"].append(statistics.fmean(e["eval_success_rate"] for e in evals[1:]))
+        solved = evals[-1]["eval_turns_when_solved"]
+        if solved is not None:
+            numbers["turns_solved"].append(solved)
+    return numbers
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def tables(out: str, seeds: list[int]) -> str:
+    by_name = {arm.name: arm for arm in ARMS}
+    lines = []
+    for title, names in FINDINGS:
+        lines += [f"**{title}** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; mean ± sample std)", ""]
+        lines.append("| arm | held-out success after warm start | at the end | mean over evaluations | turns per solved episode (end) |")
+        lines.append("|---|---|---|---|---|")
+        for name in names:
+            n = arm_numbers(out, by_name[name], seeds)
+            lines.append(f"| {name} | {spread(n['start'])} | {spread(n['final'])} | {spread(n['auc'])} | {spread(n['turns_solved'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(out: str, seeds: list[int], png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for arm in ARMS:
+        runs = [curves(run_dir(out, arm, seed)) for seed in seeds]
+        steps = [e["step"] for e in runs[0]]
+        success = np.array([[e["eval_success_rate"] for e in run] for run in runs])
+        turns = np.array([[np.nan if e["eval_turns_when_solved"] is None else e["eval_turns_when_solved"] for e in run] for run in runs])
+        for axis, values in ((axes[0], success), (axes[1], turns)):
+            with warnings.catch_warnings():  # an evaluation that no seed solved has no turns: a gap
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean, low, high = np.nanmean(values, axis=0), np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+            axis.plot(steps, mean, "o-", label=arm.name)
+            axis.fill_between(steps, low, high, alpha=0.15)
+    axes[0].set(title="held-out success rate (band: min-max over seeds)", xlabel="RL update", ylim=(0, 1))
+    axes[1].set(title="held-out turns per solved episode", xlabel="RL update")
+    for axis in axes:
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=300, help="RL updates per run (default 300, the default run's)")
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, one torch thread each")
+    parser.add_argument("--out", default="runs/paper_findings", help="where the runs, findings.md and findings.png go")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="another TrainConfig field for every run, e.g. --set eval_every=25")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.jobs < 1 or min(args.seeds) < 0:
+        parser.error("--steps and --jobs must be >= 1 and seeds >= 0")
+    extra: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            extra[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parser.error(f"--set {item!r}: the value must be JSON (e.g. --set eval_every=25)")
+    os.makedirs(args.out, exist_ok=True)
+    jobs = [(arm, seed) for seed in args.seeds for arm in ARMS]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(train_one, args.out, arm, seed, args.steps, extra) for arm, seed in jobs]
+        for future, (arm, seed) in zip(futures, jobs):
+            future.result()
+            print(f"done: {arm.name} seed {seed}", file=sys.stderr, flush=True)
+    text = tables(args.out, args.seeds)
+    print(text)
+    with open(os.path.join(args.out, "findings.md"), "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    plot(args.out, args.seeds, os.path.join(args.out, "findings.png"))
+    print(f"wrote {os.path.join(args.out, 'findings.md')} and findings.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
