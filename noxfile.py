@@ -1,10 +1,11 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
     nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
+    nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools
 """
 
@@ -17,7 +18,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -115,3 +116,18 @@ def openrlhf(session: nox.Session) -> None:
     session.install("-c", pin, *OPENRLHF_LIGHT_DEPS)
     session.install("-c", pin, "-e", ".[dev,hf]")
     session.run(*PYTEST, "tests/integrations/openrlhf", *session.posargs, env=_env())
+
+
+TRL = "trl==1.16.0"
+
+
+@nox.session
+def trl(session: nox.Session) -> None:
+    """The TRL plugin against TRL 1.16.0's GRPOTrainer on CPU (tests/integrations/trl): real updates of
+    a tiny local model. torch is installed first and held by a constraint so nothing pulls a CUDA build."""
+    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    with open(pin, "w") as handle:
+        handle.write(TORCH + "\n")
+    session.install(TORCH)
+    session.install("-c", pin, "-e", ".[trl,dev,hf]")
+    session.run(*PYTEST, "tests/integrations/trl", *session.posargs, env=_env())
