@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import gem_core
-from gem_core.errors import GemError, UnknownEnvError
+from gem_core.errors import GemError, InvalidArgumentError, UnknownEnvError
 from gem_core.parsing import boxed, last_boxed
+from gem_core.registry import MAX_NUM_ENVS
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -36,14 +37,23 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit code ``EXIT_USAGE``."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
+def _int_in(low: int, high: int | None = None) -> Any:
+    """An argparse type: a whole number in ``low..high`` (``high`` None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            allowed = f"a number >= {low}" if high is None else f"a number in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_in(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     play.add_argument("env_id", metavar="ENV_ID", help="an id from `gem-core list`, e.g. game:GuessTheNumber-v0-hard")
-    play.add_argument("--seed", type=int, default=None, help="reset seed (default: random for one episode, 0 for a batch)")
+    play.add_argument("--seed", type=_int_in(0), default=None, help="reset seed (default: random for one episode, 0 for a batch)")
     play.add_argument(
         "--policy",
         choices=("human", "random", "oracle"),
@@ -78,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="who acts: human (default for one episode), random (default for a batch), oracle (envs with oracle_action)",
     )
     batch = play.add_argument_group("batch mode (a vector env; turned on by --num-envs or --episodes)")
-    batch.add_argument("--num-envs", type=_positive_int, default=None, help="envs stepped together (default 1)")
+    batch.add_argument("--num-envs", type=_int_in(1, MAX_NUM_ENVS), default=None, help="envs stepped together (default 1)")
     batch.add_argument("--episodes", type=_positive_int, default=None, help="finished episodes to collect (default: num-envs)")
     batch.add_argument("--vector", choices=("sync", "async"), default="sync", help="sync: one process; async: worker processes")
     batch.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stdout is not a terminal)")
@@ -94,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--corpus", required=True, help="JSONL file, one {id, title, text} record a line")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives no topk")
 
     from gem_core.train import cli as train_cli  # argparse only; torch is imported when a run starts
@@ -151,11 +161,33 @@ def _add_dataset_builder(trainers: Any, trainer: str, module_name: str) -> None:
 
 
 def cmd_make_dataset(args: argparse.Namespace) -> int:
-    """Run the chosen trainer's dataset builder; its ValueErrors are usage errors."""
+    """Run the chosen trainer's dataset builder; its ValueErrors and OSErrors are usage errors. ``--out``
+    is checked first: a file in a directory that exists (nothing is created anywhere else)."""
+    if getattr(args, "out", None) is not None:
+        check_out_file(args.out)
     try:
         return int(args.dataset_main(args))
     except ValueError as err:
         raise CliError(str(err)) from None
+    except OSError as err:
+        written = getattr(err, "filename", None) and os.path.dirname(os.path.abspath(err.filename)) == os.path.dirname(os.path.abspath(args.out))
+        raise CliError(f"--out {args.out}: cannot write it: {err.strerror or err}" if written else os_error_text(err)) from None
+
+
+def check_out_file(path: str, option: str = "--out") -> None:
+    """``path`` can be written as a new or replaced file: not a directory, in a directory that exists.
+    A missing directory is an error, not something to create: the user may have mistyped it."""
+    if os.path.isdir(path):
+        raise CliError(f"{option} {path}: is a directory; name a file to write")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise CliError(f"{option} {path}: directory {parent} does not exist (create it first, or name another file)")
+
+
+def os_error_text(err: OSError) -> str:
+    """One line for an OSError: the reason and the file (``Permission denied: /x/y``)."""
+    name = getattr(err, "filename", None)
+    return f"{err.strerror or err}: {name}" if name else str(err.strerror or err)
 
 
 def _passthrough(argv: list[str]) -> Any:
@@ -202,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "plugin_main", None) is not None:
             return int(args.plugin_main(args))
         return cmd_play(args, sys.stdout)
-    except (CliError, UnknownEnvError) as err:
+    except (CliError, UnknownEnvError, InvalidArgumentError) as err:
         print(f"gem-core: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except GemError as err:
@@ -262,7 +294,10 @@ def cmd_serve_search(args: argparse.Namespace, out: TextIO) -> int:
         index = BM25Index.from_jsonl(args.corpus)
     except SearchError as err:
         raise CliError(str(err)) from None
-    server = make_search_server(index, args.host, args.port, default_topk=args.topk)
+    try:
+        server = make_search_server(index, args.host, args.port, default_topk=args.topk)
+    except OSError as err:  # the port is taken, the address is not this machine's, the name does not resolve
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     host, port = server.server_address[:2]
     print(f"serving {len(index)} documents from {args.corpus} at http://{host}:{port}/retrieve", file=out, flush=True)
     try:

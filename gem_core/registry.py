@@ -242,7 +242,9 @@ def make_vec(
 
 
 _VECTOR_MODE = Param(str, choices=("sync", "async"))
-_NUM_ENVS = Param(int, low=1)
+#: The most envs one vector env holds (a bound, so that a typo fails with a message, not a MemoryError).
+MAX_NUM_ENVS = 1_000_000
+_NUM_ENVS = Param(int, low=1, high=MAX_NUM_ENVS)
 
 
 def _check_vector_kwargs(vector_class: type, vector_kwargs: dict[str, Any]) -> None:

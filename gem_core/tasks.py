@@ -100,15 +100,16 @@ def make_task_env(env_id: str, env_kwargs: Any = None, tools: Iterable[str] | st
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every ``gem-core make-dataset TRAINER`` shares: which env, how many rows, from which seed."""
     parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
-    parser.add_argument("--n", type=_positive_int, required=True, help="rows to write (one episode each)")
+    parser.add_argument("--n", type=positive_int, required=True, help="rows to write (one episode each)")
     parser.add_argument("--seed-start", type=_non_negative_int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
     parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 20}\'')
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
-    parser.add_argument("--max-turns", type=_positive_int, default=None, help="turn limit on top of the env's own")
+    parser.add_argument("--max-turns", type=positive_int, default=None, help="turn limit on top of the env's own")
     parser.add_argument("--system-prompt", default=None, help="system message of every episode")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (the options of ``make-dataset``)."""
     value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")

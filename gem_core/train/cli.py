@@ -83,9 +83,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from gem_core.tasks import parse_env_kwargs, parse_tools
     from gem_core.train.trainer import TrainConfig
 
+    from gem_core.registry import check_kwargs
     from gem_core.train.run import saved_steps
 
-    gem_core.spec(args.env)  # an unknown id fails here with the registry's suggestion
+    env_spec = gem_core.spec(args.env)  # an unknown id fails here with the registry's suggestion
     steps = args.steps
     if steps is None:
         steps = (saved_steps(args.out) if args.resume else None) or TrainConfig.steps
@@ -93,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         env_kwargs = parse_env_kwargs(args.env_kwargs)
     except ValueError as exc:
         raise ValueError(f"--env-kwargs: {exc}") from None
+    check_kwargs(env_spec, env_kwargs)  # bad kwargs fail here, before the run directory is written
     return TrainConfig(
         env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=steps,
         episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
@@ -122,12 +124,20 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
     from gem_core.train.run import TrainError, train
 
     try:
+        try:
+            torch.device(config.device)
+        except RuntimeError:
+            raise CliError(f"--device {config.device!r} is not a torch device: expected cpu, cuda, cuda:N or mps") from None
         if config.device.startswith("cuda"):
             if not torch.cuda.is_available():
                 raise CliError(f"--device {config.device}: no CUDA device is available here")
         summary = train(config, progress=not args.no_progress, log=lambda line: print(line, file=out, flush=True))
     except TrainError as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:  # the run directory cannot be made or written
+        from gem_core.cli import os_error_text
+
+        raise CliError(f"--out {config.out}: {os_error_text(exc)}") from None
     print(file=out)
     print(summary.table(), file=out)
     if summary.warm_start is not None:

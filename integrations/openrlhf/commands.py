@@ -43,12 +43,42 @@ def train(argv: list[str]) -> int:
     import sys
 
     if importlib.util.find_spec("openrlhf") is None:
-        print("gem-core: error: OpenRLHF is not installed here (pip install 'gem-core[openrlhf]')", file=sys.stderr)
+        if "-h" in argv or "--help" in argv:
+            print(TRAIN_HELP_WITHOUT_OPENRLHF)
+            return 0
+        print(f"gem-core: error: {NOT_INSTALLED}", file=sys.stderr)
         return 2
     from gem_integrations.openrlhf import train_ppo_ray
 
     return train_ppo_ray.main(list(argv))
 
+
+NOT_INSTALLED = "OpenRLHF is not installed here: pip install -e '.[openrlhf]' in the clone"
+
+# What `gem-core openrlhf train --help` shows where OpenRLHF is absent: the options gem-core adds, and where the
+# rest come from. With OpenRLHF installed, --help is OpenRLHF's own parser's, these options included.
+TRAIN_HELP_WITHOUT_OPENRLHF = f"""\
+usage: gem-core openrlhf train [OPENRLHF TRAIN_PPO_RAY OPTIONS ...]
+
+Run OpenRLHF's openrlhf.cli.train_ppo_ray with ReBN. Every option goes to OpenRLHF's own parser; its full
+list (--actor.model_name_or_path, --data.prompt_dataset, --rollout.*, ...) is shown here once OpenRLHF is
+installed. {NOT_INSTALLED}.
+
+options gem-core adds or needs:
+  --algo.advantage.estimator rebn
+                        ReBN: per-turn discounted returns normalised over the batch (one more choice
+                        beside OpenRLHF's own estimators)
+  --algo.advantage.gamma G
+                        OpenRLHF's discount, over turns for rebn (e.g. 0.9)
+  --algo.advantage.rebn_eps EPS
+                        rebn: eps in (G - mean) / (std + eps) (default 1e-6)
+  --algo.advantage.rebn_ddof {{0,1}}
+                        rebn: 0 population std, 1 sample std (default 0)
+  --train.agent_func_path "$(gem-core openrlhf agent-path)"
+                        the GEM agent file: each episode played by gem_core's rollout runner
+  --data.prompt_dataset FILE --data.input_key prompt --data.label_key label
+                        a file of `gem-core make-dataset openrlhf`
+"""
 
 # `gem-core openrlhf train ARGS`: gem-core's CLI hands ARGS to these untouched (see gem_core.cli._passthrough).
 PASSTHROUGH = {"train": train}

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gem_core
-from gem_core.tasks import add_task_arguments, specs_for, task_arguments
+from gem_core.tasks import add_task_arguments, positive_int, specs_for, task_arguments
 
 
 def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator[dict[str, str]]:
@@ -39,14 +40,19 @@ def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator
 
 
 def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
-    """Write the JSONL file of :func:`rows`; returns the number of rows."""
+    """Write the JSONL file of :func:`rows`; returns the number of rows. The file appears whole or not
+    at all (written beside it, then renamed); its directory must exist (it is not created)."""
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     count = 0
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows(env_id, n, **kwargs):
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            count += 1
+    try:
+        with temporary.open("w", encoding="utf-8") as handle:
+            for row in rows(env_id, n, **kwargs):
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     return count
 
 
@@ -54,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset openrlhf``."""
     add_task_arguments(parser)
     parser.add_argument("--out", required=True, help="JSONL file to write")
-    parser.add_argument("--max-turn-tokens", type=int, default=None, help="max tokens per response (default: the agent's, see agent.py)")
-    parser.add_argument("--max-context-tokens", type=int, default=None, help="max tokens of the whole episode (default: --data.max_len)")
+    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help="max tokens per response (default: the agent's, see agent.py)")
+    parser.add_argument("--max-context-tokens", type=positive_int, default=None, help="max tokens of the whole episode (default: --data.max_len)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -13,10 +13,12 @@ Imports no verl: only gem_core and pyarrow.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 from collections.abc import Sequence
 from typing import Any
 
-from gem_core.tasks import add_task_arguments, specs_for, task_arguments
+from gem_core.tasks import add_task_arguments, positive_int, specs_for, task_arguments
 
 AGENT_NAME = "gem_env"
 
@@ -60,24 +62,42 @@ def dataset_rows(
 
 
 def make_dataset(env_id: str, n: int, out: str, **kwargs: Any) -> str:
-    """Write :func:`dataset_rows` to the parquet file ``out``; returns ``out``."""
+    """Write :func:`dataset_rows` to the parquet file ``out``; returns ``out``. The file appears whole or
+    not at all (written beside it, then renamed); its directory must exist (it is not created)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist(dataset_rows(env_id, n, **kwargs)), out)
+    table = pa.Table.from_pylist(dataset_rows(env_id, n, **kwargs))
+    temporary = f"{os.path.join(os.path.dirname(out), '.' + os.path.basename(out))}.{os.getpid()}.tmp"
+    try:
+        pq.write_table(table, temporary)
+        os.replace(temporary, out)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
     return out
+
+
+PYARROW_MISSING = (
+    "make-dataset verl writes parquet, which needs pyarrow: install the verl extra in the clone "
+    "(pip install -e '.[verl]'), or pyarrow alone (pip install 'pyarrow>=19')"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset verl``."""
     add_task_arguments(parser)
     parser.add_argument("--out", required=True, help="parquet file to write")
-    parser.add_argument("--max-turn-tokens", type=int, default=None, help="max tokens per response (default: rollout.response_length)")
+    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help="max tokens per response (default: rollout.response_length)")
     parser.add_argument("--split", default="train", help="extra_info.split (default train)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``gem-core make-dataset verl`` with parsed ``args``."""
+    if importlib.util.find_spec("pyarrow") is None:  # before any row is made
+        from gem_core.cli import CliError
+
+        raise CliError(PYARROW_MISSING)
     env_kwargs, tools = task_arguments(args)
     make_dataset(
         args.env, args.n, args.out, seed_start=args.seed_start, env_kwargs=env_kwargs, tools=tools, max_turns=args.max_turns,
