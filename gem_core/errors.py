@@ -45,9 +45,15 @@ class ResetNeeded(GemError, RuntimeError):
     """``step`` was called before ``reset`` or after the episode ended."""
 
 
-class ModelServerError(GemError, ConnectionError):
-    """A policy could not reach its model server, or the server did not answer usably. The message
-    names the URL and the cause."""
+class ModelRequestError(GemError, RuntimeError):
+    """A request to a model server failed for good (after its retries, or with an answer that a retry
+    would not change): one line naming the URL and the cause. ``status``: the HTTP status, when there
+    was one. Raised by :class:`~gem_core.rollout.OpenAIPolicy` (:mod:`gem_core.rollout.http`)."""
+
+    def __init__(self, message: str, *, status: int | None = None, detail: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
 
 
 def suggest(word: str, choices: Iterable[str], n: int = 3) -> str:

@@ -20,17 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gem_core.errors import ModelRequestError
+
 DETAIL_CHARS = 300  # how much of an error answer a message quotes
-
-
-class ModelRequestError(RuntimeError):
-    """A request to a model server failed for good (after its retries, or with an answer that a retry
-    would not change). ``status``: the HTTP status, when there was one."""
-
-    def __init__(self, message: str, *, status: int | None = None, detail: str = ""):
-        super().__init__(message)
-        self.status = status
-        self.detail = detail
 
 
 @dataclass(frozen=True)

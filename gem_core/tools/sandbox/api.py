@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import time
 import warnings
@@ -30,7 +29,6 @@ from gem_core.tools.sandbox.host import RawReply, WorkerLost, WorkerSpec
 from gem_core.tools.sandbox.policy import MIB, require_bwrap
 from gem_core.tools.sandbox.pool import QueueTimeout, SandboxError, SandboxPool, shared_pool
 
-logger = logging.getLogger(__name__)
 
 Isolation = Literal["bwrap", "none"]
 
@@ -192,8 +190,9 @@ class PythonSandbox:
                 "read and write your files, reach the network and read your environment. Only rlimits and "
                 "the timeout apply. Install bubblewrap and use isolation='bwrap' for anything untrusted."
             )
+            # One channel only: the warnings module prints it once per calling line (logging's last-resort
+            # handler would print it a second time).
             warnings.warn(message, RuntimeWarning, stacklevel=2)
-            logger.warning(message)
         _check_timeout(timeout)
         if cpu_seconds is not None and cpu_seconds <= 0:
             raise ValueError(f"cpu_seconds must be positive, got {cpu_seconds}")
