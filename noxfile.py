@@ -124,10 +124,11 @@ TRL = "trl==1.16.0"
 @nox.session
 def trl(session: nox.Session) -> None:
     """The TRL plugin against TRL 1.16.0's GRPOTrainer on CPU (tests/integrations/trl): real updates of
-    a tiny local model. torch is installed first and held by a constraint so nothing pulls a CUDA build."""
-    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    a tiny local model. torch is installed first and, with TRL, held by a constraint so nothing pulls a
+    CUDA build or another TRL (the plugin overrides a private method: the tested version is exact)."""
+    pin = os.path.join(session.create_tmp(), "trl-pins.txt")
     with open(pin, "w") as handle:
-        handle.write(TORCH + "\n")
+        handle.write(f"{TORCH}\n{TRL}\n")
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[trl,dev,hf]")
     session.run(*PYTEST, "tests/integrations/trl", *session.posargs, env=_env())
