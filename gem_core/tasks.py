@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gem_core.core import Env, model_message
@@ -128,6 +129,24 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def write_jsonl(out: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write ``rows`` as JSON lines; returns how many. The file appears whole or not at all (written
+    beside it, then renamed); its directory must exist (it is not created). Shared by the plugins whose
+    ``make-dataset`` writes JSONL (OpenRLHF, TRL)."""
+    path = Path(out)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = 0
+    try:
+        with temporary.open("w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return count
 
 
 def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:

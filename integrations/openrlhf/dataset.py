@@ -16,14 +16,12 @@ seed ``seed_start + i``. Needs only gem_core.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gem_core
-from gem_core.tasks import add_task_arguments, positive_int, specs_for, task_arguments
+from gem_core.tasks import add_task_arguments, positive_int, specs_for, task_arguments, write_jsonl
 
 
 def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator[dict[str, str]]:
@@ -41,19 +39,8 @@ def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator
 
 def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
     """Write the JSONL file of :func:`rows`; returns the number of rows. The file appears whole or not
-    at all (written beside it, then renamed); its directory must exist (it is not created)."""
-    path = Path(out)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    count = 0
-    try:
-        with temporary.open("w", encoding="utf-8") as handle:
-            for row in rows(env_id, n, **kwargs):
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return count
+    at all (:func:`gem_core.tasks.write_jsonl`); its directory must exist (it is not created)."""
+    return write_jsonl(out, rows(env_id, n, **kwargs))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

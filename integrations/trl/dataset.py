@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import gem_core
-from gem_core.tasks import TaskSpec, add_task_arguments, specs_for, task_arguments
+from gem_core.tasks import TaskSpec, add_task_arguments, positive_int, specs_for, task_arguments, write_jsonl
 
 TASK_KEY = "gem_task"
 
@@ -80,23 +80,17 @@ def make_dataset(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> 
 
 
 def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
-    """Write :func:`rows` as JSONL; returns the number of rows."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows(env_id, n, **kwargs):
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            count += 1
-    return count
+    """Write :func:`rows` as JSONL, whole or not at all (:func:`gem_core.tasks.write_jsonl`); returns the
+    number of rows. Its directory must exist (it is not created)."""
+    return write_jsonl(out, rows(env_id, n, **kwargs))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset trl``."""
     add_task_arguments(parser)
     parser.add_argument("--out", required=True, help="JSONL file to write (datasets.load_dataset('json', data_files=...))")
-    parser.add_argument("--max-turn-tokens", type=int, default=None, help="max tokens per response (default: TRL's max_completion_length)")
-    parser.add_argument("--max-context-tokens", type=int, default=None, help="max tokens of the whole episode, prompt included")
+    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help="max tokens per response (default: TRL's max_completion_length)")
+    parser.add_argument("--max-context-tokens", type=positive_int, default=None, help="max tokens of the whole episode, prompt included")
 
 
 def main(args: argparse.Namespace) -> int:
