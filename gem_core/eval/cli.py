@@ -104,9 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     """Run ``gem-core eval``; a user's mistake becomes the CLI's one-line error."""
-    from gem_core.cli import CliError
+    from gem_core.cli import CliError, check_out_file
 
     err = sys.stderr if err is None else err
+    for option in ("--out", "--plot"):  # a file in a directory that exists: nothing is created elsewhere
+        path = getattr(args, option[2:], None)
+        if path:
+            check_out_file(path, option)
     try:
         if args.eval_action == "report":
             return report_main(args, out)

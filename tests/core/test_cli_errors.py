@@ -130,6 +130,15 @@ TABLE = [
         "gem-core: error: game:GuessTheNumber-v0-easy: max_turns=-1 is not allowed: expected an integer in 1..100000, or None (set per episode by the game)",
     ),
     (["eval", "report"], "gem-core eval report: error: the following arguments are required: FILE"),
+    (
+        ["eval", GTN, "--policy", "random", "--episodes", "1", "--out", f"{NO_DIR}/results.jsonl"],
+        f"gem-core: error: --out {NO_DIR}/results.jsonl: directory {NO_DIR} does not exist (create it first, or name another file)",
+    ),
+    (["eval", GTN, "--policy", "random", "--episodes", "1", "--out", "{tmp}"], "gem-core: error: --out {tmp}: is a directory; name a file to write"),
+    (
+        ["eval", "report", "{tmp}/corpus.jsonl", "--plot", f"{NO_DIR}/chart.png"],
+        f"gem-core: error: --plot {NO_DIR}/chart.png: directory {NO_DIR} does not exist (create it first, or name another file)",
+    ),
     (["openrlhf", "agent-path", "--extra"], "gem-core: error: unrecognized arguments: --extra"),
     (["--no-such-flag"], "gem-core: error: the following arguments are required: COMMAND"),
 ]

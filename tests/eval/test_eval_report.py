@@ -35,6 +35,7 @@ def test_two_results_files_render_into_one_report_with_a_chart(two_runs, tmp_pat
     pytest.importorskip("matplotlib")
     capsys.readouterr()
     report, chart = tmp_path / "out" / "report.md", tmp_path / "out" / "chart.png"
+    report.parent.mkdir()
     assert main(["eval", "report", *map(str, two_runs), "--out", str(report), "--plot", str(chart)]) == 0
     text = report.read_text()
     assert "| oracle |" in text and "| random |" in text and "![success rate by env and run](chart.png)" in text
