@@ -210,7 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = with_default_action(sys.argv[1:] if argv is None else argv)
     passthrough = _passthrough(argv)
     if passthrough is not None:  # e.g. `gem-core openrlhf train ...`: everything after it is the trainer's
-        return passthrough(argv[2:])
+        try:
+            return passthrough(argv[2:])
+        except BrokenPipeError:  # e.g. `gem-core openrlhf train --help | head`
+            return _reader_left()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -244,9 +247,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. `gem-core list | head`: the reader left; that is not an error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """stdout's reader has gone: send what is still buffered to /dev/null (so that Python's exit does not
+    fail on it) and end quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_OK
 
 
 # -- list ------------------------------------------------------------------------------------------
