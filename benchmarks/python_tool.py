@@ -280,7 +280,7 @@ def run_peer(
         hostile = _in_child(sys.executable, ["--peer-hostile", "--timeout", str(timeout)])
         return {"perf": perf, "hostile": hostile, "python": sys.executable}
     if python is None or not Path(python).exists():
-        return "gem-llm is not installed here (pip install 'gem-core[bench]'), and no --peer-python was found"
+        return "gem-llm is not installed here (pip install -e '.[bench]'), and no --peer-python was found"
     perf = _in_child(python, ["--peer-perf", "--calls", str(calls), "--concurrency", str(concurrency), "--many", str(many)])
     hostile = _in_child(python, ["--peer-hostile", "--timeout", str(timeout)])
     return {"perf": perf, "hostile": hostile, "python": python}

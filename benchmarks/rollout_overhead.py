@@ -11,7 +11,7 @@ Table 1, tokenizer work per episode (GuessTheNumber, 1..10^6, exactly N turns, t
   chat template every turn and tokenise it (quadratic).
 * ``gem-llm``: gem-llm's own ``ObservationWrapper(include_chat_template=True)`` on gem-llm's env (its
   text differs slightly), each turn's observation tokenised as its trainers do. ``n/a`` when gem-llm
-  (import name ``gem``) is not installed in this interpreter (``pip install gem-core[bench]``).
+  (import name ``gem``) is not installed in this interpreter (``pip install -e '.[bench]'``).
 
 "chars" are characters handed to the tokenizer per episode, "ms" the time spent in chat templating
 plus tokenising per episode, "chars/turn" shows the growth.

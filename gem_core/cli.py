@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve-search",
         help="serve a BM25 index of a JSONL corpus over the Search-R1 /retrieve API",
         description=(
-            "Build a BM25 index (bm25s; pip install 'gem-core[search]') from a JSONL corpus of "
+            "Build a BM25 index (bm25s; pip install -e '.[search]') from a JSONL corpus of "
             '{"id", "title", "text"} records and answer POST /retrieve (Search-R1/GEM retrieval API), '
             "so that many env workers share one index: SearchTool(url='http://HOST:PORT')."
         ),

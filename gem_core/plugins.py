@@ -215,7 +215,7 @@ class TrainerPlugin:
         """The installed version, if supported; else a :class:`PluginError` saying what to install."""
         version = self.installed_version()
         if version is None:
-            raise PluginError(f"{self.name}: {self.distribution} is not installed (pip install 'gem-core[{self.name}]'; tested: {self.distribution}{self.supported})")
+            raise PluginError(f"{self.name}: {self.distribution} is not installed (pip install -e '.[{self.name}]'; tested: {self.distribution}{self.supported})")
         if not version_matches(version, self.supported):
             raise PluginError(f"{self.name}: {self.distribution} {version} is not supported by this plugin (tested: {self.distribution}{self.supported})")
         return version

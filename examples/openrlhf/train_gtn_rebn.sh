@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GEM GuessTheNumber with OpenRLHF 0.11.x and ReBN advantages (gem-core's launcher adds `rebn`).
 #
-#   pip install 'gem-core[openrlhf]'        # OpenRLHF with its GPU stack (vllm, deepspeed, flash-attn)
+#   pip install -e '.[openrlhf]'        # OpenRLHF with its GPU stack (vllm, deepspeed, flash-attn)
 #   bash examples/openrlhf/train_gtn_rebn.sh
 #
 # Needs GPUs (vLLM rollout). The prompt file holds one row per episode: the env's first message

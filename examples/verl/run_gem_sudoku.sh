@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO-style verl run on a GEM env with ReBN advantages: copy, set MODEL, adjust GPUs and batch sizes.
-# Needs a GPU machine with verl's rollout engine: pip install "gem-core[verl]" "vllm" (or sglang).
+# Needs a GPU machine with verl's rollout engine: pip install -e ".[verl]" "vllm" (or sglang).
 # The plugin is loaded by verl itself (entry point `verl.plugins`): no import, no env var.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-1.7B}

@@ -170,7 +170,7 @@ def hf_policy(path: str | None, *, device: str, batch_size: int, seed: int, syst
         import torch  # noqa: F401
         from transformers import AutoTokenizer
     except ImportError as exc:
-        raise PolicyError(f"--policy hf needs torch and transformers: pip install 'gem-core[torch,hf]' ({exc})") from None
+        raise PolicyError(f"--policy hf needs torch and transformers: pip install -e '.[torch,hf]' ({exc})") from None
     from gem_core.rollout import ChatFormatter, HFPolicy
 
     try:

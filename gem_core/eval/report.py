@@ -90,7 +90,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ReportError("--plot needs matplotlib: pip install matplotlib (or pip install 'gem-core[train]')") from None
+        raise ReportError("--plot needs matplotlib: pip install matplotlib (or pip install -e '.[train]')") from None
 
 
 def plot(runs: Sequence[Run], path: str) -> None:

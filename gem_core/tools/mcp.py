@@ -40,7 +40,7 @@ def _require_mcp() -> Any:
     try:
         import mcp
     except ImportError:
-        raise MCPError("the MCP tool needs the MCP SDK: pip install 'gem-core[mcp]'") from None
+        raise MCPError("the MCP tool needs the MCP SDK: pip install -e '.[mcp]'") from None
     return mcp
 
 

@@ -106,7 +106,7 @@ class BM25Index:
         try:
             import bm25s
         except ImportError:
-            raise SearchError("the embedded search index needs bm25s: pip install 'gem-core[search]'") from None
+            raise SearchError("the embedded search index needs bm25s: pip install -e '.[search]'") from None
         self._bm25s = bm25s
         self.docs = [dict(doc) for doc in docs]
         if not self.docs:

@@ -1,4 +1,4 @@
-"""gem-core for OpenRLHF 0.11.x (``pip install 'gem-core[openrlhf]'``; OpenRLHF itself is installed as its
+"""gem-core for OpenRLHF 0.11.x (``pip install -e '.[openrlhf]'``; OpenRLHF itself is installed as its
 docs say, or ``--no-deps`` plus its light deps on CPU).
 
 * ``agent.py``: the agent file for ``--train.agent_func_path`` (``gem-core openrlhf agent-path`` prints

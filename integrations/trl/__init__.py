@@ -1,4 +1,4 @@
-"""gem-core for Hugging Face TRL 1.16 (``pip install 'gem-core[trl]'``): GEM envs and ReBN in ``GRPOTrainer``.
+"""gem-core for Hugging Face TRL 1.16 (``pip install -e '.[trl]'``): GEM envs and ReBN in ``GRPOTrainer``.
 
     from trl import GRPOConfig
     from gem_integrations.trl import GemGRPOTrainer, make_dataset

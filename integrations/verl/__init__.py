@@ -1,6 +1,6 @@
 """gem-core for verl 0.9: the ``rebn``/``gem_reinforce`` advantage estimators and the ``gem_env`` agent loop.
 
-``pip install gem-core[verl]`` is all a verl user needs: the ``verl.plugins`` entry point
+``pip install -e '.[verl]'`` is all a verl user needs: the ``verl.plugins`` entry point
 (:mod:`gem_integrations.verl.plugin`) registers both in every process that imports verl. Then::
 
     python -m verl.trainer.main_ppo algorithm.adv_estimator=rebn +algorithm.rebn_gamma=0.9 \\
