@@ -12,6 +12,7 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -187,10 +188,22 @@ def check_kwargs(env_spec: EnvSpec, kwargs: dict[str, Any]) -> tuple[Callable[..
     return factory, merged
 
 
+_BUILDING: ContextVar[str | None] = ContextVar("gem_core_building_id", default=None)
+
+
+def building_id() -> str | None:
+    """The id ``make`` is building right now (for an env constructor's error messages), else None."""
+    return _BUILDING.get()
+
+
 def make_from_spec(env_spec: EnvSpec, wrappers: Sequence[Callable[[Env], Env]] = (), **kwargs: Any) -> Env:
     """Build an env from a spec (no registry lookup: works in a worker process that never saw the id)."""
     factory, merged = check_kwargs(env_spec, kwargs)
-    env = factory(**merged)
+    token = _BUILDING.set(env_spec.id)
+    try:
+        env = factory(**merged)
+    finally:
+        _BUILDING.reset(token)
     from gem_core.core import Env as _Env
 
     if not isinstance(env, _Env):

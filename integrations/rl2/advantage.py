@@ -1,0 +1,133 @@
+"""ReBN over turns in place of RL2's episode-level REINFORCE: a replacement for RL2's ``compute_advantages``.
+
+RL2's ``compute_advantages`` (``RL2/utils/algorithms.py``; rl-square 0.0.2 and HEAD) sums each
+trajectory's rewards for ``adv.estimator=reinforce`` (one advantage for every token of the episode:
+gamma unused, no per-turn returns). ``RL2.trainer.ppo`` imports the name into its module and calls it
+there at run time (0.0.2: ``compute_advantages(config.adv, tensor_dict, cu_seqs, step)``; HEAD:
+``compute_advantages(config, tensor_dict, cu_seqs, step)``), so the launcher replaces
+``RL2.trainer.ppo.compute_advantages`` (a :class:`gem_core.plugins.Patch`, reverted exactly) without
+forking RL2. ``adv.estimator`` stays ``reinforce``, so RL2 builds no critic.
+
+The replacement first runs RL2's own function unchanged (its checks, logging and, at HEAD, the KL
+penalty folded into the rewards), then, for ``reinforce`` with ReBN on, overwrites
+``tensor_dict["advantages"]``: per trajectory (the rows ``cu_seqs`` groups: RL2 splits a trajectory
+into several sequences when the next state does not extend the text), each turn's reward is what RL2
+put on that turn's tokens (its last model token), ``G_t = r_t + gamma * G_{t+1}`` over turns, and
+``A_t = (G_t - mean(G)) / (std(G) + eps)`` over every turn of the batch (:func:`gem_core.algo.rebn`),
+painted on the turn's action tokens. Every other estimator (``gae``) and ``reinforce`` with
+``+adv.rebn=false`` are RL2's own function, untouched.
+
+Settings (hydra keys under ``adv``): ``gamma`` (RL2's own discount; 1.0 by default in RL2's config),
+``+adv.rebn_eps`` (1e-6), ``+adv.rebn_ddof`` (0 population std, 1 sample std), ``+adv.rebn_group_by``
+(``null``: whole batch; ``prompt``: each prompt's ``responses_per_prompt`` trajectories), ``+adv.rebn``
+(true).
+
+Turns: RL2's batch has no turn-id channel (its tensor dicts have fixed keys), so a turn is a run of
+``action_mask`` within a sequence row. That is exact for RL2: its action mask comes straight from the
+rollout's per-token record and no RL2 path zeroes tokens inside a turn. HEAD's ``kl.type=advantage``
+(a KL term subtracted from the advantages after the estimator) is refused with ReBN.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+ESTIMATOR = "reinforce"  # the RL2 estimator whose advantages ReBN replaces
+
+
+def _get(config: Any, name: str, default: Any) -> Any:
+    getter = getattr(config, "get", None)
+    if getter is not None:
+        value = getter(name, default)
+    else:
+        value = getattr(config, name, default)
+    return default if value is None and default is not None else value
+
+
+def rebn_settings(adv: Any) -> dict[str, Any] | None:
+    """ReBN's settings from RL2's ``adv`` config, or None when RL2's own estimator runs."""
+    if _get(adv, "estimator", None) != ESTIMATOR or not bool(_get(adv, "rebn", True)):
+        return None
+    group_by = _get(adv, "rebn_group_by", None)
+    if group_by not in (None, "prompt"):
+        raise ValueError(f"adv.rebn_group_by must be null or 'prompt', got {group_by!r}")
+    return {
+        "gamma": float(_get(adv, "gamma", 1.0)),
+        "eps": float(_get(adv, "rebn_eps", 1e-6)),
+        "ddof": int(_get(adv, "rebn_ddof", 0)),
+        "group_by": group_by,
+        "responses_per_prompt": int(_get(adv, "responses_per_prompt", 1)),
+    }
+
+
+def turn_rewards(tensor_dict: dict, cu_seqs: Any) -> tuple[list[list[float]], list[list[tuple[int, np.ndarray]]]]:
+    """Per trajectory: each turn's reward (the sum of RL2's rewards on its tokens) and where its tokens
+    are (row, boolean mask over the row)."""
+    from gem_core.algo import turn_ids_from_mask
+
+    mask = tensor_dict["action_mask"].detach().cpu().numpy().astype(bool)
+    rewards = tensor_dict["rewards"].detach().to(dtype=_float64(tensor_dict["rewards"])).cpu().numpy()
+    turn_ids = np.asarray(turn_ids_from_mask(mask))
+    bounds = [int(b) for b in cu_seqs]
+    episodes: list[list[float]] = []
+    places: list[list[tuple[int, np.ndarray]]] = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        episode: list[float] = []
+        where: list[tuple[int, np.ndarray]] = []
+        for row in range(start, end):
+            for turn in range(int(turn_ids[row].max(initial=-1)) + 1):
+                tokens = mask[row] & (turn_ids[row] == turn)
+                episode.append(float(rewards[row][tokens].sum()))
+                where.append((row, tokens))
+        episodes.append(episode)
+        places.append(where)
+    return episodes, places
+
+
+def _float64(tensor: Any) -> Any:
+    import torch
+
+    return torch.float64
+
+
+def rebn_advantages(tensor_dict: dict, cu_seqs: Any, *, gamma: float, eps: float = 1e-6, ddof: int = 0, group_by: str | None = None, responses_per_prompt: int = 1) -> Any:
+    """ReBN advantages for RL2's packed batch, shaped like ``tensor_dict["states"]`` (0 off the action tokens)."""
+    import torch
+
+    from gem_core.algo import rebn
+
+    episodes, places = turn_rewards(tensor_dict, cu_seqs)
+    keys = None
+    if group_by == "prompt":
+        keys = [i // max(responses_per_prompt, 1) for i in range(len(episodes))]
+    flat = np.asarray(rebn([e for e in episodes], gamma=gamma, eps=eps, ddof=ddof, group_by=keys), dtype=np.float64) if any(episodes) else np.zeros(0)
+    out = np.zeros(tuple(tensor_dict["states"].shape), dtype=np.float64)
+    index = 0
+    for where in places:
+        for row, tokens in where:
+            out[row][tokens] = flat[index]
+            index += 1
+    return torch.from_numpy(out).to(torch.zeros(()).dtype)
+
+
+def make_compute_advantages(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The patch's replacement for ``RL2.trainer.ppo.compute_advantages`` (0.0.2's and HEAD's signature)."""
+
+    def compute_advantages(config: Any, tensor_dict: dict, cu_seqs: Any, step: int) -> Any:
+        whole = _get(config, "adv", None) is not None  # HEAD passes the whole config, 0.0.2 config.adv
+        adv = config.adv if whole else config
+        settings = rebn_settings(adv)
+        if settings is not None and whole:
+            kl = config.actor.kl
+            if float(_get(kl, "coef", 0.0)) > 0 and _get(kl, "type", None) == "advantage":
+                raise ValueError("ReBN with actor.kl.type=advantage is not supported (use kl.type=reward or loss)")
+        result = original(config, tensor_dict, cu_seqs, step)
+        if settings is not None:
+            tensor_dict["advantages"] = rebn_advantages(tensor_dict, cu_seqs, **settings)
+        return result
+
+    compute_advantages.__wrapped__ = original  # type: ignore[attr-defined]
+    compute_advantages.__doc__ = "RL2's compute_advantages with ReBN over turns for adv.estimator=reinforce (gem_integrations.rl2)."
+    return compute_advantages
