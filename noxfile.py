@@ -1,11 +1,12 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
     nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
     nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
+    nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools
 """
 
@@ -18,7 +19,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -132,3 +133,36 @@ def trl(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[trl,dev,hf]")
     session.run(*PYTEST, "tests/integrations/trl", *session.posargs, env=_env())
+
+
+# RL2 (PyPI rl-square 0.0.2) pins torch 2.8, sglang[all], flash-attn and ring-flash-attn (GPU builds): it is
+# installed --no-deps with the light deps its CPU modules import (RL2.utils.algorithms, RL2.datasets,
+# RL2.trainer.ppo's own imports); sglang, sglang_router and ring_flash_attn are import stubs in the tests.
+RL2 = "rl-square==0.0.2"
+RL2_LIGHT_DEPS = [
+    "transformers==4.56.2",  # RL2 0.0.2 imports transformers' is_flash_attn_greater_or_equal_2_10 (gone in 5.x)
+    "datasets",
+    "torchdata",
+    "hydra-core",
+    "omegaconf",
+    "wandb",
+    "tqdm",
+    "aiohttp",
+    "requests",
+    "peft",
+]
+
+
+@nox.session
+def rl2(session: nox.Session) -> None:
+    """The RL2 plugin against rl-square 0.0.2's own classes on CPU (tests/integrations/rl2): its rollout
+    loop loading the env module, its dataset helpers and PPOTrainer.train's advantage step (gloo, world
+    size 1). torch is installed first and held by a constraint so nothing pulls a CUDA build."""
+    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    with open(pin, "w") as handle:
+        handle.write(TORCH + "\n")
+    session.install(TORCH)
+    session.install("--no-deps", RL2)
+    session.install("-c", pin, *RL2_LIGHT_DEPS)
+    session.install("-c", pin, "-e", ".[dev,hf]")
+    session.run(*PYTEST, "tests/integrations/rl2", *session.posargs, env=_env())
