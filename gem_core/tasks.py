@@ -154,6 +154,25 @@ def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]
     return parse_env_kwargs(args.env_kwargs), parse_tools(args.tools)
 
 
+def add_jsonl_dataset_arguments(parser: argparse.ArgumentParser, *, out_help: str, turn_tokens_help: str, context_tokens_help: str) -> None:
+    """The options of a ``make-dataset`` command that writes JSONL rows (OpenRLHF, TRL, RL2): the shared
+    ones, ``--out`` and the two token limits, with the trainer's own wording of their defaults."""
+    add_task_arguments(parser)
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help=turn_tokens_help)
+    parser.add_argument("--max-context-tokens", type=positive_int, default=None, help=context_tokens_help)
+
+
+def row_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments a plugin's ``rows``/``write_dataset`` takes, from the options of
+    :func:`add_jsonl_dataset_arguments` (validated: clear ValueErrors)."""
+    env_kwargs, tools = task_arguments(args)
+    return {
+        "seed_start": args.seed_start, "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
+        "max_turn_tokens": args.max_turn_tokens, "max_context_tokens": args.max_context_tokens, "system_prompt": args.system_prompt,
+    }  # fmt: skip
+
+
 _SPEC_FIELDS = ("env_id", "seed", "env_kwargs", "tools", "max_turns", "max_turn_tokens", "max_context_tokens", "system_prompt")
 
 
@@ -206,6 +225,16 @@ class TaskSpec:
         finally:
             if own:
                 env.close()
+
+    def run_config(self, params: Any, **config: Any) -> Any:
+        """The runner's :class:`~gem_core.rollout.RunConfig` for this episode: ``params`` (a
+        :class:`~gem_core.rollout.SamplingParams`) with this spec's ``max_turn_tokens`` as ``max_tokens`` when
+        set, its ``max_turns`` and ``max_context_tokens``; ``config``: the other RunConfig fields."""
+        from gem_core.rollout import RunConfig
+
+        if self.max_turn_tokens is not None:
+            params = params.replace(max_tokens=self.max_turn_tokens)
+        return RunConfig(params=params, max_turns=self.max_turns, max_context_tokens=self.max_context_tokens, **config)
 
     # -- storing -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import gem_core
-from gem_core.tasks import add_task_arguments, positive_int, specs_for, task_arguments, write_jsonl
+from gem_core.tasks import add_jsonl_dataset_arguments, row_fields, specs_for, write_jsonl
 
 
 def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator[dict[str, str]]:
@@ -45,18 +45,13 @@ def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset openrlhf``."""
-    add_task_arguments(parser)
-    parser.add_argument("--out", required=True, help="JSONL file to write")
-    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help="max tokens per response (default: the agent's, see agent.py)")
-    parser.add_argument("--max-context-tokens", type=positive_int, default=None, help="max tokens of the whole episode (default: --data.max_len)")
+    add_jsonl_dataset_arguments(
+        parser, out_help='JSONL file to write', turn_tokens_help="max tokens per response (default: the agent's, see agent.py)", context_tokens_help='max tokens of the whole episode (default: --data.max_len)'
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``gem-core make-dataset openrlhf`` with parsed ``args``."""
-    env_kwargs, tools = task_arguments(args)
-    count = write_dataset(
-        args.out, args.env, args.n, seed_start=args.seed_start, env_kwargs=env_kwargs, tools=tuple(tools), max_turns=args.max_turns,
-        max_turn_tokens=args.max_turn_tokens, max_context_tokens=args.max_context_tokens, system_prompt=args.system_prompt,
-    )
+    count = write_dataset(args.out, args.env, args.n, **row_fields(args))
     print(f"wrote {count} prompts to {args.out}  (--data.input_key prompt --data.label_key label)")
     return 0

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import gem_core
-from gem_core.tasks import TaskSpec, add_task_arguments, positive_int, specs_for, task_arguments, write_jsonl
+from gem_core.tasks import TaskSpec, add_jsonl_dataset_arguments, row_fields, specs_for, write_jsonl
 
 TASK_KEY = "gem_task"
 
@@ -87,18 +87,13 @@ def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset trl``."""
-    add_task_arguments(parser)
-    parser.add_argument("--out", required=True, help="JSONL file to write (datasets.load_dataset('json', data_files=...))")
-    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help="max tokens per response (default: TRL's max_completion_length)")
-    parser.add_argument("--max-context-tokens", type=positive_int, default=None, help="max tokens of the whole episode, prompt included")
+    add_jsonl_dataset_arguments(
+        parser, out_help="JSONL file to write (datasets.load_dataset('json', data_files=...))", turn_tokens_help="max tokens per response (default: TRL's max_completion_length)", context_tokens_help='max tokens of the whole episode, prompt included'
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``gem-core make-dataset trl`` with parsed ``args``."""
-    env_kwargs, tools = task_arguments(args)
-    count = write_dataset(
-        args.out, args.env, args.n, seed_start=args.seed_start, env_kwargs=env_kwargs, tools=tuple(tools), max_turns=args.max_turns,
-        max_turn_tokens=args.max_turn_tokens, max_context_tokens=args.max_context_tokens, system_prompt=args.system_prompt,
-    )
+    count = write_dataset(args.out, args.env, args.n, **row_fields(args))
     print(f"wrote {count} prompts to {args.out}  (train_dataset=datasets.load_dataset('json', data_files='{args.out}', split='train'))")
     return 0
