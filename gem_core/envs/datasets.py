@@ -270,9 +270,13 @@ class DatasetEnv(Env):
     ):
         from gem_core.registry import building_id
 
-        env_id = building_id() or type(self).__name__
-        self.env_id = env_id
-        self.data = load_split(env_id, dataset_name, split, data_files)
+        self.env_id = building_id() or type(self).__name__
+        self._setup(load_split(self.env_id, dataset_name, split, data_files), question_key, answer_key, seed, shuffle, data_files, split)
+
+    def _setup(self, table: Any, question_key: str, answer_key: str, seed: int, shuffle: bool, data_files: Any = None, split: str = "") -> None:
+        """Walk ``table`` (a ``datasets.Dataset``, or any sequence of row dicts with ``column_names``)."""
+        env_id = self.env_id
+        self.data = table
         columns = list(self.data.column_names)
         for name, key in (("question_key", question_key), ("answer_key", answer_key)):
             if key not in columns:

@@ -32,3 +32,27 @@ for _name, _split in MATH_EVAL_SPLITS.items():
         f"eval:{_name}", _MATH_EVAL, dataset_name="axon-rl/math-eval", split=_split, shuffle=False,
         description=f"math evaluation set ({_split} split of axon-rl/math-eval), in order",
     )  # fmt: skip
+
+# -- logic: GEM's RuleTaker sets; offline, theories generated at the same depth
+for _depth in (0, 1, 2, 3, 5):
+    register(
+        f"logic:RuleTaker-d{_depth}", "gem_core.envs.logic.ruletaker:RuleTakerEnv",
+        dataset_name=f"axon-rl/RuleTaker-d{_depth}-70k", depth=_depth,
+        description=f"RuleTaker at proof depth {_depth} (the hub set, or generated theories offline)",
+    )  # fmt: skip
+
+# -- QA: exact match on <answer>...</answer>, F1 in info
+_QA, _QA_EVAL = "gem_core.envs.qa_env:QaEnv", "gem_core.envs.qa_env:QaEvalSet"
+for _name, _dataset in {"NaturalQuestions": "axon-rl/NaturalQuestions", "HotpotQA": "axon-rl/HotpotQA"}.items():
+    register(f"qa:{_name}", _QA, dataset_name=_dataset, question_key="problem", description=f"QA over {_dataset}, exact match")
+register(
+    "eval:QaOpen", _QA_EVAL, dataset_name="google-research-datasets/nq_open", split="validation", shuffle=False,
+    description="QA evaluation set: NQ-open's validation split, in order",
+)  # fmt: skip
+#: eval:<Name> -> split of axon-rl/search-eval (DeepResearcher's test sets, 512 questions each)
+QA_EVAL_SPLITS = {"2Wiki": "2wiki", "PopQA": "popqa", "TriviaQA": "tq", "HotpotQA": "hotpotqa", "Bamboogle": "bamboogle", "NaturalQuestions": "nq", "Musique": "musique"}
+for _name, _split in QA_EVAL_SPLITS.items():
+    register(
+        f"eval:{_name}", _QA_EVAL, dataset_name="axon-rl/search-eval", split=_split, shuffle=False,
+        description=f"QA evaluation set ({_split} split of axon-rl/search-eval), in order",
+    )  # fmt: skip

@@ -24,10 +24,26 @@ def _math_rows(n: int, seed: int) -> list[dict[str, Any]]:
     return generate_math_rows(n, seed)
 
 
+def _qa_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    from gem_core.envs.qa_data import qa_rows
+
+    return qa_rows(max(1, n // 3), seed)[:n]
+
+
+def _ruletaker_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    from gem_core.envs.logic.ruletaker import GeneratedRows
+
+    rows = GeneratedRows(depth=seed % 4, seed=seed)
+    return [rows[i] for i in range(n)]
+
+
 #: entry point -> a function (n, seed) -> rows with the fields the id reads by default.
 ROW_MAKERS: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
     "gem_core.envs.math_env:MathEnv": _math_rows,
     "gem_core.envs.math_env:MathEvalSet": _math_rows,
+    "gem_core.envs.qa_env:QaEnv": _qa_rows,
+    "gem_core.envs.qa_env:QaEvalSet": _qa_rows,
+    "gem_core.envs.logic.ruletaker:RuleTakerEnv": _ruletaker_rows,
 }
 
 

@@ -188,7 +188,7 @@ def test_an_evaluation_set_plays_each_item_once_in_order(toy_eval_set, tmp_path,
 
     out = tmp_path / "set.jsonl"
     with FakeChatServer(reply) as server:
-        code, stdout, _ = run(capsys, "eval:*", "--base-url", server.base_url, "--model", "m", "--out", str(out), "--save-transcripts")
+        code, stdout, _ = run(capsys, "eval:Toy*", "--base-url", server.base_url, "--model", "m", "--out", str(out), "--save-transcripts")  # eval:* has the real sets too
     assert code == 0
     lines = read_lines(out)
     assert [(line["env_id"], line["item"], line["success"]) for line in lines] == [(toy_eval_set, 0, True), (toy_eval_set, 1, True), (toy_eval_set, 2, False)]
