@@ -254,6 +254,8 @@ class DatasetEnv(Env):
         "seed": _SEED,
         "shuffle": Param(bool),
     }
+    #: The constructor argument that names the answer field (``test_key`` for code).
+    _answer_param: ClassVar[str] = "answer_key"
     #: The line after the question that says how to answer (GEM's prompt for the category).
     instruction: ClassVar[str] = ""
     max_turns = 1
@@ -278,7 +280,7 @@ class DatasetEnv(Env):
         env_id = self.env_id
         self.data = table
         columns = list(self.data.column_names)
-        for name, key in (("question_key", question_key), ("answer_key", answer_key)):
+        for name, key in (("question_key", question_key), (self._answer_param, answer_key)):
             if key not in columns:
                 raise invalid(name, key, f"a field of the rows: {', '.join(map(repr, columns[:20]))}", env_id)
         if len(self.data) == 0:
@@ -337,9 +339,11 @@ class DatasetEnv(Env):
 
     # -- state: the shared table is not copied
     _SHARED: ClassVar[frozenset[str]] = frozenset({"data", "spec", "_perm"})
+    #: Per-instance resources (a sandbox handle): neither in the state nor shared with a clone.
+    _LOCAL: ClassVar[frozenset[str]] = frozenset()
 
     def get_state(self) -> Any:
-        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in self._SHARED})
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in self._SHARED | self._LOCAL})
 
     def set_state(self, state: Any) -> None:
         self.__dict__.update(copy.deepcopy(state))

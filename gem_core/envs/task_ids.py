@@ -56,3 +56,11 @@ for _name, _split in QA_EVAL_SPLITS.items():
         f"eval:{_name}", _QA_EVAL, dataset_name="axon-rl/search-eval", split=_split, shuffle=False,
         description=f"QA evaluation set ({_split} split of axon-rl/search-eval), in order",
     )  # fmt: skip
+
+# -- code: the last fenced block against the problem's tests, in the shared sandbox
+for _name, _dataset in {"CodeContest": "axon-rl/CodeContest", "Taco8k": "axon-rl/TACO-8k", "PrimeIntellect15k": "axon-rl/PrimeIntellect-15k"}.items():
+    register(f"code:{_name}", "gem_core.envs.code_env:CodeEnv", dataset_name=_dataset, description=f"coding problems of {_dataset}, run against their tests")
+register(
+    "eval:CodeContest", "gem_core.envs.code_env:CodeEvalSet", dataset_name="axon-rl/CodeContest", split="test", shuffle=False,
+    description="code evaluation set: the test split of axon-rl/CodeContest, in order",
+)  # fmt: skip

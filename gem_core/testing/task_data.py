@@ -37,6 +37,12 @@ def _ruletaker_rows(n: int, seed: int) -> list[dict[str, Any]]:
     return [rows[i] for i in range(n)]
 
 
+def _code_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    from gem_core.envs.code_data import code_rows
+
+    return code_rows(n)
+
+
 #: entry point -> a function (n, seed) -> rows with the fields the id reads by default.
 ROW_MAKERS: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
     "gem_core.envs.math_env:MathEnv": _math_rows,
@@ -44,6 +50,8 @@ ROW_MAKERS: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
     "gem_core.envs.qa_env:QaEnv": _qa_rows,
     "gem_core.envs.qa_env:QaEvalSet": _qa_rows,
     "gem_core.envs.logic.ruletaker:RuleTakerEnv": _ruletaker_rows,
+    "gem_core.envs.code_env:CodeEnv": _code_rows,
+    "gem_core.envs.code_env:CodeEvalSet": _code_rows,
 }
 
 
