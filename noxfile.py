@@ -1,12 +1,13 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
     nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
     nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
     nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
+    nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools
 """
 
@@ -19,7 +20,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -166,3 +167,46 @@ def rl2(session: nox.Session) -> None:
     session.install("-c", pin, *RL2_LIGHT_DEPS)
     session.install("-c", pin, "-e", ".[dev,hf]")
     session.run(*PYTEST, "tests/integrations/rl2", *session.posargs, env=_env())
+
+
+# oat (PyPI oat-llm 0.2.4, Python < 3.11) pins vllm 0.8.4, deepspeed, flash-attn and dm-launchpad (GPU builds):
+# it is installed --no-deps with the light deps its CPU modules import (oat.types, oat.utils.ops/data,
+# oat.algorithms.ppo_multiturn's own imports); deepspeed, vllm, launchpad and pyarrow.plasma are import
+# stubs in the tests. No CPU wheel of torch 2.13.0 for Python 3.10 is reachable here: pip installs PyPI's
+# build (CUDA libraries included, about 4.7 GB, about a minute from pip's cache), which runs on CPU.
+OAT = "oat-llm==0.2.4"
+OAT_LIGHT_DEPS = [
+    "transformers==4.56.2",  # oat pins 4.51.3; gem_core's hf extra needs >=4.56 (oat's CPU code runs on both)
+    "numpy<2",  # oat's own pin is numpy==1.26.4
+    "huggingface-hub<1.0",  # what transformers 4.56 accepts (datasets would pull a newer one)
+    "datasets<4",  # with that huggingface-hub
+    "pyarrow",  # real; only its removed pyarrow.plasma is an import stub
+    "dm-tree",
+    "tyro",
+    "tqdm",
+    "packaging",
+    "peft",
+    "rich",
+    "pandas",
+    "einops",
+    "scipy",
+    "python-Levenshtein",
+    "openai",  # oat.oracles.gpt, imported by oat.oracles at module level
+    "httpx",
+    "msgspec",
+]
+
+
+@nox.session(python="3.10")
+def oat(session: nox.Session) -> None:
+    """The oat plugin against oat-llm 0.2.4's own classes on CPU (tests/integrations/oat): the actor's
+    step over the plugin's collect_experience, and PPOMultiTurnLearner's process_feedback_data, dataset
+    and learning_step whitening (gloo, one and two processes). torch is held by a constraint."""
+    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    with open(pin, "w") as handle:
+        handle.write(TORCH + "\n")
+    session.install("-c", pin, TORCH)
+    session.install("--no-deps", OAT)
+    session.install("-c", pin, *OAT_LIGHT_DEPS)
+    session.install("-c", pin, "-e", ".[dev,hf]")
+    session.run(*PYTEST, "tests/integrations/oat", *session.posargs, env=_env())

@@ -20,6 +20,7 @@ ids is :mod:`gem_core.batch`.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.abc
 import importlib.metadata
@@ -322,6 +323,36 @@ class EnginePolicy:
         ids = [int(t) for t in output.token_ids]
         logprobs = _logprobs(output, ids)
         return Generation(ids, logprobs, finish_reason(output, ids, params))
+
+
+def sampling_from_vllm(vllm_params: Any, max_tokens: int) -> SamplingParams:
+    """gem_core sampling params from a trainer's ``vllm.SamplingParams`` (its temperature, top-p, top-k
+    and seed) with ``max_tokens`` per turn (vLLM's ``top_k=-1`` is gem_core's 0: no top-k)."""
+    def field(name: str, default: Any) -> Any:
+        value = getattr(vllm_params, name, None)
+        return default if value is None else value
+
+    return SamplingParams(
+        max_tokens=int(max_tokens),
+        temperature=float(field("temperature", 1.0)),
+        top_p=float(field("top_p", 1.0)),
+        top_k=max(int(field("top_k", 0)), 0),
+        stop_token_ids=tuple(getattr(vllm_params, "stop_token_ids", None) or ()),
+        seed=getattr(vllm_params, "seed", None),
+    )
+
+
+def copy_params(base: Any, changes: dict[str, Any]) -> Any:
+    """A deep copy of ``base`` (a ``vllm.SamplingParams`` the trainer owns) with ``changes`` set; the
+    trainer's object is never touched. vLLM derives ``_all_stop_token_ids`` from ``stop_token_ids`` when
+    the params are built (it masks them before ``min_tokens``); the copy's set gets the new stop tokens too."""
+    params = copy.deepcopy(base)
+    for name, value in changes.items():
+        setattr(params, name, value)
+    derived = getattr(params, "_all_stop_token_ids", None)
+    if isinstance(derived, set) and changes.get("stop_token_ids"):
+        derived.update(changes["stop_token_ids"])
+    return params
 
 
 def finish_reason(output: Any, ids: Sequence[int], params: SamplingParams) -> str:

@@ -24,7 +24,8 @@ kinder than vLLM hides real defects, so the rules below are vLLM's (``vllm/v1/en
 
 ``generate`` takes ``(prompt_token_ids, sampling_params, ...)`` as OpenRLHF's rollout actor calls it;
 :meth:`VLLMFaithfulEngine.generate_tokens` answers verl's server-manager call shape
-(``request_id, prompt_ids=..., sampling_params={dict}``) with the same rules.
+(``request_id, prompt_ids=..., sampling_params={dict}``) with the same rules; :class:`VLLMFaithfulLLM`
+is vLLM's offline ``LLM`` (a batch of prompts in one synchronous ``generate``, as oat's actor calls it).
 """
 
 from __future__ import annotations
@@ -189,6 +190,41 @@ class VLLMFaithfulEngine:
             logprobs = [{t: Logprob(v, 1, self.tokenizer.decode([t]))} for t, v in zip(ids, values)]
             cumulative = float(sum(values))
         return RequestOutput(request_id, prompt, [CompletionOutput(0, text, ids, cumulative, logprobs, finish, stop_reason)])
+
+
+class VLLMFaithfulLLM:
+    """vLLM's offline ``LLM`` over a :class:`VLLMFaithfulEngine`: ``generate(prompts, sampling_params,
+    prompt_token_ids=..., use_tqdm=..., lora_request=...)`` answers a batch at once, in order, with the
+    engine's rules (vLLM 0.8's signature: token prompts as ``prompt_token_ids=`` or as
+    ``{"prompt_token_ids": ...}`` dicts; ``sampling_params`` one for all or one per prompt; text prompts
+    are refused here, the engine is token in, token out). ``calls`` records each batch's size."""
+
+    def __init__(self, engine: VLLMFaithfulEngine):
+        self.engine = engine
+        self.calls: list[int] = []
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Any = None, sampling_params: Any = None, prompt_token_ids: Any = None, use_tqdm: bool = True, lora_request: Any = None, **_: Any) -> list[RequestOutput]:
+        if prompt_token_ids is not None:
+            batch = [list(p) for p in prompt_token_ids]
+        else:
+            items = prompts if isinstance(prompts, (list, tuple)) else [prompts]
+            if any(not isinstance(p, Mapping) or "prompt_token_ids" not in p for p in items):
+                raise EngineError("this engine takes token prompts only")
+            batch = [list(p["prompt_token_ids"]) for p in items]
+        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params if sampling_params is not None else VLLMSamplingParams()] * len(batch)
+        if len(params) != len(batch):
+            raise EngineError(f"{len(params)} sampling params for {len(batch)} prompts")
+        self.calls.append(len(batch))
+        out = []
+        for ids, p in zip(batch, params):
+            self.engine._count += 1
+            request_id = str(self.engine._count)
+            self.engine.requests.append((ids, dataclasses.replace(p) if dataclasses.is_dataclass(p) else p))
+            out.append(self.engine._complete(ids, _read_params(p), request_id))
+        return out
 
 
 def _read_params(params: Any) -> VLLMSamplingParams:

@@ -11,41 +11,14 @@ vLLM returns without it unless ``include_stop_str_in_output``, and without speci
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from gem_core.plugins import EnginePolicy
+from gem_core.plugins import EnginePolicy, copy_params, sampling_from_vllm
 from gem_core.rollout import SamplingParams
 
 
-def gem_params(openrlhf_params: Any, max_tokens: int) -> SamplingParams:
-    """gem_core sampling params from OpenRLHF's ``vllm.SamplingParams`` (its temperature, top-p, top-k
-    and seed) with ``max_tokens`` per turn (vLLM's ``top_k=-1`` is gem_core's 0: no top-k)."""
-    def field(name: str, default: Any) -> Any:
-        value = getattr(openrlhf_params, name, None)
-        return default if value is None else value
-
-    return SamplingParams(
-        max_tokens=int(max_tokens),
-        temperature=float(field("temperature", 1.0)),
-        top_p=float(field("top_p", 1.0)),
-        top_k=max(int(field("top_k", 0)), 0),
-        stop_token_ids=tuple(getattr(openrlhf_params, "stop_token_ids", None) or ()),
-        seed=getattr(openrlhf_params, "seed", None),
-    )
-
-
-def own_params(base: Any, changes: dict[str, Any]) -> Any:
-    """A deep copy of ``base`` (a ``vllm.SamplingParams``) with ``changes`` set; OpenRLHF's object is
-    never touched. vLLM derives ``_all_stop_token_ids`` from ``stop_token_ids`` when the params are
-    built (it masks them before ``min_tokens``); the copy's set gets the new stop tokens too."""
-    params = copy.deepcopy(base)
-    for name, value in changes.items():
-        setattr(params, name, value)
-    derived = getattr(params, "_all_stop_token_ids", None)
-    if isinstance(derived, set) and changes.get("stop_token_ids"):
-        derived.update(changes["stop_token_ids"])
-    return params
+gem_params = sampling_from_vllm  # gem_core sampling params from OpenRLHF's vllm.SamplingParams (gem_core.plugins)
+own_params = copy_params  # the trainer's vllm.SamplingParams copied per turn (gem_core.plugins)
 
 
 class OpenRLHFEnginePolicy(EnginePolicy):

@@ -69,9 +69,7 @@ def task_spec(row: Mapping[str, Any]) -> TaskSpec:
 def run_config(spec: TaskSpec, params: SamplingParams) -> RunConfig:
     """The runner's limits for one episode: the spec's ``max_turn_tokens`` over ``params.max_tokens``,
     its ``max_turns`` and ``max_context_tokens``."""
-    if spec.max_turn_tokens is not None:
-        params = params.replace(max_tokens=spec.max_turn_tokens)
-    return RunConfig(params=params, max_turns=spec.max_turns, max_context_tokens=spec.max_context_tokens)
+    return spec.run_config(params)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ class _StubModule(types.ModuleType):
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in STUBBED:
+        if any(fullname == name or fullname.startswith(name + ".") for name in STUBBED):  # a package or one submodule
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 

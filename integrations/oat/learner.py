@@ -1,0 +1,74 @@
+"""ReBN in oat's ``PPOMultiTurnLearner`` (oat-llm 0.2.4, ``oat/algorithms/ppo_multiturn.py``).
+
+Read in oat's code: without a critic (``critic_type`` other than ``"ppo"``), ``compute_advantages``
+sets values to 0 and ``lam`` to 1, so each turn's advantage is its discounted return over the episode's
+turns, ``G_t = r_t + gamma * (1 - done_t) * G_{t+1}`` (``--gamma``). ``process_feedback_data`` then
+flattens the episodes' transitions and, when there are more than ``rollout_batch_size_per_device``,
+keeps a random subset of that many. ``learning_step`` with ``--whiten-adv`` normalises the advantages
+over every device (all-reduced sum, sum of squares and count): population std (ddof 0), eps 1e-9.
+Each transition's advantage multiplies every token of its response. That is ReBN
+(:func:`gem_core.algo.rebn` with ``gamma``, ``ddof=0``, ``eps=1e-9``, no grouping), **normalised after
+subsampling**: the statistics are those of the transitions kept on all devices.
+
+:func:`rebn_args` sets those options. To normalise **before** subsampling (over every transition the
+actors returned, on all devices), use :class:`GemLearner` with ``--gem-rebn-before-subsampling``; with
+``rollout_batch_size_per_device`` at least the transitions per device, both are the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from oat.algorithms.ppo_multiturn import PPOMultiTurnLearner
+
+from gem_core.algo import rebn
+
+OAT_EPS = 1e-9  # oat's whitening: (A - mean) / (std + 1e-9)
+
+
+def rebn_args(args: Any, gamma: float | None = None) -> Any:
+    """oat's learner options for ReBN, set on ``args`` (returned): no critic, ``lam`` 1, ``gamma``
+    (when given), ``whiten_adv`` (off when normalising before subsampling: :class:`GemLearner` does it)."""
+    if args.critic_type == "ppo":
+        raise ValueError("ReBN has no critic: use --critic-type grpo or drgrpo (oat's learners without a critic), not ppo")
+    if gamma is not None:
+        args.gamma = float(gamma)
+    if not 0.0 <= args.gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {args.gamma}")
+    args.lam = 1.0
+    args.whiten_adv = not getattr(args, "gem_rebn_before_subsampling", False)
+    return args
+
+
+class GemLearner(PPOMultiTurnLearner):
+    """oat's multi-turn learner; with ``args.gem_rebn_before_subsampling`` the advantages are ReBN over
+    every transition of this step on all devices (:func:`gem_core.algo.rebn`, ``distributed=True``,
+    ddof 0, eps 1e-9) before oat subsamples, and ``learning_step`` does not whiten again. Otherwise it
+    is oat's learner unchanged."""
+
+    def process_feedback_data(self, data_list: Sequence[Sequence[Any]]) -> None:
+        if not getattr(self.args, "gem_rebn_before_subsampling", False):
+            return super().process_feedback_data(data_list)
+        if self.args.whiten_adv:
+            raise ValueError("--gem-rebn-before-subsampling normalises already: use rebn_args (whiten_adv off)")
+        import torch.distributed as dist
+
+        rewards = [[float(t.rewards) for t in episode] for episode in data_list]
+        flat = np.asarray(rebn(rewards, gamma=self.args.gamma, ddof=0, eps=OAT_EPS, distributed=dist.is_available() and dist.is_initialized()), dtype=np.float32)
+        per_episode, start = [], 0
+        for episode in rewards:
+            per_episode.append(flat[start : start + len(episode)])
+            start += len(episode)
+        queue = iter(per_episode)
+        own = self.compute_advantages
+
+        def normalised(episode_rewards: Any, values: Any, dones: Any, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+            advantages = next(queue)
+            return advantages, advantages.copy()
+
+        self.compute_advantages = normalised  # oat's loop, with these per-turn values
+        try:
+            return super().process_feedback_data(data_list)
+        finally:
+            self.compute_advantages = own

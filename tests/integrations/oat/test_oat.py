@@ -1,0 +1,220 @@
+"""The oat plugin against oat-llm 0.2.4's own code: the golden scenario through GemActor (oat's
+``PPOMultiTurnActor.step`` and ``ActorBase.generate`` over a vLLM-faithful LLM) gives the core
+reference's trajectories as Transitions; those Transitions through oat's ``PPOMultiTurnLearner``
+(``process_feedback_data``, ``MultiTurnTransitionDataset``, ``learning_step``'s whitening with oat's
+``DeepspeedStrategy.all_reduce`` over gloo) get exactly ReBN: gamma 0.9, ddof 0, eps 1e-9, on one and on
+two processes, normalised after oat's subsampling (and before it with GemLearner's option)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from gem_core.algo import rebn
+from gem_core.tasks import TaskSpec
+from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_scenario
+from oat_harness import gem_args, learner_advantages, make_actor, make_learner
+
+OAT_EPS = 1e-9
+DESIGN_EPISODES = [[0.0, 0.0, 1.0], [0.5, -0.1], [0.0]]
+DESIGN_OAT_VALUES = [0.7085, 0.9164, 1.1474, -0.2156, -1.3939, -1.1628]  # docs/DESIGN.md, oat's whitening
+
+
+@pytest.fixture(scope="module")
+def reference(tokenizer):
+    return golden_scenario(tokenizer=tokenizer, episodes=GOLDEN_EPISODES)
+
+
+def _specs():
+    return [TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS) for e in GOLDEN_EPISODES]
+
+
+@pytest.fixture(scope="module")
+def played(tokenizer):
+    actor = make_actor(tokenizer, _specs(), max_tokens=GOLDEN_PARAMS.max_tokens)
+    episodes = actor.step()  # oat's own step: collect_experience, then its info update on every transition
+    return actor, episodes
+
+
+def test_version_check():
+    from gem_integrations.oat.plugin_spec import PLUGIN
+
+    assert PLUGIN.check_version() == "0.2.4"
+    from gem_core.plugins import discover
+
+    assert discover()["oat"].distribution == "oat-llm"
+
+
+def test_golden_through_the_actor(played, reference, tokenizer):
+    from oat.types import Transition
+
+    actor, episodes = played
+    assert len(episodes) == len(reference.trajectories)
+    keys = None
+    for episode, trajectory in zip(episodes, reference.trajectories):
+        assert len(episode) == trajectory.num_turns
+        for t, (transition, turn) in enumerate(zip(episode, trajectory.turns)):
+            assert isinstance(transition, Transition)
+            for f in dataclasses.fields(Transition):
+                assert getattr(transition, f.name) is not None, f.name
+            assert transition.prompt_ids == trajectory.context_ids(t)
+            assert transition.prompt == tokenizer.decode(trajectory.context_ids(t), skip_special_tokens=False)
+            assert transition.response_ids == turn.response_ids
+            assert transition.response_logprobs == pytest.approx(turn.logprobs, abs=0)
+            assert transition.rewards == turn.reward
+            assert transition.response == turn.response_text and transition.action == turn.action
+            assert transition.obs == (trajectory.initial_message if t == 0 else trajectory.turns[t - 1].message)
+            assert transition.done == (t == trajectory.num_turns - 1 and trajectory.done)
+            assert transition.response_is_truncated == (turn.finish_reason == "length")
+            assert transition.action_is_formatted == (not turn.info.get("format_error", False))
+            assert transition.loss_mask is True
+            assert isinstance(transition.info, dict) and all(isinstance(v, (int, float, np.floating)) for v in transition.info.values())
+            keys = keys or set(transition.info)
+            assert set(transition.info) == keys
+    assert {"actor/mean_episode_return", "actor/gem_num_episodes", "gem/turn"} <= keys  # oat's step added its own
+    # the scenario covers a cut response, a format error and a context limit
+    flat = [t for e in episodes for t in e]
+    assert any(t.response_is_truncated for t in flat) and any(not t.action_is_formatted for t in flat)
+    assert any(e[-1].info["gem/context_limit"] == 1.0 for e in episodes)
+    # the requests of one loop iteration went to vLLM as one batch (every turn once)
+    assert sum(actor.llm.calls) == sum(len(e) for e in episodes)
+    assert max(actor.llm.calls) > 1 and len(actor.llm.calls) < sum(actor.llm.calls)
+    # each request: oat's sampling params copied, with gem_core's max_tokens, the stop tokens and logprobs
+    _, params = actor.llm.engine.requests[0]
+    assert params.max_tokens == GOLDEN_PARAMS.max_tokens and params.logprobs == 1 and params.n == 1 and params.stop_token_ids
+    assert actor.sampling_params.stop_token_ids is None  # oat's own object untouched
+
+
+def test_collector_metrics(played):
+    """oat's MultiTurnFeedbackCollector.get_metrics averages every info key over all transitions."""
+    from oat.algorithms.ppo_multiturn import MultiTurnFeedbackCollector
+
+    _, episodes = played
+    metrics = MultiTurnFeedbackCollector.get_metrics(None, 1.0, episodes)
+    assert metrics["actor/num_transitions"] == sum(len(e) for e in episodes)
+    assert np.isfinite(metrics["gem/episode_return"])
+
+
+def _expected(reference):
+    returns = [r for t in reference.trajectories for r in t.returns(GOLDEN_GAMMA)]
+    return np.asarray(rebn([t.rewards for t in reference.trajectories], gamma=GOLDEN_GAMMA, ddof=0, eps=OAT_EPS)), returns
+
+
+def _by_input(episodes):
+    return {tuple(t.prompt_ids) + tuple(t.response_ids): i for i, t in enumerate(t for e in episodes for t in e)}
+
+
+def test_learner_gives_rebn(played, reference, tokenizer):
+    from gem_integrations.oat.learner import rebn_args
+
+    _, episodes = played
+    n = sum(len(e) for e in episodes)
+    args = rebn_args(gem_args(rollout_batch_size_per_device=n, critic_type="drgrpo", tis_c=None), gamma=GOLDEN_GAMMA)
+    assert args.whiten_adv and args.lam == 1.0
+    learner = make_learner(args)
+    applied = learner_advantages(learner, [list(e) for e in episodes], tokenizer)
+    assert len(applied) == n
+    expected, returns = _expected(reference)
+    index = _by_input(episodes)
+    for ids, advantage in applied:
+        assert advantage == pytest.approx(expected[index[ids]], abs=1e-5)
+    # oat's compute_advantages (no critic) gave the discounted turn returns
+    for t in learner.pi_buffer:
+        i = index[tuple(t.prompt_ids) + tuple(t.response_ids)]
+        assert float(t.info["returns"]) == pytest.approx(returns[i], abs=1e-6)
+        assert float(t.info["values"]) == 0.0
+
+
+def test_rebn_args_refuses_a_critic():
+    from gem_integrations.oat.learner import rebn_args
+
+    with pytest.raises(ValueError, match="no critic"):
+        rebn_args(gem_args(critic_type="ppo"))
+
+
+def _synthetic(episodes_rewards, tokenizer):
+    from oat.types import Transition
+
+    out = []
+    for e, rewards in enumerate(episodes_rewards):
+        episode = []
+        for t, r in enumerate(rewards):
+            prompt = tokenizer.encode(f"episode {e} turn {t}", add_special_tokens=False)
+            response = tokenizer.encode(f"answer {e}.{t}", add_special_tokens=False)
+            episode.append(Transition(obs="o", action="a", rewards=r, done=t == len(rewards) - 1, prompt="p", prompt_ids=prompt, response="r",
+                                      response_ids=response, response_logprobs=[-0.5] * len(response), response_is_truncated=False,
+                                      action_is_formatted=True, loss_mask=True, info={}))
+        out.append(episode)
+    return out
+
+
+def test_design_golden_values_single_device(tokenizer):
+    from gem_integrations.oat.learner import rebn_args
+
+    episodes = _synthetic(DESIGN_EPISODES, tokenizer)
+    learner = make_learner(rebn_args(gem_args(rollout_batch_size_per_device=6, tis_c=None), gamma=0.9))
+    applied = dict(learner_advantages(learner, episodes, tokenizer))
+    got = [applied[tuple(t.prompt_ids) + tuple(t.response_ids)] for e in episodes for t in e]
+    assert got == pytest.approx(DESIGN_OAT_VALUES, abs=1e-4)
+
+
+def test_normalised_after_subsampling(tokenizer):
+    """oat keeps rollout_batch_size_per_device transitions at random, then whitens those: the statistics
+    are the kept turns' (ReBN's stats option with the kept subset); GemLearner's option uses all turns."""
+    from gem_integrations.oat.learner import rebn_args
+
+    rewards = [[0.0, 0.0, 1.0], [0.5, -0.1], [0.0], [1.0, 0.2, -0.3, 0.4]]
+    episodes = _synthetic(rewards, tokenizer)
+    index = _by_input(episodes)
+    returns = np.asarray([g for r in rewards for g in _returns(r, 0.9)])
+    np.random.seed(3)
+    applied = learner_advantages(make_learner(rebn_args(gem_args(rollout_batch_size_per_device=5, tis_c=None), gamma=0.9)), episodes, tokenizer)
+    kept = np.asarray([index[ids] for ids, _ in applied])
+    assert len(kept) == 5
+    sub = returns[kept]
+    assert [a for _, a in applied] == pytest.approx(list((sub - sub.mean()) / (sub.std() + OAT_EPS)), abs=1e-5)
+    full = np.asarray(rebn(rewards, gamma=0.9, ddof=0, eps=OAT_EPS))
+    assert not np.allclose([a for _, a in applied], full[kept], atol=1e-3)  # the two choices differ here
+
+    np.random.seed(3)
+    args = rebn_args(gem_args(rollout_batch_size_per_device=5, tis_c=None, gem_rebn_before_subsampling=True), gamma=0.9)
+    assert not args.whiten_adv
+    applied = learner_advantages(make_learner(args), _synthetic(rewards, tokenizer), tokenizer)
+    kept = np.asarray([index[ids] for ids, _ in applied])
+    assert [a for _, a in applied] == pytest.approx(list(full[kept]), abs=1e-5)
+
+
+def _returns(rewards, gamma):
+    out, running = [], 0.0
+    for r in reversed(rewards):
+        running = r + gamma * running
+        out.append(running)
+    return out[::-1]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_devices_whiten_globally(tokenizer, tmp_path):
+    """Two gloo processes, each with its own episodes: oat's learning_step all-reduces the sums, so both
+    get ReBN over the union (DESIGN.md's values), not over their own shard."""
+    import torch.multiprocessing as mp
+
+    import oat_workers
+
+    port = _free_port()
+    mp.spawn(oat_workers.two_device_worker, args=(str(tmp_path), port, DESIGN_EPISODES), nprocs=2, join=True)
+    got = {}
+    for rank in range(2):
+        got.update(torch.load(tmp_path / f"rank{rank}.pt"))
+    episodes = _synthetic(DESIGN_EPISODES, tokenizer)
+    values = [got[tuple(t.prompt_ids) + tuple(t.response_ids)] for e in episodes for t in e]
+    assert values == pytest.approx(DESIGN_OAT_VALUES, abs=1e-4)
