@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip", type=_float(0.0, 10.0), default=d.clip, help=f"PPO ratio clip (default {d.clip})")
     parser.add_argument("--epochs", type=_int(1), default=d.epochs, help=f"passes over each batch (default {d.epochs})")
     parser.add_argument("--kl-coef", type=_float(0.0), default=d.kl_coef, help="KL penalty to the starting policy (default 0: off)")
+    parser.add_argument("--entropy-coef", type=_float(0.0), default=d.entropy_coef, help="entropy bonus at the model tokens (default 0: off)")
     parser.add_argument("--max-grad-norm", type=_float(0.0), default=d.max_grad_norm, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
     parser.add_argument("--temperature", type=_float(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
     parser.add_argument("--max-tokens", type=_int(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
@@ -98,7 +99,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return TrainConfig(
         env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=steps,
         episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
-        lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, max_grad_norm=args.max_grad_norm,
+        lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, max_grad_norm=args.max_grad_norm,
         temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps,
         eval_every=args.eval_every, eval_episodes=args.eval_episodes, seed=args.seed, device=args.device, out=args.out,
         resume=args.resume, checkpoint_every=args.checkpoint_every, tensorboard=args.tensorboard,

@@ -49,7 +49,8 @@ class TrainConfig:
     vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
     ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
     a loss mask), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
-    batch, ``kl_coef`` (to the starting policy; 0 = off), ``max_grad_norm``. ``warmup_steps``:
+    batch, ``kl_coef`` (to the starting policy; 0 = off), ``entropy_coef`` (a bonus on the policy's
+    entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``. ``warmup_steps``:
     supervised steps on well-formed random moves before RL (0 = none). ``eval_every``/``eval_episodes``:
     evaluation on fixed held-out seeds. ``model``: a local path or hub id of a causal LM (None: the
     tiny default built here). ``out``: the run directory; ``resume`` continues the run saved there.
@@ -70,6 +71,7 @@ class TrainConfig:
     clip: float = 0.2
     epochs: int = 1
     kl_coef: float = 0.0
+    entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     max_tokens: int = 8
@@ -118,7 +120,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
-        for name in ("lr", "warmup_lr", "kl_coef", "max_grad_norm"):
+        for name in ("lr", "warmup_lr", "kl_coef", "entropy_coef", "max_grad_norm"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -236,18 +238,25 @@ def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
     return Rows(input_ids, attention, targets, adv, old)
 
 
-def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0) -> Any:
-    """log pi(target | prefix) at every position (0 where there is no target)."""
+def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False) -> Any:
+    """log pi(target | prefix) at every position (0 where there is no target); with ``with_entropy``,
+    also the entropy of pi(. | prefix) at every position, as ``(logprobs, entropy)``."""
     import torch
 
     logits = model(input_ids=rows.input_ids, attention_mask=rows.attention).logits.float() / temperature
     logp = torch.log_softmax(logits, dim=-1)
     safe = rows.targets.clamp(min=0)
-    return logp.gather(-1, safe[..., None])[..., 0] * (rows.targets >= 0)
+    chosen = logp.gather(-1, safe[..., None])[..., 0] * (rows.targets >= 0)
+    if not with_entropy:
+        return chosen
+    return chosen, -(logp.exp() * logp).sum(-1)
 
 
-def policy_loss(logprobs: Any, rows: Rows, clip: float, ref_logprobs: Any = None, kl_coef: float = 0.0) -> tuple[Any, dict[str, float]]:
-    """PPO-clipped policy gradient, averaged over model tokens, plus ``kl_coef`` * KL to a reference.
+def policy_loss(
+    logprobs: Any, rows: Rows, clip: float, ref_logprobs: Any = None, kl_coef: float = 0.0, entropy: Any = None, entropy_coef: float = 0.0
+) -> tuple[Any, dict[str, float]]:
+    """PPO-clipped policy gradient, averaged over model tokens, plus ``kl_coef`` * KL to a reference,
+    minus ``entropy_coef`` * the mean entropy at the model tokens.
 
     ratio = exp(logp - logp_rollout); loss = -min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A).
     The KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 (non-negative, unbiased).
@@ -268,6 +277,10 @@ def policy_loss(logprobs: Any, rows: Rows, clip: float, ref_logprobs: Any = None
         kl = ((torch.exp(delta) - delta - 1) * mask).sum() / tokens
         loss = loss + kl_coef * kl
         stats["kl"] = float(kl.detach())
+    if entropy is not None:
+        mean_entropy = (entropy * mask).sum() / tokens
+        loss = loss - entropy_coef * mean_entropy
+        stats["entropy"] = float(mean_entropy.detach())
     return loss, stats
 
 
@@ -376,7 +389,8 @@ class Trainer:
         self.model.train()
         stats: dict[str, float] = {}
         for _ in range(config.epochs):
-            loss, stats = policy_loss(token_logprobs(self.model, rows, config.temperature), rows, config.clip, ref_logprobs, config.kl_coef)
+            logprobs, entropy = token_logprobs(self.model, rows, config.temperature, with_entropy=True)
+            loss, stats = policy_loss(logprobs, rows, config.clip, ref_logprobs, config.kl_coef, entropy, config.entropy_coef)
             self.optimizer.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))

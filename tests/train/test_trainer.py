@@ -77,6 +77,27 @@ def test_the_loss_is_the_clipped_policy_gradient_by_hand():
     assert stats["clip_fraction"] == pytest.approx(2 / 4)  # exp(0.1)-1 < 0.2 < both others
 
 
+def test_the_entropy_bonus_is_subtracted_by_hand_over_model_tokens_only():
+    targets = torch.tensor([[5, 6, -100], [-100, 8, -100]])
+    zeros = torch.zeros(2, 3)
+    rows = Rows(None, None, targets, zeros, zeros)
+    entropy = torch.tensor([[1.0, 2.0, 50.0], [70.0, 0.5, 90.0]])  # large values where there is no target
+    loss, stats = policy_loss(zeros, rows, clip=0.2, entropy=entropy, entropy_coef=0.1)
+    assert stats["entropy"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)
+    assert float(loss) == pytest.approx(-0.1 * (1.0 + 2.0 + 0.5) / 3)
+
+
+def test_token_entropy_is_the_entropy_of_the_next_token_distribution(tiny):
+    _path, model, _tokenizer = tiny
+    ids = torch.tensor([[3, 4, 5, 6]])
+    rows = Rows(ids, torch.ones_like(ids), torch.tensor([[4, 5, 6, -100]]), torch.zeros(1, 4), torch.zeros(1, 4))
+    logprobs, entropy = token_logprobs(model, rows, 2.0, with_entropy=True)
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=ids).logits.float() / 2.0, dim=-1)
+    assert torch.allclose(entropy, -(probs * probs.log()).sum(-1), atol=1e-5)
+    assert torch.allclose(logprobs, token_logprobs(model, rows, 2.0))
+
+
 def test_both_views_give_the_same_loss_and_gradient(tiny, tmp_path):
     trainer = _trainer(tiny, tmp_path)
     try:
