@@ -259,6 +259,8 @@ class DatasetEnv(Env):
     #: The line after the question that says how to answer (GEM's prompt for the category).
     instruction: ClassVar[str] = ""
     max_turns = 1
+    #: The reset message is a dataset item's question: its length is the data's (the property tests know).
+    prompt_from_data: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -64,3 +64,9 @@ register(
     "eval:CodeContest", "gem_core.envs.code_env:CodeEvalSet", dataset_name="axon-rl/CodeContest", split="test", shuffle=False,
     description="code evaluation set: the test split of axon-rl/CodeContest, in order",
 )  # fmt: skip
+
+# -- rg: every reasoning-gym dataset, graded by its own scorer (the reasoning-gym package: the rg extra)
+from gem_core.envs.reasoning_gym_env import RG_DATASETS  # noqa: E402  (a tuple of names: imports nothing heavy)
+
+for _name in RG_DATASETS:
+    register(f"rg:{_name}", "gem_core.envs.reasoning_gym_env:ReasoningGymEnv", name=_name, description=f"reasoning-gym's {_name}, scored by its own scorer")

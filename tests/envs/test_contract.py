@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 import gem_core
 from gem_core.envs.games.base import TextGame
+from gem_core.testing.task_data import generic_test_ids
 
 # Built-in ids only: other test modules register throw-away envs, which must not leak in here.
-ALL_IDS = [i for i in gem_core.list_envs() if str(gem_core.spec(i).entry_point).startswith("gem_core.")]
+ALL_IDS = generic_test_ids([i for i in gem_core.list_envs() if str(gem_core.spec(i).entry_point).startswith("gem_core.")])
 GAME_IDS = [i for i in ALL_IDS if i.startswith("game:")]
 
 # Text a model might plausibly produce: boxed fragments, numbers, coordinates, unicode, junk.

@@ -8,10 +8,11 @@ import pytest
 
 import gem_core
 from gem_core.testing.env_checker import EnvCheckError, check_env, check_model_context
+from gem_core.testing.task_data import generic_test_ids
 
 pytest.importorskip("transformers", reason="the model-context check uses the local test tokenizer")
 
-ENV_IDS = sorted(gem_core.list_envs())
+ENV_IDS = generic_test_ids(sorted(gem_core.list_envs()))  # rg:* sampled: one class, each played in test_reasoning_gym.py
 
 
 @pytest.fixture(scope="module")
