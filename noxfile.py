@@ -8,7 +8,7 @@
     nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
     nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
     nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
-    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools
+    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading
 """
 
 from __future__ import annotations
@@ -71,6 +71,14 @@ def bench_advantages(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[verl]")
     session.run("python", "benchmarks/advantages.py", *session.posargs, env=_env())
+
+
+@nox.session
+def bench_grading(session: nox.Session) -> None:
+    """Math grading against gem-llm's grader: verdicts on the answer table and grades/s. Not part of `nox`'s
+    default. No rg extra here: gem-llm pins its own reasoning-gym."""
+    session.install("-e", ".[tasks]", "gem-llm==0.1.0", "pylatexenc")
+    session.run("python", "benchmarks/grading.py", *session.posargs, env=_env())
 
 
 @nox.session

@@ -6,10 +6,13 @@ LaTeX forms (``\\dfrac``, ``\\left(``), decimals, sets, intervals, tuples and sy
 math-verify runs in this process's shared worker pool (:mod:`gem_core.grading.pool`), each answer with
 its own time limit, so a pathological answer cannot stall an env.
 
-Two cheap rules decide before the pool is asked, and agree with math-verify (the table in
+Cheap rules decide before the pool is asked, and agree with math-verify (the table in
 tests/grading/test_math_grading.py and ``benchmarks/grading.py`` check it): answers that are the same
 text once spaces, ``$`` and spacing/sizing commands (``\\left``, ``\\!``, ``\\dfrac`` for ``\\frac``)
-are removed are equal; two integers of at most 15 digits are equal exactly when their values are.
+are removed are equal; two integers of at most 15 digits are equal exactly when their values are; two
+exact numbers (integers, decimals, ``a/b``, ``\\frac{a}{b}``) or two ``\\{...\\}`` sets of them are equal
+when their values are, and different when they are further apart than math-verify's rounding could
+bridge (relative 1e-4); anything closer goes to math-verify.
 Answers longer than :data:`MAX_ANSWER_CHARS` are wrong without being parsed. Verdicts are cached
 per process (the same answer to the same question is graded once).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from fractions import Fraction
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,15 +76,72 @@ def _cosmetic(text: str) -> str:
 
 
 _INTEGER = re.compile(r"-?\d{1,15}")
+_DECIMAL = re.compile(r"-?\d{1,15}(?:\.\d{1,15})?")
+_FRAC = re.compile(r"(-?)\\frac\{(-?\d{1,15})\}\{(\d{1,15})\}")
+_SLASH = re.compile(r"(-?\d{1,15})/(\d{1,15})")
+_SET = re.compile(r"\\\{(.*)\\\}")
+#: Two numbers further apart than this (relative) are different whatever math-verify's rounding does.
+_APART = 1e-4
+
+
+def _rational(text: str) -> Fraction | None:
+    """``text`` (already :func:`_cosmetic`) as an exact number: ``-12``, ``0.25``, ``3/4``, ``\\frac{3}{4}``,
+    ``-\\frac{3}{4}``, any of them in one pair of parentheses; else None."""
+    if len(text) > 2 and text[0] == "(" and text[-1] == ")" and "," not in text:
+        text = text[1:-1]
+    if _DECIMAL.fullmatch(text):
+        return Fraction(text)
+    m = _FRAC.fullmatch(text) or _SLASH.fullmatch(text)
+    if m is None:
+        return None
+    groups = m.groups()
+    sign, num, den = ("", *groups) if len(groups) == 2 else groups
+    if int(den) == 0:
+        return None
+    value = Fraction(int(num), int(den))
+    return -value if sign else value
+
+
+def _apart(a: Fraction, b: Fraction) -> bool:
+    return abs(a - b) > _APART * max(1, abs(a), abs(b))
+
+
+def _rational_set(text: str) -> list[Fraction] | None:
+    m = _SET.fullmatch(text)
+    if m is None:
+        return None
+    items = [_rational(item) for item in m[1].split(",")]
+    return None if any(item is None for item in items) else items  # type: ignore[return-value]
+
+
+def _compare_numbers(gold: str, answer: str) -> bool | None:
+    """True (equal), False (apart), or None (undecided) for two numbers or two sets of numbers."""
+    a, b = _rational(gold), _rational(answer)
+    if a is not None and b is not None:
+        return True if a == b else (False if _apart(a, b) else None)
+    sa, sb = _rational_set(gold), _rational_set(answer)
+    if sa is None or sb is None:
+        return None
+    if set(sa) == set(sb):
+        return True
+    if all(any(not _apart(x, y) for y in sb) for x in sa) and all(any(not _apart(x, y) for y in sa) for x in sb):
+        return None  # close but not equal: math-verify's rounding decides
+    return False
 
 
 def quick_verdict(golds: Sequence[str], answer: str) -> tuple[bool, str] | None:
     """A verdict without math-verify when a cheap rule settles it (see the module docstring), else None."""
     plain = _cosmetic(answer)
-    if any(plain == _cosmetic(gold) for gold in golds):
+    cosmetic_golds = [_cosmetic(gold) for gold in golds]
+    if plain in cosmetic_golds:
         return True, "text"
-    if _INTEGER.fullmatch(plain) and all(_INTEGER.fullmatch(_cosmetic(gold)) for gold in golds):
-        return any(int(plain) == int(_cosmetic(gold)) for gold in golds), "integer"
+    if _INTEGER.fullmatch(plain) and all(_INTEGER.fullmatch(gold) for gold in cosmetic_golds):
+        return any(int(plain) == int(gold) for gold in cosmetic_golds), "integer"
+    verdicts = [_compare_numbers(gold, plain) for gold in cosmetic_golds]
+    if True in verdicts:
+        return True, "number"
+    if verdicts and all(v is False for v in verdicts):
+        return False, "number"
     return None
 
 

@@ -13,6 +13,9 @@ MATH_CASES: list[tuple[str, str, bool, str]] = [
     ("0.5", B("\\frac{1}{2}"), True, "decimal vs fraction"),
     ("\\frac{1}{2}", B("0.5"), True, "fraction vs decimal"),
     ("3.14", B("3.15"), False, "close decimals differ"),
+    ("\\frac{1}{3}", B("0.333333"), True, "a decimal rounded to 6 places (math-verify's rounding)"),
+    ("\\frac{1}{3}", B("0.33"), False, "a decimal rounded to 2 places"),
+    ("17", B("(17)"), True, "a number in parentheses"),
     ("1000", B("1,000"), True, "thousands separator"),
     ("100000000000000000001", B("100000000000000000000"), False, "big integers differ (not only to 15 digits)"),
     # fractions and LaTeX forms

@@ -49,6 +49,36 @@ def test_the_cheap_rules_agree_with_math_verify():
     assert decided >= 10
 
 
+def test_the_number_rules_agree_with_math_verify_on_random_pairs():
+    """Pairs of exact numbers in several forms, some equal, some close, some apart: the cheap number rule's
+    verdict, where it gives one, is math-verify's."""
+    import random
+    from fractions import Fraction
+
+    rng = random.Random(0)
+    pool = shared_math_pool()
+
+    def form(value: Fraction) -> str:
+        choice = rng.randrange(4)
+        if choice == 0 or value.denominator == 1:
+            return str(value.numerator) if value.denominator == 1 else f"{float(value):.6f}"
+        if choice == 1:
+            return f"{value.numerator}/{value.denominator}"
+        sign = "-" if value < 0 else ""
+        return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
+
+    checked = 0
+    for _ in range(60):
+        a = Fraction(rng.randint(-50, 50), rng.randint(1, 12))
+        b = rng.choice([a, a + Fraction(1, 10**7), a + Fraction(rng.randint(1, 9), 1000), Fraction(rng.randint(-50, 50), rng.randint(1, 12))])
+        gold, answer = form(a), form(b)
+        quick = quick_verdict([gold], answer)
+        if quick is not None:
+            checked += 1
+            assert pool.grade([gold], answer).correct is quick[0], (gold, answer, quick)
+    assert checked >= 30
+
+
 def test_gold_answers_forms():
     assert gold_answers(3) == ["3"]
     assert gold_answers(["1", 2]) == ["1", "2"]
