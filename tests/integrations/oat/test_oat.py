@@ -17,21 +17,22 @@ import torch
 
 from gem_core.algo import rebn
 from gem_core.tasks import TaskSpec
-from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_scenario
+from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_scenario, tool_episodes
 from oat_harness import gem_args, learner_advantages, make_actor, make_learner
 
 OAT_EPS = 1e-9
 DESIGN_EPISODES = [[0.0, 0.0, 1.0], [0.5, -0.1], [0.0]]
+SCENARIO = GOLDEN_EPISODES + tool_episodes()  # the Python-tool episode too
 DESIGN_OAT_VALUES = [0.7085, 0.9164, 1.1474, -0.2156, -1.3939, -1.1628]  # docs/DESIGN.md, oat's whitening
 
 
 @pytest.fixture(scope="module")
 def reference(tokenizer):
-    return golden_scenario(tokenizer=tokenizer, episodes=GOLDEN_EPISODES)
+    return golden_scenario(tokenizer=tokenizer, episodes=SCENARIO)
 
 
 def _specs():
-    return [TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS) for e in GOLDEN_EPISODES]
+    return [TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS) for e in SCENARIO]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,7 @@ def test_golden_through_the_actor(played, reference, tokenizer):
     from oat.types import Transition
 
     actor, episodes = played
+    assert any("python" in e.tools for e in SCENARIO), "the tool-env episode is part of the scenario"
     assert len(episodes) == len(reference.trajectories)
     keys = None
     for episode, trajectory in zip(episodes, reference.trajectories):

@@ -18,16 +18,18 @@ import pytest
 import torch
 
 from gem_core.tasks import TaskSpec
-from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_scenario
+from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_scenario, tool_episodes
 
 from sglang_server import FakeSGLang  # noqa: E402  (conftest put this folder on the path via pytest's rootdir)
 
 ATOL = 1e-6
+SCENARIO = GOLDEN_EPISODES + tool_episodes()  # the Python-tool episode too
 
 
 @pytest.fixture(scope="module")
 def reference(tokenizer):
-    return golden_scenario(tokenizer=tokenizer, episodes=GOLDEN_EPISODES)
+    assert any("python" in e.tools for e in SCENARIO), "the tool-env episode is part of the scenario"
+    return golden_scenario(tokenizer=tokenizer, episodes=SCENARIO)
 
 
 @pytest.fixture()
@@ -39,8 +41,8 @@ def server(tokenizer):
 
 def _rows(path) -> None:
     with open(path, "w") as handle:
-        for e in GOLDEN_EPISODES:
-            spec = TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
+        for e in SCENARIO:
+            spec = TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
             handle.write(json.dumps({"extra_info": {"gem_task": spec.to_json()}}) + "\n")
 
 
@@ -54,7 +56,7 @@ def _config(tmp_path, **adv):
     from gem_integrations.rl2 import env_path
 
     overrides = [
-        f"train_data.path={data}", f"train_data.prompts_per_rollout={len(GOLDEN_EPISODES)}", "rollout.max_turns=100",
+        f"train_data.path={data}", f"train_data.prompts_per_rollout={len(SCENARIO)}", "rollout.max_turns=100",
         f"rollout.env_path={env_path()}", f"rollout.train_sampling_params.max_new_tokens={GOLDEN_PARAMS.max_tokens}",
         "+rollout.train_sampling_params.skip_special_tokens=false", "trainer.use_wandb=false", "actor.model_name=test",
         *(f"adv.{k}={v}" if k in config.adv else f"+adv.{k}={v}" for k, v in adv.items()),
@@ -213,8 +215,8 @@ def test_head_generate_contract(tokenizer, reference, server):
 
     config = OmegaConf.create({"sampling_params": {"temperature": 1.0, "max_new_tokens": GOLDEN_PARAMS.max_tokens}})
     samples = []
-    for e in GOLDEN_EPISODES:
-        spec = TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
+    for e in SCENARIO:
+        spec = TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
         samples.append(HeadSample(sample={"extra_info": {"gem_task": spec.to_json()}}))
 
     async def play():
