@@ -220,3 +220,22 @@ def test_two_devices_whiten_globally(tokenizer, tmp_path):
     episodes = _synthetic(DESIGN_EPISODES, tokenizer)
     values = [got[tuple(t.prompt_ids) + tuple(t.response_ids)] for e in episodes for t in e]
     assert values == pytest.approx(DESIGN_OAT_VALUES, abs=1e-4)
+
+
+def test_the_launcher_takes_oats_arguments_plus_env_ids(monkeypatch):
+    import torch
+    from gem_integrations.oat.launch import build_args
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # oat's validation counts GPUs; this machine has none
+    common = ["--pretrain", "tiny", "--gpus", "1", "--rollout-batch-size", "8", "--rollout-batch-size-per-device", "8",
+              "--pi-buffer-maxlen-per-device", "8", "--train-batch-size", "8", "--train-batch-size-per-device", "8"]  # fmt: skip
+    args = build_args([*common, "--gem-env", "game:GuessTheNumber-v0", "game:Mastermind-v0-easy", "--gamma", "0.95", "--critic-type", "drgrpo"])
+    assert args.gem_env == ["game:GuessTheNumber-v0", "game:Mastermind-v0-easy"]
+    assert (args.gamma, args.lam, args.whiten_adv, args.critic_type, args.num_samples) == (0.95, 1.0, True, "drgrpo", 1)
+    assert args.algo.name == "PPO"  # oat's validation turns the name into its RLAlgo enum
+    before = build_args([*common, "--gem-env", "game:GuessTheNumber-v0", "--critic-type", "grpo", "--gem-rebn-before-subsampling"])
+    assert before.gem_rebn_before_subsampling and not before.whiten_adv  # GemLearner whitens the whole batch itself
+    with pytest.raises(SystemExit, match="--gem-env"):
+        build_args(common)
+    with pytest.raises(ValueError, match="no critic"):
+        build_args([*common, "--gem-env", "game:GuessTheNumber-v0", "--critic-type", "ppo"])
