@@ -144,3 +144,19 @@ def test_math_with_the_python_tool_through_a_task_spec(qa_file):
         assert reward == 1.0 and terminated and info["tool_calls"] == 1
     finally:
         env.close()
+
+
+def test_async_vector_env_of_a_math_id(tmp_path):
+    """Worker processes load the rows themselves (data_files travels as a kwarg) and grade with their own
+    per-process pool: symbolic answers reach math-verify there."""
+    path = tmp_path / "sym.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"Simplify sqrt({2 * k * k}).", "answer": f"{k}\\\\sqrt{{2}}"}) + "\n" for k in range(2, 6)))
+    vec = gem_core.make_vec("math:Math12K", 4, vectorization_mode="async", vector_kwargs={"num_workers": 2}, data_files=str(path))
+    try:
+        _obs, infos = vec.reset(seed=0)
+        ks = [int(o.split("sqrt(")[1].split(")")[0]) for o in _obs]
+        answers = ["\\\\boxed{\\\\sqrt{" + str(k) + "}}" for k in ks]
+        _obs, rewards, terminated, _truncated, infos = vec.step(answers)
+        assert list(rewards) == [1.0] * 4 and all(terminated)
+    finally:
+        vec.close()
