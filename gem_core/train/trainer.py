@@ -389,7 +389,10 @@ class Trainer:
         self.model.train()
         stats: dict[str, float] = {}
         for _ in range(config.epochs):
-            logprobs, entropy = token_logprobs(self.model, rows, config.temperature, with_entropy=True)
+            if config.entropy_coef > 0:
+                logprobs, entropy = token_logprobs(self.model, rows, config.temperature, with_entropy=True)
+            else:
+                logprobs, entropy = token_logprobs(self.model, rows, config.temperature), None
             loss, stats = policy_loss(logprobs, rows, config.clip, ref_logprobs, config.kl_coef, entropy, config.entropy_coef)
             self.optimizer.zero_grad()
             loss.backward()
