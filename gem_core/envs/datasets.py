@@ -87,11 +87,14 @@ _hub_reachable: bool | None = None
 
 
 def hub_reachable() -> bool:
-    """Whether the Hugging Face hub can be reached: False when an offline variable is set, else a TCP
-    connection within :data:`HUB_PROBE_TIMEOUT_S` (checked once per process)."""
+    """Whether the Hugging Face hub can be reached: False when an offline variable is set; True behind an
+    HTTP(S) proxy; else a TCP connection to ``HF_ENDPOINT`` within :data:`HUB_PROBE_TIMEOUT_S` (checked once
+    per process)."""
     global _hub_reachable
     if any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on") for var in _OFFLINE_VARS):
         return False
+    if _hub_reachable is None and any(os.environ.get(var) for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        _hub_reachable = True  # behind a proxy a direct connection says nothing: let datasets (and its timeouts) try
     if _hub_reachable is None:
         endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
         host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)

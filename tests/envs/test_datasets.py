@@ -160,3 +160,21 @@ def test_async_vector_env_of_a_math_id(tmp_path):
         assert list(rewards) == [1.0] * 4 and all(terminated)
     finally:
         vec.close()
+
+
+def test_hub_probe(monkeypatch):
+    from gem_core.envs import datasets as layer
+
+    monkeypatch.setattr(layer, "_hub_reachable", None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert layer.hub_reachable() is False and layer._hub_reachable is None  # no probe at all
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused at once
+    start = time.monotonic()
+    assert layer.hub_reachable() is False and time.monotonic() - start < layer.HUB_PROBE_TIMEOUT_S + 1
+    monkeypatch.setattr(layer, "_hub_reachable", None)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert layer.hub_reachable() is True
