@@ -108,6 +108,7 @@ def timed(grade: Any, pairs: list[tuple[str, str, bool]], threads: int = 1) -> t
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--problems", type=int, default=200, help="problems in each throughput set (2 answers each)")
+    parser.add_argument("--envs", type=int, default=64, help="envs in the rollout-step comparison")
     parser.add_argument("--threads", type=int, default=max(2, os.cpu_count() or 2), help="gem-core callers at once")
     args = parser.parse_args(argv)
 
@@ -154,7 +155,64 @@ def main(argv: list[str] | None = None) -> int:
             for gold, response, expected, mine, theirs in disagree[:20]:
                 print(f"  gold {gold!r}, {response!r}: expected {expected}, gem-core {mine}, gem-llm {theirs}")
             print(f"speed-up over gem-llm: one caller {rows[-1][2] / rows[0][2]:.1f}x; {args.threads} callers {rows[-1][2] / rows[1][2]:.1f}x")
+    rollout(args.envs, peer is not None)
     return 0
+
+
+def rollout(n: int, with_peer: bool) -> None:
+    """``n`` math envs made, reset and stepped once each, as one rollout step of a training batch: gem-core's
+    envs share the process's grading pool; gem-llm's MathEnv starts a multiprocessing.Pool(1) per env."""
+    import json
+    import tempfile
+
+    import gem_core
+
+    pairs = expression_pairs(n)[::2][:n]  # right answers: each goes through math-verify
+    rows = [{"problem": f"question {i}", "answer": gold} for i, (gold, _r, _e) in enumerate(pairs)]
+    responses = {row["problem"]: response for row, (_g, response, _e) in zip(rows, pairs)}
+    print(f"\n## One rollout step: {n} envs made, reset and stepped (expression answers)\n")
+    print("| implementation | make s | reset+step s | rewards 1 |\n|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/rows.jsonl"
+        with open(path, "w") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+        from gem_core.grading import math as math_grading
+
+        math_grading._cache.data.clear()
+        start = time.perf_counter()
+        envs = [gem_core.make("math:Math12K", data_files=path, shuffle=False) for _ in range(n)]
+        made = time.perf_counter() - start
+        start = time.perf_counter()
+        rewards = []
+        for i, env in enumerate(envs):
+            question, _ = env.reset(options={"idx": i})
+            rewards.append(env.step(responses[question.split("\n")[0]])[1])
+        stepped = time.perf_counter() - start
+        print(f"| gem-core (one shared pool) | {made:.2f} | {stepped:.2f} | {sum(rewards):.0f}/{n} |")
+        for env in envs:
+            env.close()
+        if not with_peer:
+            return
+        import logging
+
+        from datasets import Dataset
+        from gem.envs.math_env import MathEnv
+
+        logging.getLogger().setLevel(logging.WARNING)  # gem-llm logs every reset(idx=...)
+
+        table = Dataset.from_list(rows)
+        start = time.perf_counter()
+        peers = [MathEnv(dataset=table, eval=True) for _ in range(n)]
+        made = time.perf_counter() - start
+        start = time.perf_counter()
+        rewards = []
+        for i, env in enumerate(peers):
+            question, _ = env.reset(idx=i)
+            rewards.append(env.step(responses[question])[1])
+        stepped = time.perf_counter() - start
+        print(f"| gem-llm MathEnv (a Pool(1) per env) | {made:.2f} | {stepped:.2f} | {sum(rewards):.0f}/{n} |")
+        for env in peers:
+            env.close()
 
 
 if __name__ == "__main__":
