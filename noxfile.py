@@ -1,6 +1,6 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, ray
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
@@ -8,7 +8,8 @@
     nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
     nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
     nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
-    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading
+    nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
+    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "ray"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
 PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
-CORE_TESTS = ["tests", "--ignore=tests/integrations"]
+CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray"]  # tests/ray: the `ray` session
 
 
 def _env() -> dict[str, str]:
@@ -56,6 +57,22 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[bench,hf,torch]")
     session.run("python", "benchmarks/env_throughput.py", *session.posargs)
     session.run("python", "benchmarks/rollout_overhead.py")
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """The Ray backend (tests/ray): vector envs in Ray actors, the sandbox and search services, on a local
+    Ray cluster of 2 CPUs (and a two-node one made of two local raylets). No torch."""
+    session.install("-e", ".[dev,ray,search,tasks]")
+    session.run(*PYTEST, "tests/ray", *session.posargs, env=_env())
+
+
+@nox.session
+def bench_ray(session: nox.Session) -> None:
+    """32 code-execution envs on the sync, async and ray backends, and the ray backend's overhead per step.
+    Not part of `nox`'s default."""
+    session.install("-e", ".[ray,tasks]")
+    session.run("python", "benchmarks/ray_envs.py", *session.posargs, env=_env())
 
 
 @nox.session
