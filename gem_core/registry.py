@@ -225,10 +225,11 @@ def make_vec(
 ) -> VectorEnv:
     """A vector env of ``num_envs`` copies of ``id`` (or one env per id when given a list).
 
-    ``vectorization_mode`` is ``"sync"`` (one process) or ``"async"`` (worker processes);
-    ``vector_kwargs`` go to the vector env (``autoreset_mode``, ``num_workers``, ``step_timeout``...).
-    Every argument, the env kwargs included, is checked here in the caller, the same way for both
-    modes, before any env or worker is built (:class:`~gem_core.errors.InvalidArgumentError`).
+    ``vectorization_mode`` is ``"sync"`` (one process), ``"async"`` (worker processes) or ``"ray"``
+    (Ray actors on a cluster: ``pip install 'gem-core[ray]'``); ``vector_kwargs`` go to the vector env
+    (``autoreset_mode``, ``num_workers``, ``step_timeout``, ``envs_per_actor``, ``num_cpus``...).
+    Every argument, the env kwargs included, is checked here in the caller, the same way for every
+    mode, before any env, worker or actor is built (:class:`~gem_core.errors.InvalidArgumentError`).
     """
     _VECTOR_MODE.check("vectorization_mode", vectorization_mode, "make_vec")
     if isinstance(id, str):
@@ -245,24 +246,28 @@ def make_vec(
     specs = {env_id: spec(env_id) for env_id in dict.fromkeys(ids)}  # unknown ids fail here, in the caller
     for env_spec in specs.values():
         check_kwargs(env_spec, kwargs)  # bad kwargs too: one message whichever the mode
-    from gem_core.vector import AsyncVectorEnv, SyncVectorEnv
+    from gem_core.vector import AsyncVectorEnv, RayVectorEnv, SyncVectorEnv
 
-    vector_class = SyncVectorEnv if vectorization_mode == "sync" else AsyncVectorEnv
+    vector_class = {"sync": SyncVectorEnv, "async": AsyncVectorEnv, "ray": RayVectorEnv}[vectorization_mode]
     vector_kwargs = dict(vector_kwargs or {})
-    _check_vector_kwargs(vector_class, vector_kwargs)
+    _check_vector_kwargs(vector_class, vector_kwargs, vectorization_mode)
+    if vectorization_mode == "ray":
+        from gem_core.ray.cluster import require_ray
+
+        require_ray()  # one clear error naming the extra, before anything is built
     fns = [EnvFactory(specs[env_id], tuple(wrappers), kwargs) for env_id in ids]
     return vector_class(fns, **vector_kwargs)
 
 
-_VECTOR_MODE = Param(str, choices=("sync", "async"))
+_VECTOR_MODE = Param(str, choices=("sync", "async", "ray"))
 #: The most envs one vector env holds (a bound, so that a typo fails with a message, not a MemoryError).
 MAX_NUM_ENVS = 1_000_000
 _NUM_ENVS = Param(int, low=1, high=MAX_NUM_ENVS)
 
 
-def _check_vector_kwargs(vector_class: type, vector_kwargs: dict[str, Any]) -> None:
+def _check_vector_kwargs(vector_class: type, vector_kwargs: dict[str, Any], mode: str) -> None:
     """``vector_kwargs`` against the vector class's constructor: known names, declared types and ranges."""
-    where = f"make_vec(vectorization_mode={'sync' if vector_class.__name__.startswith('Sync') else 'async'!r})"
+    where = f"make_vec(vectorization_mode={mode!r})"
     allowed = (accepted_kwargs(vector_class) or set()) - {"env_fns"}
     unknown = sorted(set(vector_kwargs) - allowed)
     if unknown:

@@ -18,7 +18,6 @@ import os
 import pickle
 import signal
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
@@ -28,24 +27,14 @@ from typing import Any, ClassVar
 
 from gem_core.params import Param, check_args
 
-from gem_core.vector.vector_env import (
-    CRASH,
-    ERROR,
-    OK,
-    AutoresetMode,
-    VectorEnv,
-    VectorEnvError,
-    call_env,
-    run_op,
-)
+from gem_core.vector.sharded import ShardedVectorEnv, build_envs, close_envs, dumps, serve_request
+from gem_core.vector.vector_env import AutoresetMode, VectorEnv, VectorEnvError
 
-_PICKLE_PROTOCOL = 5
 _CLOSE_GRACE_S = 2.0  # how long close() lets workers close their envs before killing them
 _STARTUP_TIMEOUT_S = 300.0  # building the envs of a worker; generous, it only guards against a hang
+_CLOSE = dumps(("close",))
 
-
-def _dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=_PICKLE_PROTOCOL)
+_dumps = dumps
 
 
 # ------------------------------------------------------------------------------------------------
@@ -53,34 +42,13 @@ def _dumps(obj: Any) -> bytes:
 # ------------------------------------------------------------------------------------------------
 
 
-def _portable(result: tuple) -> tuple:
-    """A result without the exception object (it may not pickle; the traceback text carries it)."""
-    return result if result[0] != ERROR else (ERROR, result[1], result[2], None)
-
-
-def _encode_reply(results: list[tuple]) -> bytes:
-    """Pickle a reply; a result that does not pickle becomes an ``ERROR`` result instead of a crash."""
-    try:
-        return _dumps(("ok", results))
-    except Exception:
-        safe = []
-        for result in results:
-            try:
-                _dumps(result)
-                safe.append(result)
-            except Exception as exc:
-                safe.append((ERROR, f"the env's result could not be pickled: {type(exc).__name__}: {exc}", traceback.format_exc(), None))
-        return _dumps(("ok", safe))
-
-
 def _worker_main(worker_index: int, conn: Connection, env_fns: list[Callable[[], Any]], env_indices: list[int]) -> None:
     """Build this worker's envs, then serve requests until told to close or the parent goes away."""
     # Ctrl-C reaches the whole process group; the parent handles it and closes us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        envs = {i: fn() for i, fn in zip(env_indices, env_fns)}
-    except BaseException:
-        conn.send_bytes(_dumps(("init_error", traceback.format_exc())))
+    envs, error = build_envs(env_fns, env_indices)
+    if error is not None:
+        conn.send_bytes(_dumps(("init_error", error)))
         conn.close()
         return
     conn.send_bytes(_dumps(("ready", os.getpid())))
@@ -90,28 +58,11 @@ def _worker_main(worker_index: int, conn: Connection, env_fns: list[Callable[[],
                 message = conn.recv_bytes()
             except (EOFError, OSError):
                 break  # the parent is gone
-            try:
-                request = pickle.loads(message)
-                command = request[0]
-                if command == "close":
-                    break
-                if command == "ops":
-                    results = [_portable(run_op(envs[i], op)) for i, op in request[1]]
-                elif command == "call":
-                    _, name, args, kwargs, invoke = request
-                    results = [_portable(call_env(envs[i], name, args, kwargs, invoke)) for i in env_indices]
-                else:
-                    raise ValueError(f"unknown worker command {command!r}")
-                reply = _encode_reply(results)
-            except Exception:
-                reply = _dumps(("fatal", traceback.format_exc()))
-            conn.send_bytes(reply)
+            if message == _CLOSE:
+                break
+            conn.send_bytes(serve_request(envs, env_indices, message))
     finally:
-        for env in envs.values():
-            try:
-                env.close()
-            except Exception:
-                pass
+        close_envs(envs)
         conn.close()
 
 
@@ -149,7 +100,7 @@ def _close_open_vector_envs() -> None:
             pass
 
 
-class AsyncVectorEnv(VectorEnv):
+class AsyncVectorEnv(ShardedVectorEnv):
     """Runs its envs in worker processes, so CPU-bound steps run in parallel.
 
     ``env_fns``: picklable zero-argument callables returning an env (``gem_core.make_vec`` builds
@@ -201,23 +152,14 @@ class AsyncVectorEnv(VectorEnv):
     ):
         env_fns = list(env_fns)
         check_args(AsyncVectorEnv, {"num_workers": num_workers, "step_timeout": step_timeout}, type(self).__name__)
-        super().__init__(len(env_fns), autoreset_mode, on_error)
         if num_workers is None:
-            num_workers = min(self.num_envs, os.cpu_count() or 1)
-        self.num_workers = min(num_workers, self.num_envs)
+            num_workers = min(len(env_fns), os.cpu_count() or 1)
+        super().__init__(len(env_fns), num_workers, autoreset_mode, on_error)
+        self.num_workers = len(self._shard_envs)
         self.step_timeout = step_timeout
         self._ctx = context if isinstance(context, BaseContext) else multiprocessing.get_context(context or "spawn")
         self._env_fns = env_fns
-        # Contiguous shards whose sizes differ by at most one.
-        base, extra = divmod(self.num_envs, self.num_workers)
-        self._workers: list[_Worker] = []
-        self._worker_of: list[int] = []
-        start = 0
-        for w in range(self.num_workers):
-            size = base + (1 if w < extra else 0)
-            self._workers.append(_Worker(w, list(range(start, start + size))))
-            self._worker_of.extend([w] * size)
-            start += size
+        self._workers = [_Worker(w, indices) for w, indices in enumerate(self._shard_envs)]
         _OPEN_VECTOR_ENVS.add(self)
         try:
             for worker in self._workers:
@@ -233,14 +175,9 @@ class AsyncVectorEnv(VectorEnv):
         """The process id of each worker (changes when a worker is restarted)."""
         return [worker.pid for worker in self._workers]
 
-    @property
-    def shards(self) -> list[list[int]]:
-        """The env indices each worker hosts: ``shards[w]`` for worker ``w``."""
-        return [list(worker.env_indices) for worker in self._workers]
-
     def worker_of(self, env_index: int) -> int:
         """The index of the worker hosting env ``env_index``."""
-        return self._worker_of[env_index]
+        return self._shard_of[env_index]
 
     # -- worker lifecycle --------------------------------------------------------------------------
     def _start(self, worker: _Worker) -> None:
@@ -279,6 +216,9 @@ class AsyncVectorEnv(VectorEnv):
     def _restart(self, worker: _Worker) -> None:
         self._kill(worker)
         self._start(worker)
+
+    def _restart_shard(self, shard: int) -> None:
+        self._restart(self._workers[shard])
 
     def _death_reason(self, worker: _Worker) -> str:
         worker.process.join(5.0)  # it is dead or dying: reap it for its exit code
@@ -319,12 +259,12 @@ class AsyncVectorEnv(VectorEnv):
                 worker.ready = True
 
     # -- one request to many workers ---------------------------------------------------------------
-    def _request(self, messages: dict[int, bytes], what: str) -> tuple[dict[int, tuple], dict[int, str]]:
+    def _exchange(self, messages: dict[int, bytes], what: str) -> tuple[dict[int, tuple], dict[int, str]]:
         """Send ``messages[w]`` to worker ``w`` and collect one reply from each.
 
         Returns ``(replies, failures)``: ``failures[w]`` says why worker ``w`` gave no reply (it died or
-        timed out); such workers have already been restarted. Raises only for unrecoverable errors,
-        and only after every other reply has been read, so the pipes stay in step.
+        timed out). An interrupt (Ctrl-C) restarts the workers still owing a reply, so the pipes stay in
+        step for the next request.
         """
         timeout = self.step_timeout
         replies: dict[int, tuple] = {}
@@ -353,16 +293,6 @@ class AsyncVectorEnv(VectorEnv):
                 self._restart(self._workers[w])
                 self._envs_rebuilt(self._workers[w].env_indices, f"worker {w} was restarted after an interrupted {what}", in_flight=())
             raise
-        fatal = None
-        for w, reply in list(replies.items()):
-            if reply[0] != "ok":  # "init_error" or "fatal": nothing to hand back, but read everything first
-                del replies[w]
-                problem = "could not rebuild its envs after a restart" if reply[0] == "init_error" else f"could not serve {what}"
-                fatal = fatal or VectorEnvError(f"worker {w} {problem}:\n{reply[1]}", remote_traceback=reply[1])
-        for w in failures:
-            self._restart(self._workers[w])
-        if fatal is not None:
-            raise fatal
         return replies, failures
 
     def _collect(self, pending: dict[int, _Worker], deadlines: dict[int, float], replies: dict, failures: dict, what: str) -> None:
@@ -401,40 +331,6 @@ class AsyncVectorEnv(VectorEnv):
                 deadlines.pop(w)
 
     # -- VectorEnv hooks ---------------------------------------------------------------------------
-    def _execute(self, ops: dict[int, tuple], what: str) -> dict[int, tuple]:
-        self._check_open()
-        grouped: dict[int, list[tuple[int, tuple]]] = {}
-        for i, op in ops.items():
-            grouped.setdefault(self._worker_of[i], []).append((i, op))
-        replies, failures = self._request({w: _dumps(("ops", items)) for w, items in grouped.items()}, what)
-        results: dict[int, tuple] = {}
-        for w, items in grouped.items():
-            if w in failures:
-                for i, _ in items:
-                    results[i] = (CRASH, failures[w])
-            else:
-                for (i, _), result in zip(items, replies[w][1]):
-                    results[i] = result
-        for w, reason in failures.items():
-            self._envs_rebuilt(self._workers[w].env_indices, reason, in_flight=ops)
-        return results
-
-    def _call(self, name: str, args: tuple, kwargs: dict, invoke: bool) -> list[tuple]:
-        self._check_open()
-        what = f"call({name!r})" if invoke else f"get_attr({name!r})"
-        payload = _dumps(("call", name, args, kwargs, invoke))
-        replies, failures = self._request({w: payload for w in range(self.num_workers)}, what)
-        for w, reason in failures.items():
-            self._envs_rebuilt(self._workers[w].env_indices, reason, in_flight=())
-        if failures:
-            w, reason = next(iter(failures.items()))
-            raise VectorEnvError(f"{reason} during {what}; its envs were rebuilt and their episodes lost")
-        results: list[tuple] = [(OK, None)] * self.num_envs
-        for w, worker in enumerate(self._workers):
-            for i, result in zip(worker.env_indices, replies[w][1]):
-                results[i] = result
-        return results
-
     def _close(self) -> None:
         _OPEN_VECTOR_ENVS.discard(self)
         workers = [w for w in getattr(self, "_workers", ()) if w.process is not None]

@@ -18,16 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gem_core.tools.sandbox import protocol
-from gem_core.tools.sandbox.host import RawReply, WorkerLost, WorkerSpec
+from gem_core.tools.sandbox.host import RawReply, WorkerSpec
 from gem_core.tools.sandbox.policy import MIB, require_bwrap
-from gem_core.tools.sandbox.pool import QueueTimeout, SandboxError, SandboxPool, shared_pool
+from gem_core.tools.sandbox.pool import SandboxError, SandboxPool, shared_pool
 
 
 Isolation = Literal["bwrap", "none"]
@@ -211,6 +210,7 @@ class PythonSandbox:
         self.queue_timeout = queue_timeout
         spec = WorkerSpec(isolation, tuple(preload), tmpfs_mb, start_timeout)
         self.shared = workers is None
+        # The shared pool may be a remote one (gem_core.ray.services.SandboxService): same interface.
         self.pool: SandboxPool = shared_pool(spec) if self.shared else SandboxPool(spec, workers)
         self.pool.acquire()
         self._closed = False
@@ -350,36 +350,11 @@ class PythonSandbox:
         self, request: bytes, timeout: float, cap: int, queue_timeout: float | None
     ) -> tuple[RawReply, str | None]:
         """One request on a pooled worker: the reply, and an error message when the sandbox failed."""
-        queued = time.monotonic()
-        wait = self.queue_timeout if queue_timeout is None else queue_timeout
-        try:
-            with self.pool.worker(wait) as worker:
-                queued_s = time.monotonic() - queued
-                try:
-                    reply = worker.call(request, timeout, cap)
-                except WorkerLost as lost:
-                    message = f"the sandbox worker was lost ({lost}); the call did not complete"
-                    reply = RawReply(duration=time.monotonic() - queued - queued_s)
-                    reply.info.update(queued_s=queued_s, worker_replaced=True)
-                    raise _Lost(reply, message) from None
-        except _Lost as lost:
-            return lost.reply, lost.message
-        except QueueTimeout as exc:
-            return RawReply(info={"queued_s": time.monotonic() - queued, "queue_timeout": True}), str(exc)
-        reply.info["queued_s"] = queued_s
-        return reply, None
+        return self.pool.call(request, timeout, cap, self.queue_timeout if queue_timeout is None else queue_timeout)
 
     def __repr__(self) -> str:
         kind = "shared" if self.shared else "own"
         return f"PythonSandbox(workers={self.workers} ({kind}), isolation={self.isolation!r}, timeout={self.timeout})"
-
-
-class _Lost(Exception):
-    """Carries a lost call's reply out of the pool's block (which then replaces the worker)."""
-
-    def __init__(self, reply: RawReply, message: str):
-        super().__init__(message)
-        self.reply, self.message = reply, message
 
 
 def _check_timeout(timeout: float) -> float:

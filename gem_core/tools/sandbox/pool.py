@@ -25,14 +25,16 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from gem_core.errors import GemError
-from gem_core.tools.sandbox.host import WorkerLost, WorkerProcess, WorkerSpec
+from gem_core.tools.sandbox.host import RawReply, WorkerLost, WorkerProcess, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
 WORKERS_VAR = "GEM_SANDBOX_WORKERS"
+SERVICE_VAR = "GEM_SANDBOX_SERVICE"  # the name of a Ray sandbox service this process's shared pools forward to
 MAX_DEFAULT_WORKERS = 32
 WORKERS_PER_CORE = 2  # one runs a snippet while the other cleans up after its last one
 READY_TIMEOUT_S = 30.0  # how long a worker may take to clean up after a call
@@ -147,6 +149,27 @@ class SandboxPool:
             self._discard(worker)
             raise
         self._checkin(worker)
+
+    def call(self, request: bytes, timeout: float, cap: int, queue_timeout: float | None) -> tuple[RawReply, str | None]:
+        """One encoded request on a worker of this pool (waiting at most ``queue_timeout`` for one): the
+        reply, and an error message when the sandbox failed (worker lost, queue timeout)."""
+        queued = time.monotonic()
+        try:
+            with self.worker(queue_timeout) as worker:
+                queued_s = time.monotonic() - queued
+                try:
+                    reply = worker.call(request, timeout, cap)
+                except WorkerLost as lost:
+                    message = f"the sandbox worker was lost ({lost}); the call did not complete"
+                    reply = RawReply(duration=time.monotonic() - queued - queued_s)
+                    reply.info.update(queued_s=queued_s, worker_replaced=True)
+                    raise _Lost(reply, message) from None
+        except _Lost as lost:
+            return lost.reply, lost.message
+        except QueueTimeout as exc:
+            return RawReply(info={"queued_s": time.monotonic() - queued, "queue_timeout": True}), str(exc)
+        reply.info["queued_s"] = queued_s
+        return reply, None
 
     def start(self) -> None:
         """Start every worker now, in parallel, instead of on demand."""
@@ -295,19 +318,47 @@ class SandboxPool:
         self._users = users
 
 
+class _Lost(Exception):
+    """Carries a lost call's reply out of the pool's block (which then replaces the worker)."""
+
+    def __init__(self, reply: RawReply, message: str):
+        super().__init__(message)
+        self.reply, self.message = reply, message
+
+
 _live_pools: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
-_shared: dict[WorkerSpec, SandboxPool] = {}
+_shared: dict[WorkerSpec, Any] = {}
 _shared_lock = threading.Lock()
 _configured_size: list[int] = []
+_remote_pools: list[Callable[[WorkerSpec], Any]] = []  # set by route_shared_pools
 
 
 def shared_pool(spec: WorkerSpec) -> SandboxPool:
-    """This process's pool for ``spec`` (made on first use; sized as the module docstring says)."""
+    """This process's pool for ``spec`` (made on first use; sized as the module docstring says).
+
+    When this process's shared pools are routed elsewhere (:func:`route_shared_pools`, or
+    ``GEM_SANDBOX_SERVICE`` naming a Ray sandbox service), it is a pool with the same interface whose
+    calls run there."""
+    if not _remote_pools and os.environ.get(SERVICE_VAR):
+        from gem_core.ray.services import SandboxService
+
+        SandboxService.connect(os.environ[SERVICE_VAR]).install()
     with _shared_lock:
         pool = _shared.get(spec)
         if pool is None:
-            pool = _shared[spec] = SandboxPool(spec, _configured_size[0] if _configured_size else None)
+            if _remote_pools:
+                pool = _shared[spec] = _remote_pools[0](spec)
+            else:
+                pool = _shared[spec] = SandboxPool(spec, _configured_size[0] if _configured_size else None)
         return pool
+
+
+def route_shared_pools(factory: Callable[[WorkerSpec], Any] | None) -> None:
+    """Make this process's shared pools with ``factory(spec)`` from now on (``None``: local pools again).
+    Pools made earlier are dropped from the table; the handles that hold them keep them."""
+    with _shared_lock:
+        _remote_pools[:] = [] if factory is None else [factory]
+        _shared.clear()
 
 
 def configure_shared_pool(workers: int) -> None:
