@@ -6,7 +6,9 @@
 Two steps, both public, so normalisation can happen before or after subsampling:
 `normalization_stats` computes per-group (count, mean, std) on one set of returns (e.g. the full
 batch, optionally over all ranks), and `normalize` applies them to any subset. `rebn` does both.
-A group whose returns are all equal (including a one-turn group) gets advantage 0, never NaN.
+A group whose returns are all equal (including a one-turn group) gets advantage 0, never NaN;
+`min_std` widens that to any group whose std is at or below it (ROLL's reward normalisation gives 0
+when the std is <= 1e-6).
 """
 
 from __future__ import annotations
@@ -132,19 +134,23 @@ def stats_from_sums(
     return NormStats(uniques, count, mean, std, ddof)
 
 
-def apply_stats(ops: Ops, values: Array, codes_b: Array, stats: NormStats, *, eps: float, scale: bool = True) -> Array:
+def apply_stats(
+    ops: Ops, values: Array, codes_b: Array, stats: NormStats, *, eps: float, scale: bool = True, min_std: float = 0.0
+) -> Array:
     """(values - mean_g) / (std_g + eps) per value's group g; only centred when `scale` is False."""
     centered = values - stats.mean[codes_b]
     if not scale:
         return centered
-    constant, denominator = scaling(ops, stats, eps)
+    constant, denominator = scaling(ops, stats, eps, min_std)
     return ops.where(constant[codes_b], 0.0, centered / denominator[codes_b])
 
 
-def scaling(ops: Ops, stats: NormStats, eps: float) -> tuple[Array, Array]:
+def scaling(ops: Ops, stats: NormStats, eps: float, min_std: float = 0.0) -> tuple[Array, Array]:
     """Per group: (constant, denominator). A constant group's values all get advantage 0 (no NaN
-    from 0/0); the others are divided by std + eps."""
+    from 0/0), as does a group whose std is at or below `min_std`; the others are divided by std + eps."""
     constant = stats.std <= _CONSTANT_TOLERANCE * ops.abs(stats.mean)
+    if min_std > 0.0:
+        constant = constant | (stats.std <= min_std)
     return constant, ops.where(constant, 1.0, stats.std + eps)  # 1.0 only to keep 0/0 out of the maths
 
 
@@ -172,20 +178,24 @@ def normalization_stats(
     return compute_stats(ops, flat, codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group)[0]
 
 
-def normalize(values: Any, stats: NormStats, keys: Any = None, *, eps: float = 1e-6, scale: bool = True) -> Array:
+def normalize(
+    values: Any, stats: NormStats, keys: Any = None, *, eps: float = 1e-6, scale: bool = True, min_std: float = 0.0
+) -> Array:
     """Apply precomputed stats: A = (v - mean_g) / (std_g + eps) for each value's group key g.
 
     Use it to normalise a subsample with statistics of the full batch. A key absent from `stats`
-    is an error (its group has no statistics).
+    is an error (its group has no statistics). `min_std`: as in :func:`rebn`.
     """
     eps = check_eps(eps)
+    min_std = check_min_std(min_std)
     ops = ops_for(values, stats.mean)
     flat = ops.float64(values if is_torch(values) else np.asarray(values, dtype=np.float64), like=stats.mean)
     check_finite(ops, flat, "values")
     codes = _codes_in(stats, keys, int(flat.shape[0]))
     codes_b = ops.int64(codes, like=flat)
     return ops.out(
-        apply_stats(ops, flat, codes_b, stats, eps=eps, scale=scale), like=values if is_torch(values) else flat
+        apply_stats(ops, flat, codes_b, stats, eps=eps, scale=scale, min_std=min_std),
+        like=values if is_torch(values) else flat,
     )
 
 
@@ -217,6 +227,7 @@ def rebn(
     stats: NormStats | None = None,
     distributed: bool = False,
     process_group: Any = None,
+    min_std: float = 0.0,
 ) -> Array:
     """Per-turn ReBN advantages: A_t = (G_t - mean(G)) / (std(G) + eps), G_t = r_t + gamma * G_{t+1}.
 
@@ -229,9 +240,12 @@ def rebn(
     stats: precomputed `normalization_stats` (e.g. of the full batch, before subsampling) applied
         instead of statistics of these rewards; with groups, every `group_by` key must be in `stats`.
     distributed: statistics over every rank's turns via torch.distributed (each rank passes its shard).
+    min_std: a group whose std is at or below this gets advantage 0 (default 0.0: only a constant group).
+        ROLL's `step_reinforce` + batch `mean_std` is `ddof=1, eps=1e-6, min_std=1e-6`.
     """
     gamma = check_discount("gamma", gamma)
     eps = check_eps(eps)
+    min_std = check_min_std(min_std)
     ddof = check_ddof(ddof)
     ops, flat, ids, like = as_turns(rewards, episode_ids)
     if not distributed:
@@ -246,7 +260,14 @@ def rebn(
         stats, codes_b = compute_stats(
             ops, returns, codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group
         )
-    return ops.out(apply_stats(ops, returns, codes_b, stats, eps=eps), like=like)
+    return ops.out(apply_stats(ops, returns, codes_b, stats, eps=eps, min_std=min_std), like=like)
+
+
+def check_min_std(min_std: Any) -> float:
+    """`min_std` as a float >= 0 (a clear ValueError otherwise)."""
+    if isinstance(min_std, bool) or not isinstance(min_std, (int, float)) or not np.isfinite(min_std) or min_std < 0:
+        raise ValueError(f"min_std must be a finite number >= 0, got {min_std!r}")
+    return float(min_std)
 
 
 def _per_turn_keys(group_by: Any, layout: Any, ops: Ops) -> np.ndarray | None:

@@ -153,3 +153,44 @@ def test_advantages_are_standardised_whenever_returns_vary(episodes: list, gamma
     # ReBN never reorders turns: a higher return always means a higher advantage
     order = np.argsort(returns, kind="stable")
     assert (np.diff(out[order]) >= -1e-9).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# min_std: ROLL's reward normalisation (zeros when n <= 1 or std <= 1e-6) as core settings.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_min_std_roll_golden_values():
+    from gem_core.algo import rebn
+
+    out = np.asarray(rebn([[0, 0, 1], [0.5, -0.1], [0]], gamma=0.9, ddof=1, eps=1e-6, min_std=1e-6))
+    np.testing.assert_allclose(out, [0.6468, 0.8366, 1.0475, -0.1968, -1.2724, -1.0615], atol=5e-5)
+
+
+def test_min_std_zeroes_tiny_spreads_that_eps_alone_would_scale():
+    from gem_core.algo import rebn
+
+    rewards = [[0.0], [4e-7]]  # sample std ~2.8e-7: above rounding noise, at or below ROLL's 1e-6
+    plain = np.asarray(rebn(rewards, ddof=1, eps=1e-6))
+    assert np.abs(plain).max() > 0.1  # without min_std the spread is scaled up
+    np.testing.assert_array_equal(np.asarray(rebn(rewards, ddof=1, eps=1e-6, min_std=1e-6)), [0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(rebn([[3.0]], ddof=1, min_std=1e-6)), [0.0])  # n = 1
+
+
+def test_min_std_per_group_and_normalize():
+    from gem_core.algo import normalization_stats, normalize, rebn
+
+    rewards = [[1.0], [1.0 + 1e-7], [0.0], [2.0]]
+    out = np.asarray(rebn(rewards, ddof=1, min_std=1e-6, group_by=["a", "a", "b", "b"]))
+    np.testing.assert_array_equal(out[:2], [0.0, 0.0])
+    np.testing.assert_allclose(out[2:], [-1 / (np.sqrt(2) + 1e-6), 1 / (np.sqrt(2) + 1e-6)])
+    stats = normalization_stats([1.0, 1.0 + 1e-7], ddof=1)
+    np.testing.assert_array_equal(np.asarray(normalize([1.0, 1.0 + 1e-7], stats, min_std=1e-6)), [0.0, 0.0])
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "1e-6", True])
+def test_min_std_bad_values(bad):
+    from gem_core.algo import rebn
+
+    with pytest.raises(ValueError, match="min_std"):
+        rebn([[1.0, 2.0]], min_std=bad)
