@@ -1,0 +1,30 @@
+"""gem-core for ROLL (alibaba/ROLL; not on PyPI, and PyPI's ``roll`` is an unrelated package).
+
+* :mod:`.env`: :class:`~gem_integrations.roll.env.GemCoreEnv`, any gem-core env id behind gem-llm's
+  ``Env`` interface as ROLL's env managers call it, registered as ``env_type: gem-core`` in the ``gem``
+  registry (gem-llm 0.0.4, ROLL's pin); the module docstring says why registration and what ROLL reads.
+* :mod:`.env_manager`: the ``env_manager_cls`` to name in ROLL's YAML: importing it registers the env
+  in ROLL's env workers; its classes are ROLL's own managers.
+* :data:`ROLL_REBN`: the core :func:`gem_core.algo.rebn` settings that reproduce ROLL's
+  ``step_reinforce`` with ``reward_normalization: {grouping: batch, method: mean_std}``
+  (``examples/roll/``).
+
+Nothing here imports ROLL; :mod:`.env` imports ``gem`` (gem-llm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ROLL's agentic_reward_norm (roll/pipeline/agentic/utils.py) with grouping batch and mean_std:
+# torch.std (sample std, ddof 1), (x - mean) / (std + 1e-6), and zeros when n <= 1 or std <= 1e-6.
+ROLL_REBN: dict[str, Any] = {"ddof": 1, "eps": 1e-6, "min_std": 1e-6}
+
+
+def rebn_settings(step_reward_gamma: float) -> dict[str, Any]:
+    """``gem_core.algo.rebn`` keyword arguments equal to ROLL's ``step_reinforce`` with ``step_reward_gamma``
+    and batch ``mean_std`` normalisation (whole batch, no grouping)."""
+    return {"gamma": float(step_reward_gamma), "group_by": None, **ROLL_REBN}
+
+
+__all__ = ["ROLL_REBN", "rebn_settings"]

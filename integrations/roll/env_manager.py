@@ -1,0 +1,44 @@
+"""``env_manager_cls`` for ROLL: registers the ``gem-core`` env in the ``gem`` registry, then is ROLL's own manager.
+
+    custom_envs:
+      Sudoku:
+        env_type: gem-core
+        env_manager_cls: gem_integrations.roll.env_manager.StepEnvManager
+
+ROLL's ``EnvironmentWorker`` imports ``env_manager_cls`` by its dotted path
+(``roll.utils.import_utils.safe_import_class``) in the process that then calls ``gem.make``; importing
+this module there registers ``gem-core`` (:func:`gem_integrations.roll.env.register`, idempotent).
+``StepEnvManager``, ``StepConcatEnvManager``, ``TrajEnvManager`` and ``VLTrajEnvManager`` are ROLL's
+classes themselves, looked up when asked for (the same objects, not subclasses: nothing of ROLL's
+rollout changes). The step managers give ``step_reinforce`` its per-step samples.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gem_integrations.roll.env import register
+
+register()
+
+MANAGERS = {
+    "StepEnvManager": "roll.pipeline.agentic.env_manager.step_env_manager",
+    "StepConcatEnvManager": "roll.pipeline.agentic.env_manager.step_concat_env_manager",
+    "TrajEnvManager": "roll.pipeline.agentic.env_manager.traj_env_manager",
+    "VLTrajEnvManager": "roll.pipeline.agentic.env_manager.vl_traj_env_manager",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in MANAGERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (ROLL env managers here: {', '.join(MANAGERS)})")
+    try:
+        module = importlib.import_module(MANAGERS[name])
+    except ImportError as exc:
+        raise ImportError(f"{__name__}.{name} is ROLL's {MANAGERS[name]}.{name}, which does not import here: {exc}") from exc
+    return getattr(module, name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *MANAGERS])
