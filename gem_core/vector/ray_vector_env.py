@@ -54,13 +54,14 @@ class EnvHost:
 
 
 class RayVectorEnv(ShardedVectorEnv):
-    """Runs its envs in Ray actors, ``envs_per_actor`` per actor, on any node of a Ray cluster.
+    """Runs its envs in Ray actors, at most ``envs_per_actor`` per actor, on any node of a Ray cluster.
 
     ``env_fns``: zero-argument callables returning an env (``gem_core.make_vec`` builds them); Ray's
     serializer ships them, so lambdas work, but the env's module must be importable on the nodes.
 
     Where the envs run: ``envs_per_actor`` (default: the envs spread over the cluster's CPUs, one
-    actor per ``num_cpus`` of them); each actor reserves ``num_cpus`` CPUs (default 1) and the custom
+    actor per ``num_cpus`` of them; shards are contiguous and balanced, so 7 envs at 3 per actor are
+    3 + 2 + 2); each actor reserves ``num_cpus`` CPUs (default 1) and the custom
     ``resources`` (e.g. ``{"env_node": 1}``); ``scheduling_strategy`` is ``"SPREAD"`` (default: over the
     nodes), ``"DEFAULT"`` or any Ray strategy object (``NodeAffinitySchedulingStrategy``...);
     ``placement_group``: a ready placement group whose bundles take the actors in turn (actor ``a`` in
