@@ -111,7 +111,7 @@ class SandboxHost:
         with self._lock:
             pools = list(self.pools.values())
         return {"size": self.workers, "workers": sum(p.workers for p in pools), "replaced": sum(p.replaced for p in pools),
-                "worker_pids": [w.pid for p in pools for w in p.live_workers()]}
+                "worker_pids": [w.proc.pid for p in pools for w in p.live_workers()]}
 
     def close(self) -> None:
         for pool in list(self.pools.values()):
