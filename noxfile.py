@@ -1,6 +1,6 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, ray
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
@@ -8,6 +8,8 @@
     nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
     nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
     nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
+    nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
+    ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
     nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray
 """
@@ -21,7 +23,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "ray"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -235,3 +237,57 @@ def oat(session: nox.Session) -> None:
     session.install("-c", pin, *OAT_LIGHT_DEPS)
     session.install("-c", pin, "-e", ".[dev,hf]")
     session.run(*PYTEST, "tests/integrations/oat", *session.posargs, env=_env())
+
+
+# ROLL (alibaba/ROLL) is not on PyPI (PyPI's `roll` is an unrelated package: never installed). The bridge
+# registers into gem-llm's registry, which ROLL pins (requirements_common.txt: gem-llm==0.0.4).
+GEM_LLM_ROLL = "gem-llm==0.0.4"
+# What ROLL's agentic env managers and advantage code import on CPU (its own pins where it has them);
+# no import stub is needed for them.
+ROLL_LIGHT_DEPS = [
+    "ray==2.48.0",  # ROLL's pin (without the [default,cgraph] extras)
+    "TransferQueue==0.1.6",  # ROLL's pin
+    "datasets==3.1.0",  # ROLL's pin
+    "peft==0.12.0",  # ROLL's pin
+    "numpy<2",  # ROLL's requirement
+    "pyarrow<19",  # with numpy < 2
+    "pandas<3",  # with numpy < 2
+    "transformers<5",
+    "tensordict",
+    "codetiming",
+    "omegaconf",
+    "hydra-core",
+    "dacite",
+    "imageio",
+    "openai",
+    "opentelemetry-api",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp",
+]
+
+
+@nox.session
+def roll(session: nox.Session) -> None:
+    """The ROLL plugin by contract (tests/integrations/roll): gem-llm 0.0.4's real registry and
+    ``gem.make(env_id=...)``, ROLL's rules as read from its source, the golden scenario. No torch."""
+    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    with open(pin, "w") as handle:
+        handle.write(TORCH + "\n")
+    session.install("-c", pin, "-e", ".[dev,hf]", GEM_LLM_ROLL)
+    session.run(*PYTEST, "tests/integrations/roll", *session.posargs, env=_env())
+
+
+@nox.session
+def roll_src(session: nox.Session) -> None:
+    """Not default: ROLL's own StepEnvManager and agentic advantage code on CPU, from the checkout in
+    ``ROLL_SRC`` (put on sys.path, never installed). torch is held by a constraint."""
+    source = os.environ.get("ROLL_SRC")
+    if not source:
+        session.skip("ROLL_SRC is not set: point it at a ROLL checkout (ROLL_SRC=path/to/ROLL nox -s roll_src)")
+    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
+    with open(pin, "w") as handle:
+        handle.write(TORCH + "\n")
+    session.install(TORCH)
+    session.install("-c", pin, "-e", ".[dev,hf]", GEM_LLM_ROLL, *ROLL_LIGHT_DEPS)
+    env = {**_env(), "ROLL_SRC": os.path.abspath(source), "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs")}
+    session.run(*PYTEST, "tests/integrations/roll", *session.posargs, env=env)
