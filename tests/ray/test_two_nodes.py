@@ -14,9 +14,6 @@ from pathlib import Path
 import pytest
 from conftest import RUNTIME_ENV
 
-import gem_core
-from gem_core.ray.services import SandboxService
-
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
 
 
@@ -37,19 +34,13 @@ def node_ports(ports: list[int]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
-    import ray
-    import vector_test_envs
-
-    vector_test_envs.register_test_envs()
-    assert not ray.is_initialized()
+def two_nodes():
+    """Two raylets on this host (the head with {"node_a": 1}, the other with {"node_b": 1}, one CPU each);
+    ``ray stop`` at the end, even on failure. Yields the head's address and the environment to reach it."""
     head_port, *ports = free_ports(11)
     # Ray 2.5x+ turns token authentication on for `ray start --head` only where a token is set up;
-    # these raylets and this driver share one host and one user: no token, for all three alike.
-    auth = {"RAY_AUTH_MODE": "disabled"}
-    saved = {k: os.environ.get(k) for k in auth}
-    os.environ.update(auth)
-    env = {**os.environ, **RUNTIME_ENV["env_vars"], "RAY_ADDRESS": ""}
+    # these raylets and the driver share one host and one user: no token, for all three alike.
+    env = {**os.environ, **RUNTIME_ENV["env_vars"], "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
     common = ["--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
     head = [RAY, "start", "--head", f"--port={head_port}", "--include-dashboard=false", *common,
             "--resources=" + json.dumps({"node_a": 1}), *node_ports(ports[:5]), "--min-worker-port=20000", "--max-worker-port=20999"]
@@ -60,34 +51,21 @@ def two_nodes(tmp_path_factory):
         for command in (head, worker):
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout}\n{done.stderr}"
-        ray.init(address=address, namespace="gem-two-nodes", runtime_env=RUNTIME_ENV)
-        yield ray
+        yield address, env
     finally:
-        ray.shutdown()
         subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_envs_and_sandbox_actors_run_on_both_nodes(two_nodes):
-    ray = two_nodes
-    nodes = {node["NodeID"]: node["Resources"] for node in ray.nodes() if node["Alive"]}
-    assert len(nodes) == 2
-    by_name = {("node_a" if "node_a" in r else "node_b"): node_id for node_id, r in nodes.items()}
-    with gem_core.make_vec("test:VectorCounter-v0", 4, vectorization_mode="ray", vector_kwargs={"num_cpus": 0.5, "envs_per_actor": 1}) as vec:
-        assert sorted(set(vec.actor_nodes)) == sorted(nodes)  # SPREAD: both nodes
-        vec.reset(seed=0)
-        vec.step(["+1"] * 4)
-    # pinned by custom resource: every actor of this one on node_b
-    with gem_core.make_vec("test:VectorCounter-v0", 2, vectorization_mode="ray", vector_kwargs={"num_cpus": 0.25, "resources": {"node_b": 0.1}}) as vec:
-        assert set(vec.actor_nodes) == {by_name["node_b"]}
-    service = SandboxService.start(workers_per_node=1)
-    try:
-        assert set(service.node_ids) == set(nodes)
-        where = {node: ray.get(actor.where.remote())[0] for node, actor in service.actors.items()}
-        assert all(node == ran_on for node, ran_on in where.items())
-    finally:
-        service.stop()
+    address, env = two_nodes
+    driver = [sys.executable, str(Path(__file__).with_name("two_node_driver.py")), address]
+    done = subprocess.run(driver, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    nodes = report["nodes"]
+    assert sorted(nodes.values()) == [["node_a"], ["node_b"]]
+    by_name = {names[0]: node_id for node_id, names in nodes.items()}
+    assert [o.split()[0] for o in report["stepped"]] == ["count=1"] * 4
+    assert sorted(set(report["spread"])) == sorted(nodes)  # SPREAD: env actors on both nodes
+    assert set(report["pinned_to_b"]) == {by_name["node_b"]}  # a custom resource pins them
+    assert report["sandbox"] == {node: node for node in nodes}  # a sandbox actor on each node, running there
