@@ -28,7 +28,7 @@ nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oa
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
 PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
-CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray"]  # tests/ray: the `ray` session
+CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray_backend"]  # the `ray` session runs it
 
 
 def _env() -> dict[str, str]:
@@ -63,10 +63,10 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def ray(session: nox.Session) -> None:
-    """The Ray backend (tests/ray): vector envs in Ray actors, the sandbox and search services, on a local
+    """The Ray backend (tests/ray_backend; not tests/ray: with tests/ on sys.path that folder would be a namespace package `ray`): vector envs in Ray actors, the sandbox and search services, on a local
     Ray cluster of 2 CPUs (and a two-node one made of two local raylets). No torch."""
     session.install("-e", ".[dev,ray,search,tasks]")
-    session.run(*PYTEST, "tests/ray", *session.posargs, env=_env())
+    session.run(*PYTEST, "tests/ray_backend", *session.posargs, env=_env())
 
 
 @nox.session
