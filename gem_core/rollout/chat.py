@@ -56,6 +56,17 @@ class ChatTemplateError(ValueError):
     changes when a message is appended, or it has no generation prompt)."""
 
 
+def strip_thinking(text: str, tags: tuple[str, str] = ("<think>", "</think>")) -> str:
+    """``text`` without its thinking: what follows the last closing tag, or, for a block left open
+    (cut by ``max_tokens``), what precedes the opening tag; text with neither tag is returned as is."""
+    opened, closed = tags
+    if closed in text:
+        return text.rsplit(closed, 1)[1].strip()
+    if opened in text:
+        return text.split(opened, 1)[0].strip()
+    return text
+
+
 class ChatFormatter:
     """Turns observations into chat-template token deltas with a Hugging Face tokenizer.
 
@@ -189,11 +200,9 @@ class ChatFormatter:
         if not self.strip_thinking:
             return response_text
         opened, closed = self.think_tags
-        if closed in response_text:
-            return response_text.rsplit(closed, 1)[1].strip()
-        if opened in response_text:
-            return response_text.split(opened, 1)[0].strip()
-        return "" if self.prompt_opens_thinking else response_text
+        if opened not in response_text and closed not in response_text:
+            return "" if self.prompt_opens_thinking else response_text
+        return strip_thinking(response_text, self.think_tags)
 
     # -- set-up checks -----------------------------------------------------------------------------------
     def _rendered_tail(self, observation: str, role: str) -> str:

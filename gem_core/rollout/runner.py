@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from gem_core.core import Env, model_message
-from gem_core.rollout.chat import ChatFormatter
+from gem_core.rollout.chat import ChatFormatter, strip_thinking
 from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
 from gem_core.rollout.trajectory import Trajectory, Turn, is_tool_turn
 
@@ -377,7 +377,7 @@ async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, forma
         if generation.finish_reason == "abort":
             _truncate(trajectory, "abort")
             return
-        action = formatter.action_text(text) if formatter is not None else _strip_thinking(text)
+        action = formatter.action_text(text) if formatter is not None else strip_thinking(text)
         observation, reward, terminated, truncated, info = step = await env.step(action)
         record = _record_turn(trajectory, turn, step, generation.finish_reason, text, action)
         messages.append({"role": "assistant", "content": text})
@@ -453,14 +453,6 @@ def _check_generation(generation: Generation, budget: int, policy: Any) -> None:
         raise TypeError(f"{type(policy).__name__}.generate returned {type(generation).__name__}, not a Generation")
     if len(generation.token_ids) > budget:
         raise ValueError(f"{type(policy).__name__} returned {len(generation.token_ids)} tokens for max_tokens={budget}")
-
-
-def _strip_thinking(text: str, tags: tuple[str, str] = ("<think>", "</think>")) -> str:
-    if tags[1] in text:
-        return text.rsplit(tags[1], 1)[1].strip()
-    if tags[0] in text:
-        return text.split(tags[0], 1)[0].strip()
-    return text
 
 
 def _require_text(observation: Any, where: str) -> None:

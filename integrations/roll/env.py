@@ -54,7 +54,7 @@ import gem
 
 from gem_core.core import model_message
 from gem_core.errors import GemError, InvalidArgumentError
-from gem_core.rollout.runner import _strip_thinking
+from gem_core.rollout.chat import strip_thinking
 from gem_core.tasks import TaskSpec
 
 ENV_TYPE = "gem-core"  # custom_envs.<tag>.env_type
@@ -101,7 +101,7 @@ class GemCoreEnv(gem.Env):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """ROLL's ``step(action=...)``: a truncation ends the episode (``terminated=True``)."""
-        text = _strip_thinking(action) if self.strip_thinking else action
+        text = strip_thinking(action) if self.strip_thinking else action
         observation, reward, terminated, truncated, info = self.core.step(text)
         ended_by_limit = bool(truncated) and not bool(terminated)
         roll_info = {
