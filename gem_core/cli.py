@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch = play.add_argument_group("batch mode (a vector env; turned on by --num-envs or --episodes)")
     batch.add_argument("--num-envs", type=_int_in(1, MAX_NUM_ENVS), default=None, help="envs stepped together (default 1)")
     batch.add_argument("--episodes", type=_positive_int, default=None, help="finished episodes to collect (default: num-envs)")
-    batch.add_argument("--vector", choices=("sync", "async"), default="sync", help="sync: one process; async: worker processes")
+    batch.add_argument("--vector", choices=("sync", "async", "ray"), default="sync", help="sync: one process; async: worker processes; ray: Ray actors (the ray extra)")
     batch.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stdout is not a terminal)")
 
     serve = commands.add_parser(

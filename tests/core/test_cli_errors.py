@@ -87,7 +87,7 @@ TABLE = [
     # more bad ids, numbers, flags and files
     (["play", GTN, "--num-envs", "100000000000000"], "gem-core play: error: argument --num-envs: expected a number in 1..1000000, got 100000000000000"),
     (["play", GTN, "--episodes", "many"], "gem-core play: error: argument --episodes: expected a whole number, got 'many'"),
-    (["play", GTN, "--vector", "threads"], "gem-core play: error: argument --vector: invalid choice: 'threads' (choose from 'sync', 'async')"),
+    (["play", GTN, "--vector", "threads"], "gem-core play: error: argument --vector: invalid choice: 'threads' (choose from 'sync', 'async', 'ray')"),
     (["list", "--category"], "gem-core list: error: argument --category: expected one argument"),
     (["list", "--verbose"], "gem-core: error: unrecognized arguments: --verbose"),
     (["serve-search", "--corpus", "{tmp}/corpus.jsonl", "--port", "-1"], "gem-core serve-search: error: argument --port: expected a number in 0..65535, got -1"),

@@ -213,3 +213,18 @@ def test_the_runner_plays_episodes_on_a_ray_pool(ray_cluster):
 
     on_ray = play("ray")
     assert on_ray == play("sync") and len(on_ray) == 5 and all(len(observations) >= 3 for observations, *_ in on_ray)
+
+
+def test_gem_core_play_runs_its_batch_on_ray(ray_cluster, capsys):
+    """``gem-core play --vector ray`` plays the same episodes as ``--vector sync`` (seeded random policy)."""
+    from gem_core import cli
+
+    def summary(vector):
+        capsys.readouterr()
+        code = cli.main(["play", "game:GuessTheNumber-v0-easy", "--policy", "random", "--num-envs", "2", "--episodes", "6", "--vector", vector])
+        lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+        assert code == 0
+        return {" ".join(line[:-1]): line[-1] for line in lines if line and line[0] in ("episodes", "mean", "success")}
+
+    on_ray = summary("ray")
+    assert on_ray == summary("sync") and on_ray["episodes"] == "6" and {"mean return", "success rate"} <= set(on_ray)
