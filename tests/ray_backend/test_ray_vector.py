@@ -178,6 +178,23 @@ def test_actors_the_cluster_cannot_place_fail_within_init_timeout(ray_cluster):
     assert wait_until(lambda: "PENDING_CREATION" not in actor_states().values() and "ALIVE" not in actor_states().values())
 
 
+def test_a_placement_group_takes_the_actors(ray_cluster):
+    """A placement group holding every CPU of the cluster: actors given it are placed in its bundles;
+    without it the same actors cannot be placed at all."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group([{"CPU": 1}, {"CPU": 1}])
+    ray_cluster.get(group.ready(), timeout=60)
+    try:
+        with pytest.raises(RayBackendError, match="could not be placed"):
+            make(COUNTER_ID, 2, envs_per_actor=1, init_timeout=2)
+        with make(COUNTER_ID, 4, envs_per_actor=2, placement_group=group) as vec:
+            observations, _ = vec.reset(seed=0)
+            assert len(vec.actors) == 2 and len(observations) == 4
+    finally:
+        remove_placement_group(group)
+
+
 def test_an_unreachable_address_is_one_line_at_once(tmp_path):
     """In a fresh process (not connected to Ray): a closed port is refused within seconds, never a hang."""
     script = (
