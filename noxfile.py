@@ -35,6 +35,14 @@ def _env() -> dict[str, str]:
     return {"CI": os.environ.get("CI", ""), "PYTHONHASHSEED": "0"}
 
 
+def _constraints(session: nox.Session, *pins: str) -> str:
+    """A pip constraints file holding ``pins`` (e.g. torch's), so later installs cannot move them."""
+    path = os.path.join(session.create_tmp(), "constraints.txt")
+    with open(path, "w") as handle:
+        handle.write("".join(pin + "\n" for pin in pins))
+    return path
+
+
 @nox.session
 def core(session: nox.Session) -> None:
     """gem_core with its dev, torch, hf, search, mcp, train, tasks and rg extras: every test except the trainer plugins'."""
@@ -84,9 +92,7 @@ def bench_advantages(session: nox.Session) -> None:
     verl's base requirements (ray, transformers<5.11, datasets, ...) install on CPU; torch is pinned
     first and held by a constraint so nothing upgrades it to a CUDA build.
     """
-    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
-    with open(pin, "w") as handle:
-        handle.write(TORCH + "\n")
+    pin = _constraints(session, TORCH)
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[verl]")
     session.run("python", "benchmarks/advantages.py", *session.posargs, env=_env())
@@ -137,9 +143,7 @@ OPENRLHF_LIGHT_DEPS = [
 def openrlhf(session: nox.Session) -> None:
     """The OpenRLHF plugin against OpenRLHF's own classes on CPU (tests/integrations/openrlhf).
     torch is installed first and held by a constraint so nothing pulls a CUDA build."""
-    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
-    with open(pin, "w") as handle:
-        handle.write(TORCH + "\n")
+    pin = _constraints(session, TORCH)
     session.install(TORCH)
     session.install("--no-deps", OPENRLHF)
     session.install("-c", pin, *OPENRLHF_LIGHT_DEPS)
@@ -155,9 +159,7 @@ def trl(session: nox.Session) -> None:
     """The TRL plugin against TRL 1.16.0's GRPOTrainer on CPU (tests/integrations/trl): real updates of
     a tiny local model. torch is installed first and, with TRL, held by a constraint so nothing pulls a
     CUDA build or another TRL (the plugin overrides a private method: the tested version is exact)."""
-    pin = os.path.join(session.create_tmp(), "trl-pins.txt")
-    with open(pin, "w") as handle:
-        handle.write(f"{TORCH}\n{TRL}\n")
+    pin = _constraints(session, TORCH, TRL)
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[trl,dev,hf]")
     session.run(*PYTEST, "tests/integrations/trl", *session.posargs, env=_env())
@@ -186,9 +188,7 @@ def rl2(session: nox.Session) -> None:
     """The RL2 plugin against rl-square 0.0.2's own classes on CPU (tests/integrations/rl2): its rollout
     loop loading the env module, its dataset helpers and PPOTrainer.train's advantage step (gloo, world
     size 1). torch is installed first and held by a constraint so nothing pulls a CUDA build."""
-    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
-    with open(pin, "w") as handle:
-        handle.write(TORCH + "\n")
+    pin = _constraints(session, TORCH)
     session.install(TORCH)
     session.install("--no-deps", RL2)
     session.install("-c", pin, *RL2_LIGHT_DEPS)
@@ -229,9 +229,7 @@ def oat(session: nox.Session) -> None:
     """The oat plugin against oat-llm 0.2.4's own classes on CPU (tests/integrations/oat): the actor's
     step over the plugin's collect_experience, and PPOMultiTurnLearner's process_feedback_data, dataset
     and learning_step whitening (gloo, one and two processes). torch is held by a constraint."""
-    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
-    with open(pin, "w") as handle:
-        handle.write(TORCH + "\n")
+    pin = _constraints(session, TORCH)
     session.install("-c", pin, TORCH)
     session.install("--no-deps", OAT)
     session.install("-c", pin, *OAT_LIGHT_DEPS)
@@ -275,9 +273,7 @@ ROLL_LIGHT_DEPS = [
 def roll(session: nox.Session) -> None:
     """The ROLL plugin by contract (tests/integrations/roll): gem-llm 0.0.4's real registry and
     ``gem.make(env_id=...)``, ROLL's rules as read from its source, the golden scenario. No torch."""
-    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
-    with open(pin, "w") as handle:
-        handle.write(TORCH + "\n")
+    pin = _constraints(session, TORCH)
     session.install("-c", pin, "-e", ".[dev,hf]", GEM_LLM_ROLL)
     session.run(*PYTEST, "tests/integrations/roll", *session.posargs, env=_env())
 
@@ -289,9 +285,7 @@ def roll_src(session: nox.Session) -> None:
     source = os.environ.get("ROLL_SRC")
     if not source:
         session.skip("ROLL_SRC is not set: point it at a ROLL checkout (ROLL_SRC=path/to/ROLL nox -s roll_src)")
-    pin = os.path.join(session.create_tmp(), "torch-pin.txt")
-    with open(pin, "w") as handle:
-        handle.write(TORCH + "\n")
+    pin = _constraints(session, TORCH)
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[dev,hf]", GEM_LLM_ROLL, *ROLL_LIGHT_DEPS)
     env = {**_env(), "ROLL_SRC": os.path.abspath(source), "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs")}
