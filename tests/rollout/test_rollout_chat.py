@@ -229,3 +229,19 @@ def test_cached_formatter_builds_once_per_tokenizer_and_prompt():
     named.name_or_path = "local/test-tokenizer"
     again = copy.deepcopy(named)  # a fresh copy per call, as OpenRLHF's Ray calls send it
     assert cached_formatter(named) is cached_formatter(again)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<think>plan</think> \\boxed{3}", "\\boxed{3}"),  # a closed block: what follows it
+        ("<think>a</think>x<think>b</think> y ", "y"),  # several: what follows the last
+        ("\\boxed{3} <think>cut by max_tokens", "\\boxed{3}"),  # left open: what precedes it
+        ("no thinking here ", "no thinking here "),  # neither tag: unchanged
+    ],
+)
+def test_strip_thinking(text, expected):
+    from gem_core.rollout.chat import strip_thinking
+
+    assert strip_thinking(text) == expected
+    assert strip_thinking(text.replace("<think>", "[t]").replace("</think>", "[/t]"), ("[t]", "[/t]")) == expected
