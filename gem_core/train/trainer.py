@@ -240,16 +240,36 @@ def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
 
 def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False) -> Any:
     """log pi(target | prefix) at every position (0 where there is no target); with ``with_entropy``,
-    also the entropy of pi(. | prefix) at every position, as ``(logprobs, entropy)``."""
+    also the entropy of pi(. | prefix), as ``(logprobs, entropy)`` (0 in columns where no row has a target).
+
+    Logits are computed only at the columns where some row has a target (the responses' positions,
+    a fraction of each row in the sequence view), through the model's ``logits_to_keep`` when its
+    forward takes it: the same numbers, without the vocabulary-wide softmax at every prompt token."""
     import torch
 
-    logits = model(input_ids=rows.input_ids, attention_mask=rows.attention).logits.float() / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    safe = rows.targets.clamp(min=0)
-    chosen = logp.gather(-1, safe[..., None])[..., 0] * (rows.targets >= 0)
+    has_target = rows.targets >= 0
+    columns = has_target.any(dim=0).nonzero()[:, 0]
+    if _takes_logits_to_keep(model) and len(columns) < rows.targets.shape[1]:
+        logits = model(input_ids=rows.input_ids, attention_mask=rows.attention, logits_to_keep=columns).logits
+    else:
+        logits = model(input_ids=rows.input_ids, attention_mask=rows.attention).logits[:, columns]
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    targets = rows.targets[:, columns]
+    chosen = logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0] * (targets >= 0)
+    logprobs = chosen.new_zeros(rows.targets.shape).index_copy(1, columns, chosen)
     if not with_entropy:
-        return chosen
-    return chosen, -(logp.exp() * logp).sum(-1)
+        return logprobs
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logprobs, entropy.new_zeros(rows.targets.shape).index_copy(1, columns, entropy)
+
+
+def _takes_logits_to_keep(model: Any) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def policy_loss(

@@ -94,8 +94,25 @@ def test_token_entropy_is_the_entropy_of_the_next_token_distribution(tiny):
     logprobs, entropy = token_logprobs(model, rows, 2.0, with_entropy=True)
     with torch.no_grad():
         probs = torch.softmax(model(input_ids=ids).logits.float() / 2.0, dim=-1)
-    assert torch.allclose(entropy, -(probs * probs.log()).sum(-1), atol=1e-5)
+    assert torch.allclose(entropy[:, :3], -(probs * probs.log()).sum(-1)[:, :3], atol=1e-5)
+    assert float(entropy[0, 3]) == 0.0  # no target in that column: not computed
     assert torch.allclose(logprobs, token_logprobs(model, rows, 2.0))
+
+
+def test_token_logprobs_equal_the_full_softmax_where_rows_have_targets(tiny):
+    """Logits are computed only at columns with a target (logits_to_keep); the numbers must be those of
+    the full forward pass, each row at its own target positions, 0 elsewhere."""
+    _path, model, _tokenizer = tiny
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 0]])
+    attention = torch.tensor([[1] * 6, [1] * 5 + [0]])
+    targets = torch.tensor([[-100, -100, 6, 7, -100, -100], [-100, 11, -100, -100, 13, -100]])
+    rows = Rows(ids, attention, targets, torch.zeros(2, 6), torch.zeros(2, 6))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), dim=-1)
+        expected = logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0] * (targets >= 0)
+        got = token_logprobs(model, rows)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert (got[targets < 0] == 0).all() and (got[targets >= 0] < 0).all()
 
 
 def test_both_views_give_the_same_loss_and_gradient(tiny, tmp_path):
