@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +79,16 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
 
     config = trainer.config
     mover = make(config.env_id, **config.env_kwargs)
-    mover.reset(seed=config.seed)
-    policy = ScriptedPolicy(trainer.tokenizer, lambda context: str(mover.sample_random_action()))
+
+    class RandomMoves(ScriptedPolicy):
+        """Each response from its own stream, seeded by (seed, request id): the episodes ask for moves
+        in an order that depends on scheduling, and a shared stream would make the run depend on it."""
+
+        async def generate(self, prompt_ids: Any, params: Any, *, request_id: str = "") -> Any:
+            mover.reset(seed=zlib.crc32(f"{config.seed}:{request_id}".encode()))
+            return await super().generate(prompt_ids, params, request_id=request_id)
+
+    policy = RandomMoves(trainer.tokenizer, lambda context: str(mover.sample_random_action()))
     loss_value = float("nan")
     import torch
 
