@@ -52,16 +52,22 @@ def test_call_get_attr_and_default_packing(ray_cluster):
 
 def killed_run(seed: int):
     """Four counters on two actors; actor 1 is killed with ray.kill between steps, mid-episode."""
-    vec = make(COUNTER_ID, 4, envs_per_actor=2)
-    record = [vec.reset(seed=seed), as_lists(vec.step(["+1"] * 4))]
-    ray_cluster_actor = vec.actors[1]
     import ray
 
-    ray.kill(ray_cluster_actor)
-    record.append(as_lists(vec.step(["+1"] * 4)))
-    assert vec.actors[1] is not ray_cluster_actor
-    for _ in range(3):
+    vec = make(COUNTER_ID, 4, envs_per_actor=2)
+    try:
+        record = [vec.reset(seed=seed), as_lists(vec.step(["+1"] * 4))]
+        killed = vec.actors[1]
+        ray.kill(killed)
+        # ray.kill only asks: on a loaded machine the next step could still reach the actor
+        assert wait_until(lambda: actor_states().get(killed._actor_id.hex()) == "DEAD")
         record.append(as_lists(vec.step(["+1"] * 4)))
+        assert vec.actors[1] is not killed
+        for _ in range(3):
+            record.append(as_lists(vec.step(["+1"] * 4)))
+    except BaseException:
+        vec.close()  # a failure here must not leave actors holding the cluster's CPUs for later tests
+        raise
     return record, vec
 
 
