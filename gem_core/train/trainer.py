@@ -251,6 +251,8 @@ def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_ent
     columns = has_target.any(dim=0).nonzero()[:, 0]
     if _takes_logits_to_keep(model) and len(columns) < rows.targets.shape[1]:
         logits = model(input_ids=rows.input_ids, attention_mask=rows.attention, logits_to_keep=columns).logits
+        if logits.shape[1] == rows.targets.shape[1] != len(columns):  # took the argument but kept every column
+            logits = logits[:, columns]
     else:
         logits = model(input_ids=rows.input_ids, attention_mask=rows.attention).logits[:, columns]
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)

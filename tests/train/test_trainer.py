@@ -134,6 +134,25 @@ def test_token_logprobs_of_a_model_without_logits_to_keep_are_the_same(tiny):
         assert torch.allclose(token_logprobs(PlainForward(model), rows), token_logprobs(model, rows), atol=1e-6)
 
 
+def test_token_logprobs_of_a_model_that_ignores_logits_to_keep_are_the_same(tiny):
+    """A forward that accepts ``logits_to_keep`` but returns every column must not be read as kept columns."""
+    _path, model, _tokenizer = tiny
+
+    class KeepsEverything(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, logits_to_keep=0):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    ids = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    targets = torch.tensor([[-100, 5, -100, -100], [-100, -100, 10, -100]])
+    rows = Rows(ids, torch.ones_like(ids), targets, torch.zeros(2, 4), torch.zeros(2, 4))
+    with torch.no_grad():
+        assert torch.allclose(token_logprobs(KeepsEverything(model), rows), token_logprobs(model, rows), atol=1e-6)
+
+
 def test_both_views_give_the_same_loss_and_gradient(tiny, tmp_path):
     trainer = _trainer(tiny, tmp_path)
     try:

@@ -9,7 +9,8 @@ stdin (see ``protocol.py`` for the messages). Two kinds of process live here:
   System V IPC objects; start again. A manager that cannot prove the sandbox clean says so and
   exits, and the host replaces it.
 * the **child** is forked before its request arrives. It drops into its own session (and, when the
-  host is root, to the snippet uid), moves into a fresh temp dir and waits on its request pipe.
+  host is root, to the snippet uid), moves into a fresh temp dir, rehearses a call with no output
+  (``rehearse``) and waits on its request pipe.
   The host writes the code straight to it and reads its output straight from its pipes. In
   ``tests`` mode the child is a harness: it forks one process per test case, feeds it that case's
   stdin, enforces the case's time limit and reports each case on its stdout.
