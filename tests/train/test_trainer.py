@@ -115,42 +115,32 @@ def test_token_logprobs_equal_the_full_softmax_where_rows_have_targets(tiny):
     assert (got[targets < 0] == 0).all() and (got[targets >= 0] < 0).all()
 
 
-def test_token_logprobs_of_a_model_without_logits_to_keep_are_the_same(tiny):
-    """A causal LM whose forward does not take ``logits_to_keep`` gets the full logits, sliced."""
+class _PlainForward(torch.nn.Module):
+    """A causal LM whose forward does not take ``logits_to_keep``: the full logits, sliced by the caller."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+class _KeepsEverything(_PlainForward):
+    """Takes ``logits_to_keep`` but returns every column: must not be read as the kept columns."""
+
+    def forward(self, input_ids, attention_mask, logits_to_keep=0):
+        return super().forward(input_ids, attention_mask)
+
+
+@pytest.mark.parametrize("wrapper", [_PlainForward, _KeepsEverything])
+def test_token_logprobs_are_the_same_whatever_the_model_does_with_logits_to_keep(tiny, wrapper):
     _path, model, _tokenizer = tiny
-
-    class PlainForward(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
-
     ids = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
     targets = torch.tensor([[-100, 5, -100, -100], [-100, -100, 10, -100]])
     rows = Rows(ids, torch.ones_like(ids), targets, torch.zeros(2, 4), torch.zeros(2, 4))
     with torch.no_grad():
-        assert torch.allclose(token_logprobs(PlainForward(model), rows), token_logprobs(model, rows), atol=1e-6)
-
-
-def test_token_logprobs_of_a_model_that_ignores_logits_to_keep_are_the_same(tiny):
-    """A forward that accepts ``logits_to_keep`` but returns every column must not be read as kept columns."""
-    _path, model, _tokenizer = tiny
-
-    class KeepsEverything(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask, logits_to_keep=0):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
-
-    ids = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
-    targets = torch.tensor([[-100, 5, -100, -100], [-100, -100, 10, -100]])
-    rows = Rows(ids, torch.ones_like(ids), targets, torch.zeros(2, 4), torch.zeros(2, 4))
-    with torch.no_grad():
-        assert torch.allclose(token_logprobs(KeepsEverything(model), rows), token_logprobs(model, rows), atol=1e-6)
+        assert torch.allclose(token_logprobs(wrapper(model), rows), token_logprobs(model, rows), atol=1e-6)
 
 
 def test_both_views_give_the_same_loss_and_gradient(tiny, tmp_path):
