@@ -67,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=_int(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
     parser.add_argument("--max-turns", type=_int(1), default=None, help="turn limit on top of the env's own")
     parser.add_argument("--warmup-steps", type=_int(0), default=d.warmup_steps, help=f"supervised warm-start steps on well-formed random moves (default {d.warmup_steps}; 0 = none)")
+    parser.add_argument("--warmup-transcript", action=argparse.BooleanOptionalAction, default=d.warmup_transcript, help="warm start on the whole transcripts (the env's text too), or on the moves alone (default: transcripts)")
     parser.add_argument("--eval-every", type=_int(0), default=d.eval_every, help=f"evaluate on held-out seeds every N updates (default {d.eval_every})")
     parser.add_argument("--eval-episodes", type=_int(1), default=d.eval_episodes, help=f"held-out episodes per evaluation (default {d.eval_episodes})")
     parser.add_argument("--seed", type=_int(0), default=d.seed, help="seed of the model, the rollouts and the sampling (default 0)")
@@ -100,7 +101,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=steps,
         episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
         lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, max_grad_norm=args.max_grad_norm,
-        temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps,
+        temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps, warmup_transcript=args.warmup_transcript,
         eval_every=args.eval_every, eval_episodes=args.eval_episodes, seed=args.seed, device=args.device, out=args.out,
         resume=args.resume, checkpoint_every=args.checkpoint_every, tensorboard=args.tensorboard,
     )

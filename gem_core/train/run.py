@@ -148,7 +148,7 @@ class Summary:
     out: str
 
     def table(self) -> str:
-        rows = [("", "success rate", "mean return", "turns / episode", "turns / solved")]
+        rows = [("", "success rate", "mean return", "turns / episode", "turns / solved", "malformed turns", "illegal turns")]
         if self.warm_start is not None:
             rows.append(("after warm start", *_cells(self.warm_start)))
         rows.append((f"after {self.steps} RL updates", *_cells(self.final)))
@@ -160,7 +160,7 @@ class Summary:
 
 def _cells(stats: EpisodeStats) -> tuple[str, ...]:
     solved = "-" if stats.turns_when_solved is None else f"{stats.turns_when_solved:.2f}"
-    return (f"{stats.success_rate:.3f}", f"{stats.mean_return:+.3f}", f"{stats.mean_turns:.2f}", solved)
+    return (f"{stats.success_rate:.3f}", f"{stats.mean_return:+.3f}", f"{stats.mean_turns:.2f}", solved, f"{stats.malformed_rate:.3f}", f"{stats.illegal_rate:.3f}")
 
 
 def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Summary:
@@ -196,7 +196,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             if config.warmup_steps:
                 loss = warm_start(trainer, config.warmup_steps, config.warmup_batch)
                 warm = trainer.evaluate()
-                log(f"warm start: {config.warmup_steps} supervised steps on well-formed random moves (loss {loss:.3f}); held-out success {warm.success_rate:.3f}")
+                log(f"warm start: {config.warmup_steps} supervised steps on well-formed random moves (loss {loss:.3f}); held-out success {warm.success_rate:.3f}, malformed turns {warm.malformed_rate:.3f}")
                 _append(metrics_path, {"step": 0, "phase": "warm_start", "warm_start_loss": loss, **_eval_fields(warm)})
             else:
                 warm = trainer.evaluate()

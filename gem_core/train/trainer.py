@@ -319,15 +319,20 @@ class EpisodeStats:
     mean_return: float
     mean_turns: float
     turns_when_solved: float | None
+    malformed_rate: float = 0.0  # share of turns whose answer held no readable move (the env's format error)
+    illegal_rate: float = 0.0  # share of turns whose move the rules refused (a repeat, out of range)
 
     @classmethod
     def of(cls, trajectories: Sequence[Trajectory]) -> EpisodeStats:
         solved = [t for t in trajectories if _solved(t)]
+        turns = [turn for t in trajectories for turn in t.turns]
         return cls(
             success_rate=len(solved) / max(len(trajectories), 1),
             mean_return=float(np.mean([t.episode_return for t in trajectories])) if trajectories else 0.0,
             mean_turns=float(np.mean([t.num_turns for t in trajectories])) if trajectories else 0.0,
             turns_when_solved=float(np.mean([t.num_turns for t in solved])) if solved else None,
+            malformed_rate=sum(bool(turn.info.get("format_error")) for turn in turns) / max(len(turns), 1),
+            illegal_rate=sum(bool(turn.info.get("invalid_action")) for turn in turns) / max(len(turns), 1),
         )
 
 
@@ -429,6 +434,8 @@ class Trainer:
             "mean_return": episodes.mean_return,
             "mean_turns": episodes.mean_turns,
             "turns_when_solved": episodes.turns_when_solved,
+            "malformed_rate": episodes.malformed_rate,
+            "illegal_rate": episodes.illegal_rate,
             "loss": float(loss.detach()),
             "grad_norm": float(grad_norm),
             **stats,

@@ -264,3 +264,47 @@ def test_the_cli_resumes_to_the_saved_number_of_updates(tiny, tmp_path, capsys):
     lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
     assert [line["step"] for line in lines if line["phase"] == "rl"] == [1, 2, 3]
     assert "RL changed the held-out success rate" in capsys.readouterr().out
+
+
+
+def test_episode_stats_count_malformed_and_illegal_turns():
+    """The rates a run reports beside success, per turn and apart from each other: a turn with no
+    readable move (a format error, which ends the episode) and a move the rules refuse (out of range,
+    a repeat)."""
+    import asyncio
+
+    from gem_core.registry import make
+    from gem_core.rollout import ChatFormatter, RunConfig, ScriptedPolicy, run_episodes
+    from gem_core.testing import build_test_tokenizer
+    from gem_core.train.trainer import EpisodeStats
+
+    tokenizer = build_test_tokenizer("chatml")
+    env = make("game:GuessTheNumber-v0-easy")
+    seed = next(s for s in range(100) if env.reset(seed=s) and env.target != 3)  # 3 must miss below
+
+    def play(moves):
+        def respond(context):
+            return moves[context.count("<|im_start|>assistant") - 1]
+
+        return asyncio.run(run_episodes([env], ScriptedPolicy(tokenizer, respond), ChatFormatter(tokenizer), RunConfig(), seeds=[seed]))[0]
+
+    try:
+        a = play(["\\boxed{11}", "\\boxed{11}", "no move here"])  # out of range twice, then no move: ends
+        b = play(["\\boxed{3}", "\\boxed{3}", "\\boxed{30}", "\\boxed{0}"])  # a hint, a repeat, out of range twice
+    finally:
+        env.close()
+    assert (a.num_turns, b.num_turns) == (3, 4)
+    stats = EpisodeStats.of([a, b])
+    assert stats.malformed_rate == pytest.approx(1 / 7)
+    assert stats.illegal_rate == pytest.approx(5 / 7)
+    assert stats.success_rate == 0.0
+    assert EpisodeStats.of([b]).malformed_rate == 0.0
+
+
+@pytest.mark.parametrize(("flag", "expected"), [([], True), (["--no-warmup-transcript"], False), (["--warmup-transcript"], True)])
+def test_the_warm_start_objective_is_a_cli_flag(flag, expected, tmp_path):
+    from gem_core.cli import build_parser
+    from gem_core.train.cli import config_from_args
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "r"), *flag])
+    assert config_from_args(args).warmup_transcript is expected
