@@ -51,7 +51,9 @@ class TrainConfig:
     a loss mask), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
     batch, ``kl_coef`` (to the starting policy; 0 = off), ``entropy_coef`` (a bonus on the policy's
     entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``. ``warmup_steps``:
-    supervised steps on well-formed random moves before RL (0 = none). ``eval_every``/``eval_episodes``:
+    supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
+    ``warmup_lr``; ``warmup_transcript``: learn the whole transcripts (the env's text too) rather than the
+    moves alone. ``eval_every``/``eval_episodes``:
     evaluation on fixed held-out seeds. ``model``: a local path or hub id of a causal LM (None: the
     tiny default built here). ``out``: the run directory; ``resume`` continues the run saved there.
     """
