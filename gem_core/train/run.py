@@ -196,8 +196,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             if config.warmup_steps:
                 loss = warm_start(trainer, config.warmup_steps, config.warmup_batch)
                 warm = trainer.evaluate()
-                learnt = "whole transcripts of" if config.warmup_transcript else "the moves alone of"
-                log(f"warm start: {config.warmup_steps} supervised steps on {learnt} well-formed random moves (loss {loss:.3f}); held-out success {warm.success_rate:.3f}, malformed turns {warm.malformed_rate:.3f}")
+                learnt = "the whole transcripts" if config.warmup_transcript else "the moves alone"
+                log(f"warm start: {config.warmup_steps} supervised steps on well-formed random moves, learning {learnt} (loss {loss:.3f}); held-out success {warm.success_rate:.3f}, malformed turns {warm.malformed_rate:.3f}")
                 _append(metrics_path, {"step": 0, "phase": "warm_start", "warm_start_loss": loss, **_eval_fields(warm)})
             else:
                 warm = trainer.evaluate()

@@ -311,3 +311,36 @@ def test_the_warm_start_objective_is_a_cli_flag(flag, expected, tmp_path):
 
     args = build_parser().parse_args(["train", "--out", str(tmp_path / "r"), *flag])
     assert config_from_args(args).warmup_transcript is expected
+
+
+@pytest.mark.parametrize("transcript", [True, False])
+def test_a_run_reports_the_fields_the_readme_names(tiny, tmp_path, transcript):
+    """metrics.jsonl lines carry step, success, return, turns and the malformed/illegal turn rates (and
+    the eval_ copies of the last evaluation); the summary table and the warm-start line show the rates."""
+    import re
+
+    from gem_core.train.run import read_metrics, train
+
+    logs: list[str] = []
+    config = TrainConfig(
+        model=tiny[0], steps=2, episodes=2, eval_episodes=2, eval_every=1, warmup_steps=1, warmup_batch=2,
+        warmup_transcript=transcript, out=str(tmp_path / "r"),
+    )  # fmt: skip
+    summary = train(config, progress=False, log=logs.append)
+    lines = read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
+    assert lines[0]["phase"] == "warm_start"
+    assert {"eval_success_rate", "eval_malformed_rate", "eval_illegal_rate"} <= lines[0].keys()
+    rl = [line for line in lines if line["phase"] == "rl"]
+    assert [line["step"] for line in rl] == [1, 2]
+    for line in rl:
+        assert {"success_rate", "mean_return", "mean_turns", "malformed_rate", "illegal_rate"} <= line.keys()
+        assert 0.0 <= line["malformed_rate"] <= 1.0 and 0.0 <= line["illegal_rate"] <= 1.0
+    assert rl[-1]["eval_malformed_rate"] == summary.final.malformed_rate
+    assert rl[-1]["eval_illegal_rate"] == summary.final.illegal_rate
+
+    header, _, warm_row, final_row = summary.table().splitlines()
+    assert re.split(r"\s{2,}", header.strip())[-2:] == ["malformed turns", "illegal turns"]
+    assert re.split(r"\s{2,}", final_row.strip())[-2:] == [f"{summary.final.malformed_rate:.3f}", f"{summary.final.illegal_rate:.3f}"]
+    assert re.split(r"\s{2,}", warm_row.strip())[-2:] == [f"{summary.warm_start.malformed_rate:.3f}", f"{summary.warm_start.illegal_rate:.3f}"]
+    learnt = "learning the whole transcripts" if transcript else "learning the moves alone"
+    assert any(line.startswith("warm start: 1 supervised steps") and learnt in line and "malformed turns" in line for line in logs)
