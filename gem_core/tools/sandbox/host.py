@@ -150,7 +150,7 @@ class WorkerProcess:
     # -- start-up
     def _spawn(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         spec = self.spec
-        config: dict[str, Any] = {"preload": list(spec.preload)}
+        config: dict[str, Any] = {"preload": list(spec.preload), "worker_only_env": list(policy.WORKER_ONLY_ENV)}
         pass_fds: tuple[int, ...] = ()
         ns_fd = helper = None
         if spec.isolation == "none":
@@ -158,7 +158,7 @@ class WorkerProcess:
             config.update(sandboxed=False, tmp_root=self.host_tmp)
             script = str(policy.WORKER_SOURCE_DIR / WORKER_SCRIPT)
             argv = [sys.executable, "-I", script]
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **policy.SANDBOX_ENV}
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **policy.SANDBOX_ENV, **policy.WORKER_ONLY_ENV}
         else:
             config.update(
                 sandboxed=True, tmp_root=policy.SANDBOX_TMP, extra_wipe=list(policy.EXTRA_WIPED_DIRS),

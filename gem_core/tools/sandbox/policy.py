@@ -43,6 +43,9 @@ SANDBOX_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
+# The worker's alone (it drops them before any snippet runs). LD_BIND_NOW: symbols resolved once at
+# start-up, not lazily in each call's forked child, which would write (so copy) the linkage tables.
+WORKER_ONLY_ENV = {"LD_BIND_NOW": "1"}
 CLONE_NEWUSER = 0x10000000  # unshare(2) flag, from <linux/sched.h>
 # A helper the host starts (as root) to own a user namespace that bwrap then joins (see below).
 _USERNS_HELPER = (
@@ -134,7 +137,7 @@ def bwrap_argv(tmpfs_mb: int, userns_fd: int | None) -> list[str]:
     argv += ["--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm"]
     argv += ["--mqueue", "/dev/mqueue", "--remount-ro", "/dev"]
     argv += ["--remount-ro", "/", "--clearenv"]
-    for key, value in {**SANDBOX_ENV, "HOME": SANDBOX_TMP, "TMPDIR": SANDBOX_TMP}.items():
+    for key, value in {**SANDBOX_ENV, **WORKER_ONLY_ENV, "HOME": SANDBOX_TMP, "TMPDIR": SANDBOX_TMP}.items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", SANDBOX_TMP, "--"]
     return argv

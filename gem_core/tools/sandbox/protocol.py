@@ -3,12 +3,12 @@ this file inside the sandbox, where gem_core is not importable.
 
 Two channels:
 
-* the **control socket** (a Unix SOCK_SEQPACKET pair: one message per send, so no framing):
-  JSON objects with an ``op``. The worker says ``hello`` once, then ``ready`` with the five file
-  descriptors of the child it forked for the next call attached (SCM_RIGHTS, in :data:`CHILD_FDS`
-  order). The host says ``done`` when it has what it wants from that child; the worker then ends
-  it (answering ``ended`` when asked to ``report`` how), cleans up and says ``ready`` again, or
-  ``unclean`` and exits.
+* the **control socket** (a Unix SOCK_SEQPACKET pair: one message per send, so no framing): one
+  byte naming the op, then its fields (:data:`OPS`). The worker says ``hello`` once, then ``ready``
+  with the five file descriptors of the child it forked for the next call attached (SCM_RIGHTS,
+  in :data:`CHILD_FDS` order). The host says ``done`` when it has what it wants from that child;
+  the worker then ends it (answering ``ended`` when asked to ``report`` how), cleans up and says
+  ``ready`` again, or ``unclean`` and exits.
 * the **child's pipes**, which the host uses directly (a call never passes through the worker):
   the request goes in as one :data:`REQUEST` header and its payload; the output comes back on the
   stdout and stderr pipes; the exit code on the status pipe (:data:`STATUS`), written once the
@@ -27,15 +27,35 @@ HELLO, READY, DONE, ENDED, UNCLEAN = "hello", "ready", "done", "ended", "unclean
 CHILD_FDS = ("w_req", "r_out", "r_err", "r_status", "pidfd")  # the host's ends, in this order
 MAX_CONTROL_BYTES = 65536
 
+# op -> its byte, and its fields: a struct and their names, or None for a JSON object. The three
+# messages of every call are fixed structs: the worker forks a child per call, and after a fork
+# each page the worker's Python writes is copied, so the per-call path keeps away from the json
+# module's machinery. ``hello`` and ``unclean`` come once per worker and carry free-form fields.
+OPS = {
+    HELLO: (b"H", None, ()),  # pid, uid, preloaded (the modules it imported)
+    READY: (b"R", struct.Struct(""), ()),
+    DONE: (b"D", struct.Struct(">?"), ("report",)),  # report: answer with ``ended``
+    ENDED: (b"E", struct.Struct(">ii"), ("exit_code", "signal")),  # the child's, or None
+    UNCLEAN: (b"U", None, ()),  # reason
+}
+NONE_ON_WIRE = {"exit_code": -1, "signal": 0}  # how a struct field says None (exit codes are 0-255)
+_OP_OF_BYTE = {code[0]: op for op, (code, _, _) in OPS.items()}
+
 
 def send(sock, op, fds=(), **fields):
     """One control message, with file descriptors attached when given."""
-    socket.send_fds(sock, [json.dumps({"op": op, **fields}).encode()], list(fds))
+    code, layout, names = OPS[op]
+    if layout is None:
+        body = json.dumps(fields).encode()
+    else:
+        body = layout.pack(*(NONE_ON_WIRE[name] if fields[name] is None else fields[name] for name in names))
+    socket.send_fds(sock, [code + body], list(fds))
 
 
 def receive(sock):
-    """The next control message and its file descriptors; ``(None, [])`` when the peer is gone.
-    Raises ValueError (after closing any descriptors) for a message that cannot be read."""
+    """The next control message (a dict with ``op`` and its fields) and its file descriptors;
+    ``(None, [])`` when the peer is gone. Raises ValueError (after closing any descriptors) for a
+    message that cannot be read."""
     data, fds, flags, _ = socket.recv_fds(sock, MAX_CONTROL_BYTES, len(CHILD_FDS))
     if not data:
         _close(fds)
@@ -43,13 +63,30 @@ def receive(sock):
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise ValueError("the message was cut")
-        message = json.loads(data)
-        if not isinstance(message, dict) or "op" not in message:
-            raise ValueError(f"not a control message: {data[:100]!r}")
+        message = decode(data)
     except ValueError:
         _close(fds)
         raise
     return message, fds
+
+
+def decode(data):
+    """A control message's bytes as a dict with ``op`` and its fields; ValueError if unreadable."""
+    op = _OP_OF_BYTE.get(data[0])
+    if op is None:
+        raise ValueError(f"not a control message: {data[:100]!r}")
+    _, layout, names = OPS[op]
+    if layout is None:
+        fields = json.loads(data[1:])  # a JSONDecodeError is a ValueError
+        if not isinstance(fields, dict):
+            raise ValueError(f"the fields of {op!r} are not an object: {data[:100]!r}")
+        return {**fields, "op": op}
+    if len(data) - 1 != layout.size:
+        raise ValueError(f"{op!r} came with {len(data) - 1} bytes of fields, not {layout.size}")
+    message = {"op": op}
+    for name, value in zip(names, layout.unpack(data[1:])):
+        message[name] = None if NONE_ON_WIRE.get(name) == value else value
+    return message
 
 
 def _close(fds):

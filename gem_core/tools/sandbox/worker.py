@@ -75,6 +75,9 @@ SWEEP_PAUSE_S = 0.002
 KILL_WAIT_S = 5.0  # how long the manager waits for a killed child to be reaped
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# Looked up here, once: ctypes makes a function object on first lookup, which in a child would be
+# made anew (and its pages copied) on every call.
+_syscall = _libc.syscall
 
 
 # -- the child -------------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ def clear_keyrings():
     if SYS_KEYCTL is None:
         return
     for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
-        _libc.syscall(SYS_KEYCTL, KEYCTL_CLEAR, keyring)  # an error (no keyring) is fine
+        _syscall(SYS_KEYCTL, KEYCTL_CLEAR, keyring)  # an error (no keyring) is fine
 
 
 def reseed_numpy():
@@ -412,6 +415,8 @@ def prepare_for_children():
     sys.argv = [SNIPPET_NAME]
     sys.path.insert(0, WORKDIR)  # as `python file.py` puts the script's dir first
     os.environ.update(HOME=WORKDIR, TMPDIR=WORKDIR, PWD=WORKDIR)
+    for name in CONFIG.get("worker_only_env", []):  # set for the worker's start-up alone
+        os.environ.pop(name, None)
     os.umask(0o077)
     # Compile and run a line once, so that the compiler's lazily made state is made here, once,
     # instead of in every child.
