@@ -22,7 +22,6 @@ reaches the next call.
 import builtins
 import contextlib
 import ctypes
-import fcntl
 import gc
 import importlib.util
 import io
@@ -59,7 +58,6 @@ WORKDIR = os.path.join(TMP_ROOT, "work")  # each call's cwd, HOME and TMPDIR; ma
 # File descriptors in a child: 0-2 the standard streams, then the request pipe and the status pipe.
 REQ_FD, STATUS_FD = 3, 4
 FIRST_FREE_FD = STATUS_FD + 1
-HIGH_FD = 10  # where a child parks its pipe ends before putting them on 1-4
 MAXFD = max(64, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536))
 REQUEST_CHUNK = 1 << 20  # bytes per read of the request
 
@@ -345,6 +343,8 @@ def how_it_ended(wait_status):
 
 
 def main():
+    # Descriptors 0-4 stay taken for good (/dev/null on 0-2, the control socket, one more /dev/null),
+    # so each call's pipes land above them and a child can dup2 its ends onto 1-4 directly.
     ctl = socket.socket(fileno=os.dup(0))  # the host's end is a SOCK_SEQPACKET pair: one message each
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -429,13 +429,16 @@ def fork_child():
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
     r_status, w_status = os.pipe()
+    if r_req < FIRST_FREE_FD:  # the lowest of the eight: a dup2 below would close another end
+        raise OSError(f"a pipe landed on fd {r_req}: descriptors 0-{FIRST_FREE_FD - 1} must stay taken")
     flush_streams()  # nothing of ours may sit in the child's buffers
     pid = os.fork()
     if pid == 0:
         try:
-            parked = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in (w_out, w_err, r_req, w_status)]
-            for target, fd in enumerate(parked, start=1):  # stdout, stderr, REQ_FD, STATUS_FD
-                os.dup2(fd, target)
+            os.dup2(w_out, 1)
+            os.dup2(w_err, 2)
+            os.dup2(r_req, REQ_FD)
+            os.dup2(w_status, STATUS_FD)
             os.closerange(FIRST_FREE_FD, MAXFD)  # the manager's socket and pipes must not reach the snippet
         except BaseException:  # noqa: BLE001
             os._exit(1)
