@@ -119,6 +119,21 @@ def test_the_pool_size_comes_from_an_argument_or_the_environment(monkeypatch):
         assert sb.workers == 3 and not sb.shared
 
 
+def test_a_lone_caller_in_a_loop_gets_a_second_worker_rather_than_waiting_for_each_clean_up(monkeypatch):
+    monkeypatch.setenv(pool_module.WORKERS_VAR, "3")
+    tool = PythonTool(timeout=10.0)
+    try:
+        pool = tool.sandbox.pool
+        deadline = time.monotonic() + 20  # the second worker boots in the background
+        calls = 0
+        while (calls < 40 or pool.workers < 2) and time.monotonic() < deadline:
+            assert tool.execute("<python>print(1)</python>").ok  # type: ignore[union-attr]
+            calls += 1
+        assert 2 <= pool.workers <= 3, f"{pool.workers} workers after {calls} calls in a row"
+    finally:
+        tool.close()
+
+
 # -- many callers ----------------------------------------------------------------------------------
 
 

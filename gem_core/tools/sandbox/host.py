@@ -267,6 +267,16 @@ class WorkerProcess:
             return f"the worker was killed by {name}"
         return f"the worker exited with status {code}"
 
+    def cleaning_up(self) -> bool:
+        """Whether it still owes its ``ready`` after the last call (a look, no wait; False for a
+        worker whose socket is closed: ``wait_ready`` then finds it gone)."""
+        if not self.owes_ready:
+            return False
+        try:
+            return not wait_readable(self.ctl.fileno(), 0)
+        except (OSError, ValueError):
+            return False
+
     def wait_ready(self, timeout: float) -> bool:
         """Whether the worker has a clean child waiting (after the last call it cleans up first)."""
         if self.owes_ready:

@@ -4,7 +4,8 @@
   Every env, tool and grader that runs code borrows from it, so 64 envs or 6,400 start the same few
   workers. Its size: :func:`configure_shared_pool`, else ``GEM_SANDBOX_WORKERS``, else
   :func:`default_size` (fitted to the machine's cores).
-* **Lazy**: a worker starts when a caller finds none idle and the pool is below its size.
+* **Lazy**: a worker starts when a caller finds none idle, or finds the idle one still cleaning up
+  after its last call, and the pool is below its size.
 * **Fair**: callers beyond capacity wait in one FIFO queue; a worker coming free goes to the
   longest-waiting caller. Each waits at most its own ``queue_timeout``; the snippet's own timeout
   starts only once it has a worker.
@@ -207,7 +208,17 @@ class SandboxPool:
                     self._grow_locked()
             if waiter is not None:
                 worker = self._wait(waiter, deadline, queue_timeout)
-            if worker.wait_ready(READY_TIMEOUT_S):
+            try:
+                if waiter is None and worker.cleaning_up():
+                    # Calls come faster than this worker cleans up after each: one more worker (below
+                    # the bound), so that a lone caller in a loop need not wait for each clean-up.
+                    with self._lock:
+                        self._grow_locked(for_cleanup=True)
+                ready = worker.wait_ready(READY_TIMEOUT_S)
+            except BaseException:  # e.g. KeyboardInterrupt: the worker must not stay lent out
+                self._discard(worker)
+                raise
+            if ready:
                 return worker
             self._discard(worker)  # and queue again, at the back (its turn was used)
 
@@ -254,10 +265,12 @@ class SandboxPool:
             self._grow_locked()
         worker.kill()
 
-    def _grow_locked(self) -> None:
-        """Start a worker in the background if callers wait for more than are starting, below the bound."""
+    def _grow_locked(self, for_cleanup: bool = False) -> None:
+        """Start a worker in the background, below the bound, if callers wait for more than are
+        starting (or, ``for_cleanup``, a caller waits for a worker's clean-up and none is starting)."""
         alive = len(self._idle) + len(self._busy) + self._booting
-        if not self._closed and alive < self.size and len(self._waiters) > self._booting:
+        wanted = self._booting == 0 if for_cleanup else len(self._waiters) > self._booting
+        if not self._closed and alive < self.size and wanted:
             self._booting += 1
             threading.Thread(target=self._boot, name="gem-sandbox-boot", daemon=True).start()
 
