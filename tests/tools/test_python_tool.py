@@ -104,6 +104,8 @@ def test_isolation_none_warns_loudly_and_still_runs_with_limits():
         sb = PythonSandbox(workers=1, isolation="none", timeout=1.0, preload=())
     with sb:
         assert sb.run("print(sum(range(10)))").stdout == "45\n"
+        env = sb.run("import os\nprint(sorted(os.environ))").stdout
+        assert "LD_BIND_NOW" not in env and "PATH" in env  # the worker's own start-up settings stay its own
         started = time.monotonic()
         late = sb.run("while True: pass")
         assert late.timed_out and time.monotonic() - started < 1.5

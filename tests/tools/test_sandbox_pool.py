@@ -237,6 +237,25 @@ def test_a_worker_killed_mid_call_is_replaced_and_the_call_says_why():
         assert [w.proc.pid for w in sb.pool.live_workers()] != [worker.proc.pid]
 
 
+def test_a_worker_whose_readiness_wait_raises_is_thrown_away_not_kept_lent_out(monkeypatch):
+    from gem_core.tools.sandbox.host import WorkerProcess
+
+    with PythonSandbox(workers=1, preload=(), timeout=10.0) as sb:
+        (worker,) = sb.pool.live_workers()
+        real_wait_ready = WorkerProcess.wait_ready
+
+        def interrupted(self, timeout):  # as a KeyboardInterrupt in the caller's thread would
+            monkeypatch.setattr(WorkerProcess, "wait_ready", real_wait_ready)
+            raise RuntimeError("interrupted while waiting")
+
+        monkeypatch.setattr(WorkerProcess, "wait_ready", interrupted)
+        with pytest.raises(RuntimeError, match="interrupted"):
+            sb.run("print(1)")
+        assert sb.pool.live_workers() == [] and sb.replaced == 1  # not left busy in a pool of one
+        assert sb.run("print('next')").stdout == "next\n"  # a fresh worker serves the next call
+        assert worker.proc.poll() is not None
+
+
 def test_a_forked_child_gets_its_own_pool_and_never_the_parents_pipes():
     sb = PythonSandbox(preload=())
     try:

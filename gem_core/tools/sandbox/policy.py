@@ -6,7 +6,8 @@
   of the worker's own source; nothing else of the host's files (no home, no project, no ``/etc``
   beyond the loader cache);
 * a size-capped private ``/tmp`` and ``/dev/shm``, wiped by the worker after every call;
-* an empty environment (``--clearenv``) apart from :data:`SANDBOX_ENV`: host secrets are not there;
+* an empty environment (``--clearenv``) apart from :data:`SANDBOX_ENV`: host secrets are not there
+  (the worker also starts with :data:`WORKER_ONLY_ENV`, which it drops before any snippet runs);
 * per call, set in the snippet's process once its request arrives (``worker.set_limits``):
   RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_NPROC (processes), RLIMIT_FSIZE, RLIMIT_NOFILE and no
   core dumps; the host enforces the wall-clock timeout and the output cap.
