@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.every < 1 or args.episodes < 1:
         parser.error("--steps, --every and --episodes must be at least 1")
+    if args.seed < 0:
+        parser.error("--seed must be 0 or more")
     results = {player: imitate(player, args.steps, args.every, args.episodes, args.seed, args.after_warm_start) for player in args.players}
     steps = [step for step, _, _ in results[args.players[0]]]
     header = ["imitated player"] + [f"step {s}" for s in steps] + ["seconds"]
