@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GEM GuessTheNumber with OpenRLHF 0.11.x and ReBN advantages (gem-core's launcher adds `rebn`).
 #
-#   pip install -e '.[openrlhf]'        # OpenRLHF with its GPU stack (vllm, deepspeed, flash-attn)
+#   pip install torch==2.13.0 && pip install flash-attn==2.8.3 --no-build-isolation  # a CUDA machine
+#   pip install -e '.[openrlhf]'        # openrlhf[vllm]==0.11.2: OpenRLHF, vllm 0.29.0, deepspeed 0.19.6
 #   bash examples/openrlhf/train_gtn_rebn.sh
 #
-# Needs GPUs (vLLM rollout). The prompt file holds one row per episode: the env's first message
-# (unused by the agent, handy to read) and a JSON label, gem_core's TaskSpec ({"env_id", "seed",
-# "env_kwargs", "max_turn_tokens", ...}); all n_samples_per_prompt samples of a row start from one state.
+# Runs from any folder (the prompt file's folder is created). Needs 4 GPUs (vLLM engines and the DeepSpeed
+# actor, colocated). The prompt file holds one row per episode: the env's first message (unused by the
+# agent, handy to read) and a JSON label, gem_core's TaskSpec ({"env_id", "seed", "env_kwargs",
+# "max_turn_tokens", ...}); all n_samples_per_prompt samples of a row start from one state.
 set -euo pipefail
 
 MODEL=${MODEL:-Qwen/Qwen3-1.7B}
@@ -16,6 +18,7 @@ DATA=${DATA:-./data/gtn_prompts.jsonl}
 
 MAX_TURN_TOKENS=${MAX_TURN_TOKENS:-1024}
 
+mkdir -p "$(dirname "$DATA")"
 gem-core make-dataset openrlhf --env "$ENV_ID" --n 4096 --max-turn-tokens "$MAX_TURN_TOKENS" --out "$DATA"
 
 # Multi-turn: --data.max_len bounds the whole episode (prompt + every turn); the agent ends an episode
