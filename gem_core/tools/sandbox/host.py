@@ -9,11 +9,13 @@ first waits for its ``ready`` (:meth:`WorkerProcess.wait_ready`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import os
 import queue
+import secrets
 import select
 import signal
 import socket
@@ -22,16 +24,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gem_core.tools.sandbox import policy, protocol
+from gem_core.tools.sandbox import policy, protocol, reaper
 
 logger = logging.getLogger(__name__)
 
 WORKER_SCRIPT = "worker.py"
 REPORT_WAIT_S = 5.0  # how long the worker gets to say how a killed child ended
-KILL_WAIT_S = 5.0  # how long the host waits for a killed worker to exit
+KILL_WAIT_S = 5.0  # how long the host waits for a killed worker's processes to be gone
+EXIT_WAIT_S = 1.0  # isolation="none": how long a worker told to stop gets to end its child and exit
+REAPER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
 
 
 class WorkerLost(Exception):
@@ -136,13 +141,27 @@ class ChildPipes:
 class WorkerProcess:
     """One warm sandboxed worker: the process, the control socket to it, its waiting child."""
 
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, on_spawn: Callable[[WorkerProcess], None] | None = None):
+        """Start a worker and wait for its greeting. ``on_spawn(self)`` runs once its processes exist,
+        before the wait (a pool keeps track of workers still starting, to end them if it closes); if it
+        raises, the worker is killed and the error passes on."""
         self.spec = spec
         self.host_tmp: str | None = None
         self.child: ChildPipes | None = None
         self.owes_ready = False  # it was told "done" and has not yet said "ready" again
         self.calls = 0
+        self.tag = owner.worker_tag()  # in every command line of this worker's processes
+        self.init_pidfd: int | None = None  # the sandbox's init (bwrap mode), once known
+        self._info_fd = -1  # bwrap's --info-fd, which names the init
+        self._info = b""
+        self._fd_lock = threading.Lock()  # the two fds above: close() may end a worker that another thread starts
         self.ctl, self.proc = self._spawn()
+        if on_spawn is not None:
+            try:
+                on_spawn(self)
+            except BaseException:
+                self.kill()
+                raise
         self.hello = self._greeting()
         self.preloaded: list[str] = self.hello.get("preloaded", [])
         self.owes_ready = True  # the first child follows the greeting
@@ -150,11 +169,12 @@ class WorkerProcess:
     # -- start-up
     def _spawn(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         spec = self.spec
-        config: dict[str, Any] = {"preload": list(spec.preload), "worker_only_env": list(policy.WORKER_ONLY_ENV)}
+        config: dict[str, Any] = {"preload": list(spec.preload), "worker_only_env": list(policy.WORKER_ONLY_ENV), "owner": self.tag}
         pass_fds: tuple[int, ...] = ()
         ns_fd = helper = None
+        info_w = -1
         if spec.isolation == "none":
-            self.host_tmp = tempfile.mkdtemp(prefix="gem-pysandbox-")
+            self.host_tmp = tempfile.mkdtemp(prefix=owner.temp_prefix())
             config.update(sandboxed=False, tmp_root=self.host_tmp)
             script = str(policy.WORKER_SOURCE_DIR / WORKER_SCRIPT)
             argv = [sys.executable, "-I", script]
@@ -164,14 +184,21 @@ class WorkerProcess:
                 sandboxed=True, tmp_root=policy.SANDBOX_TMP, extra_wipe=list(policy.EXTRA_WIPED_DIRS),
                 keep=policy.kept_under_tmp(),
             )  # fmt: skip
+            self._info_fd, info_w = os.pipe()
+            os.set_blocking(self._info_fd, False)
+            pass_fds = (info_w,)
             if os.geteuid() == 0:
-                helper, ns_fd = policy.user_namespace_as_root()
-                pass_fds = (ns_fd,)
+                try:
+                    helper, ns_fd = policy.user_namespace_as_root()
+                except BaseException:
+                    close_fds([self._info_fd, info_w])
+                    raise
+                pass_fds = (ns_fd, info_w)
                 config.update(snippet_uid=policy.SANDBOX_UID, nproc_base=0)
             else:
                 config.update(nproc_base=2)  # bwrap's init and the manager share the snippet's uid
             script = f"{policy.WORKER_MOUNT}/{WORKER_SCRIPT}"
-            argv = [*policy.bwrap_argv(spec.tmpfs_mb, ns_fd), sys.executable, "-I", script]
+            argv = [*policy.bwrap_argv(spec.tmpfs_mb, ns_fd, info_w), sys.executable, "-I", script]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         argv.append(json.dumps(config))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -188,9 +215,12 @@ class WorkerProcess:
             )
         except BaseException:
             ours.close()
+            close_fds([self._info_fd])
+            self._info_fd = -1
             raise
         finally:
             theirs.close()
+            close_fds([info_w])
             if ns_fd is not None:
                 os.close(ns_fd)
             if helper is not None:
@@ -214,7 +244,39 @@ class WorkerProcess:
                 f"the sandbox worker did not start ({lost}). bwrap said: {stderr.strip()!r}.{hint}"
             ) from None
         self.proc.stderr.close()  # type: ignore[union-attr]  # the worker silences its stderr once ready
+        self._find_init()  # bwrap wrote it before it let the init start the worker
         return hello
+
+    def _find_init(self) -> None:
+        """Read what bwrap's ``--info-fd`` holds so far; once it names the sandbox's init (and that
+        process carries this worker's tag: not a reused pid), keep a pidfd to it."""
+        with self._fd_lock:
+            self._find_init_locked()
+
+    def _find_init_locked(self) -> None:
+        if self._info_fd < 0 or self.init_pidfd is not None:
+            return
+        while True:
+            try:
+                data = os.read(self._info_fd, 4096)
+            except (BlockingIOError, InterruptedError):
+                return  # not all written yet (a worker killed while starting)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self._info += data
+        close_fds([self._info_fd])
+        self._info_fd = -1
+        try:
+            pid = int(json.loads(self._info)["child-pid"])
+            pidfd = os.pidfd_open(pid)
+        except (ValueError, KeyError, TypeError, OSError):
+            return  # no init (bwrap failed before it), or it is gone already
+        if carries(pid, self.tag):
+            self.init_pidfd = pidfd
+        else:
+            os.close(pidfd)
 
     def _stderr_text(self) -> str:
         try:
@@ -314,7 +376,9 @@ class WorkerProcess:
 
     # -- ending
     def terminate(self) -> None:
-        """Kill the sandbox's processes but keep the descriptors (another thread may be polling them)."""
+        """SIGKILL the sandbox's processes, keeping the descriptors (another thread may be polling them):
+        bwrap's process group (bwrap, and the init until it has its own session), then the init, whose
+        death ends its whole pid namespace. Does not wait (:meth:`wait_gone`)."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -323,15 +387,51 @@ class WorkerProcess:
             self.proc.kill()
         except OSError:
             pass
+        with self._fd_lock:
+            self._find_init_locked()  # after the killpg: a bwrap that is dead names no new init
+            if self.init_pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        """Begin ending the worker without waiting: ``isolation="none"``: close the control socket (the
+        worker ends its child and exits by itself; :meth:`kill` forces what is left); bwrap: :meth:`terminate`."""
+        if self.spec.isolation == "none":
+            try:
+                self.ctl.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        else:
+            self.terminate()
+
+    def wait_gone(self, timeout: float) -> bool:
+        """Whether bwrap (or the worker) and the sandbox's init are gone within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        try:
+            self.proc.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            return False
+        with self._fd_lock:
+            if self.init_pidfd is None:
+                return True
+            init = os.dup(self.init_pidfd)  # another thread may close ours meanwhile
+        try:
+            return wait_readable(init, max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(init)
 
     def kill(self) -> None:
-        """Tear the sandbox down: the worker, bwrap and everything in its namespaces; close our ends."""
-        self.terminate()
-        self.forget()
-        try:
-            self.proc.wait(timeout=KILL_WAIT_S)
-        except subprocess.TimeoutExpired:
+        """Tear the sandbox down: the worker, bwrap and everything in its namespaces; close our ends.
+        Returns once its processes are gone (or after KILL_WAIT_S, with a warning)."""
+        self.stop()
+        if self.spec.isolation == "none":
+            self.wait_gone(EXIT_WAIT_S)
+            self.terminate()
+        if not self.wait_gone(KILL_WAIT_S):
             logger.warning("sandbox worker pid %d did not exit after SIGKILL", self.proc.pid)
+        self.forget()
         if self.host_tmp is not None:
             import shutil
 
@@ -349,6 +449,10 @@ class WorkerProcess:
         if self.child is not None:
             self.child.close()
             self.child = None
+        with self._fd_lock:
+            close_fds([self._info_fd, -1 if self.init_pidfd is None else self.init_pidfd])
+            self._info_fd = -1
+            self.init_pidfd = None
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -368,6 +472,15 @@ def write_all_before(fd: int, data: bytes, deadline: float) -> bool:
             if remaining <= 0 or not poller.poll(max(1, math.ceil(remaining * 1000))):
                 return False
     return True
+
+
+def carries(pid: int, tag: str) -> bool:
+    """Whether process ``pid``'s command line holds ``tag``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return tag.encode() in handle.read()
+    except OSError:
+        return False
 
 
 def close_fds(fds: list[int]) -> None:
@@ -426,3 +539,60 @@ class Spawner:
 
 spawner = Spawner()
 os.register_at_fork(after_in_child=spawner.after_fork_in_child)
+
+
+class Owner:
+    """This process as the owner of sandboxes: its tag (:mod:`.reaper`), and its reaper, started before
+    its first worker and holding the read end of a pipe whose write end only this process has."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = -1  # the process the reaper guards (-1: none started)
+        self._lifeline = -1
+        self._workers = itertools.count()
+        self.label = self.nonce = ""
+
+    def tag(self) -> str:
+        """This process's owner tag, starting its reaper first if it has none."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._start()
+            return reaper.owner_tag(self.label, self._pid, self.nonce)
+
+    def worker_tag(self) -> str:
+        return f"{self.tag()}/{next(self._workers)}"
+
+    def temp_prefix(self) -> str:
+        self.tag()
+        return reaper.temp_prefix(self.label, self._pid, self.nonce)
+
+    def _start(self) -> None:
+        label = reaper.check_label(os.environ.get(reaper.LABEL_VAR, ""))
+        nonce, pid = secrets.token_hex(4), os.getpid()
+        read_end, write_end = os.pipe()  # neither is inherited by anything this process starts
+        try:
+            argv = [sys.executable, "-I", "-S", REAPER_SCRIPT, reaper.REAPER_FLAG, label, str(pid), nonce, tempfile.gettempdir()]
+            proc = spawner.popen(argv, stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+            code = proc.wait()  # the reaper forks and its first process exits at once
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        if code != 0:
+            os.close(write_end)
+            raise policy.SandboxUnavailable(f"the sandbox's reaper did not start (exit status {code})")
+        self._lifeline, self._pid, self.label, self.nonce = write_end, pid, label, nonce
+
+    def after_fork_in_child(self) -> None:
+        """The reaper guards the parent: a forked child drops its copy of the lifeline and starts its own."""
+        if self._lifeline >= 0:
+            try:
+                os.close(self._lifeline)
+            except OSError:
+                pass
+        self.__init__()  # type: ignore[misc]
+
+
+owner = Owner()
+os.register_at_fork(after_in_child=owner.after_fork_in_child)

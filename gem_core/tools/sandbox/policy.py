@@ -101,14 +101,17 @@ def kept_under_tmp() -> list[str]:
     return [d for d in python_dirs() if d.startswith(SANDBOX_TMP + "/")]
 
 
-def bwrap_argv(tmpfs_mb: int, userns_fd: int | None) -> list[str]:
+def bwrap_argv(tmpfs_mb: int, userns_fd: int | None, info_fd: int | None = None) -> list[str]:
     """The bubblewrap command line that starts a worker: everything up to the ``--`` before Python.
 
     ``userns_fd``: a user namespace to join (the host is root, see :func:`user_namespace_as_root`);
-    otherwise bwrap makes its own and maps the caller to :data:`SANDBOX_UID`.
+    otherwise bwrap makes its own and maps the caller to :data:`SANDBOX_UID`. ``info_fd``: where bwrap
+    writes the host pid of the sandbox's init (``{"child-pid": N, ...}``), so the host can end it.
     """
     tmpfs_bytes = str(tmpfs_mb * MIB)
     argv = [require_bwrap(), "--die-with-parent", "--new-session"]
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]
     if userns_fd is not None:
         argv += ["--userns", str(userns_fd), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
         argv += ["--unshare-cgroup-try"]

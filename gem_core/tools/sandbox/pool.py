@@ -11,9 +11,11 @@
   starts only once it has a worker.
 * **Recovering**: a worker that dies or cannot prove itself clean is thrown away; a new one is
   started when a caller needs it. If none can be started, waiting callers get the error.
-* **Closed** when its last user releases it, and at interpreter exit. **Fork-safe**: in a forked
-  child every pool forgets the parent's workers (closing its copies of their descriptors, never
-  killing them) and starts its own on demand.
+* **Closed** when its last user releases it, and at interpreter exit: :meth:`SandboxPool.close` ends
+  every worker, idle, busy or still starting, and returns once their processes are gone. If the
+  owner process dies instead, bwrap's ``--die-with-parent`` and the process's reaper end them
+  (``host.py``, ``reaper.py``). **Fork-safe**: in a forked child every pool forgets the parent's
+  workers (closing its copies of their descriptors, never killing them) and starts its own on demand.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gem_core.errors import GemError
-from gem_core.tools.sandbox.host import RawReply, WorkerLost, WorkerProcess, WorkerSpec
+from gem_core.tools.sandbox.host import KILL_WAIT_S, RawReply, WorkerLost, WorkerProcess, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._idle: list[WorkerProcess] = []  # in the order they came back
         self._busy: set[WorkerProcess] = set()
+        self._starting: set[WorkerProcess] = set()  # processes started, greeting not yet in
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._booting = 0
         self._users = 0
@@ -274,10 +277,28 @@ class SandboxPool:
             self._booting += 1
             threading.Thread(target=self._boot, name="gem-sandbox-boot", daemon=True).start()
 
+    def _track_start(self, worker: WorkerProcess) -> None:
+        """A worker's processes exist: close() must find it (and a closed pool does not start it)."""
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                raise SandboxError("the sandbox is closed")
+            self._starting.add(worker)
+
     def _boot(self) -> None:
+        spawned: list[WorkerProcess] = []
+
+        def track(worker: WorkerProcess) -> None:
+            spawned.append(worker)
+            self._track_start(worker)
+
         try:
-            worker = WorkerProcess(self.spec)
+            worker = WorkerProcess(self.spec, on_spawn=track)
         except BaseException as exc:  # noqa: BLE001 - waiting callers get it; a pool that cannot refill must not hang them
+            with self._lock:
+                self._starting.difference_update(spawned)
+                if self._closed:  # close() ended it while it started (or it never started): not a failure
+                    self._booting -= 1
+                    return
             logger.error("could not start a sandbox worker: %s", exc)
             with self._lock:
                 self._booting -= 1
@@ -289,6 +310,7 @@ class SandboxPool:
                         waiter.event.set()
             return
         with self._lock:
+            self._starting.discard(worker)
             self._booting -= 1
             self.started += 1
             self._last_boot_error = None
@@ -300,11 +322,11 @@ class SandboxPool:
 
     # -- ending
     def close(self) -> None:
-        """Kill every worker (those in use are killed now and closed when their call returns);
-        callers still queued get a SandboxError. Safe to call twice."""
+        """Kill every worker, idle, busy (its call ends now; its caller closes it) or still starting, and
+        return once their processes are gone; callers still queued get a SandboxError. Safe to call twice."""
         with self._lock:
             self._closed = True
-            idle, busy = self._idle, list(self._busy)
+            idle, others = self._idle, [*self._busy, *self._starting]
             self._idle = []
             waiters = list(self._waiters)
             self._waiters.clear()
@@ -312,9 +334,15 @@ class SandboxPool:
             waiter.error = SandboxError("the sandbox is closed")
             waiter.event.set()
         for worker in idle:
+            worker.stop()  # all at once; each kill() below then mostly waits
+        for worker in others:
+            worker.terminate()  # their threads are polling their descriptors and close them
+        for worker in idle:
             worker.kill()
-        for worker in busy:
-            worker.terminate()  # its caller is polling its descriptors; it closes them at checkin
+        deadline = time.monotonic() + KILL_WAIT_S
+        for worker in others:
+            if not worker.wait_gone(max(0.0, deadline - time.monotonic())):
+                logger.warning("sandbox worker pid %d did not exit after SIGKILL", worker.proc.pid)
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
@@ -325,7 +353,7 @@ class SandboxPool:
         if self._pid == os.getpid():
             return
         users = self._users
-        for worker in [*self._idle, *self._busy]:
+        for worker in [*self._idle, *self._busy, *self._starting]:
             worker.forget()
         self._reset()
         self._users = users

@@ -62,6 +62,7 @@ MAXFD = max(64, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536))
 REQUEST_CHUNK = 1 << 20  # bytes per read of the request
 
 # Linux constants (<linux/prctl.h>, <linux/keyctl.h>, <linux/ipc.h>, the syscall tables).
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
 KEYCTL_CLEAR = 7
@@ -76,6 +77,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # Looked up here, once: ctypes makes a function object on first lookup, which in a child would be
 # made anew (and its pages copied) on every call.
 _syscall = _libc.syscall
+_prctl = _libc.prctl
+MANAGER_PID = os.getpid()
 
 
 # -- the child -------------------------------------------------------------------------------------
@@ -90,6 +93,11 @@ def child_main():
             os.setgroups([])
             os.setresgid(SNIPPET_UID, SNIPPET_UID, SNIPPET_UID)
             os.setresuid(SNIPPET_UID, SNIPPET_UID, SNIPPET_UID)
+        # Die with the manager (after the uid change, which clears it). Without bwrap's pid namespace
+        # (isolation="none") nothing else would end a child whose manager was killed mid-call.
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != MANAGER_PID:
+            os._exit(1)
         os.chdir(WORKDIR)
         clear_keyrings()
         reseed_numpy()
