@@ -25,11 +25,17 @@ Limits:
   ``max_len`` (what OpenRLHF's own multi-turn executor asks for on every turn);
 * the label's ``max_turns`` on top of the env's own.
 
+An episode the infrastructure failed (``Trajectory.infra_error``: the engine aborted a request, or a
+step's ``info["infra_error"]`` reported a dead sandbox or env worker) is kept out of training: no action
+range (OpenRLHF's ``action_mask`` is all 0, so no loss), reward 0, and no turn rewards or spans (so the
+``rebn`` patch counts none of its turns in the statistics); ``extra_logs["gem_infra_failed"]`` is 1.0 for
+it, 0.0 otherwise (OpenRLHF logs the batch's mean: the fraction of such episodes).
+
 The env is closed however the episode ends (done, truncated, an exception in the env or the engine,
 cancellation). ``truncated`` in the result is true when the episode was cut for length: its last
 response hit ``max_tokens`` (OpenRLHF's own meaning) or it hit the context limit. ``extra_logs`` has,
-with the same keys on every sample, ``gem_episode_length``, ``gem_success``, ``gem_truncated`` and
-``gem_context_limit``; when ``GEM_OPENRLHF_TURNS=1`` (the ``gem-core openrlhf train`` launcher sets it
+with the same keys on every sample, ``gem_episode_length``, ``gem_success``, ``gem_truncated``,
+``gem_context_limit`` and ``gem_infra_failed``; when ``GEM_OPENRLHF_TURNS=1`` (the ``gem-core openrlhf train`` launcher sets it
 in every Ray worker) also ``gem_turn_rewards`` (one reward per turn) and ``gem_turn_spans`` (each turn's
 ``[start, end)`` in the sequence, flattened), which the ``rebn`` patch reads as the explicit turns.
 """
@@ -49,7 +55,8 @@ TURNS_ENV = "GEM_OPENRLHF_TURNS"
 MAX_TURN_TOKENS_ENV = "GEM_OPENRLHF_MAX_TURN_TOKENS"
 TURN_REWARDS_KEY = "gem_turn_rewards"
 TURN_SPANS_KEY = "gem_turn_spans"
-LOG_KEYS = ("gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit")
+INFRA_FAILED_KEY = "gem_infra_failed"
+LOG_KEYS = ("gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit", INFRA_FAILED_KEY)
 
 
 def formatter_for(tokenizer: Any, system_prompt: str | None = None) -> ChatFormatter:
@@ -77,10 +84,12 @@ def _env_int(name: str) -> int | None:
 
 
 def openrlhf_result(trajectory: Trajectory, prompt: Any, label: Any, images: Any, with_logprobs: bool, max_length: int) -> dict[str, Any]:
-    """The dict OpenRLHF's ``MultiTurnAgentExecutor.execute`` returns, from the runner's trajectory."""
+    """The dict OpenRLHF's ``MultiTurnAgentExecutor.execute`` returns, from the runner's trajectory (an
+    infra-failed episode: no action range, no reward, no turns; see the module docstring)."""
     sequence = trajectory.as_sequence()
     tokens = list(sequence.prompt_ids) + list(sequence.response_ids)
-    spans = [(turn.context_len, turn.context_len + len(turn.response_ids)) for turn in trajectory.turns]
+    infra_failed = trajectory.infra_error is not None
+    spans = [] if infra_failed else [(turn.context_len, turn.context_len + len(turn.response_ids)) for turn in trajectory.turns]
     logprobs = None
     if with_logprobs:
         if trajectory.turns and sequence.logprobs is None:
@@ -89,7 +98,7 @@ def openrlhf_result(trajectory: Trajectory, prompt: Any, label: Any, images: Any
     if not trajectory.turns:  # the first message alone does not fit: nothing was generated
         tokens = tokens[:max_length]
         logprobs = None if logprobs is None else logprobs[:max_length]
-    rewards = [float(r) for r in trajectory.rewards]
+    rewards = [] if infra_failed else [float(r) for r in trajectory.rewards]
     last = trajectory.turns[-1] if trajectory.turns else None
     context_limit = trajectory.truncation_reason == "context_limit"
     logs: dict[str, Any] = {
@@ -97,6 +106,7 @@ def openrlhf_result(trajectory: Trajectory, prompt: Any, label: Any, images: Any
         "gem_success": float(bool(last is not None and last.info.get("success", False))),
         "gem_truncated": float(bool(trajectory.truncated)),
         "gem_context_limit": float(context_limit),
+        INFRA_FAILED_KEY: float(infra_failed),
     }
     if os.environ.get(TURNS_ENV) == "1":
         logs[TURN_REWARDS_KEY] = rewards

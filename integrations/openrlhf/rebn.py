@@ -21,7 +21,12 @@ What ``rebn`` computes, per batch (every experience the trainer collected in the
 * ``G_t = r_t + gamma * G_{t+1}`` over turns (``--algo.advantage.gamma``), then
   ``A_t = (G_t - mean(G)) / (std(G) + eps)`` over every turn of the batch, on every action token of turn
   ``t`` (``--algo.advantage.rebn_eps``, default 1e-6; ``--algo.advantage.rebn_ddof``, default 0,
-  population std). ``returns`` holds each token's ``G_t``. No further whitening.
+  population std). ``returns`` holds each token's ``G_t``. No further whitening;
+* **infra failures**: an episode the infrastructure failed comes from the agent with no action range and
+  no turns (``info["gem_infra_failed"]`` 1.0), so its row has turn id -1 everywhere and enters neither the
+  loss nor ReBN's mean and std (0 advantage). For every estimator, the patch adds
+  ``info["gem/infra_failed_episodes"]``: the number of such episodes in the step's batch, the same value
+  on every sample, so OpenRLHF's per-sample averaging of ``info`` logs the count itself.
 
 Importing this module imports neither torch nor OpenRLHF.
 """
@@ -34,6 +39,8 @@ from typing import Any
 TURN_REWARDS_KEY = "gem_turn_rewards"
 TURN_SPANS_KEY = "gem_turn_spans"
 TURN_KEYS = (TURN_REWARDS_KEY, TURN_SPANS_KEY)
+INFRA_FAILED_KEY = "gem_infra_failed"  # per sample, from the agent file
+INFRA_COUNT_KEY = "gem/infra_failed_episodes"  # per batch, added here
 ESTIMATOR = "rebn"
 DEFAULT_EPS = 1e-6
 DEFAULT_DDOF = 0
@@ -44,6 +51,7 @@ def make_compute_advantages(original: Any) -> Any:
 
     @functools.wraps(original)
     def compute_advantages_and_returns(self: Any, experiences: list) -> list:
+        count_infra_failures(experiences)
         if self.strategy.args.algo.advantage.estimator == ESTIMATOR:
             return rebn_advantages_and_returns(self, experiences)
         for experience in experiences:  # not metrics: keep them out of OpenRLHF's logging
@@ -52,6 +60,19 @@ def make_compute_advantages(original: Any) -> Any:
         return original(self, experiences)
 
     return compute_advantages_and_returns
+
+
+def count_infra_failures(experiences: list) -> None:
+    """Put the batch's number of infra-failed episodes on every sample's ``info`` (see the module doc);
+    nothing when no sample carries ``gem_infra_failed`` (an agent file other than gem-core's)."""
+    import torch
+
+    flags = [e.info.get(INFRA_FAILED_KEY) for e in experiences]
+    if all(f is None for f in flags):
+        return
+    count = float(sum(float(torch.as_tensor(f).sum()) for f in flags if f is not None))
+    for experience in experiences:
+        experience.info[INFRA_COUNT_KEY] = torch.full((len(experience.sequences),), count)
 
 
 def is_active() -> bool:
@@ -103,6 +124,8 @@ def rebn_advantages_and_returns(maker: Any, experiences: list) -> list:
                     "--train.agent_func_path $(gem-core openrlhf agent-path)"
                 )
             table = torch.as_tensor(table, dtype=torch.float64).reshape(len(experience.rewards), -1)
+            if table.shape[1] == 0:  # every sample of this micro-batch is infra-failed: no turns at all
+                table = torch.zeros(len(experience.rewards), 1, dtype=torch.float64)
             if not torch.allclose(table.sum(-1), experience.rewards.double(), atol=1e-4, rtol=1e-5):
                 raise ValueError(f"micro-batch {i}: per-turn rewards do not add up to the samples' rewards")
             tables.append(table)
@@ -162,7 +185,7 @@ def _explicit_turns(spans: Any, mask: Any) -> tuple[Any, Any]:
     from gem_core.algo import turn_ids_from_spans
 
     width = mask.shape[1]
-    pairs = spans.reshape(len(spans), -1, 2)
+    pairs = spans.reshape(len(spans), -1, 2) if spans.numel() else spans.reshape(len(spans), 0, 2)
     rows = []
     ends = torch.zeros_like(mask)
     for b, row in enumerate(pairs.tolist()):

@@ -253,7 +253,8 @@ def test_a_cancelled_episode_closes_its_env(executor, tokenizer, golden, monkeyp
 
 def test_extra_logs_have_turn_info_and_the_same_keys(golden, responses):
     keys = {frozenset(r["extra_logs"]) for r in responses}
-    assert keys == {frozenset({"gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit", "gem_turn_rewards", "gem_turn_spans"})}
+    expected = {"gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit", "gem_infra_failed", "gem_turn_rewards", "gem_turn_spans"}
+    assert keys == {frozenset(expected)}
     for trajectory, response in zip(golden.trajectories, responses):
         logs = response["extra_logs"]
         assert logs["gem_turn_rewards"] == pytest.approx(trajectory.rewards)
@@ -292,3 +293,56 @@ def test_a_first_message_longer_than_max_len_gives_an_empty_sample(executor, tok
 def test_bad_label_fails_clearly(executor, tokenizer):
     with pytest.raises(ValueError, match="env_id"):
         asyncio.run(executor.execute("p", '{"answer": 3}', openrlhf_params(), 400, tokenizer, faithful_engine(tokenizer)))
+
+
+# -- infrastructure failures (DESIGN.md contract 8) ----------------------------------------------------
+
+
+def assert_out_of_training(response):
+    """OpenRLHF's own response->Experience turns an infra-failed episode into a row with no loss token,
+    reward 0 and no turn for the rebn patch."""
+    assert response["action_ranges"] == [] and response["reward"] == 0.0 and response["scores"] == 0.0
+    logs = response["extra_logs"]
+    assert logs["gem_infra_failed"] == 1.0 and logs["gem_turn_rewards"] == [] and logs["gem_turn_spans"] == []
+    experience = samples_generator()._process_response_into_experience(response, max_len=GOLDEN_MAX_CONTEXT_TOKENS)
+    assert int(experience.action_mask.sum()) == 0 and experience.rewards.tolist() == [0.0]
+    assert experience.info["gem_infra_failed"].tolist() == [1.0]
+
+
+def test_an_engine_abort_keeps_the_episode_out_of_training(executor, tokenizer, golden, monkeypatch):
+    counter = CloseCounter(monkeypatch)
+    engine = faithful_engine(tokenizer)
+    engine.aborted = {"req-2"}  # vLLM aborts the second turn's request (e.g. the engine was paused/killed)
+    response, _ = run_executor(executor, tokenizer, golden.episodes[1], engine=engine, max_turn_tokens=GOLDEN_PARAMS.max_tokens)
+    assert len(engine.requests) == 2  # the episode ended at the abort: no third request
+    assert_out_of_training(response)
+    assert counter.made == counter.closed == 1
+
+
+def test_a_step_reporting_an_infra_error_keeps_the_episode_out_of_training(executor, tokenizer, golden, monkeypatch):
+    from gem_core.errors import INFRA_ERROR
+
+    original = TaskSpec.make_env
+
+    def make_env(spec):
+        env = original(spec)
+        step, steps = env.step, [0]
+
+        def failing_step(action):
+            steps[0] += 1
+            observation, reward, terminated, truncated, info = step(action)
+            if steps[0] == 2:  # what a tool wrapper reports when its sandbox worker died
+                info = {**info, INFRA_ERROR: "the sandbox worker died"}
+            return observation, reward, terminated, truncated, info
+
+        env.step = failing_step
+        return env
+
+    monkeypatch.setattr(TaskSpec, "make_env", make_env)
+    response, engine = run_executor(executor, tokenizer, golden.episodes[1], max_turn_tokens=GOLDEN_PARAMS.max_tokens)
+    assert len(engine.requests) == 2
+    assert_out_of_training(response)
+
+
+def test_healthy_episodes_report_no_infra_failure(responses):
+    assert all(r["extra_logs"]["gem_infra_failed"] == 0.0 and r["action_ranges"] for r in responses)

@@ -240,6 +240,7 @@ def test_other_estimators_are_unchanged(responses, estimator):
     for batch in reference:  # what OpenRLHF alone gets without the GEM turn fields
         batch.info.pop("gem_turn_rewards")
         batch.info.pop("gem_turn_spans")
+        batch.info["gem/infra_failed_episodes"] = torch.zeros(len(batch.sequences))  # the patch's one addition
     expected = ORIGINAL(make_maker(copy.deepcopy(args), kl_coef=0.02), reference)
     got = maker.compute_advantages_and_returns(batches)
     assert patch.is_active()
@@ -291,3 +292,42 @@ def test_a_subprocess_patches_only_on_import_and_imports_nothing_heavy_at_hook_t
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# -- infrastructure failures (DESIGN.md contract 8) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def infra_failed_response(executor, tokenizer, golden):
+    """A golden episode whose second request the engine aborted, through the agent file."""
+    from conftest import faithful_engine, run_executor
+
+    from gem_core.testing.golden import GOLDEN_PARAMS
+
+    engine = faithful_engine(tokenizer)
+    engine.aborted = {"req-2"}
+    response, _ = run_executor(executor, tokenizer, golden.episodes[1], engine=engine, max_turn_tokens=GOLDEN_PARAMS.max_tokens)
+    return response
+
+
+@pytest.mark.parametrize("micro_batch_size", [4, 1])  # 1: a micro-batch holding only the failed episode
+def test_an_infra_failed_episode_is_out_of_rebn_and_the_loss_and_counted(golden, responses, infra_failed_response, micro_batch_size):
+    at = 2
+    batch = [*responses[:at], infra_failed_response, *responses[at:]]
+    maker = make_maker(make_args(micro_batch_size=micro_batch_size))
+    batches = maker.compute_advantages_and_returns(make_experiences(batch, maker))
+    rows = per_sample_advantages(batches)
+    advantages, mask = rows.pop(at)
+    assert int(mask.sum()) == 0 and float(advantages.abs().sum()) == 0.0  # no loss token, no advantage
+    # The other episodes get exactly the golden advantages: ReBN over their turns alone.
+    for (row, _), sequence, expected in zip(rows, golden.sequences, golden.token_advantages):
+        start = len(sequence.prompt_ids) - 1
+        np.testing.assert_allclose(row[start : start + len(sequence.response_ids)].double().numpy(), expected, rtol=0, atol=1e-5)
+    counts = torch.cat([b.info["gem/infra_failed_episodes"] for b in batches])
+    assert counts.tolist() == [1.0] * len(batch)  # the batch's count on every sample: OpenRLHF's mean logs it
+
+
+def test_the_infra_count_is_added_for_every_estimator_and_zero_without_failures(responses):
+    maker = make_maker(make_args(estimator="reinforce", gamma=1.0))
+    batches = maker.compute_advantages_and_returns(make_experiences(responses, maker))
+    assert torch.cat([b.info["gem/infra_failed_episodes"] for b in batches]).tolist() == [0.0] * len(responses)
