@@ -16,6 +16,11 @@ Two views (DESIGN.md contract 5):
 
 ``turn_ids`` is the turn index (0, 1, ...) on every token of a turn (its response and the env tokens
 that follow it) and -1 on padding; each turn's reward sits on its last model token.
+
+Episodes the infrastructure failed (``Trajectory.infra_error``: an engine abort, a dead sandbox or env
+worker; DESIGN.md contract 8) keep their rows, so a trainer's batch keeps its shape, but carry nothing:
+``loss_mask`` 0, ``turn_ids`` -1, rewards 0 (the estimators leave them out of their statistics), and
+``infra_failed`` marks them; :func:`infra_metrics` counts them.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class TokenBatch:
     env_ids: list[str | None]
     lengths: list[int]
     per_turn: bool
+    infra_failed: list[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.episode_ids)
@@ -61,7 +67,16 @@ class TokenBatch:
         from gem_core.algo import rebn_token_level
 
         if self.per_turn:
-            return rebn_token_level(self.token_rewards, self.loss_mask, group_by, gamma=gamma, eps=eps, ddof=ddof, episode_ids=self.episode_ids)
+            # one row per turn: an infra-failed episode's rows are left out of the statistics, 0 advantage
+            keep = np.flatnonzero(~np.asarray(self.infra_failed or [False] * len(self), dtype=bool))
+            out = np.zeros(self.token_rewards.shape, dtype=np.float64)
+            if keep.size:
+                groups = None if group_by is None else [group_by[i] for i in keep]
+                out[keep] = rebn_token_level(
+                    self.token_rewards[keep], self.loss_mask[keep], groups, gamma=gamma, eps=eps, ddof=ddof,
+                    episode_ids=[self.episode_ids[i] for i in keep],
+                )
+            return out
         return rebn_token_level(self.token_rewards, self.loss_mask, group_by, gamma=gamma, eps=eps, ddof=ddof, turn_ids=self.turn_ids)
 
 
@@ -90,6 +105,13 @@ def turn_batch(trajectories: Sequence[Trajectory], *, pad_id: int = 0, length: i
     return _pack(rows, owners, episode_ids, pad_id, length, per_turn=True)
 
 
+def infra_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """``gem/infra_failed_episodes``: how many episodes the infrastructure failed (kept out of training),
+    and ``gem/infra_failed_fraction`` of the batch."""
+    failed = sum(t.infra_error is not None for t in trajectories)
+    return {"gem/infra_failed_episodes": float(failed), "gem/infra_failed_fraction": failed / max(len(trajectories), 1)}
+
+
 def _pack(rows: list[tuple], owners: Sequence[Trajectory], episode_ids: list[str], pad_id: int, length: int | None, *, per_turn: bool) -> TokenBatch:
     if not rows:
         raise ValueError("an empty batch: no trajectory has a turn")
@@ -104,12 +126,14 @@ def _pack(rows: list[tuple], owners: Sequence[Trajectory], episode_ids: list[str
     rewards = np.zeros((count, width), dtype=np.float64)
     have_logprobs = all(row[5] is not None for row in rows)
     logprobs = np.zeros((count, width), dtype=np.float64) if have_logprobs else None
+    failed = [owner.infra_error is not None for owner in owners]
     for i, (_, ids, row_mask, row_turns, row_rewards, row_logprobs) in enumerate(rows):
         n = len(ids)
         response[i, :n] = ids
-        mask[i, :n] = row_mask
-        turn_ids[i, :n] = row_turns
-        rewards[i, :n] = row_rewards
+        if not failed[i]:  # an infra-failed episode's row carries no loss, no turn and no reward
+            mask[i, :n] = row_mask
+            turn_ids[i, :n] = row_turns
+            rewards[i, :n] = row_rewards
         if logprobs is not None:
             logprobs[i, :n] = row_logprobs
     return TokenBatch(
@@ -124,4 +148,5 @@ def _pack(rows: list[tuple], owners: Sequence[Trajectory], episode_ids: list[str
         env_ids=[t.env_id for t in owners],
         lengths=lengths,
         per_turn=per_turn,
+        infra_failed=failed,
     )

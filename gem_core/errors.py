@@ -56,6 +56,22 @@ class ModelRequestError(GemError, RuntimeError):
         self.detail = detail
 
 
+#: The one ``info`` key that marks a failure of the infrastructure, not of the policy: a sandbox worker
+#: that died, a pool that was shut down, an env worker that crashed or timed out, an engine that aborted
+#: the request. Its value is a one-line reason. The runner ends such an episode
+#: (``Trajectory.infra_error``); plugins and the reference trainer keep it out of the loss and out of the
+#: advantage statistics, and count it (DESIGN.md contract 8).
+INFRA_ERROR = "infra_error"
+
+
+def infra_error(info: object) -> str | None:
+    """The infrastructure failure an ``info`` dict reports (:data:`INFRA_ERROR`), or None."""
+    if not isinstance(info, dict):
+        return None
+    reason = info.get(INFRA_ERROR)
+    return None if reason in (None, False, "") else str(reason)
+
+
 def suggest(word: str, choices: Iterable[str], n: int = 3) -> str:
     """' Did you mean: a, b?' for the closest matches, or '' when nothing is close."""
     choices = list(choices)

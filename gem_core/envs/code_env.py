@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from gem_core.envs.datasets import DatasetEnv, EvalSetMixin
+from gem_core.errors import INFRA_ERROR
 from gem_core.params import Param
 
 CODE_INSTRUCTION = (
@@ -70,6 +71,8 @@ class CodeEnv(DatasetEnv):
             info["failure"] = result.failure
         if result.error:
             info["sandbox_error"] = result.error[:300]
+        if result.sandbox_failed:
+            info[INFRA_ERROR] = f"code sandbox: {result.error}"[:300]
         if result.all_passed:
             observation = f"All {result.total} tests passed."
         elif result.failure is not None:

@@ -76,6 +76,7 @@ class CodeGrade:
     total: int = 0
     failure: dict[str, Any] | None = None
     error: str | None = None
+    sandbox_failed: bool = False  # ``error`` is the sandbox's own failure (infrastructure), not the code's
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -111,7 +112,7 @@ def grade_code(response: Any, tests: Any, *, sandbox: Any = None, max_tests: int
     if compare is not None:
         kwargs["compare"] = compare
     run = sandbox.run_tests(program, cases, **kwargs)
-    grade = CodeGrade(code, passed=sum(case.passed for case in run.cases), total=len(cases), error=run.error)
+    grade = CodeGrade(code, passed=sum(case.passed for case in run.cases), total=len(cases), error=run.error, sandbox_failed=run.sandbox_failed)
     first = run.first_failure
     if first is not None:
         case = run.cases[first]

@@ -23,7 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 from gem_core.core import Env, model_message
 from gem_core.rollout.chat import ChatFormatter, strip_thinking
 from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
-from gem_core.rollout.trajectory import Trajectory, Turn, is_tool_turn
+from gem_core.errors import infra_error
+from gem_core.rollout.trajectory import ENGINE_ABORTED, Trajectory, Turn, is_tool_turn
 
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 
@@ -334,8 +335,12 @@ async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatt
             _truncate(trajectory, "context_limit")
             return
         _check_generation(generation, budget, policy)
-        if generation.finish_reason == "abort" or not generation.token_ids:
-            _truncate(trajectory, "abort")  # a partial or empty response is not an action: the env is not stepped
+        if generation.finish_reason == "abort":
+            trajectory.infra_error = ENGINE_ABORTED  # a partial response is not an action: the env is not stepped
+            _truncate(trajectory, "abort")
+            return
+        if not generation.token_ids:
+            _truncate(trajectory, "abort")  # an empty response is not an action either
             return
         response_text = formatter.response_text(generation.token_ids)
         action = formatter.action_text(response_text)
@@ -375,6 +380,7 @@ async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, forma
             return
         text = generation.text or ""
         if generation.finish_reason == "abort":
+            trajectory.infra_error = ENGINE_ABORTED
             _truncate(trajectory, "abort")
             return
         action = formatter.action_text(text) if formatter is not None else strip_thinking(text)
@@ -423,7 +429,13 @@ def _record_turn(
 
 
 def _episode_over(trajectory: Trajectory, record: Turn, max_turns: int | None) -> bool:
-    """Mark the end of the episode after a step, if it ended; True when it did."""
+    """Mark the end of the episode after a step, if it ended; True when it did. A step whose info reports
+    an infrastructure failure ends it (its reward says nothing about the policy)."""
+    failure = infra_error(record.info)
+    if failure is not None:
+        trajectory.infra_error = failure
+        _truncate(trajectory, "env_error" if record.info.get("error") else "infra_error")  # a dead env worker: env_error
+        return True
     if record.terminated:
         trajectory.terminated = True
         return True

@@ -16,7 +16,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-TRUNCATION_REASONS = ("context_limit", "max_turns", "abort", "env_error", "env")
+TRUNCATION_REASONS = ("context_limit", "max_turns", "abort", "env_error", "infra_error", "env")
+
+#: ``Trajectory.infra_error`` of an episode whose request the engine aborted.
+ENGINE_ABORTED = "the engine aborted the request"
 
 
 def is_tool_turn(info: dict[str, Any]) -> bool:
@@ -120,7 +123,10 @@ class Trajectory:
     started from one env state (GRPO-style groups). ``initial_observation`` is what the env's reset
     returned, ``initial_message`` what the model was shown (:func:`gem_core.model_message`).
     ``truncation_reason`` is one of
-    :data:`TRUNCATION_REASONS` when ``truncated``. ``token_mode`` is False for text-only (chat) policies,
+    :data:`TRUNCATION_REASONS` when ``truncated``. ``infra_error`` is set (a one-line reason) when the
+    infrastructure failed during the episode (the engine aborted a request: :data:`ENGINE_ABORTED`; a
+    step's ``info["infra_error"]``: a sandbox or env worker died): the episode ends there, truncated, and
+    trainers keep it out of the loss and the advantage statistics (DESIGN.md contract 8). ``token_mode`` is False for text-only (chat) policies,
     whose trajectories carry text and rewards but no token ids.
     """
 
@@ -138,6 +144,7 @@ class Trajectory:
     truncation_reason: str | None = None
     token_mode: bool = True
     messages: list[dict[str, str]] | None = None  # text-only episodes: the conversation
+    infra_error: str | None = None  # the infrastructure failed (not the policy): keep out of training
 
     # -- summaries ----------------------------------------------------------------------------------
     @property

@@ -10,6 +10,7 @@ import re
 import signal
 from typing import Any
 
+from gem_core.errors import INFRA_ERROR
 from gem_core.tools.base import Tool, ToolCall, ToolResult, first_match
 from gem_core.tools.sandbox import (
     BWRAP_PACKAGE,
@@ -104,6 +105,7 @@ class PythonTool(Tool):
         }
         if result.error is not None:
             info["sandbox_error"] = result.error
+            info[INFRA_ERROR] = f"python sandbox: {result.error}"
         return ToolResult(f"<output>\n{body}\n</output>", ok=result.ok, info=info)
 
     def close(self) -> None:

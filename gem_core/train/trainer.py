@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from gem_core import algo
-from gem_core.batch import sequence_batch, turn_batch
+from gem_core.batch import infra_metrics, sequence_batch, turn_batch
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, run_episodes
 
 ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
@@ -409,6 +409,18 @@ class Trainer:
         started = time.perf_counter()
         trajectories = self.rollout(self.train_seeds(self.step), prefix=f"s{self.step}-", group_size=config.group_size)
         rollout_seconds = time.perf_counter() - started
+        episodes = EpisodeStats.of(trajectories)
+        infra = infra_metrics(trajectories)
+        # episodes the infrastructure failed say nothing about the policy: out of the loss and the statistics
+        trajectories = [t for t in trajectories if t.infra_error is None and t.turns]
+        if not trajectories:
+            self.step += 1
+            self.log(f"update {self.step}: every episode failed for infrastructure reasons; no optimizer step")
+            return {"step": self.step, "success_rate": episodes.success_rate, "mean_return": episodes.mean_return,
+                    "mean_turns": episodes.mean_turns, "turns_when_solved": episodes.turns_when_solved,
+                    "malformed_rate": episodes.malformed_rate, "illegal_rate": episodes.illegal_rate,
+                    "infra_failed_episodes": infra["gem/infra_failed_episodes"], "skipped": True,
+                    "rollout_seconds": round(rollout_seconds, 3), "update_seconds": round(time.perf_counter() - started, 3)}
         advantages = turn_advantages(trajectories, config.estimator, config.gamma, config.group_size)
         rows = training_rows(trajectories, advantages, config.view, self.pad_id)
         ref_logprobs = None
@@ -429,7 +441,6 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        episodes = EpisodeStats.of(trajectories)
         return {
             "step": self.step,
             "success_rate": episodes.success_rate,
@@ -438,6 +449,7 @@ class Trainer:
             "turns_when_solved": episodes.turns_when_solved,
             "malformed_rate": episodes.malformed_rate,
             "illegal_rate": episodes.illegal_rate,
+            "infra_failed_episodes": infra["gem/infra_failed_episodes"],
             "loss": float(loss.detach()),
             "grad_norm": float(grad_norm),
             **stats,

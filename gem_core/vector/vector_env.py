@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gem_core.errors import GemError, ResetNeeded
+from gem_core.errors import INFRA_ERROR, GemError, ResetNeeded
 from gem_core.params import Param, check_args, invalid
 
 __all__ = ["AutoresetMode", "VectorEnv", "VectorEnvError", "call_env", "run_op"]
@@ -154,8 +154,8 @@ class VectorEnv:
     ``"raise"`` (default) raises :class:`VectorEnvError` in the caller, with the env index and the
     traceback text, after every other env of that call has run (their transitions are lost to the
     caller; the failed env must be reset); ``"truncate"`` reports that env's episode as truncated,
-    reward 0, its last observation, ``info["error"]`` (summary), ``info["traceback"]`` and
-    ``info["worker_restarted"] = False``, and resets it on its next step (under ``DISABLED``: reset it
+    reward 0, its last observation, ``info["error"]`` (summary), ``info["traceback"]``,
+    ``info["worker_restarted"] = False`` and ``info["infra_error"]`` (the summary: not the policy's fault), and resets it on its next step (under ``DISABLED``: reset it
     with a mask). Exceptions inside ``reset()``/``call()`` always raise: there is nothing to return.
     """
 
@@ -279,7 +279,7 @@ class VectorEnv:
             op = ops.get(i)
             if op is None:  # LOST: its episode vanished with its worker
                 obs[k], truncated[k] = self._last_obs[i], True
-                infos[k] = {"error": self._lost_reason[i], "worker_restarted": True}
+                infos[k] = {"error": self._lost_reason[i], "worker_restarted": True, INFRA_ERROR: self._lost_reason[i]}
                 self._lost_reason[i] = None
                 self._status[i] = ENDED
                 continue
@@ -300,9 +300,10 @@ class VectorEnv:
             obs[k], truncated[k] = self._last_obs[i], True
             self._status[i] = ENDED
             if kind == CRASH:
-                infos[k] = {"error": result[1], "worker_restarted": True}
+                infos[k] = {"error": result[1], "worker_restarted": True, INFRA_ERROR: result[1]}
             else:
-                infos[k] = {"error": f"env {i} raised {result[1]}", "traceback": result[2], "worker_restarted": False}
+                reason = f"env {i} raised {result[1]}"  # the env's own code failed, not the policy
+                infos[k] = {"error": reason, "traceback": result[2], "worker_restarted": False, INFRA_ERROR: reason}
                 errors.append(self._error_from(i, result, "step"))
         if errors and self.on_error == "raise":
             raise errors[0]

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gem_core.core import Env, StepResult, Wrapper
-from gem_core.errors import GemError
+from gem_core.errors import INFRA_ERROR, GemError, infra_error
 from gem_core.tools.base import Tool, ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ class ToolEnvWrapper(Wrapper[str, str]):
         except GemError as exc:  # the tool's machinery failed (e.g. a sandbox that lost every worker)
             logger.warning("tool %r failed: %s", tool.name, exc)
             result = ToolResult(
-                f"[the {tool.name} tool is unavailable: {exc}]", ok=False, info={"tool_error": str(exc)}
+                f"[the {tool.name} tool is unavailable: {exc}]", ok=False,
+                info={"tool_error": str(exc), INFRA_ERROR: f"{tool.name} tool: {exc}"},
             )
         self._tool_calls += 1
         self._tool_successes += bool(result.ok)
@@ -134,6 +135,9 @@ class ToolEnvWrapper(Wrapper[str, str]):
             "parsed_action": action[: call.end],
             "dropped_text": bool(action[call.end :].strip()),
         }
+        failure = infra_error(result.info)  # the tool's machinery failed: not the policy's doing
+        if failure is not None:
+            info[INFRA_ERROR] = failure
         return obs, reward, False, False, info
 
     def find_tool_call(self, action: str) -> ToolCall | None:

@@ -279,6 +279,7 @@ def test_on_error_truncate_reports_a_truncated_episode(mode):
         obs, rewards, terminated, truncated, infos = vec.step(["+1", "raise", "+1"])
         assert truncated.tolist() == [False, True, False] and not terminated[1] and rewards[1] == 0.0
         assert "RuntimeError: counter exploded" in infos[1]["error"] and infos[1]["worker_restarted"] is False
+        assert infos[1]["infra_error"] == infos[1]["error"]  # the env's own code failed, not the policy
         assert "Traceback" in infos[1]["traceback"]
         assert obs[1] == obs0[1]  # the last observation that env gave
         if mode == "async":
@@ -326,7 +327,7 @@ def test_killed_worker_is_restarted_and_other_transitions_are_intact():
         assert [column[i] for column in record[2]] == [column[i] for column in expected[2]]
     for i in (2, 3):
         assert truncated[i] and not terminated[i] and rewards[i] == 0.0
-        assert infos[i] == {"error": "worker 1 died (exit code -9)", "worker_restarted": True}
+        assert infos[i] == {"error": "worker 1 died (exit code -9)", "worker_restarted": True, "infra_error": "worker 1 died (exit code -9)"}
         assert obs[i] == expected[1][0][i]  # its last observation
     obs, rewards, terminated, truncated, infos = record[3]
     for i in (2, 3):  # the rebuilt envs start new episodes on their next step
@@ -359,6 +360,7 @@ def test_os_exit_inside_step_is_a_worker_death():
         obs, _, _, truncated, infos = vec.step(["exit 3", "+1", "+1", "+1"])
         assert truncated.tolist() == [True, True, False, False]
         assert infos[0]["error"] == "worker 0 died (exit code 3)" and infos[1]["worker_restarted"] is True
+        assert infos[0]["infra_error"] == "worker 0 died (exit code 3)"
         assert [o.split()[0] for o in obs[2:]] == ["count=1", "count=1"]
         obs, _, _, truncated, infos = vec.step(["+1"] * 4)
         assert infos[0]["autoreset"] and infos[1]["autoreset"] and not truncated.any()

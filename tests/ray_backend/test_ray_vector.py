@@ -82,7 +82,8 @@ def test_a_killed_actor_is_replaced_and_its_episodes_truncated(ray_cluster):
         assert [column[i] for column in record[2]] == [column[i] for column in expected[2]]
     for i in (2, 3):
         assert truncated[i] and not terminated[i] and rewards[i] == 0.0
-        assert infos[i] == {"error": "env actor 1 died (The actor is dead because it was killed by `ray.kill`)", "worker_restarted": True}
+        reason = "env actor 1 died (The actor is dead because it was killed by `ray.kill`)"
+        assert infos[i] == {"error": reason, "worker_restarted": True, "infra_error": reason}
         assert obs[i] == expected[1][0][i]  # its last observation
     obs, _, _, truncated, infos = record[3]
     for i in (2, 3):  # fresh envs: a new episode on the next step

@@ -228,4 +228,5 @@ def test_a_failing_tool_is_an_error_turn_not_an_exception():
     env.reset()
     obs, _, terminated, _, info = env.step("<echo>x</echo>")
     assert "unavailable: backend gone" in obs and not info["tool_ok"] and not terminated
-    assert info["tool_info"] == {"tool_error": "backend gone"} and info["tool_calls"] == 1
+    assert info["tool_info"] == {"tool_error": "backend gone", "infra_error": "echo tool: backend gone"} and info["tool_calls"] == 1
+    assert info["infra_error"] == "echo tool: backend gone"  # the tool's machinery, not the policy: kept out of training

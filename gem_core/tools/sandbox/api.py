@@ -114,6 +114,9 @@ class TestRun:
     cases: list[CaseResult]
     error: str | None = None  # the sandbox failed (worker lost, queue timeout): cases may not have run
     duration: float = 0.0
+    # True when ``error`` is the pool's own failure (infrastructure); False when the harness stopped early,
+    # which the code under test can cause itself
+    sandbox_failed: bool = False
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -307,6 +310,7 @@ class PythonSandbox:
         )  # fmt: skip
         cap = len(cases) * (protocol.CASE_REPORT.size + self.max_output_bytes)
         reply, error = self._call(request, total_s, cap, queue_timeout)
+        sandbox_failed = error is not None
         reports = protocol.decode_cases(reply.stdout)
         if error is None and len(reports) < len(cases):
             why = "timed out" if reply.timed_out else f"exit code {reply.exit_code}, signal {reply.signal}"
@@ -329,7 +333,7 @@ class PythonSandbox:
                     r["signal"], r["timed_out"], r["truncated"], r["duration"],
                 )  # fmt: skip
             )
-        return TestRun(results, error=error, duration=reply.duration, info=reply.info)
+        return TestRun(results, error=error, duration=reply.duration, info=reply.info, sandbox_failed=sandbox_failed)
 
     async def arun(self, code: str, timeout: float | None = None, **kwargs: Any) -> ExecutionResult:
         """:meth:`run` for asyncio: the call waits in a thread, the event loop does not."""
