@@ -7,9 +7,9 @@ A plugin (``gem_integrations.<trainer>``) is thin. What two plugins would share 
   the plugin's :class:`Patch`\\ es, installed and uninstalled together. A trainer with an advantage
   registry (verl) needs no patch for the estimator; one without (OpenRLHF, RL2) wraps a method, and
   uninstalling puts back exactly what was there, leaving every other estimator unchanged.
-* :class:`EnginePolicy`: a gem_core :class:`~gem_core.rollout.Policy` over an engine that answers in
-  vLLM's terms (token ids with the stop token, vLLM finish reasons); a plugin implements
-  :meth:`~EnginePolicy.request` for its trainer's call shape.
+* :class:`~gem_core.rollout.engine.EnginePolicy` (re-exported here): a gem_core
+  :class:`~gem_core.rollout.Policy` over an engine that answers in vLLM's terms (token ids with the stop
+  token, vLLM finish reasons); a plugin implements :meth:`~EnginePolicy.request` for its trainer's call shape.
 * Plugins are found through the ``gem_core.plugins`` entry-point group (:func:`discover`): the
   ``gem-core`` command adds each plugin's ``make-dataset`` writer and subcommands without importing
   any trainer.
@@ -20,7 +20,6 @@ ids is :mod:`gem_core.batch`.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import importlib.abc
 import importlib.metadata
@@ -30,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gem_core.errors import GemError
-from gem_core.rollout.policy import Generation, SamplingParams
+from gem_core.rollout.engine import EnginePolicy, copy_params, finish_reason, sampling_from_vllm
 
 ENTRY_POINT_GROUP = "gem_core.plugins"
+__all__ = ["EnginePolicy", "Patch", "PluginError", "TrainerPlugin", "copy_params", "discover", "finish_reason", "sampling_from_vllm"]
 
 
 class PluginError(GemError):
@@ -279,110 +279,6 @@ def _release_matches(version: str, specifier: str) -> bool:
                     return False
                 break
     return True
-
-
-# ------------------------------------------------------------------------------------------------
-# The engine adapter.
-# ------------------------------------------------------------------------------------------------
-
-
-class EnginePolicy:
-    """A gem_core :class:`~gem_core.rollout.Policy` over a trainer's inference engine.
-
-    Subclasses implement :meth:`request`, the trainer's own call, and return what it returned; this
-    class turns gem_core's :class:`SamplingParams` into vLLM's names (:meth:`vllm_params`) and the
-    answer into a :class:`Generation` (:meth:`generation`), the same way for every trainer: the token
-    ids as the engine returned them (with the stop token, as vLLM's ``token_ids`` have it: never
-    re-derived from the text), logprobs, and vLLM's finish reason (``"length"`` also when the engine
-    returned exactly ``max_tokens`` tokens without a stop token).
-    """
-
-    def vllm_params(self, params: SamplingParams, base: dict[str, Any] | None = None) -> dict[str, Any]:
-        """vLLM sampling params for one turn: ``base`` (the trainer's own), then gem_core's fields."""
-        out = dict(base or {})
-        out.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_tokens)
-        if params.stop_token_ids:
-            out["stop_token_ids"] = list(dict.fromkeys([*(out.get("stop_token_ids") or ()), *params.stop_token_ids]))
-        if params.seed is not None:
-            out["seed"] = params.seed
-        out.update(params.extra)
-        return out
-
-    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
-        output = await self.request(list(prompt_ids), params, request_id)
-        return self.generation(output, params)
-
-    def generation(self, output: Any, params: SamplingParams) -> Generation:
-        """A vLLM-like answer (``.token_ids``, ``.logprobs``/``.log_probs``, ``.finish_reason``/``.stop_reason``,
-        or a ``RequestOutput`` with ``.outputs[0]``) as a :class:`Generation`."""
-        if hasattr(output, "outputs"):
-            output = output.outputs[0]
-        ids = [int(t) for t in output.token_ids]
-        logprobs = _logprobs(output, ids)
-        return Generation(ids, logprobs, finish_reason(output, ids, params))
-
-
-def sampling_from_vllm(vllm_params: Any, max_tokens: int) -> SamplingParams:
-    """gem_core sampling params from a trainer's ``vllm.SamplingParams`` (its temperature, top-p, top-k
-    and seed) with ``max_tokens`` per turn (vLLM's ``top_k=-1`` is gem_core's 0: no top-k)."""
-    def field(name: str, default: Any) -> Any:
-        value = getattr(vllm_params, name, None)
-        return default if value is None else value
-
-    return SamplingParams(
-        max_tokens=int(max_tokens),
-        temperature=float(field("temperature", 1.0)),
-        top_p=float(field("top_p", 1.0)),
-        top_k=max(int(field("top_k", 0)), 0),
-        stop_token_ids=tuple(getattr(vllm_params, "stop_token_ids", None) or ()),
-        seed=getattr(vllm_params, "seed", None),
-    )
-
-
-def copy_params(base: Any, changes: dict[str, Any]) -> Any:
-    """A deep copy of ``base`` (a ``vllm.SamplingParams`` the trainer owns) with ``changes`` set; the
-    trainer's object is never touched. vLLM derives ``_all_stop_token_ids`` from ``stop_token_ids`` when
-    the params are built (it masks them before ``min_tokens``); the copy's set gets the new stop tokens too."""
-    params = copy.deepcopy(base)
-    for name, value in changes.items():
-        setattr(params, name, value)
-    derived = getattr(params, "_all_stop_token_ids", None)
-    if isinstance(derived, set) and changes.get("stop_token_ids"):
-        derived.update(changes["stop_token_ids"])
-    return params
-
-
-def finish_reason(output: Any, ids: Sequence[int], params: SamplingParams) -> str:
-    """gem_core's finish reason from an engine's answer: vLLM's ``finish_reason`` when given
-    (``"stop"``/``"length"``/``"abort"``), verl's ``stop_reason`` (``"aborted"``, ``"completed"``),
-    and ``"length"`` whenever the answer used all of ``max_tokens`` without ending on a stop token
-    (an engine that reports "completed" for a response it cut)."""
-    reason = getattr(output, "finish_reason", None)
-    stop = getattr(output, "stop_reason", None)
-    if reason == "abort" or stop in ("aborted", "abort"):
-        return "abort"
-    if reason == "length":
-        return "length"
-    if len(ids) >= params.max_tokens and (not ids or int(ids[-1]) not in params.stop_token_ids):
-        return "length"
-    return "stop"
-
-
-def _logprobs(output: Any, ids: Sequence[int]) -> list[float] | None:
-    values = getattr(output, "log_probs", None)
-    if values is not None:
-        return [float(v) for v in values] or None
-    records = getattr(output, "logprobs", None)
-    if records is None:
-        return None
-    out = []
-    for token, record in zip(ids, records):
-        entry = record.get(token) if isinstance(record, dict) else record
-        out.append(float(getattr(entry, "logprob", entry)))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ transformers until a policy that needs them is built.
 """
 
 from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter
+from gem_core.rollout.engine import EnginePolicy, VLLMPolicy
 from gem_core.rollout.http import ModelRequestError, Retry
 from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
 from gem_core.rollout.policy import (
@@ -44,6 +45,7 @@ __all__ = [
     "ChatPolicy",
     "ChatTemplateError",
     "ContextLimitExceeded",
+    "EnginePolicy",
     "EpisodeSpec",
     "FinishReason",
     "Generation",
@@ -58,6 +60,7 @@ __all__ = [
     "ScriptedPolicy",
     "SequenceView",
     "ThreadedEnv",
+    "VLLMPolicy",
     "Trajectory",
     "Turn",
     "TurnSample",

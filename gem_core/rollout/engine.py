@@ -1,0 +1,216 @@
+"""Policies over an inference engine that answers in vLLM's terms, and vLLM itself.
+
+* :class:`EnginePolicy`: the adapter every trainer plugin subclasses: gem_core's :class:`SamplingParams`
+  in vLLM's names, and the engine's answer as a :class:`Generation` (token ids exactly as the engine
+  returned them, the stop token included; logprobs; vLLM's finish reasons).
+* :class:`VLLMPolicy`: the core runner's policy over vLLM's offline ``LLM`` (GPU or CPU build):
+  requests of concurrent episodes that arrive together go to the engine as one batched ``generate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed
+
+
+class EnginePolicy:
+    """A gem_core :class:`~gem_core.rollout.Policy` over a trainer's inference engine.
+
+    Subclasses implement :meth:`request`, the trainer's own call, and return what it returned; this
+    class turns gem_core's :class:`SamplingParams` into vLLM's names (:meth:`vllm_params`) and the
+    answer into a :class:`Generation` (:meth:`generation`), the same way for every trainer: the token
+    ids as the engine returned them (with the stop token, as vLLM's ``token_ids`` have it: never
+    re-derived from the text), logprobs, and vLLM's finish reason (``"length"`` also when the engine
+    returned exactly ``max_tokens`` tokens without a stop token).
+    """
+
+    def vllm_params(self, params: SamplingParams, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """vLLM sampling params for one turn: ``base`` (the trainer's own), then gem_core's fields."""
+        out = dict(base or {})
+        out.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_tokens)
+        if params.stop_token_ids:
+            out["stop_token_ids"] = list(dict.fromkeys([*(out.get("stop_token_ids") or ()), *params.stop_token_ids]))
+        if params.seed is not None:
+            out["seed"] = params.seed
+        out.update(params.extra)
+        return out
+
+    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+        output = await self.request(list(prompt_ids), params, request_id)
+        return self.generation(output, params)
+
+    def generation(self, output: Any, params: SamplingParams) -> Generation:
+        """A vLLM-like answer (``.token_ids``, ``.logprobs``/``.log_probs``, ``.finish_reason``/``.stop_reason``,
+        or a ``RequestOutput`` with ``.outputs[0]``) as a :class:`Generation`."""
+        if hasattr(output, "outputs"):
+            output = output.outputs[0]
+        ids = [int(t) for t in output.token_ids]
+        logprobs = _logprobs(output, ids)
+        return Generation(ids, logprobs, finish_reason(output, ids, params))
+
+
+def sampling_from_vllm(vllm_params: Any, max_tokens: int) -> SamplingParams:
+    """gem_core sampling params from a trainer's ``vllm.SamplingParams`` (its temperature, top-p, top-k
+    and seed) with ``max_tokens`` per turn (vLLM's ``top_k=-1`` is gem_core's 0: no top-k)."""
+    def field(name: str, default: Any) -> Any:
+        value = getattr(vllm_params, name, None)
+        return default if value is None else value
+
+    return SamplingParams(
+        max_tokens=int(max_tokens),
+        temperature=float(field("temperature", 1.0)),
+        top_p=float(field("top_p", 1.0)),
+        top_k=max(int(field("top_k", 0)), 0),
+        stop_token_ids=tuple(getattr(vllm_params, "stop_token_ids", None) or ()),
+        seed=getattr(vllm_params, "seed", None),
+    )
+
+
+def copy_params(base: Any, changes: dict[str, Any]) -> Any:
+    """A deep copy of ``base`` (a ``vllm.SamplingParams`` the trainer owns) with ``changes`` set; the
+    trainer's object is never touched. vLLM derives ``_all_stop_token_ids`` from ``stop_token_ids`` when
+    the params are built (it masks them before ``min_tokens``); the copy's set gets the new stop tokens too."""
+    params = copy.deepcopy(base)
+    for name, value in changes.items():
+        setattr(params, name, value)
+    derived = getattr(params, "_all_stop_token_ids", None)
+    if isinstance(derived, set) and changes.get("stop_token_ids"):
+        derived.update(changes["stop_token_ids"])
+    return params
+
+
+def finish_reason(output: Any, ids: Sequence[int], params: SamplingParams) -> str:
+    """gem_core's finish reason from an engine's answer: vLLM's ``finish_reason`` when given
+    (``"stop"``/``"length"``/``"abort"``), verl's ``stop_reason`` (``"aborted"``, ``"completed"``),
+    and ``"length"`` whenever the answer used all of ``max_tokens`` without ending on a stop token
+    (an engine that reports "completed" for a response it cut)."""
+    reason = getattr(output, "finish_reason", None)
+    stop = getattr(output, "stop_reason", None)
+    if reason == "abort" or stop in ("aborted", "abort"):
+        return "abort"
+    if reason == "length":
+        return "length"
+    if len(ids) >= params.max_tokens and (not ids or int(ids[-1]) not in params.stop_token_ids):
+        return "length"
+    return "stop"
+
+
+def _logprobs(output: Any, ids: Sequence[int]) -> list[float] | None:
+    values = getattr(output, "log_probs", None)
+    if values is not None:
+        return [float(v) for v in values] or None
+    records = getattr(output, "logprobs", None)
+    if records is None:
+        return None
+    out = []
+    for token, record in zip(ids, records):
+        entry = record.get(token) if isinstance(record, dict) else record
+        out.append(float(getattr(entry, "logprob", entry)))
+    return out
+
+
+@dataclass
+class _Pending:
+    prompt_ids: list[int]
+    params: Any
+    future: asyncio.Future
+
+
+class VLLMPolicy(EnginePolicy):
+    """Token in, token out over vLLM's offline ``LLM`` (``vllm.LLM``, or anything with its
+    ``generate(prompts, sampling_params, use_tqdm=...)``).
+
+    Requests that arrive while the engine is busy are gathered (up to ``max_batch_size``) into one
+    ``generate`` call, run in a thread so the event loop keeps stepping envs. Each request samples with
+    its own seed, derived from ``(seed, params.seed, request_id)`` as :class:`~gem_core.rollout.HFPolicy`
+    does, so a rerun with the same episode ids samples the same tokens. ``logprobs=True`` asks vLLM for
+    the sampled token's logprob (``logprobs=0``). ``skip_special_tokens`` is left False: the runner never
+    reads the engine's text, only its token ids.
+    """
+
+    def __init__(self, llm: Any, *, seed: int = 0, max_batch_size: int = 256, logprobs: bool = True, sampling_params_cls: Any = None):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.llm = llm
+        self.seed = int(seed)
+        self.max_batch_size = int(max_batch_size)
+        self.logprobs = bool(logprobs)
+        if sampling_params_cls is None:
+            from vllm import SamplingParams as sampling_params_cls  # the real engine's class
+        self.sampling_params_cls = sampling_params_cls
+        self.max_model_len = _max_model_len(llm)
+        self._queue: list[_Pending] = []
+        self._server: asyncio.Task | None = None
+
+    @classmethod
+    def from_pretrained(cls, model: str, *, seed: int = 0, max_model_len: int = 4096, dtype: str = "auto", llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> VLLMPolicy:
+        """Start ``vllm.LLM(model)`` (a path or hub id; see :func:`gem_core.models.resolve_model`)."""
+        from vllm import LLM
+
+        llm = LLM(model=model, seed=seed, max_model_len=max_model_len, dtype=dtype, **(llm_kwargs or {}))
+        return cls(llm, seed=seed, **kwargs)
+
+    def engine_params(self, params: SamplingParams, request_id: str) -> Any:
+        """The ``vllm.SamplingParams`` of one request."""
+        values = self.vllm_params(params, {"skip_special_tokens": False, "logprobs": 0 if self.logprobs else None})
+        values["seed"] = derive_seed(self.seed, params.seed, request_id) % (2**31)
+        return self.sampling_params_cls(**values)
+
+    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:
+        if not prompt_ids:
+            raise ValueError("VLLMPolicy needs a non-empty prompt")
+        if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
+            # vLLM refuses the whole batched call for one over-long prompt: refuse this request alone
+            raise ContextLimitExceeded(f"a prompt of {len(prompt_ids)} tokens for max_model_len {self.max_model_len}")
+        loop = asyncio.get_running_loop()
+        pending = _Pending(list(prompt_ids), self.engine_params(params, request_id), loop.create_future())
+        self._queue.append(pending)
+        if self._server is None or self._server.done() or self._server.get_loop() is not loop:
+            self._server = loop.create_task(self._serve())
+        return await pending.future
+
+    async def _serve(self) -> None:
+        while self._queue:
+            await asyncio.sleep(0)  # let the episodes that are about to ask join this batch
+            batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+            batch = [p for p in batch if not p.future.done()]
+            if not batch:
+                continue
+            try:
+                outputs = await asyncio.to_thread(self._generate, batch)
+            except BaseException as exc:
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for pending, output in zip(batch, outputs):
+                if not pending.future.done():
+                    pending.future.set_result(output)
+
+    def _generate(self, batch: Sequence[_Pending]) -> list[Any]:
+        prompts = [{"prompt_token_ids": p.prompt_ids} for p in batch]
+        outputs = self.llm.generate(prompts, [p.params for p in batch], use_tqdm=False)
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"the engine answered {len(outputs)} of {len(batch)} requests")
+        return list(outputs)
+
+
+def _max_model_len(llm: Any) -> int | None:
+    """The engine's context window (``LLM.llm_engine.model_config.max_model_len``), when it says."""
+    for path in (("llm_engine", "model_config", "max_model_len"), ("engine", "max_model_len"), ("max_model_len",)):
+        value: Any = llm
+        for name in path:
+            value = getattr(value, name, None)
+        if isinstance(value, int):
+            return value
+    return None

