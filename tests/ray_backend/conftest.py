@@ -63,3 +63,73 @@ def alive(pids) -> list[int]:
             continue
         living.append(pid)
     return living
+
+
+def run_processes(label: str) -> list[int]:
+    """Living processes other than this one started by this test run (their environment holds its
+    GEM_SANDBOX_LABEL, see tests/conftest.py): Ray's (raylets, GCS, workers, actors) and what they
+    started, sandbox reapers of other owners included; this process's own reaper aside."""
+    from gem_core.tools.sandbox import reaper
+
+    wanted = f"{reaper.LABEL_VAR}={label}".encode() + b"\0"
+    me = os.getpid()
+    mine = {pid for pid, owner in reaper.find_reapers(label).items() if owner == me}
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in mine or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                if not (b"\0" + handle.read()).count(b"\0" + wanted):
+                    continue
+            with open(f"/proc/{name}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(name))
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Before tests/conftest.py's check of sandboxes: Ray shut down, and no process this run started
+    (Ray's, the actors', the sandboxes' reapers) left once Ray had RAY_GRACE_S to stop them. Any left
+    fails the run, and is killed."""
+    import signal
+
+    from gem_core.tools.sandbox import reaper
+
+    if ray.is_initialized():
+        ray.shutdown()
+    label = os.environ.get(reaper.LABEL_VAR)
+    if not label:
+        return
+    left = wait_until(lambda: run_processes(label) == [], RAY_GRACE_S, every=0.25) or run_processes(label)
+    if left is True:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"FAILED the ray run left processes behind (label {label}):"] + [f"  process {pid}: {_command(pid)}" for pid in left]
+    for line in lines:
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line)
+    if session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"
+
+
+RAY_GRACE_S = 30.0  # ray.shutdown() returns before every worker it stopped has exited

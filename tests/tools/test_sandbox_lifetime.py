@@ -139,3 +139,19 @@ def test_a_bad_label_is_one_clear_error(monkeypatch):
     monkeypatch.setenv(reaper.LABEL_VAR, "no spaces/or slashes")
     with pytest.raises(ValueError, match="GEM_SANDBOX_LABEL must be at most 64 of"):
         Owner().tag()
+
+
+def test_the_run_fails_when_it_leaves_a_sandbox_process_behind():
+    """tests/conftest.py's check after the whole run: a run whose test passed but left a process of its
+    label behind exits 1 and names it; the check then kills it."""
+    label = unique_marker()[-12:]
+    env = {**os.environ, reaper.LABEL_VAR: label, "GEM_TEST_LEFTOVER_GRACE_S": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "tests/tools/leaky_session.py"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )  # fmt: skip
+    pid = int(done.stdout.split("LEFT ", 1)[1].split()[0])
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "1 passed" in done.stdout and f"left sandbox processes or temp dirs behind (label {label})" in done.stdout
+    assert f"process {pid}:" in done.stdout
+    assert wait_for(lambda: reaper.find_processes(f"{reaper.TAG}{label}/") == [], 5)  # and it is gone

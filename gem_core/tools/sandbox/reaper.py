@@ -70,7 +70,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
             fields = handle.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return fields[0].decode(), int(fields[3])
+    return fields[0].decode(), int(fields[2])  # after the name: state, parent, process group
 
 
 def _pids() -> list[int]:
