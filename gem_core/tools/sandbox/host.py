@@ -273,7 +273,7 @@ class WorkerProcess:
             pidfd = os.pidfd_open(pid)
         except (ValueError, KeyError, TypeError, OSError):
             return  # no init (bwrap failed before it), or it is gone already
-        if carries(pid, self.tag):
+        if carries(pid, json.dumps(self.tag)):  # quoted, as in the config: tag /1 is not tag /12
             self.init_pidfd = pidfd
         else:
             os.close(pidfd)
@@ -379,10 +379,11 @@ class WorkerProcess:
         """SIGKILL the sandbox's processes, keeping the descriptors (another thread may be polling them):
         bwrap's process group (bwrap, and the init until it has its own session), then the init, whose
         death ends its whole pid namespace. Does not wait (:meth:`wait_gone`)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc.returncode is None:  # once reaped, its pid (and group id) may be another's
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             self.proc.kill()
         except OSError:
