@@ -10,7 +10,9 @@ Read it in this order, one job per module:
 * ``host.py`` -- the host's end of one worker: start it, run one call on its waiting child;
 * ``protocol.py`` -- the messages and frames between host, worker and child;
 * ``worker.py`` -- the program inside the sandbox: fork a child per call, run, reap, clean;
-* ``policy.py`` -- the isolation: the bubblewrap command line, namespaces, rlimits, what is visible.
+* ``policy.py`` -- the isolation: the bubblewrap command line, namespaces, rlimits, what is visible;
+* ``reaper.py`` -- each owner process's reaper: when the owner dies (SIGKILL, ``ray.kill``), it ends
+  whatever of its sandboxes bwrap's ``--die-with-parent`` missed, and removes its temp dirs.
 
 ``isolation="none"`` runs the same workers without bubblewrap, for machines that cannot have it. It
 keeps the rlimits and the timeout but gives **no** file, network or environment isolation, and it
