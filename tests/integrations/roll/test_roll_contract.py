@@ -151,6 +151,65 @@ def test_thinking_is_stripped_like_gem_core_s_runner():
     assert info["gem_info"]["format_error"] or info["gem_info"]["invalid_action"]
 
 
+def test_suffix_info_hands_roll_the_two_parts_of_the_model_message():
+    core = gem_core.make("game:Sudoku-v0-easy")
+    core_obs, core_info = core.reset(seed=3)
+    env = roll_make(env="game:Sudoku-v0-easy", suffix="info")
+    observation, info = env.reset(seed=3)  # TrajEnvManager.reset keeps info["suffix"] in history[0]
+    assert core_info["suffix"].strip() and info["suffix"] == core_info["suffix"].strip("\n") and observation == core_obs.rstrip("\n")
+    assert gem_core.model_message(observation, info) == gem_core.model_message(core_obs, core_info)
+    for action in ["\\boxed{1 1 4}", "\\boxed{9 9 9}"]:
+        core_obs, _, _, _, core_info = core.step(action)
+        observation, _, terminated, _, info = env.step(action=action)  # TrajEnvManager.step pops info["suffix"]
+        assert not terminated and "Here is the current grid" in info["suffix"] and "Here is the current grid" not in observation
+        assert gem_core.model_message(observation, info) == gem_core.model_message(core_obs, core_info)
+    _, info = roll_make(env="game:GuessTheNumber-v0-easy", suffix="info").reset(seed=0)
+    assert info["suffix"] == ""  # no suffix: ROLL's StepConcatEnvManager renders f"{observation}\n{''}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Infrastructure failures (gem_core.errors.INFRA_ERROR): the episode ends, flagged for the group filter.
+# ------------------------------------------------------------------------------------------------
+
+
+def python_tool(env):
+    """The PythonTool inside a bridge env (the ToolEnvWrapper the task spec's tools added)."""
+    inner = env.core
+    while not hasattr(inner, "tools"):
+        inner = inner.env
+    return next(tool for tool in inner.tools if tool.name == "python")
+
+
+def roll_aggregate(history_metrics, modes):
+    """roll.utils.functionals.aggregate_metrics (as read): per key, the step values under its mode (default mean)."""
+    reduce = {"sum": np.sum, "mean": np.mean, "min": np.min, "max": np.max, "last": lambda v: v[-1], "first": lambda v: v[0]}
+    keys = {k for metrics in history_metrics for k in metrics}
+    return {k: float(reduce[modes.get(k, "mean")]([float(m[k]) for m in history_metrics if k in m])) for k in keys}
+
+
+def test_a_dead_sandbox_ends_roll_s_episode_with_reward_0_and_the_infra_metric():
+    env = roll_make(env="game:GuessTheNumber-v0-easy", tools=["python"])
+    env.reset(seed=0)
+    _, _, _, _, first = env.step(action="\\boxed{5}")
+    assert first["metrics"]["infra_error"] == 0.0 and "infra_error" not in first
+    python_tool(env).sandbox.close()  # the pool shut down under the episode
+    observation, reward, terminated, truncated, info = env.step(action="<python>print(1)</python><|im_end|>")
+    assert (observation, reward, terminated, truncated) == ("", 0.0, True, True)  # ROLL stops on terminated
+    assert info["infra_error"].startswith("python tool:") and info["gem_info"]["infra_error"] == info["infra_error"]
+    assert info["metrics"]["infra_error"] == 1.0 and info["use_tool"] is False
+    episode = roll_aggregate([first["metrics"], info["metrics"]], info["metrics_agg_mode"])
+    assert episode["infra_error"] == 1.0  # what ROLL's formulate_rollouts puts in env/<tag>/infra_error
+    env.close()
+
+
+def test_a_clean_episode_reports_infra_error_0_every_step():
+    env = roll_make(env="game:GuessTheNumber-v0-easy", tools=["python"])
+    env.reset(seed=0)
+    steps = [env.step(action=a) for a in ["<python>print(2)</python>", "\\boxed{5}"]]
+    assert [s[4]["metrics"]["infra_error"] for s in steps] == [0.0, 0.0] and not any("infra_error" in s[4] for s in steps)
+    env.close()
+
+
 # ------------------------------------------------------------------------------------------------
 # End of episode, under ROLL's rule.
 # ------------------------------------------------------------------------------------------------
@@ -212,6 +271,7 @@ def test_a_format_error_terminates():
         ({"env": "game:Sudoku-v0-easy", "tools": ["pyton"]}, "unknown env tool"),
         ({"env": "game:Sudoku-v0-easy", "max_turns": 0}, "max_turns"),
         ({"env": "game:Sudoku-v0-easy", "strip_thinking": "yes"}, "strip_thinking"),
+        ({"env": "game:Sudoku-v0-easy", "suffix": "prompt"}, "suffix must be one of observation, info"),
     ],
 )
 def test_bad_config_is_one_clear_line(config, words):
