@@ -26,11 +26,17 @@ def test_rebn_keys(config):
     assert config["adv_estimator"] == "step_reinforce"
     assert config["reward_normalization"] == {"grouping": "batch", "method": "mean_std"}
     assert config["gamma"] == 1.0 and config["whiten_advantages"] is False and config["add_token_level_kl"] is False
-    assert config["advantage_clip"] is None and config["reward_clip"] is None
+    assert config["advantage_clip"] >= 1e9 and "reward_clip" not in config  # no ReBN |A| reaches it; no reward clip
+    assert config["batch_adjust_mode"] == "delete"  # copy would train copies and count them in the mean and std
     settings = rebn_settings(config["step_reward_gamma"])
     assert settings == {"gamma": config["step_reward_gamma"], "group_by": None, **ROLL_REBN}
     out = np.asarray(rebn([[0, 0, 1], [0.5, -0.1], [0]], **rebn_settings(0.9)))
     np.testing.assert_allclose(out, [0.6468, 0.8366, 1.0475, -0.1968, -1.2724, -1.0615], atol=5e-5)
+
+
+def test_no_top_level_key_is_null(config):
+    # ROLL loads its config with dacite into typed dataclass fields (reward_clip: float...): a null is refused
+    assert not [key for key, value in config.items() if value is None]
 
 
 def test_every_custom_env_is_made_by_the_bridge(config):
