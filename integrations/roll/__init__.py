@@ -5,11 +5,15 @@
   registry (gem-llm 0.0.4, ROLL's pin); the module docstring says why registration and what ROLL reads.
 * :mod:`.env_manager`: the ``env_manager_cls`` to name in ROLL's YAML: importing it registers the env
   in ROLL's env workers; its classes are ROLL's own managers.
+* :mod:`.group_filter`: the ``group_filter_cls`` that keeps episodes the infrastructure failed
+  (gem-core's ``info["infra_error"]``) out of ROLL's batch, and counts them.
+* :mod:`.pipeline`: the ``pipeline_cls``, ROLL's ``AgenticPipeline`` with a ``batch_adjust_mode: delete``
+  that runs at ROLL 8eb27cc (imports ROLL).
 * :data:`ROLL_REBN`: the core :func:`gem_core.algo.rebn` settings that reproduce ROLL's
   ``step_reinforce`` with ``reward_normalization: {grouping: batch, method: mean_std}``
   (``examples/roll/``).
 
-Nothing here imports ROLL; :mod:`.env` imports ``gem`` (gem-llm).
+Nothing here but :mod:`.pipeline` imports ROLL; :mod:`.env` imports ``gem`` (gem-llm).
 """
 
 from __future__ import annotations

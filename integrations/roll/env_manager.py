@@ -3,14 +3,17 @@
     custom_envs:
       Sudoku:
         env_type: gem-core
-        env_manager_cls: gem_integrations.roll.env_manager.StepEnvManager
+        env_manager_cls: gem_integrations.roll.env_manager.StepConcatEnvManager
+        history_length: 20          # >= max_steps: the rules and every earlier turn in each prompt
 
 ROLL's ``EnvironmentWorker`` imports ``env_manager_cls`` by its dotted path
 (``roll.utils.import_utils.safe_import_class``) in the process that then calls ``gem.make``; importing
 this module there registers ``gem-core`` (:func:`gem_integrations.roll.env.register`, idempotent).
 ``StepEnvManager``, ``StepConcatEnvManager``, ``TrajEnvManager`` and ``VLTrajEnvManager`` are ROLL's
 classes themselves, looked up when asked for (the same objects, not subclasses: nothing of ROLL's
-rollout changes). The step managers give ``step_reinforce`` its per-step samples.
+rollout changes). The step managers give ``step_reinforce`` its per-step samples; ``StepConcatEnvManager``
+(ROLL's GEM view, ``examples/roll/``) shows the earlier observations, ``StepEnvManager`` only what its
+``agent_template`` names (its ``{history}`` lists only invalid actions).
 """
 
 from __future__ import annotations
