@@ -17,6 +17,15 @@ gem estimators only, it reads :data:`TURN_IDS_FIELD` for the same keys, pads it 
 estimator gives them to :func:`gem_core.algo.rebn_token_level`. So verl's token-level rollout rejection
 (``rollout_rs=token_k*``, which zeroes single mask tokens before the estimator) never splits a turn.
 
+Rows that carry no turns (:func:`row_turn_ids`): verl's ``_balance_batch`` pads a batch that the
+data-parallel size or the PPO mini-batch does not divide with synthetic rows copied from row 0 (tag
+``is_padding``, a one-token masked response, zero ``rm_scores``) that keep row 0's turn ids; they get
+none, so they add nothing to ReBN's statistics. Episodes the infrastructure failed (the engine aborted a
+request, a sandbox or env worker died: ``Trajectory.infra_error``, DESIGN.md contract 8) come from the
+loop with mask 0, zero rewards and turn ids -1, so they are out of the loss and the statistics too; the
+wrapper counts them in the step's metrics (``gem/infra_failed_episodes``, ``gem/infra_failed_fraction``;
+``gem/padding_rows`` counts verl's padding).
+
 Fallback (documented, not silent): a batch without turn ids (rows from another agent loop, or the
 estimator called directly) has its turns found as the runs of 1s in ``response_mask``; the wrapper
 then reports ``gem/turn_ids_from_mask=1`` in the step's metrics.
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -42,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 #: The agent loop's per-token turn ids, as stored in TransferQueue next to ``response_mask``.
 TURN_IDS_FIELD = "gem_turn_ids"
+#: The agent loop's per-row infrastructure failure (``Trajectory.infra_error``; "" when none).
+INFRA_FIELD = "gem_infra_error"
+#: The tag verl's ``_balance_batch`` puts on the synthetic rows it pads a batch with.
+PADDING_TAG = "is_padding"
 _BATCH_TURN_IDS: ContextVar[Any] = ContextVar("gem_verl_batch_turn_ids", default=None)
 
 REBN = "rebn"
@@ -188,29 +201,89 @@ def check_trainer_config(config: Any) -> None:
         )
 
 
-def fetch_turn_ids(batch: Any) -> Any:
-    """:data:`TURN_IDS_FIELD` of the TransferQueue rows ``batch`` (a ``KVBatchMeta``) names, right-padded
-    with -1 to the width verl pads the rest of the batch to; None when the rows carry none."""
+def row_turn_ids(turn_ids: Sequence[Any], response_lengths: Sequence[int], padding: Sequence[bool]) -> tuple[Any, int]:
+    """The batch's turn ids, (rows, longest response), -1 where a token is in no turn, and how many real
+    rows were given none because their stored ids do not match their response.
+
+    A row's stored ids count only where the row is the gem_env loop's own episode: verl's padding rows
+    (``is_padding``, added by ``_balance_batch`` as copies of row 0 with a one-token, masked response) keep
+    row 0's :data:`TURN_IDS_FIELD`, and counting those turns would add row 0's turns with return 0 to
+    ReBN's statistics once per padding row. A row whose ids are not one per response token was not
+    written by the loop for that response either: it gets none too (logged; a row that still carries
+    model tokens or rewards then fails in the estimator with the reason)."""
+    import torch
+
+    if not (len(turn_ids) == len(response_lengths) == len(padding)):
+        raise ValueError(f"{len(turn_ids)} rows of turn ids for {len(response_lengths)} responses and {len(padding)} tags")
+    width = max((int(n) for n in response_lengths), default=0)
+    out = torch.full((len(turn_ids), width), -1, dtype=torch.int64)
+    mismatched = 0
+    for row, (ids, length, is_padding) in enumerate(zip(turn_ids, response_lengths, padding)):
+        if is_padding:
+            continue
+        ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        if ids.numel() != int(length):
+            mismatched += 1
+            logger.warning(
+                "gem: row %d has %d turn ids for a response of %d tokens (not the gem_env loop's row); it gets no turns",
+                row, ids.numel(), int(length),
+            )
+            continue
+        out[row, : int(length)] = ids
+    return out, mismatched
+
+
+def _rows(field: Any) -> list[Any]:
+    """One entry per row of a TransferQueue field: a tensor's rows (nested or padded), or a non-tensor
+    stack's values."""
+    import torch
+
+    if isinstance(field, torch.Tensor):
+        return list(field.unbind(0))
+    return list(field.tolist()) if hasattr(field, "tolist") else list(field)
+
+
+def fetch_gem_fields(batch: Any) -> tuple[Any, dict[str, float]]:
+    """The turn ids of the TransferQueue rows ``batch`` (a ``KVBatchMeta``) names (:func:`row_turn_ids`,
+    padding rows left out by verl's ``is_padding`` tag) and the step's ``gem/*`` metrics: the episodes the
+    infrastructure failed (:data:`INFRA_FIELD`; padding rows, copies of row 0, not counted), the padding
+    rows left out. Turn ids are None when the rows carry none (another agent loop wrote them)."""
     import transfer_queue as tq
 
+    tags = list(getattr(batch, "tags", None) or [{} for _ in batch.keys])
+    padding = [bool((tag or {}).get(PADDING_TAG, False)) for tag in tags]
+    real = len(padding) - sum(padding)
+    metrics = {"gem/padding_rows": float(sum(padding))}
     try:
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[TURN_IDS_FIELD])
-        field = data[TURN_IDS_FIELD]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[TURN_IDS_FIELD, "response_mask"])
+        stored, masks = _rows(data[TURN_IDS_FIELD]), _rows(data["response_mask"])
     except Exception as exc:  # rows written by another agent loop: no such field
         logger.warning("gem: no %s in this batch (%s); rebn finds turns from response_mask runs", TURN_IDS_FIELD, exc)
-        return None
-    return field.to_padded_tensor(padding=-1) if getattr(field, "is_nested", False) else field
+        turn_ids = None
+    else:
+        turn_ids, mismatched = row_turn_ids(stored, [len(m) for m in masks], padding)
+        metrics["gem/rows_without_turn_ids"] = float(mismatched)
+    try:
+        reasons = _rows(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[INFRA_FIELD])[INFRA_FIELD])
+    except Exception:  # rows from another agent loop carry no flag
+        reasons = [""] * len(padding)
+    failed = sum(1 for reason, is_padding in zip(reasons, padding) if reason and not is_padding)
+    metrics["gem/infra_failed_episodes"] = float(failed)
+    metrics["gem/infra_failed_fraction"] = failed / max(real, 1)
+    return turn_ids, metrics
 
 
 def wrap_compute_advantage(original: Any) -> Any:
     """``PPOTrainer._compute_advantage`` that, for the gem estimators only, runs verl's own step with the
-    batch's explicit turn ids (:func:`fetch_turn_ids`, :func:`batch_turn_ids`). Other estimators: untouched."""
+    batch's explicit turn ids (:func:`fetch_gem_fields`, :func:`batch_turn_ids`) and adds the ``gem/*``
+    metrics to the step's. Other estimators: untouched."""
 
     @functools.wraps(original)
     def _compute_advantage(self: Any, batch: Any, metrics: dict) -> Any:
         if self.config.algorithm.adv_estimator not in ESTIMATORS:
             return original(self, batch, metrics)
-        turn_ids = fetch_turn_ids(batch)
+        turn_ids, gem_metrics = fetch_gem_fields(batch)
+        metrics.update(gem_metrics)
         metrics["gem/turn_ids_from_mask"] = float(turn_ids is None)
         with batch_turn_ids(turn_ids):
             return original(self, batch, metrics)

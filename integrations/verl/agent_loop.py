@@ -17,6 +17,10 @@ per-turn rewards are written into ``rm_scores`` at each turn's last model token,
 ids into :data:`~gem_integrations.verl.advantage.TURN_IDS_FIELD`, by :meth:`GemAgentLoopOutput.as_dict`,
 the method verl 0.9's v1 trainer (``trainer.use_v1=True``, the default) calls to store a sample in
 TransferQueue. The ``rebn`` estimator gets both (see :mod:`gem_integrations.verl.advantage`).
+An episode the infrastructure failed (``Trajectory.infra_error``: verl's server aborted the request, a
+sandbox or env worker died) keeps its tokens but gets ``response_mask`` 0, ``rm_scores`` 0 and turn ids
+-1 (gem_core's :func:`~gem_core.batch.sequence_batch` rule), and its reason in :data:`INFRA_FIELD`, which
+the advantage step counts in the step's metrics; it is neither trained on nor part of ReBN's statistics.
 The legacy trainer (``use_v1=False``) keeps only a scalar per row, and a reward model would overwrite
 or skip the per-turn scores: with the gem estimators both are refused
 (:func:`~gem_integrations.verl.advantage.check_trainer_config`).
@@ -37,12 +41,13 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from gem_core import model_message
+from gem_core.batch import sequence_batch
 from gem_core.plugins import EnginePolicy
 from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, Trajectory, cached_formatter, episode_of, run_episode
 from gem_core.rollout.runner import as_async_env
 from gem_core.tasks import TaskSpec
 
-from .advantage import TURN_IDS_FIELD, check_trainer_config
+from .advantage import INFRA_FIELD, TURN_IDS_FIELD, check_trainer_config
 
 logger = logging.getLogger(__name__)
 
@@ -50,26 +55,26 @@ AGENT_NAME = "gem_env"
 
 
 class GemAgentLoopOutput(AgentLoopOutput):
-    """verl's AgentLoopOutput plus each turn's reward, the response position it belongs to, and each
-    response token's turn id."""
+    """verl's AgentLoopOutput plus each response token's reward (each turn's on its last model token),
+    each response token's turn id, and the infrastructure failure that ended the episode ("" if none)."""
 
-    turn_rewards: list[float] = []
-    turn_reward_positions: list[int] = []
+    token_rewards: list[float] = []
     turn_ids: list[int] = []
+    infra_error: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        """verl's dict, with ``rm_scores`` holding every turn's reward (not only the episode's at the end)
-        and :data:`TURN_IDS_FIELD` each response token's turn (-1: none)."""
+        """verl's dict, with ``rm_scores`` holding every turn's reward (not only the episode's at the end),
+        :data:`TURN_IDS_FIELD` each response token's turn (-1: none) and :data:`INFRA_FIELD` the failure."""
         import torch
 
         out = super().as_dict()
-        rewards = out.pop("turn_rewards", self.turn_rewards)
-        positions = out.pop("turn_reward_positions", self.turn_reward_positions)
+        rewards = out.pop("token_rewards", self.token_rewards)
         turn_ids = out.pop("turn_ids", self.turn_ids)
-        if positions:
-            scores = torch.zeros_like(out["response_mask"], dtype=torch.float32)
-            scores.index_put_((torch.tensor(positions, dtype=torch.long),), torch.tensor(rewards, dtype=torch.float32), accumulate=True)
-            out["rm_scores"] = scores
+        out[INFRA_FIELD] = str(out.pop("infra_error", self.infra_error) or "")
+        if rewards:
+            if len(rewards) != out["response_mask"].numel():
+                raise ValueError(f"{len(rewards)} token rewards for a response of {out['response_mask'].numel()} tokens")
+            out["rm_scores"] = torch.tensor(rewards, dtype=torch.float32)
         if turn_ids:
             out[TURN_IDS_FIELD] = torch.tensor(turn_ids, dtype=torch.int64)
         else:
@@ -252,25 +257,32 @@ class GemEnvAgentLoop(AgentLoopBase):
         }
         if metrics is None:
             metrics = AgentLoopMetrics(num_preempted=policy.num_preempted if policy is not None else -1)
-        if not trajectory.turns:  # aborted before the first response: one masked token, no reward
+        failure = trajectory.infra_error or ""
+        if failure:
+            extra["gem_infra_error"] = failure
+        if not trajectory.turns:  # ended before the first response: one masked token, no reward
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             return GemAgentLoopOutput(
                 prompt_ids=trajectory.prompt_ids, response_ids=[pad], response_mask=[0], reward_score=0.0,
-                num_turns=1, metrics=metrics, extra_fields=extra, turn_ids=[-1],
+                num_turns=1, metrics=metrics, extra_fields=extra, token_rewards=[0.0], turn_ids=[-1], infra_error=failure,
             )
-        view = trajectory.as_sequence()
+        # gem_core's sequence view; an infra-failed episode's row keeps its tokens but carries no loss
+        # (mask 0), no turn (-1) and no reward, so it is out of the loss and out of ReBN's statistics
+        row = sequence_batch([trajectory], pad_id=0)
+        n = row.lengths[0]
+        logprobs = None if row.logprobs is None else row.logprobs[0, :n].tolist()
         return GemAgentLoopOutput(
-            prompt_ids=view.prompt_ids,
-            response_ids=view.response_ids,
-            response_mask=view.loss_mask,
-            response_logprobs=view.logprobs,
-            reward_score=trajectory.episode_return,
+            prompt_ids=row.prompt_ids[0],
+            response_ids=row.response_ids[0, :n].tolist(),
+            response_mask=row.loss_mask[0, :n].astype(int).tolist(),
+            response_logprobs=logprobs,
+            reward_score=0.0 if failure else trajectory.episode_return,
             num_turns=2 * len(trajectory.turns),
             metrics=metrics,
             extra_fields=extra,
-            turn_rewards=view.rewards,
-            turn_reward_positions=view.reward_positions,
-            turn_ids=view.turn_ids,
+            token_rewards=row.token_rewards[0, :n].tolist(),
+            turn_ids=row.turn_ids[0, :n].tolist(),
+            infra_error=failure,
         )
 
 

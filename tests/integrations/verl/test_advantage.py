@@ -186,3 +186,53 @@ def test_turn_ids_of_the_wrong_shape_are_an_error(golden):
     with batch_turn_ids(turn_ids):
         via_batch, _ = get_adv_estimator_fn("rebn")(token_level_rewards=rewards, response_mask=mask, config=None)
     assert torch.equal(explicit, via_batch)
+
+
+def test_padding_rows_copied_from_row_0_add_no_turns(golden):
+    """verl's _balance_batch pads with copies of row 0 (tag is_padding, a one-token masked response, zero
+    rewards) that keep row 0's gem_turn_ids. row_turn_ids gives them none, so rebn on the padded batch
+    equals rebn on the real rows; taking the stored ids as they are would count row 0's turns again."""
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from gem_integrations.verl.advantage import batch_turn_ids, row_turn_ids
+
+    rewards, mask, turn_ids = _golden_batch(golden)
+    n, pads = len(golden.sequences), 3
+    lengths = [len(s.response_ids) for s in golden.sequences]
+    stored = [torch.tensor(s.turn_ids) for s in golden.sequences] + [torch.tensor(golden.sequences[0].turn_ids)] * pads
+    padded_rewards = torch.cat([rewards, torch.zeros(pads, rewards.shape[1])])
+    padded_mask = torch.cat([mask, torch.zeros(pads, mask.shape[1], dtype=mask.dtype)])
+    config = OmegaConf.create({"rebn_gamma": golden.gamma, "rebn_ddof": golden.ddof, "rebn_eps": golden.eps})
+    fn = get_adv_estimator_fn("rebn")
+
+    ids, mismatched = row_turn_ids(stored, lengths + [1] * pads, [False] * n + [True] * pads)
+    assert mismatched == 0 and bool((ids[n:] == -1).all()) and torch.equal(ids[:n], turn_ids)
+    with batch_turn_ids(ids):
+        advantages, _ = fn(token_level_rewards=padded_rewards, response_mask=padded_mask, config=config)
+    for i, expected in enumerate(golden.token_advantages):
+        np.testing.assert_allclose(advantages[i, : len(expected)].double().numpy(), expected, atol=1e-5)
+    assert float(advantages[n:].abs().sum()) == 0.0
+
+    # the stored ids as they are: every padding row adds row 0's turns with return 0 to the statistics
+    copied = torch.cat([turn_ids, turn_ids[:1].expand(pads, -1)])
+    with batch_turn_ids(copied):
+        wrong, _ = fn(token_level_rewards=padded_rewards, response_mask=padded_mask, config=config)
+    assert not torch.allclose(wrong[:n], advantages[:n], atol=1e-3)
+
+
+def test_rows_whose_turn_ids_do_not_match_their_response_get_none():
+    """An untagged row whose stored turn ids are not one per response token (a copy verl made without the
+    padding tag) gets no turns and is counted; it can then carry no loss or reward without the estimator
+    refusing the batch."""
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from gem_integrations.verl.advantage import batch_turn_ids, row_turn_ids
+
+    ids, mismatched = row_turn_ids([[0, 0, 1], [0, 0, 1]], [3, 1], [False, False])
+    assert mismatched == 1 and ids.tolist() == [[0, 0, 1], [-1, -1, -1]]
+    with pytest.raises(ValueError, match="3 rows of turn ids"):
+        row_turn_ids([[0], [0], [0]], [1, 1], [False, False])
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    with batch_turn_ids(ids), pytest.raises(ValueError, match="turn id -1"):
+        get_adv_estimator_fn("rebn")(token_level_rewards=rewards, response_mask=mask, config=None)

@@ -239,3 +239,49 @@ def test_reward_model_with_rebn_is_refused(model_dir):
     legacy = compose_verl_config(model_dir, "trainer.use_v1=False")
     with pytest.raises(ValueError, match="use_v1=True"):
         get_trainer_cls("sync")(legacy)
+
+
+@pytest.mark.parametrize("from_call", [1, 2])
+def test_aborted_episode_row_carries_no_loss_no_turns_no_reward(verl_config, model_dir, golden, from_call):
+    """verl's server aborts the episode's first (or second) request: an infrastructure failure
+    (Trajectory.infra_error). The row verl stores has response_mask 0, rm_scores 0 and turn ids -1 (the
+    tokens of the answered turn kept), reward_score 0, and the reason in gem_infra_error."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl_server import FaithfulVerlServer, InProcessServerManager
+
+    from conftest import PROMPT_LENGTH
+    from gem_integrations.verl.advantage import INFRA_FIELD
+
+    server = FaithfulVerlServer(f"{model_dir}/tokenizer", prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH)
+    server.abort_prompts_containing("engine dies here", from_call)
+    worker = _worker(AgentLoopWorker, verl_config, None)
+    row = {**golden_rows(golden)[1], "system_prompt": "engine dies here"}
+
+    output = asyncio.run(_agent_loop(worker, InProcessServerManager(server)).run(dict(SAMPLING), **row))
+    stored = output.as_dict()
+
+    assert len(server.calls) == from_call
+    assert output.extra_fields["gem_truncation_reason"] == "abort"
+    assert stored["response_mask"].sum().item() == 0
+    assert stored["rm_scores"].abs().sum().item() == 0.0
+    assert set(stored[TURN_IDS_FIELD].tolist()) == {-1}
+    assert output.reward_score == 0.0
+    assert stored[INFRA_FIELD] == "the engine aborted the request"
+    if from_call == 2:  # the answered first turn's tokens stay in the row, masked
+        first = golden.trajectories[1].turns[0].response_ids  # the policy reads only the user turns
+        assert output.response_ids[: len(first)] == first and len(output.response_ids) > len(first)
+    else:  # nothing was answered: one masked token
+        assert output.response_ids == [worker.tokenizer.pad_token_id or 0]
+
+
+def test_unfailed_row_has_no_infra_error(verl_config, model_dir, golden):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from gem_integrations.verl.advantage import INFRA_FIELD
+
+    worker = _worker(AgentLoopWorker, verl_config, None)
+    output = asyncio.run(_agent_loop(worker, faithful_server_manager(f"{model_dir}/tokenizer")).run(dict(SAMPLING), **golden_rows(golden)[0]))
+    stored = output.as_dict()
+    assert stored[INFRA_FIELD] == ""
+    assert stored["response_mask"].tolist() == golden.sequences[0].loss_mask
+    assert stored[TURN_IDS_FIELD].tolist() == golden.sequences[0].turn_ids

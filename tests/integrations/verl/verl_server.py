@@ -13,6 +13,11 @@
   token's logprob per token, and ``stop_reason`` ``"completed"`` for vLLM's ``stop`` *and* ``length``,
   ``"aborted"`` for ``abort``; ``extra_fields["global_steps"]``.
 
+Infrastructure failures on demand (:meth:`FaithfulVerlServer.abort_prompts_containing`): the engine aborts
+the requests whose prompt holds a marker, from a given call on, and the server answers as verl's does for
+an aborted vLLM request (what was generated so far, ``stop_reason="aborted"``). verl's client sends each
+turn under a fresh request id, so the prompt, not the id, names the episode.
+
 Underneath is gem_core's :class:`~gem_core.testing.vllm_engine.VLLMFaithfulEngine` (vLLM's request
 semantics) over the golden scenario's :class:`~gem_core.testing.vllm_engine.ScriptedModel`, a model that
 keeps writing past its end-of-turn token unless a stop token stops it.
@@ -37,6 +42,8 @@ class FaithfulVerlServer:
         from gem_core.testing.vllm_engine import ScriptedModel, VLLMFaithfulEngine
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.tokenizer = tokenizer
+        self._abort_rules: list[list[Any]] = []  # [marker, first call to abort, calls seen]
         self.prompt_length = int(prompt_length)
         self.response_length = int(response_length)
         self.max_model_len = int(max_model_len or prompt_length + response_length)
@@ -75,6 +82,8 @@ class FaithfulVerlServer:
         sampling_params.setdefault("ignore_eos", False)
         sampling_params["max_tokens"] = max_tokens
 
+        if self._aborts(prompt_ids):
+            self.engine.aborted.add(request_id)
         final = await self.engine.generate_tokens(request_id, prompt_ids=list(prompt_ids), sampling_params=sampling_params)
         extra_fields = {"global_steps": self.global_steps}
         if not final.outputs:
@@ -94,6 +103,22 @@ class FaithfulVerlServer:
 
     def get_calls(self) -> list[dict[str, Any]]:
         return list(self.calls)
+
+    def abort_prompts_containing(self, marker: str, from_call: int = 1) -> None:
+        """Abort every request whose decoded prompt contains ``marker``, from the ``from_call``-th such
+        request on (1: the first; 2: the episode's first turn is answered, its second aborted)."""
+        self._abort_rules.append([marker, int(from_call), 0])
+
+    def _aborts(self, prompt_ids: list[int]) -> bool:
+        if not self._abort_rules:
+            return False
+        text = self.tokenizer.decode(list(prompt_ids))
+        hit = False
+        for rule in self._abort_rules:
+            if rule[0] in text:
+                rule[2] += 1
+                hit = hit or rule[2] >= rule[1]
+        return hit
 
 
 class InProcessServerManager:
