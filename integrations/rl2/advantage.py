@@ -26,6 +26,14 @@ Turns: RL2's batch has no turn-id channel (its tensor dicts have fixed keys), so
 ``action_mask`` within a sequence row. That is exact for RL2: its action mask comes straight from the
 rollout's per-token record and no RL2 path zeroes tokens inside a turn. HEAD's ``kl.type=advantage``
 (a KL term subtracted from the advantages after the estimator) is refused with ReBN.
+
+Infrastructure failures (DESIGN.md contract 8): before any estimator runs, every row of a trajectory
+the infrastructure failed has no action token and no reward (0.0.2: the env module's reward marker,
+turned into that here by :func:`mask_infra_failed`; HEAD: the env module writes the episode so), so
+RL2's loss (its token counts come from ``action_mask``) and ReBN's statistics leave it out. RL2's own
+``reinforce`` (``+adv.rebn=false``) still counts its 0 reward in its group mean. The env module's
+counts (``gem/infra_failed_episodes``, ``gem/abandoned_episodes``) are logged with RL2's ``wandb.log``
+at each step (:func:`log_metrics`).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+
+from gem_integrations.rl2 import metrics
 
 ESTIMATOR = "reinforce"  # the RL2 estimator whose advantages ReBN replaces
 
@@ -100,9 +110,9 @@ def rebn_advantages(tensor_dict: dict, cu_seqs: Any, *, gamma: float, eps: float
 
     episodes, places = turn_rewards(tensor_dict, cu_seqs)
     keys = None
-    if group_by == "prompt":
-        keys = [i // max(responses_per_prompt, 1) for i in range(len(episodes))]
-    flat = np.asarray(rebn([e for e in episodes], gamma=gamma, eps=eps, ddof=ddof, group_by=keys), dtype=np.float64) if any(episodes) else np.zeros(0)
+    if group_by == "prompt":  # one key per episode with a turn (rebn skips the empty ones)
+        keys = [i // max(responses_per_prompt, 1) for i, e in enumerate(episodes) if e]
+    flat = np.asarray(rebn(episodes, gamma=gamma, eps=eps, ddof=ddof, group_by=keys), dtype=np.float64) if any(episodes) else np.zeros(0)
     out = np.zeros(tuple(tensor_dict["states"].shape), dtype=np.float64)
     index = 0
     for where in places:
@@ -110,6 +120,33 @@ def rebn_advantages(tensor_dict: dict, cu_seqs: Any, *, gamma: float, eps: float
             out[row][tokens] = flat[index]
             index += 1
     return torch.from_numpy(out).to(torch.zeros(()).dtype)
+
+
+def mask_infra_failed(tensor_dict: dict, cu_seqs: Any) -> int:
+    """Every row of a trajectory whose rewards hold :data:`~gem_integrations.rl2.metrics.INFRA_REWARD`
+    (rl-square 0.0.2's marker of an infra-failed episode) loses its actions and rewards (``action_mask``
+    and ``rewards`` 0), so no estimator, ReBN statistic or loss term sees it. Returns how many trajectories."""
+    import torch
+
+    marked = torch.isnan(tensor_dict["rewards"]).any(-1)
+    bounds = [int(b) for b in cu_seqs]
+    failed = 0
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if bool(marked[start:end].any()):
+            tensor_dict["action_mask"][start:end] = 0
+            tensor_dict["rewards"][start:end] = 0
+            failed += 1
+    return failed
+
+
+def log_metrics(step: int) -> dict[str, float]:
+    """The env module's counts since the last step (:func:`gem_integrations.rl2.metrics.pop`), logged
+    with RL2's own logger (``wandb.log``) at ``step``; returned too."""
+    import wandb
+
+    counts = metrics.pop()
+    wandb.log(counts, step=step)
+    return counts
 
 
 def make_compute_advantages(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -123,9 +160,11 @@ def make_compute_advantages(original: Callable[..., Any]) -> Callable[..., Any]:
             kl = config.actor.kl
             if float(_get(kl, "coef", 0.0)) > 0 and _get(kl, "type", None) == "advantage":
                 raise ValueError("ReBN with actor.kl.type=advantage is not supported (use kl.type=reward or loss)")
+        mask_infra_failed(tensor_dict, cu_seqs)
         result = original(config, tensor_dict, cu_seqs, step)
         if settings is not None:
             tensor_dict["advantages"] = rebn_advantages(tensor_dict, cu_seqs, **settings)
+        log_metrics(step)
         return result
 
     compute_advantages.__wrapped__ = original  # type: ignore[attr-defined]

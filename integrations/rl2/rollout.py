@@ -21,7 +21,9 @@ not against HEAD's code.
   (:class:`SGLangRouterPolicy`); the whole episode is written into the sample as one sequence from the
   runner's token ids (nothing re-tokenised), each turn's reward on its last model token, logprobs as
   SGLang returned them. RL2's partial rollout (an ``abort`` answer, resumed later) is not supported:
-  an aborted episode ends as truncated (``abort``) and is returned done.
+  an aborted episode ends there (``Trajectory.infra_error``) and is returned done, with no action
+  token and no reward (out of the loss and of ReBN), counted in ``gem/infra_failed_episodes``. A
+  cancelled ``generate`` closes its env (the runner runs inside ``try``/``finally``).
 * 0.0.2 (:func:`reset` / :func:`step`): RL2 drives the loop and talks to SGLang itself; the env module
   sees text only. Each episode runs on gem_core's runner with a bridge policy: the runner's request is
   handed back to RL2 as ``state``/``next_state`` text (the decoded context; ``next_state`` always
@@ -31,13 +33,20 @@ not against HEAD's code.
   looks cut. 0.0.2 needs the tokenizer here (RL2 does not pass it): :func:`configure`, or the model
   path in ``GEM_RL2_TOKENIZER`` (the launcher sets it from ``actor.model_name``). A response longer than
   what is left of ``max_context_tokens`` ends the episode as ``context_limit`` without stepping the env
-  (RL2 keeps that response with reward 0). RL2's ``rollout.max_turns`` must be at least the episode's
-  turns: an episode RL2 stops early is dropped from this module's table at the next :func:`reset`.
+  (RL2 keeps that response with reward 0). RL2 0.0.2 stops an episode after ``rollout.max_turns``
+  turns (default 1) without telling the env module: the launcher sets it (``gem-core rl2 train``), and
+  whatever RL2 stops early is closed here when RL2's task for that sample ends (counted in
+  ``gem/abandoned_episodes``, warned once). An episode the infrastructure failed (a step's
+  ``info["infra_error"]``) ends with the reward marker of :mod:`gem_integrations.rl2.metrics`, which
+  the launcher's advantage step turns into a masked row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -48,11 +57,15 @@ from gem_core.core import Wrapper
 from gem_core.plugins import finish_reason
 from gem_core.rollout import ContextLimitExceeded, Generation, RunConfig, SamplingParams, Trajectory, cached_formatter, run_episode
 from gem_core.tasks import TaskSpec
+from gem_integrations.rl2 import metrics
+from gem_integrations.rl2.plugin_spec import PLUGIN
 
 TASK_KEY = "gem_task"
 EPISODE_KEY = "gem_episode"
 TOKENIZER_ENV = "GEM_RL2_TOKENIZER"
 DEFAULT_MAX_TOKENS = 1024
+
+log = logging.getLogger(__name__)
 
 
 def task_spec(row: Mapping[str, Any]) -> TaskSpec:
@@ -124,18 +137,22 @@ class SGLangRouterPolicy:
 
 def state_dict(trajectory: Trajectory) -> dict[str, list]:
     """The episode as one RL2 state dict (``states``, ``actions``, ``action_mask``, ``logps``,
-    ``rewards``: the prompt and env tokens with mask 0, each turn's reward on its last model token)."""
+    ``rewards``: the prompt and env tokens with mask 0, each turn's reward on its last model token).
+    An episode the infrastructure failed (``trajectory.infra_error``) keeps its tokens but carries no
+    action and no reward, so it stays out of RL2's loss and out of ReBN (DESIGN.md contract 8)."""
     sequence = trajectory.as_sequence()
     prompt = list(sequence.prompt_ids)
     response = list(sequence.response_ids)
-    mask = [int(m) for m in sequence.loss_mask]
+    failed = trajectory.infra_error is not None
+    mask = [0 if failed else int(m) for m in sequence.loss_mask]
     logps = list(sequence.logprobs) if sequence.logprobs is not None else [0.0] * len(response)
+    rewards = [0.0] * len(response) if failed else [float(r) for r in sequence.token_rewards()]
     return {
         "states": prompt + response,
         "actions": [0] * len(prompt) + [t if m else 0 for t, m in zip(response, mask)],
         "action_mask": [0] * len(prompt) + mask,
         "logps": [0.0] * len(prompt) + [float(lp) if m else 0.0 for lp, m in zip(logps, mask)],
-        "rewards": [0.0] * len(prompt) + [float(r) for r in sequence.token_rewards()],
+        "rewards": [0.0] * len(prompt) + rewards,
     }
 
 
@@ -150,7 +167,9 @@ def fill_sample(sample: Any, trajectory: Trajectory, tokenizer: Any) -> None:
         sample.metrics["response_length"].append(len(turn.response_ids))
         sample.metrics["length_clip_ratio"].append(turn.finish_reason == "length")
     sample.metrics["turns"].append(trajectory.num_turns)
-    sample.metrics["rewards"].append(float(sum(trajectory.rewards)))
+    sample.metrics["rewards"].append(0.0 if trajectory.infra_error is not None else float(sum(trajectory.rewards)))
+    if trajectory.infra_error is not None:
+        metrics.count(metrics.INFRA_FAILED)
     sample.status = type(sample).Status.DONE
 
 
@@ -254,14 +273,52 @@ class _BridgePolicy:
 
 @dataclass
 class _Episode:
+    """One running 0.0.2 episode: the runner's task, its env (closed once, whoever ends it first) and
+    the RL2 task that reset it (its ``owner``: when that task ends, RL2 is done with the episode)."""
+
     policy: _BridgePolicy
-    task: asyncio.Task
+    env: Any
     rewards: list[float]
-    context: list[int]
+    label: str
+    task: asyncio.Task | None = None
+    context: list[int] = field(default_factory=list)
     actions: int = 0
+    closed: bool = False
+
+    def close(self) -> None:
+        """Close the env, once (the runner's ``finally`` and an abandonment may both ask)."""
+        if not self.closed:
+            self.closed = True
+            self.env.close()
+
+    def stop(self) -> None:
+        """Close the env now and cancel the runner's task (left waiting for an action RL2 will not send)."""
+        try:
+            self.close()
+        finally:
+            if self.task is not None and not self.task.done() and not self.task.get_loop().is_closed():
+                self.task.cancel()
 
 
 _EPISODES: dict[str, _Episode] = {}
+_WARNED: set[str] = set()
+
+
+def pending_episodes() -> int:
+    """How many 0.0.2 episodes are running (started by ``reset``, not yet ended or closed)."""
+    return len(_EPISODES)
+
+
+def close_episodes() -> int:
+    """Close every running 0.0.2 episode (envs closed, runner tasks cancelled); returns how many. RL2's
+    own stop is caught without it (see :func:`reset`); this is for a process that ends its loop early."""
+    keys = list(_EPISODES)
+    for key in keys:
+        _EPISODES.pop(key).stop()
+    return len(keys)
+
+
+atexit.register(close_episodes)
 
 
 async def _next_request(episode: _Episode) -> list[int] | None:
@@ -276,14 +333,48 @@ async def _next_request(episode: _Episode) -> list[int] | None:
 
 
 def _drop_stale() -> None:
+    """Episodes of an event loop that has been closed (their tasks can never run again)."""
     for key in [k for k, e in _EPISODES.items() if e.task.done() or e.task.get_loop().is_closed()]:
-        episode = _EPISODES.pop(key)
-        if not episode.task.done() and not episode.task.get_loop().is_closed():
-            episode.task.cancel()
+        _EPISODES.pop(key).stop()
+
+
+def _abandoned(key: str, owner: Any = None) -> None:
+    """RL2's task that reset episode ``key`` has ended: if the episode is still running, RL2 stopped it
+    (0.0.2 stops at ``rollout.max_turns`` without a word to the env module): close it and count it."""
+    episode = _EPISODES.pop(key, None)
+    if episode is None:
+        return
+    metrics.count(metrics.ABANDONED)
+    if "abandoned" not in _WARNED:
+        _WARNED.add("abandoned")
+        log.warning(
+            "RL2 stopped a GEM episode (%s) after %d turn(s), before it ended: rollout.max_turns is too small "
+            "for these envs (gem-core rl2 train sets it; RL2's own default is 1). The env module closed it; "
+            "such episodes are counted in %s.", episode.label, episode.actions, metrics.ABANDONED,
+        )  # fmt: skip
+    episode.stop()
+
+
+def _infra_reward(label: str) -> float:
+    """The reward an infra-failed episode's last step answers: the marker the launcher's advantage step
+    masks, or 0.0 (with a warning) when that step is not installed in this process."""
+    if PLUGIN.is_installed:
+        return metrics.INFRA_REWARD
+    if "infra" not in _WARNED:
+        _WARNED.add("infra")
+        log.warning(
+            "the infrastructure failed a GEM episode (%s), but RL2's advantage step is not the launcher's "
+            "(run gem-core rl2 train / python -m gem_integrations.rl2.train): it cannot be kept out of the loss", label,
+        )  # fmt: skip
+    return 0.0
 
 
 async def reset(extra_info: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """rl-square 0.0.2's ``env.reset``: start the row's episode; its first context as text."""
+    """rl-square 0.0.2's ``env.reset``: start the row's episode; its first context as text.
+
+    The episode belongs to the RL2 task that calls this (RL2 runs each sample's ``rollout`` as a task):
+    when that task ends with the episode still running, RL2 has stopped it (``rollout.max_turns``), and
+    the env is closed then (:func:`_abandoned`)."""
     _drop_stale()
     spec = task_spec({"extra_info": extra_info})
     tokenizer = _tokenizer()
@@ -291,29 +382,36 @@ async def reset(extra_info: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     config = run_config(spec, _SETTINGS.params)
     if config.max_context_tokens is None and _SETTINGS.max_context_tokens is not None:
         config = config.replace(max_context_tokens=_SETTINGS.max_context_tokens)
-    policy = _BridgePolicy(tokenizer)
     rewards: list[float] = []
-    env = _Rewards(spec.make_env(), rewards)
+    episode = _Episode(_BridgePolicy(tokenizer), _Rewards(spec.make_env(), rewards), rewards, f"{spec.env_id} seed {spec.seed}")
 
     async def play() -> Trajectory:
         try:
-            return await run_episode(env, policy, formatter, config.replace(step_in_thread=False), seed=spec.seed, env_id=spec.env_id)
+            return await run_episode(episode.env, episode.policy, formatter, config.replace(step_in_thread=False), seed=spec.seed, env_id=spec.env_id)
         finally:
-            env.close()
+            episode.close()
 
-    episode = _Episode(policy, asyncio.ensure_future(play()), rewards, [])
-    context = await _next_request(episode)
+    episode.task = asyncio.ensure_future(play())
+    try:
+        context = await _next_request(episode)
+    except BaseException:
+        episode.stop()
+        raise
     if context is None:
         raise ValueError(f"{spec.env_id} (seed {spec.seed}): the first message does not fit max_context_tokens={config.max_context_tokens}")
     episode.context = context
     key = uuid.uuid4().hex
     _EPISODES[key] = episode
+    owner = asyncio.current_task()
+    if owner is not None:
+        owner.add_done_callback(functools.partial(_abandoned, key))
     return formatter.decode(context), {**dict(extra_info), EPISODE_KEY: key}
 
 
 async def step(state: str, action: str, extra_info: Mapping[str, Any]) -> dict[str, Any]:
     """rl-square 0.0.2's ``env.step``: the runner steps the env with ``action``; ``next_state`` extends
-    ``state + action`` by the observation's chat-template delta."""
+    ``state + action`` by the observation's chat-template delta. An episode the infrastructure failed
+    ends here with the :data:`~gem_integrations.rl2.metrics.INFRA_REWARD` marker (counted)."""
     key = extra_info.get(EPISODE_KEY)
     episode = _EPISODES.get(key) if key is not None else None
     if episode is None:
@@ -321,15 +419,25 @@ async def step(state: str, action: str, extra_info: Mapping[str, Any]) -> dict[s
     await episode.policy.actions.put(action)
     index = episode.actions
     episode.actions += 1
-    request = await _next_request(episode)
+    try:
+        request = await _next_request(episode)
+    except BaseException:
+        _EPISODES.pop(key, None)
+        episode.stop()
+        raise
     reward = episode.rewards[index] if index < len(episode.rewards) else 0.0
     answer = {"reward": reward, "score": reward, "extra_info": dict(extra_info)}
     if request is None:
         _EPISODES.pop(key, None)
+        if episode.task.result().infra_error is not None:
+            metrics.count(metrics.INFRA_FAILED)
+            answer.update(reward=_infra_reward(episode.label), score=0.0)
         return {**answer, "next_state": state + action, "done": True}
     tokenizer = episode.policy.tokenizer
     previous = episode.context + list(tokenizer.encode(action, add_special_tokens=False))
     if request[: len(previous)] != previous:
+        _EPISODES.pop(key, None)
+        episode.stop()
         raise RuntimeError("the runner's context does not extend the previous one (a chat template that rewrites history?)")
     episode.context = request
     delta = tokenizer.decode(request[len(previous) :], skip_special_tokens=False)
