@@ -103,3 +103,50 @@ def samples_generator():
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
     return object.__new__(SamplesGenerator)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """One local Ray cluster for the session, started with the plugin's runtime env (its worker setup
+    hook), where the GPU packages are import stubs: the test's hook installs them, then runs gem-core's.
+    It declares one (logical) GPU so that OpenRLHF's placement groups and GPU actors can be scheduled;
+    nothing uses CUDA. HF datasets' cache and Ray's session files go to temp dirs removed at the end."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from gem_integrations.openrlhf.train_ppo_ray import SETUP_HOOK, runtime_env
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    temp_dir = tempfile.mkdtemp(prefix="ray-gem-", dir="/tmp" if os.path.isdir("/tmp") else None)  # Ray refuses nox's TMPDIR
+    extra = {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]), "HF_DATASETS_CACHE": os.path.join(temp_dir, "hf-datasets"),
+             "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+    env = runtime_env(extra)
+    assert env["worker_process_setup_hook"] == SETUP_HOOK
+    env["worker_process_setup_hook"] = "openrlhf_import_stubs.install_then_arm"
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, runtime_env=env, log_to_driver=False, _temp_dir=temp_dir)
+    yield temp_dir
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def fresh_copy(destination):
+    """The repository's tracked files (as they are in the work tree) copied to ``destination``: what a
+    fresh clone holds (no data/, no ckpt/, nothing ignored)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("needs a git checkout of the repository (the tracked files make the fresh copy)")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    destination = Path(destination)
+    for name in filter(None, listed.decode().split("\0")):
+        source = root / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return destination

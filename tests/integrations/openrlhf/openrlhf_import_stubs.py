@@ -21,6 +21,10 @@ import sys
 import types
 
 STUBBED = ("vllm", "deepspeed", "flash_attn")
+# Optional kernels OpenRLHF imports inside ``try: ... except ImportError`` with a plain-torch fallback
+# (``openrlhf.models.utils.log_probs_from_logits``): absent, as on a machine without flash-attn's Triton
+# kernels, so OpenRLHF takes its own fallback instead of reaching a placeholder.
+ABSENT = ("flash_attn.ops",)
 
 
 class _Placeholder:
@@ -46,6 +50,8 @@ class _StubModule(types.ModuleType):
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path, target=None):
+        if any(fullname == name or fullname.startswith(name + ".") for name in ABSENT):
+            raise ModuleNotFoundError(f"IMPORT STUB: {fullname} is absent (an optional GPU kernel)", name=fullname)
         if any(fullname == name or fullname.startswith(name + ".") for name in STUBBED):  # a package or one submodule
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None

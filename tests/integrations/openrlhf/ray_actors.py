@@ -36,7 +36,10 @@ def _rollout_actor_class():
 
 
 class CPURolloutActor:
-    def __init__(self, agent_func_path: str):
+    """``aborted``: request ids (``req-N``, the engine's N-th request) the engine aborts, as vLLM does
+    when a request is aborted (an infrastructure failure)."""
+
+    def __init__(self, agent_func_path: str, aborted=()):
         self.at_start = _modules_report()
         from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
 
@@ -46,9 +49,19 @@ class CPURolloutActor:
 
         self.executor = _load_agent_executor(agent_func_path)
         self.engine = VLLMFaithfulEngine(ScriptedModel(build_test_tokenizer("qwen3"), golden_respond), max_model_len=4096)
+        self.engine.aborted = set(aborted)
+        self.unfinished = 0
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
-        return await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
+        self.unfinished += 1
+        try:
+            return await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
+        finally:
+            self.unfinished -= 1
+
+    def get_num_unfinished_requests(self) -> int:
+        """What OpenRLHF's samples generator asks each engine before dispatching (load balancing)."""
+        return self.unfinished
 
     async def generate_responses(self, **kwargs):
         return await _rollout_actor_class().generate_responses(self, **kwargs)

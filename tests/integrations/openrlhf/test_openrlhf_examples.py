@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import fresh_copy
 
 from gem_core.tasks import TaskSpec
 
@@ -30,20 +31,6 @@ SCRIPT = "examples/openrlhf/train_gtn_rebn.sh"
 SHIM = HERE / "gpu_stop"
 STOP_STATUS = 97
 MARK = "GEM-TEST-GPU-STOP "
-
-
-def fresh_copy(destination: Path) -> Path:
-    """The repository's tracked files (as they are in the work tree) copied to ``destination``."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs a git checkout of the repository (the tracked files make the fresh copy)")
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            target = destination / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return destination
 
 
 def run_script(clone: Path, ray_dir: str, *extra: str, timeout: int = 400) -> subprocess.CompletedProcess:

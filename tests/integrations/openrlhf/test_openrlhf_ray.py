@@ -5,10 +5,6 @@ compute_advantages_and_returns in a trainer actor; compared with the core refere
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
 import numpy as np
 import pytest
 from conftest import label_of, openrlhf_params, samples_generator
@@ -16,23 +12,6 @@ from conftest import label_of, openrlhf_params, samples_generator
 from gem_core.testing.golden import GOLDEN_DDOF, GOLDEN_EPS, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS
 
 ray = pytest.importorskip("ray")
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    from gem_integrations.openrlhf.train_ppo_ray import SETUP_HOOK, runtime_env
-
-    env = runtime_env({"PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])})
-    assert env["worker_process_setup_hook"] == SETUP_HOOK
-    # The GPU packages are import stubs here; the test's hook installs them, then runs gem-core's hook.
-    env["worker_process_setup_hook"] = "openrlhf_import_stubs.install_then_arm"
-    # Ray refuses a temp dir inside the virtualenv, which is where nox points TMPDIR: use the system one.
-    temp_dir = tempfile.mkdtemp(prefix="ray-gem-", dir="/tmp" if os.path.isdir("/tmp") else None)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=env, log_to_driver=False, _temp_dir=temp_dir)
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
