@@ -7,8 +7,10 @@ HEAD's ``generate`` contract (as read from its source) over the same SGLang stan
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import Enum
@@ -17,13 +19,19 @@ from typing import Any
 import pytest
 import torch
 
+from gem_core.rollout import SamplingParams
 from gem_core.tasks import TaskSpec
-from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, golden_scenario, tool_episodes
+from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS, GoldenEpisode, golden_scenario, tool_episodes
+from gem_integrations.rl2 import metrics as gem_metrics
+from gem_integrations.rl2 import rollout as gem_rollout
+from gem_integrations.rl2 import train
 
-from sglang_server import FakeSGLang  # noqa: E402  (conftest put this folder on the path via pytest's rootdir)
+import readme_command  # noqa: E402  (this folder is on the path: pytest's rootdir-relative import)
+from sglang_server import FakeSGLang  # noqa: E402
 
 ATOL = 1e-6
 SCENARIO = GOLDEN_EPISODES + tool_episodes()  # the Python-tool episode too
+README_ROWS = 6  # CPU-sized: the README's dataset command with --n 6, all of them one batch
 
 
 @pytest.fixture(scope="module")
@@ -39,29 +47,142 @@ def server(tokenizer):
     server.close()
 
 
-def _rows(path) -> None:
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The model path the README's ``actor.model_name`` is replaced by: the test tokenizer, saved (nothing is downloaded)."""
+    from gem_core.testing import save_test_tokenizer
+
+    return save_test_tokenizer(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(autouse=True)
+def fresh_env_module(monkeypatch):
+    """Each test starts with the env module's settings, warnings and counters as in a new process."""
+    monkeypatch.setattr(gem_rollout, "_SETTINGS", gem_rollout._Settings())
+    monkeypatch.setattr(gem_rollout, "_WARNED", set())
+    gem_metrics.pop()
+    yield
+    gem_rollout.close_episodes()  # whatever a failing test left, so the next one starts empty
+
+
+class EnvCounter:
+    """Every env the env module makes (``TaskSpec.make_env``) and how many times each was closed."""
+
+    def __init__(self, monkeypatch):
+        self.made: list[Any] = []
+        self.closes: collections.Counter = collections.Counter()
+        original = TaskSpec.make_env
+
+        def make_env(spec):
+            env = original(spec)
+            close = env.close
+
+            def counted_close():
+                self.closes[id(env)] += 1
+                close()
+
+            env.close = counted_close
+            self.made.append(env)
+            return env
+
+        monkeypatch.setattr(TaskSpec, "make_env", make_env)
+
+    def unclosed(self) -> int:
+        return sum(self.closes[id(env)] == 0 for env in self.made)
+
+    def closed_twice(self) -> int:
+        return sum(self.closes[id(env)] > 1 for env in self.made)
+
+
+class WandbLog:
+    """RL2's ``wandb.log`` calls (RL2 logs every metric through it)."""
+
+    def __init__(self, monkeypatch):
+        import wandb
+
+        self.calls: list[tuple[dict, Any]] = []
+        monkeypatch.setattr(wandb, "log", lambda data, step=None, **kw: self.calls.append((dict(data), step)))
+
+    def values(self, key: str) -> list:
+        return [data[key] for data, _ in self.calls if key in data]
+
+
+def _descendants() -> set[int]:
+    """Live processes under this one (sandbox workers, bwrap), from /proc."""
+    parents: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(fields[1])].append(int(entry))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _rows(path, episodes=SCENARIO, **spec_fields) -> None:
     with open(path, "w") as handle:
-        for e in SCENARIO:
-            spec = TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
+        for e in episodes:
+            spec = TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, **spec_fields)
             handle.write(json.dumps({"extra_info": {"gem_task": spec.to_json()}}) + "\n")
 
 
-def _config(tmp_path, **adv):
-    from omegaconf import OmegaConf
+def compose_rl2(argv: list[str]):
+    """RL2's own PPO config (the installed rl-square's ``ppo.yaml``) with ``argv``, composed by hydra as
+    RL2's ``@hydra.main`` does."""
+    from hydra import compose, initialize_config_dir
     from RL2.trainer import ppo
 
-    config = OmegaConf.load(os.path.join(os.path.dirname(ppo.__file__), "config", "ppo.yaml"))
-    data = tmp_path / "train.jsonl"
-    _rows(data)
-    from gem_integrations.rl2 import env_path
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(ppo.__file__), "config"), version_base=None):
+        return compose(config_name="ppo", overrides=list(argv))
 
-    overrides = [
-        f"train_data.path={data}", f"train_data.prompts_per_rollout={len(SCENARIO)}", "rollout.max_turns=100",
-        f"rollout.env_path={env_path()}", f"rollout.train_sampling_params.max_new_tokens={GOLDEN_PARAMS.max_tokens}",
-        "+rollout.train_sampling_params.skip_special_tokens=false", "trainer.use_wandb=false", "actor.model_name=test",
-        *(f"adv.{k}={v}" if k in config.adv else f"+adv.{k}={v}" for k, v in adv.items()),
-    ]
-    return OmegaConf.merge(config, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+
+def launch(args: list[str], run, monkeypatch):
+    """The launcher (``train.main``) with ``args``; RL2's hydra ``main`` composes RL2's config from the
+    argv the launcher hands it and calls ``run(config)`` in place of RL2's GPU start-up. The ReBN patch
+    the launcher installs is taken out after."""
+    from RL2.trainer import ppo
+
+    from gem_integrations.rl2.plugin_spec import PLUGIN
+
+    out = {}
+
+    def rl2_main():
+        out["result"] = run(compose_rl2(sys.argv[1:]))
+
+    monkeypatch.setattr(ppo, "main", rl2_main)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv(gem_rollout.TOKENIZER_ENV, "")  # the launcher sets it from actor.model_name
+    try:
+        assert train.main(args) == 0
+    finally:
+        assert PLUGIN.uninstall() == []
+    return out["result"]
+
+
+def readme_dataset(tmp_path, monkeypatch, n: int = README_ROWS) -> list[TaskSpec]:
+    """The README's ``gem-core make-dataset rl2`` commands (``--n`` CPU-sized: ``n`` training rows, 2
+    test rows), run in ``tmp_path``; returns the training rows' specs."""
+    from gem_core.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for out in readme_command.dataset_outputs():
+        assert main(readme_command.make_dataset_args(out=out, n=str(n if out == "train.jsonl" else 2))) == 0
+    with open("train.jsonl") as handle:
+        return [gem_rollout.task_spec(json.loads(line)) for line in handle]
+
+
+def readme_reference(tokenizer, specs: list[TaskSpec], max_tokens: int):
+    """The core runner's episodes for the README rows, over the same scripted model as the SGLang stand-in."""
+    episodes = tuple(GoldenEpisode(s.env_id, s.seed, f"row{i}", f"row{i}", s.env_kwargs, s.tools) for i, s in enumerate(specs))
+    return golden_scenario(tokenizer=tokenizer, episodes=episodes, params=SamplingParams(max_tokens=max_tokens, temperature=1.0), max_context_tokens=1 << 20)
 
 
 class _Actor:
@@ -80,9 +201,6 @@ def _run_ppo_train(config, tokenizer, server, monkeypatch):
     from RL2.trainer import ppo
     from RL2.workers.rollout import Rollout
 
-    from gem_integrations.rl2 import rollout as gem_rollout
-
-    gem_rollout.configure(tokenizer=tokenizer, params=GOLDEN_PARAMS)
     rollout = Rollout.__new__(Rollout)  # __init__ launches SGLang servers (GPU): set its fields as it would
     rollout.config = config.rollout
     rollout.prepare_device_mesh()
@@ -110,33 +228,55 @@ def _run_ppo_train(config, tokenizer, server, monkeypatch):
     return trainer.actor.batches[0]
 
 
-def _rows_of(batch, reference):
-    """For each golden episode, the row of RL2's batch holding its sequence (RL2's dataloader shuffles)."""
+def _rows_of(batch, sequences, exclude=()):
+    """For each sequence, a row of RL2's batch holding it, each row used once (RL2's dataloader shuffles;
+    two rows may play the same game)."""
     out = []
-    for sequence in reference.sequences:
+    for sequence in sequences:
         full = list(sequence.prompt_ids) + list(sequence.response_ids)
-        found = [i for i in range(batch["states"].shape[0]) if batch["states"][i, : len(full) - 1].tolist() == full[:-1] and int(batch["eos_mask"][i].nonzero()[-1]) == len(full) - 2]
-        assert found, "a golden episode's tokens are not in RL2's batch"
+        found = [
+            i for i in range(batch["states"].shape[0])
+            if i not in out and i not in exclude and batch["states"][i, : len(full) - 1].tolist() == full[:-1] and int(batch["eos_mask"][i].nonzero()[-1]) == len(full) - 2
+        ]  # fmt: skip
+        assert found, "an episode's tokens are not in RL2's batch"
         out.append(found[0])
     return out
 
 
-def test_golden_scenario_through_rl2_ppo_train(tokenizer, reference, server, tmp_path, monkeypatch):
+def _turns(row_mask) -> int:
+    """Turns in one row of RL2's batch: runs of its action mask."""
+    mask = [0, *[int(m) for m in row_mask]]
+    return sum(1 for a, b in zip(mask, mask[1:]) if b and not a)
+
+
+def _golden_args(tmp_path, model_dir, reference, **replace) -> list[str]:
+    """The README's launcher overrides with the golden scenario's rows, batch and ReBN settings."""
+    data = tmp_path / "golden.jsonl"
+    _rows(data, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
+    return readme_command.launcher_args(
+        train_data__path=str(data), train_data__prompts_per_rollout=str(len(SCENARIO)), actor__model_name=model_dir,
+        rollout__train_sampling_params__max_new_tokens=str(GOLDEN_PARAMS.max_tokens), adv__gamma=str(reference.gamma), **replace,
+    ) + [f"+adv.rebn_ddof={reference.ddof}", f"+adv.rebn_eps={reference.eps}"]
+
+
+def test_golden_scenario_through_rl2_ppo_train(tokenizer, reference, server, model_dir, tmp_path, monkeypatch):
+    """The golden scenario from the README's command (the launcher, RL2's own config) through RL2's
+    rollout and PPOTrainer.train: tokens, masks, logprobs, rewards and ReBN advantages are the
+    reference's; afterwards no episode is pending, every env was closed once, no sandbox process is left."""
     from RL2.trainer import ppo
 
-    from gem_integrations.rl2.plugin_spec import PLUGIN
-
-    config = _config(tmp_path, gamma=reference.gamma, rebn_ddof=reference.ddof, rebn_eps=reference.eps)
     original = ppo.compute_advantages
-    PLUGIN.install()
-    try:
-        assert ppo.compute_advantages is not original
-        batch = _run_ppo_train(config, tokenizer, server, monkeypatch)
-    finally:
-        assert PLUGIN.uninstall() == []
+    envs = EnvCounter(monkeypatch)
+    before = _descendants()
+
+    def run(config):
+        assert ppo.compute_advantages is not original  # the launcher installed ReBN
+        return _run_ppo_train(config, tokenizer, server, monkeypatch)
+
+    batch = launch(_golden_args(tmp_path, model_dir, reference), run, monkeypatch)
     assert ppo.compute_advantages is original
     assert all(body.get("input_ids") for path, body in server.calls if path == "/generate")
-    for i, row in enumerate(_rows_of(batch, reference)):
+    for i, row in enumerate(_rows_of(batch, reference.sequences)):
         sequence = reference.sequences[i]
         n_prompt, n = len(sequence.prompt_ids), len(sequence.prompt_ids) + len(sequence.response_ids) - 1
         mask = [0] * (n_prompt - 1) + list(sequence.loss_mask)
@@ -147,21 +287,27 @@ def test_golden_scenario_through_rl2_ppo_train(tokenizer, reference, server, tmp
         assert batch["rewards"][row, :n].tolist() == pytest.approx(rewards, abs=1e-6)
         expected = [0.0] * (n_prompt - 1) + reference.token_advantages[i]
         assert batch["advantages"][row, :n].tolist() == pytest.approx(expected, abs=ATOL), reference.episodes[i].episode_id
+    assert gem_rollout.pending_episodes() == 0
+    assert (len(envs.made), envs.unclosed(), envs.closed_twice()) == (len(SCENARIO), 0, 0)
+    assert _descendants() - before == set(), "a sandbox process outlived its episode"
 
 
-def test_unpatched_rl2_is_bit_identical(tokenizer, reference, server, tmp_path, monkeypatch):
+def test_unpatched_rl2_is_bit_identical(tokenizer, reference, server, model_dir, tmp_path, monkeypatch):
     """RL2's own run (no patch) and the patched function with RL2's estimators give identical tensors."""
+    from omegaconf import OmegaConf
     from RL2.utils.algorithms import compute_advantages
 
     from gem_integrations.rl2.advantage import make_compute_advantages
 
-    config = _config(tmp_path, gamma=0.9)
+    monkeypatch.setenv(gem_rollout.TOKENIZER_ENV, model_dir)
+    config = compose_rl2(train.overrides(_golden_args(tmp_path, model_dir, reference)))
     batch = _run_ppo_train(config, tokenizer, server, monkeypatch)  # RL2's own advantage step
     episode_level = batch["advantages"]
     patched = make_compute_advantages(compute_advantages)
     cu_seqs = torch.arange(batch["states"].shape[0] + 1)
     for estimator, extra in (("reinforce", {"rebn": False}), ("reinforce", {"rebn": False, "global_norm": True, "norm_var": True}), ("gae", {"lamda": 0.95})):
         adv = config.adv.copy()
+        OmegaConf.set_struct(adv, False)  # hydra's config is closed to new keys
         adv.estimator = estimator
         for k, v in extra.items():
             adv[k] = v
@@ -177,6 +323,202 @@ def test_unpatched_rl2_is_bit_identical(tokenizer, reference, server, tmp_path, 
     ours = {k: v.clone() for k, v in batch.items() if k != "advantages"}
     compute_advantages(config.adv, ours, cu_seqs, 1)
     assert torch.equal(ours["advantages"], episode_level)
+
+
+# -- rollout.max_turns from RL2's default config and the README's command (rl-square 0.0.2 stops there).
+
+
+def _readme_run(tokenizer, server, model_dir, tmp_path, monkeypatch, extra=(), envs=None):
+    """The README's dataset and launcher command (CPU-sized: ``--n``/``prompts_per_rollout`` 6, the
+    local model) through RL2's rollout and PPOTrainer.train; returns the specs, the batch, the envs made
+    and RL2's wandb log."""
+    specs = readme_dataset(tmp_path, monkeypatch)
+    args = readme_command.launcher_args(train_data__prompts_per_rollout=str(len(specs)), actor__model_name=model_dir) + list(extra)
+    envs = envs or EnvCounter(monkeypatch)
+    log = WandbLog(monkeypatch)
+    batch = launch(args, lambda config: _run_ppo_train(config, tokenizer, server, monkeypatch), monkeypatch)
+    return specs, batch, envs, log
+
+
+def _readme_max_new_tokens() -> int:
+    return int(train.given(readme_command.launcher_args())["rollout.train_sampling_params.max_new_tokens"])
+
+
+def test_readme_config_trains_every_turn_and_closes_every_episode(tokenizer, server, model_dir, tmp_path, monkeypatch):
+    """RL2 0.0.2's own default is rollout.max_turns=1 and the README's command does not set it: the
+    launcher does, so every episode is trained with all its turns; afterwards no episode is pending and
+    every env was closed exactly once."""
+    from RL2.trainer import ppo
+
+    assert compose_rl2([]).rollout.max_turns == 1, "RL2's own default (the reason for the launcher's value)"
+    specs, batch, envs, log = _readme_run(tokenizer, server, model_dir, tmp_path, monkeypatch)
+    reference = readme_reference(tokenizer, specs, _readme_max_new_tokens())
+    expected = [t.num_turns for t in reference.trajectories]
+    assert max(expected) > 1, "the README's env must have multi-turn episodes here, or this test shows nothing"
+    assert sorted(_turns(row) for row in batch["action_mask"]) == sorted(expected)
+    for i, row in enumerate(_rows_of(batch, reference.sequences)):
+        n_prompt = len(reference.sequences[i].prompt_ids)
+        n = n_prompt + len(reference.sequences[i].response_ids) - 1
+        assert batch["advantages"][row, :n].tolist() == pytest.approx([0.0] * (n_prompt - 1) + reference.token_advantages[i], abs=ATOL)
+    assert gem_rollout.pending_episodes() == 0
+    assert (len(envs.made), envs.unclosed(), envs.closed_twice()) == (len(specs), 0, 0)
+    assert log.values(gem_metrics.ABANDONED) == [0.0] and log.values(gem_metrics.INFRA_FAILED) == [0.0]
+    assert ppo.compute_advantages.__module__ == "RL2.utils.algorithms"
+
+
+def test_explicit_max_turns_is_kept_warned_and_what_rl2_stops_is_closed(tokenizer, server, model_dir, tmp_path, monkeypatch, capsys, caplog):
+    """A user's rollout.max_turns below the envs' turn limit is kept (RL2 trains those episodes cut
+    there), warned about in one line by the launcher; the episodes RL2 abandons are closed and counted."""
+    specs, batch, envs, log = _readme_run(tokenizer, server, model_dir, tmp_path, monkeypatch, extra=["rollout.max_turns=2"])
+    reference = readme_reference(tokenizer, specs, _readme_max_new_tokens())
+    expected = [t.num_turns for t in reference.trajectories]
+    stopped = sum(n > 2 for n in expected)
+    assert stopped > 0, "some episode must need more than 2 turns here, or this test shows nothing"
+    warning = [line for line in capsys.readouterr().err.splitlines() if "rollout.max_turns" in line]
+    assert len(warning) == 1 and "rollout.max_turns=2 is below the dataset's turn limit (4)" in warning[0], warning
+    assert sorted(_turns(row) for row in batch["action_mask"]) == sorted(min(n, 2) for n in expected)
+    assert gem_rollout.pending_episodes() == 0
+    assert (len(envs.made), envs.unclosed(), envs.closed_twice()) == (len(specs), 0, 0)
+    assert log.values(gem_metrics.ABANDONED) == [float(stopped)]
+    assert sum("RL2 stopped a GEM episode" in r.getMessage() for r in caplog.records) == 1  # warned once
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two", "1.5", ""])
+def test_bad_max_turns_is_refused_in_one_line(value, model_dir, monkeypatch, capsys):
+    from RL2.trainer import ppo
+
+    def rl2_main():
+        raise AssertionError("RL2 started with a bad rollout.max_turns")
+
+    monkeypatch.setattr(ppo, "main", rl2_main)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    args = readme_command.launcher_args(actor__model_name=model_dir) + [f"rollout.max_turns={value}"]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gem-core rl2 train: error: rollout.max_turns must be an integer >= 1, got {value!r}"]
+
+
+def test_launcher_max_turns_default_and_rl2_head():
+    """Where RL2's config has rollout.max_turns (0.0.2) the launcher sets it unless given; RL2 HEAD has no
+    such key (its generate plays whole episodes) and gets none."""
+    assert train.rl2_has_max_turns()
+    assert "rollout.max_turns=1000" in train.overrides(["adv.estimator=reinforce"])
+    assert "rollout.max_turns=7" in train.overrides(["rollout.max_turns=7"]) and not any(a == "rollout.max_turns=1000" for a in train.overrides(["rollout.max_turns=7"]))
+    assert not any(a.startswith("rollout.max_turns") for a in train.overrides(["adv.estimator=reinforce"], max_turns=False))
+
+
+def test_dataset_turn_limit_reads_rows_and_registered_defaults(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    _rows(path, episodes=GOLDEN_EPISODES[:1])  # GuessTheNumber easy: registered max_turns=4
+    assert train.dataset_turn_limit(str(path)) == 4
+    _rows(path, episodes=GOLDEN_EPISODES[:1], max_turns=1500)
+    assert train.dataset_turn_limit(f"train@{path}") == 1500
+    assert train.overrides([f"train_data.path={path}"], max_turns=True)[-1] == "rollout.max_turns=1500"
+    assert train.dataset_turn_limit("some/hub-dataset") is None
+
+
+# -- infrastructure failures: out of the loss and out of ReBN's statistics, counted.
+
+
+class _InfraFailure:
+    """Wraps one env so that its ``at``-th step reports an infrastructure failure in ``info``."""
+
+    def __init__(self, monkeypatch, seed: int, at: int = 2):
+        from gem_core.core import Wrapper
+        from gem_core.errors import INFRA_ERROR
+
+        original = TaskSpec.make_env
+
+        class Failing(Wrapper):
+            steps = 0
+
+            def step(self, action):
+                obs, reward, terminated, truncated, info = self.env.step(action)
+                self.steps += 1
+                if self.steps == at:
+                    return obs, 0.5, False, False, {**info, INFRA_ERROR: "sandbox worker died"}
+                return obs, reward, terminated, truncated, info
+
+        def make_env(spec):
+            env = original(spec)
+            return Failing(env) if spec.seed == seed else env
+
+        monkeypatch.setattr(TaskSpec, "make_env", make_env)
+
+
+def test_infra_failed_episode_is_out_of_the_loss_and_of_rebn_0_0_2(tokenizer, server, model_dir, tmp_path, monkeypatch):
+    """rl-square 0.0.2: an episode whose env step reports ``info["infra_error"]`` reaches RL2's actor
+    with no action token, no reward and no advantage; ReBN's statistics are the other episodes'; the
+    trainer's metrics count it."""
+    specs = readme_dataset(tmp_path, monkeypatch)
+    reference = readme_reference(tokenizer, specs, _readme_max_new_tokens())
+    failing = next(i for i, t in enumerate(reference.trajectories) if t.num_turns >= 2)
+    _InfraFailure(monkeypatch, specs[failing].seed, at=2)
+    envs = EnvCounter(monkeypatch)
+    _, batch, _, log = _readme_run(tokenizer, server, model_dir, tmp_path, monkeypatch, envs=envs)
+    kept = [i for i in range(len(specs)) if i != failing]
+    others = readme_reference(tokenizer, [specs[i] for i in kept], _readme_max_new_tokens())  # ReBN over these alone
+    empty = [r for r in range(batch["states"].shape[0]) if int(batch["action_mask"][r].sum()) == 0]
+    assert len(empty) == 1, f"rows without an action token: {empty}; expected the infra-failed episode's alone"
+    (failed_row,) = empty
+    rows = _rows_of(batch, others.sequences, exclude=empty)
+    assert torch.count_nonzero(batch["rewards"][failed_row]) == 0 and torch.count_nonzero(batch["advantages"][failed_row]) == 0
+    assert all(torch.isfinite(batch[k]).all() for k in ("rewards", "advantages"))
+    for i, row in enumerate(rows):
+        n_prompt = len(others.sequences[i].prompt_ids)
+        n = n_prompt + len(others.sequences[i].response_ids) - 1
+        assert batch["advantages"][row, :n].tolist() == pytest.approx([0.0] * (n_prompt - 1) + others.token_advantages[i], abs=ATOL)
+    assert log.values(gem_metrics.INFRA_FAILED) == [1.0]
+    assert gem_rollout.pending_episodes() == 0 and envs.unclosed() == 0
+
+
+def test_infra_failure_without_the_launcher_is_not_a_nan(tokenizer, model_dir, monkeypatch, caplog):
+    """Without the launcher's advantage step nothing would mask the marker: the env module answers 0.0
+    and warns, so RL2 never trains on a NaN."""
+    from gem_integrations.rl2.plugin_spec import PLUGIN
+
+    assert not PLUGIN.is_installed
+    monkeypatch.setenv(gem_rollout.TOKENIZER_ENV, model_dir)
+    spec = TaskSpec("game:GuessTheNumber-v0-easy", seed=0)
+    _InfraFailure(monkeypatch, 0, at=1)
+
+    async def play():
+        state, extra = await gem_rollout.reset({"gem_task": spec.to_json()})
+        return await gem_rollout.step(state, "\\boxed{5}<|im_end|>", extra)
+
+    answer = asyncio.run(play())
+    assert answer["done"] and answer["reward"] == 0.0
+    assert gem_metrics.peek()[gem_metrics.INFRA_FAILED] == 1
+    assert any("cannot be kept out of the loss" in r.getMessage() for r in caplog.records)
+
+
+def test_marked_rows_never_reach_rl2_estimators(tokenizer):
+    """The 0.0.2 marker (NaN reward) is turned into a masked trajectory before RL2's own estimators run:
+    their advantages stay finite and are 0 on it; ReBN with per-prompt groups skips it."""
+    from RL2.utils.algorithms import compute_advantages
+    from omegaconf import OmegaConf
+
+    from gem_integrations.rl2.advantage import make_compute_advantages
+
+    def batch():
+        mask = torch.tensor([[0, 1, 1, 0, 1], [0, 1, 1, 1, 0], [0, 1, 0, 1, 1], [0, 1, 1, 0, 0]])
+        rewards = torch.zeros(mask.shape)
+        rewards[0, 2], rewards[0, 4], rewards[1, 3], rewards[2, 1], rewards[2, 4], rewards[3, 2] = 0.5, 1.0, gem_metrics.INFRA_REWARD, 0.2, 0.0, 1.0
+        return {"states": torch.ones(mask.shape, dtype=torch.long), "actions": mask.clone(), "action_mask": mask, "rewards": rewards, "eos_mask": torch.zeros(mask.shape, dtype=torch.long)}
+
+    patched = make_compute_advantages(compute_advantages)
+    cu_seqs = torch.arange(5)
+    for adv in (
+        {"estimator": "reinforce", "rebn": False, "responses_per_prompt": 2, "global_norm": False, "norm_var": True, "gamma": 1.0},
+        {"estimator": "gae", "gamma": 1.0, "lamda": 0.95, "responses_per_prompt": 2},
+        {"estimator": "reinforce", "rebn_group_by": "prompt", "responses_per_prompt": 2, "gamma": 0.9, "global_norm": False, "norm_var": False},
+    ):
+        data = batch()
+        if adv["estimator"] == "gae":
+            data["values"] = torch.full(data["states"].shape, 0.1) * data["action_mask"]
+        patched(OmegaConf.create(adv), data, cu_seqs, 1)
+        assert torch.isfinite(data["advantages"]).all(), adv
+        assert int(data["action_mask"][1].sum()) == 0 and torch.count_nonzero(data["advantages"][1]) == 0, adv
 
 
 # -- RL2 HEAD's generate(config, tokenizer, router_url, sample): the contract as read from its source.
@@ -202,22 +544,30 @@ class HeadSample:
     status: Status = Status.RUNNING
 
 
-def test_head_generate_contract(tokenizer, reference, server):
+async def _head_post(url, endpoint, payload):  # what HEAD's async_request does: POST JSON, read JSON
     import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/{endpoint}", json=payload) as response:
+            return await response.json(content_type=None)
+
+
+def _head_config():
     from omegaconf import OmegaConf
 
-    from gem_integrations.rl2 import rollout as gem_rollout
+    return OmegaConf.create({"sampling_params": {"temperature": 1.0, "max_new_tokens": GOLDEN_PARAMS.max_tokens}})
 
-    async def post(url, endpoint, payload):  # what HEAD's async_request does: POST JSON, read JSON
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{url}/{endpoint}", json=payload) as response:
-                return await response.json(content_type=None)
 
-    config = OmegaConf.create({"sampling_params": {"temperature": 1.0, "max_new_tokens": GOLDEN_PARAMS.max_tokens}})
+def _head_samples(episodes=SCENARIO) -> list[HeadSample]:
     samples = []
-    for e in SCENARIO:
+    for e in episodes:
         spec = TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
         samples.append(HeadSample(sample={"extra_info": {"gem_task": spec.to_json()}}))
+    return samples
+
+
+def test_head_generate_contract(tokenizer, reference, server):
+    post, config, samples = _head_post, _head_config(), _head_samples()
 
     async def play():
         await asyncio.gather(*(gem_rollout.generate(config, tokenizer, server.url, s, post=post) for s in samples))
@@ -233,6 +583,72 @@ def test_head_generate_contract(tokenizer, reference, server):
         assert sample.turn == trajectory.num_turns
 
 
+def test_head_generate_closes_its_env_when_cancelled(tokenizer, server, monkeypatch):
+    """RL2 HEAD cancels a sample's ``generate`` (a failed rollout, the end of the run): its env is closed."""
+    envs = EnvCounter(monkeypatch)
+    started = asyncio.Event()
+    calls = []
+
+    async def post(url, endpoint, payload):
+        calls.append(payload)
+        if len(calls) == 2:  # the second turn's request never comes back
+            started.set()
+            await asyncio.Event().wait()
+        return await _head_post(url, endpoint, payload)
+
+    (sample,) = _head_samples(GOLDEN_EPISODES[:1])
+
+    async def play():
+        task = asyncio.ensure_future(gem_rollout.generate(_head_config(), tokenizer, server.url, sample, post=post))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(play())
+    assert (len(envs.made), envs.unclosed()) == (1, 0)
+
+
+def test_head_infra_failed_episodes_carry_no_action_and_are_counted(tokenizer, server, monkeypatch):
+    """RL2 HEAD: an episode whose request the engine aborted, and one whose env step reports
+    ``info["infra_error"]``, are written with no action token and no reward (out of RL2's loss and of
+    ReBN) and counted; the others are untouched."""
+    from gem_integrations.rl2.advantage import rebn_advantages
+
+    episodes = (GOLDEN_EPISODES[0], GOLDEN_EPISODES[1], GOLDEN_EPISODES[3])  # gtn-easy, gtn-default, mm-easy/a
+    samples, clean = _head_samples(episodes), _head_samples(episodes)
+
+    def aborting_second_request():
+        count = 0
+
+        async def post(url, endpoint, payload):
+            nonlocal count
+            count += 1
+            answer = await _head_post(url, endpoint, payload)
+            if count == 2:
+                answer["meta_info"]["finish_reason"] = {"type": "abort"}
+            return answer
+
+        return post
+
+    async def play(batch, posts):
+        await asyncio.gather(*(gem_rollout.generate(_head_config(), tokenizer, server.url, s, post=p) for s, p in zip(batch, posts)))
+
+    asyncio.run(play(clean, [_head_post] * 3))
+    gem_metrics.pop()
+    _InfraFailure(monkeypatch, GOLDEN_EPISODES[1].seed, at=1)  # gtn-default: its first step fails
+    asyncio.run(play(samples, [aborting_second_request(), _head_post, _head_post]))  # gtn-easy: its second request aborted
+    assert clean[0].turn >= 2, "gtn-easy must have a second turn to abort"
+    for i in (0, 1):
+        (state,) = samples[i].state_dicts
+        assert sum(state["action_mask"]) == 0 and not any(state["rewards"]) and samples[i].status is HeadSample.Status.DONE
+    assert samples[2].state_dicts == clean[2].state_dicts
+    assert gem_metrics.peek()[gem_metrics.INFRA_FAILED] == 2
+    tensors = {k: torch.nn.utils.rnn.pad_sequence([torch.tensor(s.state_dicts[0][k], dtype=torch.float64) for s in samples], batch_first=True) for k in ("states", "action_mask", "rewards")}
+    advantages = rebn_advantages(tensors, torch.arange(4), gamma=0.9)
+    assert torch.count_nonzero(advantages[:2]) == 0 and torch.count_nonzero(advantages[2]) > 0
+
+
 def test_env_module_loads_by_path_and_exports_both_contracts():
     import importlib.util
 
@@ -245,7 +661,6 @@ def test_env_module_loads_by_path_and_exports_both_contracts():
 
 
 def test_plugin_version_and_launcher_overrides():
-    from gem_integrations.rl2 import train
     from gem_integrations.rl2.plugin_spec import PLUGIN
 
     assert PLUGIN.check_version() == "0.0.2"
