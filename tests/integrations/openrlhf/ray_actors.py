@@ -51,6 +51,31 @@ class CPURolloutActor:
         self.engine = VLLMFaithfulEngine(ScriptedModel(build_test_tokenizer("qwen3"), golden_respond), max_model_len=4096)
         self.engine.aborted = set(aborted)
         self.unfinished = 0
+        self.envs = {"made": 0, "closed": 0}
+        self._count_envs()
+
+    def _count_envs(self) -> None:
+        """Count the envs the agent file makes (``TaskSpec.make_env``) and closes, in this process."""
+        from gem_core.tasks import TaskSpec
+
+        make, counts = TaskSpec.make_env, self.envs
+
+        def make_env(spec):
+            env = make(spec)
+            close = env.close
+
+            def counted_close():
+                counts["closed"] += 1
+                close()
+
+            counts["made"] += 1
+            env.close = counted_close
+            return env
+
+        TaskSpec.make_env = make_env
+
+    def env_counts(self) -> dict:
+        return dict(self.envs)
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         self.unfinished += 1

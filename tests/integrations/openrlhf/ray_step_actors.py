@@ -35,6 +35,7 @@ from openrlhf.utils.deepspeed import DeepspeedStrategy
 
 ABORT: set[str] = set()  # request ids the first CPU engine aborts (set by the test in the driver)
 ENGINE_CALLS: list[dict] = []  # what OpenRLHF's train() asked create_vllm_engines for (driver side)
+ENGINES: list = []  # their handles, kept so the test can ask them afterwards (driver side)
 TRAINER_REPORT = "gem-test-trainer-report.pt"
 POLICY_REPORT = "gem-test-policy-report.pt"
 
@@ -52,7 +53,9 @@ def cpu_vllm_engines(num_engines, tensor_parallel_size, pretrain, seed, *args, a
     ENGINE_CALLS.append({"num_engines": num_engines, "tensor_parallel_size": tensor_parallel_size, "pretrain": pretrain,
                          "agent_func_path": agent_func_path, "max_len": args[3], **kwargs})
     engine = ray.remote(num_cpus=0)(CPURolloutActor)
-    return [engine.remote(agent_func_path, aborted=ABORT if i == 0 else ()) for i in range(num_engines)]
+    engines = [engine.remote(agent_func_path, aborted=ABORT if i == 0 else ()) for i in range(num_engines)]
+    ENGINES.extend(engines)
+    return engines
 
 
 class CPUStrategy(DeepspeedStrategy):

@@ -82,6 +82,7 @@ def step_run(cluster, model_dir, tmp_path_factory):
     """The launcher's main over the script's arguments, with the GPU pieces stood in (see the module doc)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ray as trainer_ray
+    import ray
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
     import ray_step_actors as stand_ins
 
@@ -98,13 +99,19 @@ def step_run(cluster, model_dir, tmp_path_factory):
     stand_ins.ABORT.clear()
     stand_ins.ABORT.add(ABORTED_REQUEST)
     stand_ins.ENGINE_CALLS.clear()
+    stand_ins.ENGINES.clear()
     try:
         status = train_ppo_ray.main(argv)
+        env_counts = ray.get([engine.env_counts.remote() for engine in stand_ins.ENGINES], timeout=60)
     finally:
         trainer_ray.create_vllm_engines, ppo_actor.PolicyModelActor, ppo_trainer.PPOTrainer = saved
+        for engine in stand_ins.ENGINES:
+            ray.kill(engine)
+        stand_ins.ENGINES.clear()
     trainer = torch.load(out / stand_ins.TRAINER_REPORT, weights_only=False)
     policy = torch.load(out / stand_ins.POLICY_REPORT, weights_only=False)
-    return {"status": status, "argv": argv, "data": data, "out": out, "trainer": trainer, "policy": policy, "engines": list(stand_ins.ENGINE_CALLS)}
+    return {"status": status, "argv": argv, "data": data, "out": out, "trainer": trainer, "policy": policy, "engines": list(stand_ins.ENGINE_CALLS),
+            "env_counts": env_counts}
 
 
 @pytest.mark.slow
@@ -124,6 +131,7 @@ def test_the_script_arguments_run_openrlhfs_train_to_the_end(step_run, model_dir
     trainer = step_run["trainer"]
     assert trainer["patched"] and [log["global_step"] for log in trainer["logs"]] == [1, 2]
     assert (step_run["out"] / "final" / "config.json").is_file()  # OpenRLHF's final save_model ran
+    assert step_run["env_counts"] == [{"made": 24, "closed": 24}]  # every episode's env closed, the aborted one too
 
 
 def turn_rows(batch_record):
