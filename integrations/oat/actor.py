@@ -15,6 +15,12 @@ all numbers. The engine is oat's own ``ActorBase.generate(prompt_token_ids, samp
 * :func:`transitions`: a trajectory as oat's episode, one ``Transition`` per turn (the per-turn view:
   ``prompt_ids`` is the context at the turn's start, ``response_ids`` the model's tokens only).
 * :class:`GemActor`: ``collect_experience`` plays ``gem_episodes_per_step`` task specs per call.
+  Episodes the infrastructure failed (``Trajectory.infra_error``: the engine aborted a request, a
+  sandbox or env worker died) are dropped there, so they are in neither oat's loss nor its whitening
+  statistics, and counted: ``gem/infra_failed_episodes`` (and ``_fraction``) on every transition's
+  ``info``, which oat's collector turns into the step's metrics. Episodes that played no turn (a
+  context limit at the start) are dropped too. A step left with no episode raises (oat cannot take
+  an empty batch).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 from oat.algorithms.ppo_multiturn import PPOMultiTurnActor
 from oat.types import Transition
 
+from gem_core.batch import infra_metrics
 from gem_core.plugins import EnginePolicy, copy_params, sampling_from_vllm
 from gem_core.rollout import SamplingParams, Trajectory, cached_formatter, run_episode
 from gem_core.tasks import TaskSpec
@@ -184,11 +191,17 @@ class GemActor(PPOMultiTurnActor):
         policy = OatEnginePolicy(self.generate, self.sampling_params)
         params = sampling_from_vllm(self.sampling_params, self.sampling_params.max_tokens)
         trajectories = asyncio.run(play(specs, policy, self.tokenizer, params))
-        episodes = [transitions(t, self.tokenizer) for t in trajectories]
+        kept = [t for t in trajectories if t.infra_error is None and t.turns]  # no turn: no transition for oat
+        if not kept:
+            failed = [t.infra_error for t in trajectories if t.infra_error is not None]
+            why = f"{len(failed)} failed on the infrastructure (e.g. {failed[0]})" if failed else "none played a turn"
+            raise RuntimeError(f"no GEM episode of this step ({len(trajectories)}) can be trained on: {why}")
+        episodes = [transitions(t, self.tokenizer) for t in kept]
         info = {
             "actor/gem_num_episodes": float(len(trajectories)),
             "actor/gem_truncated": float(np.mean([t.truncated for t in trajectories])),
             "actor/gem_generate_calls": float(len(policy.batches)),
             "actor/gem_mean_batch": float(np.mean(policy.batches)) if policy.batches else math.nan,
+            **infra_metrics(trajectories),
         }
         return episodes, info

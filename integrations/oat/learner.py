@@ -13,6 +13,13 @@ subsampling**: the statistics are those of the transitions kept on all devices.
 :func:`rebn_args` sets those options. To normalise **before** subsampling (over every transition the
 actors returned, on all devices), use :class:`GemLearner` with ``--gem-rebn-before-subsampling``; with
 ``rollout_batch_size_per_device`` at least the transitions per device, both are the same.
+
+oat's whitening takes the std as ``sqrt(E[x^2] - mean^2)`` in float32: when every advantage of the
+batch is equal, rounding can make that negative and every advantage NaN (five returns of 0.7 do).
+:class:`GemLearner` whitens with the same statistics (population std over every device, eps 1e-9)
+through gem_core's ReBN normalisation, where a constant batch gets advantage 0 (:func:`whiten`).
+Episodes the infrastructure failed never reach the learner: the actor drops them and counts them
+(:mod:`.actor`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 from oat.algorithms.ppo_multiturn import PPOMultiTurnLearner
 
-from gem_core.algo import rebn
+from gem_core.algo import normalization_stats, normalize, rebn
 
 OAT_EPS = 1e-9  # oat's whitening: (A - mean) / (std + 1e-9)
 
@@ -41,21 +48,44 @@ def rebn_args(args: Any, gamma: float | None = None) -> Any:
     return args
 
 
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def whiten(advantages: Sequence[float], *, distributed: bool) -> np.ndarray:
+    """oat's whitening of a learning batch's advantages (population std over every device's batch, eps
+    1e-9), computed by gem_core's ReBN normalisation: a batch whose advantages are all equal gets 0, not
+    oat's NaN. ``distributed``: statistics over every rank (each passes its own batch)."""
+    values = np.asarray(advantages, dtype=np.float64).reshape(-1)
+    stats = normalization_stats(values, ddof=0, distributed=distributed)
+    return np.asarray(normalize(values, stats, eps=OAT_EPS), dtype=np.float32)
+
+
 class GemLearner(PPOMultiTurnLearner):
     """oat's multi-turn learner; with ``args.gem_rebn_before_subsampling`` the advantages are ReBN over
     every transition of this step on all devices (:func:`gem_core.algo.rebn`, ``distributed=True``,
     ddof 0, eps 1e-9) before oat subsamples, and ``learning_step`` does not whiten again. Otherwise it
-    is oat's learner unchanged."""
+    is oat's learner, with oat's ``--whiten-adv`` done by :func:`whiten` (no NaN on a constant batch)."""
+
+    def learning_step(self, trajectory: Any) -> Any:
+        if not self.args.whiten_adv:
+            return super().learning_step(trajectory)
+        whitened = whiten(trajectory["advantages"], distributed=_distributed())
+        self.args.whiten_adv = False  # oat's own whitening would divide by its NaN std: done above
+        try:
+            return super().learning_step({**trajectory, "advantages": list(whitened)})
+        finally:
+            self.args.whiten_adv = True
 
     def process_feedback_data(self, data_list: Sequence[Sequence[Any]]) -> None:
         if not getattr(self.args, "gem_rebn_before_subsampling", False):
             return super().process_feedback_data(data_list)
         if self.args.whiten_adv:
             raise ValueError("--gem-rebn-before-subsampling normalises already: use rebn_args (whiten_adv off)")
-        import torch.distributed as dist
-
         rewards = [[float(t.rewards) for t in episode] for episode in data_list]
-        flat = np.asarray(rebn(rewards, gamma=self.args.gamma, ddof=0, eps=OAT_EPS, distributed=dist.is_available() and dist.is_initialized()), dtype=np.float32)
+        flat = np.asarray(rebn(rewards, gamma=self.args.gamma, ddof=0, eps=OAT_EPS, distributed=_distributed()), dtype=np.float32)
         per_episode, start = [], 0
         for episode in rewards:
             per_episode.append(flat[start : start + len(episode)])

@@ -115,6 +115,7 @@ def learner_advantages(learner: Any, episodes: list, tokenizer: Any) -> list[tup
 
     def aggregate(values, mask, axis=None):
         per_token = values[mask.bool()]
+        assert torch.isfinite(per_token).all(), f"a non-finite advantage reached the loss: {per_token.tolist()[:4]}"
         assert torch.allclose(per_token, per_token[0].expand_as(per_token)), "one advantage per turn, on every token"
         applied.append((seen[-1], -float(per_token[0])))
         return masked_mean_(values, mask, axis=axis)

@@ -239,3 +239,72 @@ def test_the_launcher_takes_oats_arguments_plus_env_ids(monkeypatch):
         build_args(common)
     with pytest.raises(ValueError, match="no critic"):
         build_args([*common, "--gem-env", "game:GuessTheNumber-v0", "--critic-type", "ppo"])
+
+
+def test_equal_returns_give_zero_advantages_not_nan(tokenizer):
+    """oat's whitening takes sqrt(E[x^2] - mean^2) in float32: five equal returns of 0.7 make it negative
+    and every advantage NaN. GemLearner whitens with the core's normalisation: 0, as rebn gives."""
+    from gem_integrations.oat.learner import rebn_args
+
+    rewards = [[0.7]] * 5
+    assert rebn(rewards, gamma=0.9, ddof=0, eps=OAT_EPS).tolist() == [0.0] * 5
+    advantages = torch.tensor([np.float32(0.7)] * 5)  # what oat computes, as learning_step does
+    mean = advantages.sum() / 5
+    assert torch.isnan(torch.sqrt((advantages**2).sum() / 5 - mean**2))  # the corner is real in oat's formula
+    learner = make_learner(rebn_args(gem_args(rollout_batch_size_per_device=5, tis_c=None), gamma=0.9))
+    applied = learner_advantages(learner, _synthetic(rewards, tokenizer), tokenizer)
+    assert [a for _, a in applied] == [0.0] * 5
+    assert learner.args.whiten_adv  # oat's own flag is back for the next step
+
+
+def _aborting(llm, prompts):
+    """vLLM's answer to an aborted request (finish_reason "abort") for each prompt in ``prompts``."""
+    generate = llm.generate
+
+    def generate_or_abort(*args, **kwargs):
+        outputs = generate(*args, **kwargs)
+        for output in outputs:
+            if tuple(output.prompt_token_ids) in prompts:
+                output.outputs[0].finish_reason = "abort"
+        return outputs
+
+    return generate_or_abort
+
+
+def test_infra_failed_episodes_are_dropped_from_the_batch_and_counted(reference, tokenizer):
+    """Episode 0's second request and episode 2's first are aborted by the engine (Trajectory.infra_error):
+    neither reaches oat's learner, so neither is in the loss or in the whitening statistics, and oat's
+    collector reports 2 in gem/infra_failed_episodes. An episode that played no turn (context limit at
+    the start, not an infra failure) is dropped too: oat's step reads every episode's last transition."""
+    from oat.algorithms.ppo_multiturn import MultiTurnFeedbackCollector
+
+    from gem_integrations.oat.learner import rebn_args
+
+    trajectories = reference.trajectories
+    assert trajectories[0].num_turns >= 2 and trajectories[2].num_turns >= 1
+    specs = [*_specs(), TaskSpec("game:GuessTheNumber-v0-easy", seed=5, max_context_tokens=8)]
+    actor = make_actor(tokenizer, specs, max_tokens=GOLDEN_PARAMS.max_tokens)
+    actor.llm.generate = _aborting(actor.llm, {tuple(trajectories[0].context_ids(1)), tuple(trajectories[2].context_ids(0))})
+    episodes = actor.step()
+    kept = [t for i, t in enumerate(trajectories) if i not in (0, 2)]
+    assert [[x.response_ids for x in e] for e in episodes] == [[turn.response_ids for turn in t.turns] for t in kept]
+    metrics = MultiTurnFeedbackCollector.get_metrics(None, 1.0, episodes)
+    assert metrics["gem/infra_failed_episodes"] == 2.0 and metrics["gem/infra_failed_fraction"] == pytest.approx(2 / len(specs))
+    assert metrics["actor/gem_num_episodes"] == len(specs)
+
+    n = sum(len(e) for e in episodes)
+    learner = make_learner(rebn_args(gem_args(rollout_batch_size_per_device=n, critic_type="drgrpo", tis_c=None), gamma=GOLDEN_GAMMA))
+    applied = dict(learner_advantages(learner, [list(e) for e in episodes], tokenizer))
+    expected = rebn([t.rewards for t in kept], gamma=GOLDEN_GAMMA, ddof=0, eps=OAT_EPS)
+    got = [applied[tuple(x.prompt_ids) + tuple(x.response_ids)] for e in episodes for x in e]
+    assert got == pytest.approx(list(expected), abs=1e-5)  # the statistics of the kept episodes only
+    with_partial = rebn([trajectories[0].rewards[:1], *[t.rewards for t in kept]], gamma=GOLDEN_GAMMA, ddof=0, eps=OAT_EPS)[1:]
+    assert not np.allclose(got, with_partial, atol=1e-3)  # the aborted episode's first turn would have moved them
+
+
+def test_a_step_whose_every_episode_failed_says_so(reference, tokenizer):
+    specs = _specs()[:1]
+    actor = make_actor(tokenizer, specs, max_tokens=GOLDEN_PARAMS.max_tokens)
+    actor.llm.generate = _aborting(actor.llm, {tuple(reference.trajectories[0].context_ids(0))})
+    with pytest.raises(RuntimeError, match=r"no GEM episode of this step \(1\) can be trained on: 1 failed on the infrastructure \(e\.g\. "):
+        actor.step()
