@@ -10,7 +10,7 @@ import os
 import threading
 from pathlib import Path
 
-from conftest import actor_states, wait_until
+from conftest import actor_states, alive, wait_until
 from sandbox_support import held_bwrap_dir, kill_marked, marked_processes, require_bwrap, unique_marker
 
 from gem_core.ray.services import ACTOR_CONCURRENCY, SandboxHost, SandboxService, node_affinity
@@ -60,3 +60,25 @@ def test_ray_kill_of_a_sandbox_service_actor_leaves_no_process(ray_cluster, tmp_
         route_shared_pools(None)
         service.stop()
         kill_marked(marker)
+
+
+def test_the_ray_run_fails_when_it_leaves_a_process_behind():
+    """tests/ray_backend/conftest.py's check after the whole run: a process that carries the run's label in
+    its environment and outlives the run's grace period fails the run (exit 1), is named, and is killed."""
+    import subprocess
+    import sys
+    import uuid
+
+    from gem_core.tools.sandbox import reaper
+
+    label = f"leak-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, reaper.LABEL_VAR: label, "GEM_TEST_RAY_GRACE_S": "1", "GEM_TEST_LEFTOVER_GRACE_S": "1"}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "tests/ray_backend/leaky_ray_session.py"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=root,
+    )  # fmt: skip
+    pid = int(done.stdout.split("LEFT ", 1)[1].split()[0])
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert f"the ray run left processes behind (label {label})" in done.stdout and f"process {pid}:" in done.stdout
+    assert wait_until(lambda: alive([pid]) == [], 5)
