@@ -4,7 +4,8 @@
     gem-core rl2 train                                         <the same overrides> (one process)
 
 It installs :data:`gem_integrations.rl2.plugin_spec.PLUGIN` (version check, then the patch of
-``RL2.trainer.ppo.compute_advantages``) and runs RL2's own hydra ``main`` with the overrides, adding:
+``RL2.trainer.ppo.compute_advantages``) and runs RL2's own hydra ``main`` with the overrides (its
+config directory given by path: :func:`run_rl2`), adding:
 
 * ``rollout.max_turns`` where RL2's own config has it (rl-square 0.0.2; HEAD's ``generate`` plays whole
   episodes and has no such key), unless given: RL2 0.0.2's default is 1 and it stops an episode there
@@ -150,11 +151,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = model_name(argv)
     if name and not os.environ.get(TOKENIZER_ENV):
         os.environ[TOKENIZER_ENV] = name
+    run_rl2(args)
+    return 0
+
+
+def run_rl2(args: Sequence[str]) -> None:
+    """RL2's PPO ``main`` (its hydra task, ``RL2.trainer.ppo.main.__wrapped__``) with ``args`` as hydra
+    overrides, composed from RL2's own config directory given by path. Calling ``ppo.main()`` itself
+    from here would make hydra look for the config as the Python package ``RL2.trainer.config`` (it
+    does so for a ``main`` outside ``__main__``), which RL2 does not ship; ``python -m RL2.trainer.ppo``
+    would run a second copy of the module, without the patch."""
+    import hydra
     from RL2.trainer import ppo
 
+    task = getattr(ppo.main, "__wrapped__", None)
+    if task is None:
+        raise RuntimeError("RL2.trainer.ppo.main is not a hydra main: this RL2 is not supported by gem-core's launcher")
     sys.argv = [ppo.__file__, *args]
-    ppo.main()
-    return 0
+    hydra.main(config_path=os.path.join(os.path.dirname(ppo.__file__), "config"), config_name="ppo", version_base=None)(task)()
 
 
 if __name__ == "__main__":

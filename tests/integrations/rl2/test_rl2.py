@@ -144,24 +144,33 @@ def compose_rl2(argv: list[str]):
         return compose(config_name="ppo", overrides=list(argv))
 
 
+#: hydra settings for in-process runs only: no output directory, and pytest keeps the logging handlers
+HYDRA_IN_PROCESS = ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+
+
 def launch(args: list[str], run, monkeypatch):
-    """The launcher (``train.main``) with ``args``; RL2's hydra ``main`` composes RL2's config from the
-    argv the launcher hands it and calls ``run(config)`` in place of RL2's GPU start-up. The ReBN patch
-    the launcher installs is taken out after."""
+    """The launcher (``train.main``) with ``args``: hydra composes RL2's own config from the overrides
+    the launcher hands RL2's hydra ``main``, whose task (PPO start-up on GPU) is replaced by
+    ``run(config)``. The ReBN patch the launcher installs is taken out after."""
     from RL2.trainer import ppo
 
     from gem_integrations.rl2.plugin_spec import PLUGIN
 
     out = {}
 
-    def rl2_main():
-        out["result"] = run(compose_rl2(sys.argv[1:]))
+    def task(config):
+        out["result"] = run(config)
 
+    def rl2_main():
+        raise AssertionError("the launcher must run RL2's hydra task with RL2's config directory, not ppo.main()")
+
+    rl2_main.__wrapped__ = task  # what hydra.main's decorator keeps of RL2's task
     monkeypatch.setattr(ppo, "main", rl2_main)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setenv(gem_rollout.TOKENIZER_ENV, "")  # the launcher sets it from actor.model_name
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     try:
-        assert train.main(args) == 0
+        assert train.main([*args, *HYDRA_IN_PROCESS]) == 0
     finally:
         assert PLUGIN.uninstall() == []
     return out["result"]
@@ -390,6 +399,7 @@ def test_bad_max_turns_is_refused_in_one_line(value, model_dir, monkeypatch, cap
     def rl2_main():
         raise AssertionError("RL2 started with a bad rollout.max_turns")
 
+    rl2_main.__wrapped__ = lambda config: rl2_main()
     monkeypatch.setattr(ppo, "main", rl2_main)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     args = readme_command.launcher_args(actor__model_name=model_dir) + [f"rollout.max_turns={value}"]
