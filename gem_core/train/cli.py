@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
     parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
-    parser.add_argument("--model", default=None, help="local path or hub id of a causal LM (default: a tiny model built here)")
+    parser.add_argument("--model", default=None, help="local path, hub id or smollm2-135m-instruct (the embedded real model) of a causal LM (default: a tiny model built here)")
     parser.add_argument("--steps", type=_int(1), default=None, help=f"RL updates (default {d.steps}; with --resume, the saved run's)")
     parser.add_argument("--batch-size", dest="episodes", metavar="N", type=_int(1), default=d.episodes, help=f"episodes per update (default {d.episodes})")
     parser.add_argument("--group-size", type=_int(1), default=d.group_size, help="episodes per start state (GRPO/RLOO need 2+)")

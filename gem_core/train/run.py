@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gem_core.models import ModelUnavailableError, resolve_model
 from gem_core.train.trainer import EpisodeStats, Trainer, TrainConfig, config_dict, ensure_dir, write_json
 
 CHECKPOINT = "checkpoint.pt"
@@ -44,10 +45,16 @@ def default_model(seed: int = 0) -> tuple[Any, Any]:
 
 
 def load_model(name_or_path: str | None, seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: the default when ``name_or_path`` is None, else ``from_pretrained``."""
+    """``(model, tokenizer)``: the default when ``name_or_path`` is None, else ``from_pretrained`` of a path,
+    a hub id or an embedded model's alias (:func:`gem_core.models.resolve_model`)."""
     if name_or_path is None:
         return default_model(seed)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        name_or_path = resolve_model(name_or_path)  # the alias smollm2-135m-instruct: the embedded model
+    except ModelUnavailableError as exc:
+        raise TrainError(f"--model {name_or_path!r}: {exc}") from None
 
     if not os.path.exists(name_or_path) and (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1):
         raise TrainError(f"--model {name_or_path!r}: no such directory")

@@ -344,3 +344,33 @@ def test_a_run_reports_the_fields_the_readme_names(tiny, tmp_path, transcript):
     assert re.split(r"\s{2,}", warm_row.strip())[-2:] == [f"{summary.warm_start.malformed_rate:.3f}", f"{summary.warm_start.illegal_rate:.3f}"]
     learnt = "learning the whole transcripts" if transcript else "learning the moves alone"
     assert any(line.startswith("warm start: 1 supervised steps") and learnt in line and "malformed turns" in line for line in logs)
+
+
+def test_an_update_leaves_infra_failed_episodes_out_of_the_loss_and_the_statistics(tiny, tmp_path, monkeypatch):
+    import gem_core.train.trainer as trainer_module
+
+    trainer = _trainer(tiny, tmp_path, lr=1e-2)
+    played = trainer.rollout
+    failed_ids: list[str] = []
+
+    def rollout_with_a_dead_worker(seeds, *, prefix, group_size=1):
+        trajectories = played(seeds, prefix=prefix, group_size=group_size)
+        trajectories[1].infra_error = "python sandbox: worker 3 died"  # as the runner marks it
+        failed_ids.append(trajectories[1].episode_id)
+        return trajectories
+
+    seen: dict[str, list] = {}
+    original_advantages = trainer_module.turn_advantages
+
+    def recording_advantages(trajectories, *args, **kwargs):
+        seen["episodes"] = [t.episode_id for t in trajectories]
+        return original_advantages(trajectories, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "rollout", rollout_with_a_dead_worker)
+    monkeypatch.setattr(trainer_module, "turn_advantages", recording_advantages)
+    try:
+        metrics = trainer.update()
+    finally:
+        trainer.close()
+    assert metrics["infra_failed_episodes"] == 1.0
+    assert failed_ids[0] not in seen["episodes"] and len(seen["episodes"]) == trainer.config.episodes - 1
