@@ -208,10 +208,15 @@ def _container(value: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 
 
+#: The 0.0.2 bridge's default per-turn cap: none of its own. RL2 0.0.2 asks SGLang itself, with its
+#: ``max_new_tokens``; a response is cut here only by a row's ``max_turn_tokens`` or its context budget.
+UNCAPPED_TURN_TOKENS = 1 << 30
+
+
 @dataclass
 class _Settings:
     tokenizer: Any = None
-    params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=DEFAULT_MAX_TOKENS))
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=UNCAPPED_TURN_TOKENS))
     max_context_tokens: int | None = None
 
 
@@ -220,8 +225,8 @@ _SETTINGS = _Settings()
 
 def configure(tokenizer: Any = None, params: SamplingParams | None = None, max_context_tokens: int | None = None) -> None:
     """Settings of the 0.0.2 path: the tokenizer (RL2's model's), the runner's sampling params (their
-    ``max_tokens`` is the per-turn cap the runner checks; set RL2's ``max_new_tokens`` to the same) and
-    a default ``max_context_tokens`` (a row's own wins)."""
+    ``max_tokens`` is a per-turn cap the bridge checks on top of RL2's ``max_new_tokens``; default: none,
+    :data:`UNCAPPED_TURN_TOKENS`) and a default ``max_context_tokens`` (a row's own wins)."""
     if tokenizer is not None:
         _SETTINGS.tokenizer = tokenizer
     if params is not None:

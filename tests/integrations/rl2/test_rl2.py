@@ -502,6 +502,25 @@ def test_infra_failure_without_the_launcher_is_not_a_nan(tokenizer, model_dir, m
     assert any("cannot be kept out of the loss" in r.getMessage() for r in caplog.records)
 
 
+def test_0_0_2_long_responses_are_stepped_not_cut(tokenizer, model_dir, monkeypatch):
+    """rl-square 0.0.2 caps each response itself (SGLang's max_new_tokens, e.g. 4096 for a reasoning
+    model): the env module must step the env with a response longer than its own default cap, not end
+    the episode there as if the context were full (reward 0, the env never told)."""
+    monkeypatch.setenv(gem_rollout.TOKENIZER_ENV, model_dir)
+    spec = TaskSpec("game:GuessTheNumber-v0-easy", seed=0)
+    action = "let me think about it. " * 400 + "\\boxed{5}<|im_end|>"
+    assert len(tokenizer.encode(action, add_special_tokens=False)) > gem_rollout.DEFAULT_MAX_TOKENS
+
+    async def play():
+        state, extra = await gem_rollout.reset({"gem_task": spec.to_json()})
+        answer = await gem_rollout.step(state, action, extra)
+        gem_rollout.close_episodes()
+        return state, answer
+
+    state, answer = asyncio.run(play())
+    assert answer["next_state"].startswith(state + action) and "you guessed 5" in answer["next_state"][len(state + action) :]
+
+
 def test_marked_rows_never_reach_rl2_estimators(tokenizer):
     """The 0.0.2 marker (NaN reward) is turned into a masked trajectory before RL2's own estimators run:
     their advantages stay finite and are 0 on it; ReBN with per-prompt groups skips it."""
