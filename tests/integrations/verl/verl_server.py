@@ -25,6 +25,8 @@ keeps writing past its end-of-turn token unless a stop token stops it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 
@@ -33,9 +35,13 @@ class FaithfulVerlServer:
 
     ``tokenizer_path``: a local tokenizer directory (the actor loads it itself). ``prompt_length`` /
     ``response_length``: verl's rollout config; ``max_model_len`` defaults to their sum, as verl's.
+    ``respond``: the scripted policy (decoded context -> response text); default the golden scenario's.
     """
 
-    def __init__(self, tokenizer_path: str, *, prompt_length: int, response_length: int, max_model_len: int | None = None, global_steps: int = 1):
+    def __init__(
+        self, tokenizer_path: str, *, prompt_length: int, response_length: int, max_model_len: int | None = None,
+        global_steps: int = 1, respond: Callable[[str], str] | None = None,
+    ):
         from transformers import AutoTokenizer
 
         from gem_core.testing.golden import golden_respond
@@ -47,7 +53,7 @@ class FaithfulVerlServer:
         self.prompt_length = int(prompt_length)
         self.response_length = int(response_length)
         self.max_model_len = int(max_model_len or prompt_length + response_length)
-        self.engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=self.max_model_len)
+        self.engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, respond or golden_respond), max_model_len=self.max_model_len)
         self.global_steps = global_steps
         self.calls: list[dict[str, Any]] = []
 
@@ -138,3 +144,35 @@ class InProcessServerManager:
         output.extra_fields.setdefault("min_global_steps", steps)
         output.extra_fields.setdefault("max_global_steps", steps)
         return output
+
+
+_GRID_ROW = re.compile(r"^\s*(\d+) \| (.*) \|\s*$")
+_MOVE = re.compile(r"\\boxed\{(\d+) (\d+) (\d+)\}")
+_USER_OR_ASSISTANT = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
+
+
+def sudoku_respond(context: str) -> str:
+    """A scripted Sudoku player (a pure function of the decoded context): in the last grid shown, the
+    first empty cell and the smallest digit that clashes with nothing in its row, column and box, leaving
+    out moves it already made that the env rejected (their cell is still empty). Some moves are accepted
+    (reward 1/empty cells), some rejected (0), so episodes earn different per-turn rewards."""
+    turns = _USER_OR_ASSISTANT.findall(context)
+    grid_text = next((text for role, text in reversed(turns) if role == "user" and "| " in text), "")
+    rows = [match.group(2) for match in map(_GRID_ROW.match, grid_text.splitlines()) if match]
+    grid = [[0 if c == "." else int(c) for c in row.replace("|", " ").split()] for row in rows]
+    if not grid:
+        return "No grid here. \\boxed{1 1 1}"
+    scale = len(grid)
+    box = int(scale**0.5)
+    tried = {tuple(map(int, m)) for role, text in turns if role == "assistant" for m in _MOVE.findall(text)}
+    for r in range(scale):
+        for c in range(scale):
+            if grid[r][c]:
+                continue
+            top, left = r - r % box, c - c % box
+            used = set(grid[r]) | {grid[i][c] for i in range(scale)}
+            used |= {grid[i][j] for i in range(top, top + box) for j in range(left, left + box)}
+            for digit in range(1, scale + 1):
+                if digit not in used and (r + 1, c + 1, digit) not in tried:
+                    return f"Row {r + 1}, column {c + 1}: {digit}. \\boxed{{{r + 1} {c + 1} {digit}}}"
+    return "Nothing left to try. \\boxed{1 1 1}"
