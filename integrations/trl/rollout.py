@@ -19,12 +19,22 @@ What :class:`GemRollout` returns, one entry per prompt:
   turn), which :class:`~gem_integrations.trl.trainer.GemGRPOTrainer` turns into ReBN advantages;
 * ``gem_return`` (the episode's return: :func:`episode_return` hands it to TRL as the reward),
   ``gem_success``, ``gem_num_turns``, ``gem_truncation`` (``""`` or the reason), ``gem_episode_id``,
-  ``gem_group_id`` (TRL's prompt group: the global row index // ``num_generations``), ``gem_env_id``.
+  ``gem_group_id`` (TRL's prompt group: the global row index // ``num_generations``), ``gem_env_id``,
+  ``gem_infra_error`` (``""`` or why the infrastructure failed the episode).
+
+An episode the infrastructure failed (``Trajectory.infra_error``: the engine aborted a request, a step's
+info carried :data:`gem_core.errors.INFRA_ERROR`, e.g. a dead sandbox worker; DESIGN.md contract 8)
+keeps its row, since TRL's batch has one row per prompt, but carries nothing: ``env_mask`` 0 on every
+token (no loss), turn ids -1 and no turn rewards (out of ReBN's statistics), and :func:`episode_return`
+gives TRL None for it (TRL leaves it out of its reward statistics and baselines, advantage 0).
 
 The policy is TRL's own generation: :class:`TRLGeneratePolicy` (the training model's ``generate``
-with TRL's ``generation_config``) unless ``use_vllm``; then :class:`TRLVLLMPolicy` over TRL's vLLM
-client (server mode, HTTP per process) or its colocated ``LLM`` (TRL syncs the weights before calling
-the rollout function). Limits: each response within the spec's ``max_turn_tokens``, else the rollout's,
+with TRL's ``generation_config``, in rounds: every process makes the same number of ``generate`` calls
+and forwards, which FSDP and ZeRO-3 need, as every forward there is a collective) unless ``use_vllm``;
+then :class:`TRLVLLMPolicy` over TRL's vLLM client (server mode, HTTP per process: no collective) or
+its colocated ``LLM`` (one engine per process with ``vllm_tensor_parallel_size`` 1, vLLM's data
+parallel size 1: no collective between processes; TRL syncs the weights before calling the rollout
+function). Limits: each response within the spec's ``max_turn_tokens``, else the rollout's,
 else TRL's ``max_completion_length``; the whole completion (responses and env tokens) within
 ``max_completion_length`` and the prompt plus completion within the spec's ``max_context_tokens``:
 when the next observation would not fit, the episode ends as truncated (``context_limit``), every
@@ -41,9 +51,10 @@ token either way. Multi-modal (dict) observations are refused by the runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +69,7 @@ TURN_IDS = "gem_turn_ids"
 TURN_REWARDS = "gem_turn_rewards"
 RETURN = "gem_return"
 GROUP_ID = "gem_group_id"
+INFRA = "gem_infra_error"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -65,20 +77,142 @@ GROUP_ID = "gem_group_id"
 # ------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Pending:
+    """A request waiting for its batch."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    request_id: str = ""
+
+
 class TRLGeneratePolicy(HFPolicy):
     """The training model's ``generate`` with TRL's ``generation_config`` (what ``GRPOTrainer`` samples
-    with when ``use_vllm`` is off), batched like :class:`~gem_core.rollout.HFPolicy`.
+    with when ``use_vllm`` is off).
 
     Per turn, a copy of the config gets the request's ``max_tokens`` (``max_new_tokens``), temperature,
     top-p and top-k, and the request's stop tokens next to TRL's ``eos_token_id``; the response is cut
     after its first stop token, as TRL cuts after EOS. ``logprobs``: the chosen tokens'
     ``log_softmax(logits / temperature)`` from the raw logits, the same quantity TRL's loss recomputes.
+
+    Rounds (:meth:`open_rounds`, what :class:`GemRollout` uses): the episodes are played in rounds, each
+    round one turn of every episode still running, generated together (``max_batch_size`` rows per
+    ``generate`` call). Under FSDP or ZeRO-3 every forward is a collective, so with several processes
+    (``process_max``: the max of an int over every process) the processes first agree on the round's
+    number of ``generate`` calls and a process with fewer makes idle ones (one pad token, one new token,
+    output dropped), and one that has finished its episodes joins the others' rounds the same way until
+    none has any left; every call passes ``synced_gpus=True``, so the forwards inside one call line up
+    too (HF's generate keeps stepping a finished process until all are done). Every process thus makes
+    the same number of ``generate`` calls and forwards per rollout, as TRL's own path (one call per step).
     """
 
-    def __init__(self, model: Any, generation_config: Any, *, max_batch_size: int = 64, pad_token_id: int | None = None):
+    def __init__(
+        self, model: Any, generation_config: Any, *, max_batch_size: int = 64, pad_token_id: int | None = None,
+        process_max: Callable[[int], int] | None = None,
+    ):
         super().__init__(model, max_batch_size=max_batch_size, pad_token_id=pad_token_id)
         self.generation_config = generation_config
+        self.process_max = process_max
+        self.generate_calls = 0  # every model.generate call, idle ones included
+        self._live: int | None = None  # episodes not yet done, while rounds are open
+        self._waiting: list[_Pending] = []
+        self._round: asyncio.Task | None = None
 
+    # -- rounds ------------------------------------------------------------------------------------
+    def open_rounds(self, episodes: int) -> None:
+        """Play the next ``episodes`` episodes in rounds; each calls :meth:`episode_done` when it ends."""
+        self._live, self._waiting = int(episodes), []
+
+    def episode_done(self) -> None:
+        """One episode ended (however): the round may now be complete without it."""
+        if self._live is not None:
+            self._live -= 1
+            self._start_round_if_ready()
+
+    def stop_rounds(self) -> None:
+        """No further round starts (this process is failing: it raises, and its launcher ends the others)."""
+        self._live = None
+
+    async def close_rounds(self) -> None:
+        """After this process's last episode: join the other processes' rounds until none has any left."""
+        self._live = None
+        if self.process_max is not None:
+            while await asyncio.to_thread(self._idle_round):
+                pass
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+        if self._live is None:
+            return await super().generate(prompt_ids, params, request_id=request_id)
+        if not prompt_ids:
+            raise ValueError("TRLGeneratePolicy needs a non-empty prompt")
+        pending = _Pending(list(prompt_ids), params, asyncio.get_running_loop().create_future(), request_id)
+        self._waiting.append(pending)
+        self._start_round_if_ready()
+        return await pending.future
+
+    def _start_round_if_ready(self) -> None:
+        if self._waiting and self._live is not None and len(self._waiting) >= self._live and self._round is None:
+            self._round = asyncio.get_running_loop().create_task(self._play_round())
+
+    async def _play_round(self) -> None:
+        batch = sorted(self._waiting, key=lambda p: p.request_id)  # the same chunks however the episodes arrived
+        self._waiting = []
+        chunks = [batch[i : i + self.max_batch_size] for i in range(0, len(batch), self.max_batch_size)]
+        try:
+            results = await asyncio.to_thread(self._round_calls, chunks)
+        except BaseException as exc:
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            self._round = None
+        for pending, result in zip(batch, itertools.chain.from_iterable(results)):
+            if not pending.future.done():
+                pending.future.set_result(result)
+        self._start_round_if_ready()
+
+    def _round_calls(self, chunks: list[list[_Pending]]) -> list[list[Generation]]:
+        """One round's ``generate`` calls (in the generation thread): as many on every process."""
+        total = len(chunks) if self.process_max is None else self.process_max(len(chunks))
+        results = []
+        for i in range(total):
+            if i < len(chunks):
+                results.append(self._generate_batch(chunks[i]))
+            else:
+                self._idle_generate()
+        return results
+
+    def _idle_round(self) -> bool:
+        """A round of another process's, joined with idle calls; False once no process has any left."""
+        total = self.process_max(0)
+        for _ in range(total):
+            self._idle_generate()
+        return total > 0
+
+    def _idle_generate(self) -> None:
+        """A ``generate`` call whose output is dropped: this process's part in the others' collective one."""
+        torch = self.torch
+        config = copy.deepcopy(self.generation_config)
+        config.max_new_tokens, config.min_new_tokens = 1, None
+        ids = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=self.device)
+        self._use_device()
+        with torch.no_grad():
+            self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config, synced_gpus=self._synced())
+        self.generate_calls += 1
+
+    def _synced(self) -> bool | None:
+        return True if self.process_max is not None else None  # None: transformers decides (one process)
+
+    def _use_device(self) -> None:
+        # the generation thread's current CUDA device is device 0 unless set (ZeRO-3 hooks read it)
+        if self.device.type == "cuda":
+            self.torch.cuda.set_device(self.device)
+
+    # -- one generate call -------------------------------------------------------------------------
     def _generate_batch(self, batch: list[Any]) -> list[Generation]:
         torch = self.torch
         lengths = [len(r.prompt_ids) for r in batch]
@@ -100,14 +234,13 @@ class TRLGeneratePolicy(HFPolicy):
             config.temperature, config.top_p = params.temperature, params.top_p
         if params.top_k:
             config.top_k = params.top_k
-        with torch.inference_mode():  # thread-local: set here, in the generation thread
+        config.return_dict_in_generate, config.output_logits = True, True
+        self._use_device()
+        with torch.no_grad():  # as TRL generates (thread-local: set here, in the generation thread)
             out = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention.to(self.device),
-                generation_config=config,
-                return_dict_in_generate=True,
-                output_logits=True,
+                input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), generation_config=config, synced_gpus=self._synced()
             )
+        self.generate_calls += 1
         new = out.sequences[:, width:].cpu()
         temperature = params.temperature if params.temperature > 0 else 1.0
         logp = torch.stack([torch.log_softmax(step.float() / temperature, dim=-1) for step in out.logits], dim=1).cpu()
@@ -123,13 +256,6 @@ class TRLGeneratePolicy(HFPolicy):
             finish = "stop" if ids and ids[-1] in stop_set else "length"
             results.append(Generation(ids, chosen, finish))
         return results
-
-
-@dataclass
-class _Pending:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future
 
 
 class TRLVLLMPolicy(EnginePolicy):
@@ -280,26 +406,52 @@ class GemRollout:
         return trl_fields(trajectories, _pad_id(trainer))
 
     def _play_with_model(self, trainer: Any, jobs: list[tuple], sampling: SamplingParams) -> list[Trajectory]:
-        """Episodes on the training model, unwrapped for generation as TRL unwraps it."""
+        """Episodes on the training model, unwrapped for generation as TRL unwraps it (and, under FSDP 1,
+        its root parameters summoned as TRL summons them), played in rounds (:class:`TRLGeneratePolicy`)."""
         from trl.models.utils import unwrap_model_for_generation
 
         model = trainer.model_wrapped
         was_training = trainer.model.training
-        with unwrap_model_for_generation(
-            model,
-            trainer.accelerator,
-            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-            generation_kwargs=trainer.generation_kwargs,
-            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-        ) as unwrapped:
-            policy = TRLGeneratePolicy(unwrapped, trainer.generation_config, max_batch_size=self.max_batch_size, pad_token_id=_pad_id(trainer))
+        backend = getattr(trainer, "_dist", None)  # TRL's DistributedBackend (pinned in the tests)
+        with (
+            unwrap_model_for_generation(
+                model,
+                trainer.accelerator,
+                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                generation_kwargs=trainer.generation_kwargs,
+                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+            ) as unwrapped,
+            backend.summon_full_params(model, recurse=False) if backend is not None else contextlib.nullcontext(),
+        ):
+            policy = TRLGeneratePolicy(
+                unwrapped, trainer.generation_config, max_batch_size=self.max_batch_size, pad_token_id=_pad_id(trainer),
+                process_max=process_max(trainer.accelerator),
+            )
             try:
-                return asyncio.run(self._play(jobs, policy, sampling, trainer.max_completion_length))
+                return asyncio.run(self._play_in_rounds(jobs, policy, sampling, trainer.max_completion_length))
             finally:
                 unwrapped.train(was_training)
 
     async def _play(self, jobs: list[tuple], policy: Any, sampling: SamplingParams, max_completion_length: int) -> list[Trajectory]:
         return list(await asyncio.gather(*(self._episode(job, policy, sampling, max_completion_length) for job in jobs)))
+
+    async def _play_in_rounds(self, jobs: list[tuple], policy: TRLGeneratePolicy, sampling: SamplingParams, max_completion_length: int) -> list[Trajectory]:
+        """Every episode of this process in rounds; then this process joins the others' until all are done."""
+        policy.open_rounds(len(jobs))
+
+        async def play(job: tuple) -> Trajectory:
+            try:
+                return await self._episode(job, policy, sampling, max_completion_length)
+            finally:
+                policy.episode_done()
+
+        try:
+            trajectories = list(await asyncio.gather(*(play(job) for job in jobs)))
+        except BaseException:
+            policy.stop_rounds()
+            raise
+        await policy.close_rounds()
+        return trajectories
 
     async def _episode(self, job: tuple, policy: Any, sampling: SamplingParams, max_completion_length: int) -> Trajectory:
         spec, formatter, episode_id, group_id = job
@@ -338,11 +490,29 @@ def _pad_id(trainer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
 
+def process_max(accelerator: Any) -> Callable[[int], int] | None:
+    """``n -> max of n over every process`` (a ``torch.distributed`` all-reduce on the accelerator's
+    device), or None with one process."""
+    if accelerator.num_processes <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    device = accelerator.device
+
+    def agree(n: int) -> int:
+        value = torch.tensor([int(n)], dtype=torch.long, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    return agree
+
+
 def trl_fields(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, Any]:
     """The rollout function's dict (see the module docstring) from the runner's trajectories."""
     out: dict[str, list[Any]] = {key: [] for key in (
         "prompt_ids", "completion_ids", "logprobs", "env_mask", TURN_IDS, TURN_REWARDS, RETURN,
-        "gem_success", "gem_num_turns", "gem_truncation", "gem_episode_id", GROUP_ID, "gem_env_id",
+        "gem_success", "gem_num_turns", "gem_truncation", "gem_episode_id", GROUP_ID, "gem_env_id", INFRA,
     )}
     have_logprobs = True
     for trajectory in trajectories:
@@ -351,6 +521,9 @@ def trl_fields(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, Any
         logprobs = view.logprobs
         if not ids:  # no turn: TRL needs one completion token; it carries no loss
             ids, mask, turns, logprobs = [pad_id], [0], [-1], [0.0]
+        failed = trajectory.infra_error is not None
+        if failed:  # the infrastructure failed: the row stays (TRL's batch keeps its shape) but carries nothing
+            mask, turns = [0] * len(ids), [-1] * len(ids)
         have_logprobs = have_logprobs and logprobs is not None
         last = trajectory.turns[-1] if trajectory.turns else None
         out["prompt_ids"].append(list(view.prompt_ids))
@@ -358,24 +531,30 @@ def trl_fields(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, Any
         out["logprobs"].append(None if logprobs is None else [float(x) for x in logprobs])
         out["env_mask"].append(mask)
         out[TURN_IDS].append(turns)
-        out[TURN_REWARDS].append([float(r) for r in trajectory.rewards])
-        out[RETURN].append(float(trajectory.episode_return))
+        out[TURN_REWARDS].append([] if failed else [float(r) for r in trajectory.rewards])
+        out[RETURN].append(0.0 if failed else float(trajectory.episode_return))
         out["gem_success"].append(float(bool(last is not None and last.info.get("success", False))))
         out["gem_num_turns"].append(len(trajectory.turns))
         out["gem_truncation"].append(trajectory.truncation_reason or "")
         out["gem_episode_id"].append(trajectory.episode_id)
         out[GROUP_ID].append(trajectory.group_id)
         out["gem_env_id"].append(trajectory.env_id)
+        out[INFRA].append(trajectory.infra_error or "")
     result: dict[str, Any] = dict(out)
     if not have_logprobs:
         result["logprobs"] = None
     return result
 
 
-def episode_return(prompts: Any = None, completions: Any = None, gem_return: Sequence[float] | None = None, **kwargs: Any) -> list[float]:
+def episode_return(
+    prompts: Any = None, completions: Any = None, gem_return: Sequence[float] | None = None, gem_infra_error: Sequence[str] | None = None, **kwargs: Any
+) -> list[float | None]:
     """A TRL reward function: each completion's episode return (the sum of its turns' rewards), which TRL
     logs as the reward; :class:`~gem_integrations.trl.trainer.GemGRPOTrainer` replaces TRL's advantages from
-    it with ReBN over the turns, a plain ``GRPOTrainer`` uses it for its group advantages."""
+    it with ReBN over the turns, a plain ``GRPOTrainer`` uses it for its group advantages. None for an
+    episode the infrastructure failed: TRL leaves such a completion out of its reward statistics and
+    baselines and gives it advantage 0."""
     if gem_return is None:
         raise ValueError("episode_return needs the gem rollout's 'gem_return' field: pass rollout_func=GemRollout()")
-    return [float(r) for r in gem_return]
+    failed = list(gem_infra_error) if gem_infra_error is not None else [""] * len(gem_return)
+    return [None if failure else float(r) for r, failure in zip(gem_return, failed)]

@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from gem_core.algo import rebn_token_level
 from gem_integrations.trl.plugin_spec import PLUGIN
-from gem_integrations.trl.rollout import GROUP_ID, TURN_IDS, TURN_REWARDS, GemRollout, episode_return
+from gem_integrations.trl.rollout import GROUP_ID, INFRA, TURN_IDS, TURN_REWARDS, GemRollout, episode_return
 
 ESTIMATORS = ("rebn", "trl")
 GROUPINGS = (None, "prompt", "env")
@@ -138,17 +138,24 @@ class GemGRPOTrainer(GRPOTrainer):
         return torch.as_tensor(values, dtype=like.dtype if like.is_floating_point() else torch.float32, device=like.device)
 
     def _log_episodes(self, inputs: list[dict[str, Any]]) -> None:
-        """Episode metrics next to TRL's: success rate, turns and return (averaged over processes)."""
+        """Episode metrics next to TRL's, over every process: success rate, turns and return (episodes the
+        infrastructure failed left out), and ``gem/infra_failed_episodes`` (how many it failed, kept out of
+        the loss and the advantage statistics) with ``gem/infra_failed_fraction``."""
         import torch
 
         if "gem_success" not in inputs[0]:
             return
         mode = "train" if self.model.training else "eval"
-        local = torch.tensor(
-            [[float(x["gem_success"]), float(x["gem_num_turns"]), float(x["gem_return"]), 1.0] for x in inputs], dtype=torch.float64
-        ).sum(dim=0)
-        total = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, 4).sum(dim=0).tolist()
+        rows = []
+        for x in inputs:
+            failed = bool(x.get(INFRA))
+            ok = 0.0 if failed else 1.0
+            rows.append([ok * float(x["gem_success"]), ok * float(x["gem_num_turns"]), ok * float(x["gem_return"]), ok, 1.0 - ok])
+        local = torch.tensor(rows, dtype=torch.float64).sum(dim=0)
+        total = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, 5).sum(dim=0).tolist()
         count = max(total[3], 1.0)
         self._metrics[mode]["gem/success_rate"].append(total[0] / count)
         self._metrics[mode]["gem/turns_per_episode"].append(total[1] / count)
         self._metrics[mode]["gem/episode_return"].append(total[2] / count)
+        self._metrics[mode]["gem/infra_failed_episodes"].append(total[4])
+        self._metrics[mode]["gem/infra_failed_fraction"].append(total[4] / max(total[3] + total[4], 1.0))

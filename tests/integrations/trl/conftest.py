@@ -87,6 +87,47 @@ def grpo_config(tmp_path, **overrides):
     return GRPOConfig(**settings)
 
 
+def capture_loss_inputs(trainer) -> list[dict]:
+    """Wrap ``trainer._compute_loss`` so that each call's inputs (and the completion logprobs before the
+    update) are recorded; ``trainer.original_compute_loss`` keeps TRL's method."""
+    import torch
+
+    seen: list[dict] = []
+    original = trainer._compute_loss
+
+    def compute_loss(model, inputs):
+        with torch.no_grad():
+            logps = completion_logps(trainer, model, inputs)
+        seen.append({**{k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}, "logps_before": logps})
+        return original(model, inputs)
+
+    trainer._compute_loss = compute_loss
+    trainer.original_compute_loss = original
+    return seen
+
+
+def completion_logps(trainer, model, inputs):
+    """TRL's per-token logprobs of the completions in a loss batch (its own function)."""
+    import torch
+
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, inputs["completion_ids"].size(1))
+    return logps
+
+
+def row_of(inputs, row: int, reference) -> int:
+    """The row of ``reference`` (a gem_core TokenBatch) holding loss-batch row ``row`` (TRL shuffles rows):
+    matched on the prompt and completion tokens."""
+    prompt = tuple(inputs["prompt_ids"][row][inputs["prompt_mask"][row].bool()].tolist())
+    n = int(inputs["completion_mask"][row].sum())
+    completion = tuple(inputs["completion_ids"][row, :n].tolist())
+    matches = [i for i in range(len(reference)) if tuple(reference.prompt_ids[i]) == prompt
+               and tuple(reference.response_ids[i, : reference.lengths[i]].tolist()) == completion]
+    assert matches, f"loss row {row} matches no trajectory"
+    return matches[0]
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_test_tokenizer("qwen3")

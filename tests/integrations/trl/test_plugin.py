@@ -50,6 +50,18 @@ def test_private_api_the_override_relies_on():
     assert "self.rollout_func(prompts, self)" in generate
 
 
+def test_generation_path_the_rollout_mirrors():
+    """TRL's own HF-generate path, which GemRollout's generation copies: the model unwrapped by
+    unwrap_model_for_generation, under no_grad and TRL's summon_full_params (FSDP 1); and transformers'
+    generate takes synced_gpus, which the rounds pass with several processes."""
+    from transformers import GenerationMixin
+
+    source = inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert "unwrap_model_for_generation(" in source and "torch.no_grad()" in source
+    assert "self._dist.summon_full_params(self.model_wrapped, recurse=False)" in source
+    assert "synced_gpus" in inspect.signature(GenerationMixin.generate).parameters
+
+
 def test_vllm_client_stand_in_has_trls_signature():
     from trl.generation.vllm_client import VLLMClient
 

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import grpo_config
+from conftest import capture_loss_inputs, completion_logps, grpo_config
 
 from gem_core.batch import sequence_batch
 from gem_core.rollout import ScriptedPolicy
@@ -26,34 +26,12 @@ def _random_guesser(tokenizer, seed: int = 0) -> ScriptedPolicy:
     return ScriptedPolicy(tokenizer, lambda context: f"\\boxed{{{rng.randint(1, 10)}}}")
 
 
-def _capture_loss_inputs(trainer) -> list[dict]:
-    seen: list[dict] = []
-    original = trainer._compute_loss
-
-    def compute_loss(model, inputs):
-        with torch.no_grad():
-            logps = _logps(trainer, model, inputs)
-        seen.append({**{k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}, "logps_before": logps})
-        return original(model, inputs)
-
-    trainer._compute_loss = compute_loss
-    trainer.original_compute_loss = original
-    return seen
-
-
-def _logps(trainer, model, inputs) -> torch.Tensor:
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, inputs["completion_ids"].size(1))
-    return logps
-
-
 def test_updates_rebn_in_the_loss_and_no_loss_on_env_tokens(tokenizer, tiny_model, tmp_path):
     rollout = GemRollout(policy=_random_guesser(tokenizer))
     args = grpo_config(tmp_path, per_device_train_batch_size=8, num_generations=4, max_completion_length=96, max_steps=1, learning_rate=5e-3)
     trainer = GemGRPOTrainer(tiny_model, args=args, train_dataset=make_dataset(ENV, 8), processing_class=tokenizer, rollout_func=rollout)
     before = copy.deepcopy(trainer.model.state_dict())
-    seen = _capture_loss_inputs(trainer)
+    seen = capture_loss_inputs(trainer)
     trainer.train()
 
     assert len(seen) == 1
@@ -92,7 +70,7 @@ def test_updates_rebn_in_the_loss_and_no_loss_on_env_tokens(tokenizer, tiny_mode
     after = trainer.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     with torch.no_grad():
-        logps_after = _logps(trainer, trainer.model, inputs)
+        logps_after = completion_logps(trainer, trainer.model, inputs)
     # (a first-order step on -sum(A * logp) raises the advantage-weighted logprob of the model tokens)
     delta = (logps_after - inputs["logps_before"]) * loss_mask
     assert (advantages * delta).sum() > 0
@@ -105,7 +83,7 @@ def test_trl_generate_policy_plays_episodes_with_the_training_model(tokenizer, t
     rollout = GemRollout(max_turn_tokens=6)
     args = grpo_config(tmp_path, per_device_train_batch_size=4, num_generations=2, max_completion_length=48, max_steps=1)
     trainer = GemGRPOTrainer(tiny_model, args=args, train_dataset=make_dataset(ENV, 4), processing_class=tokenizer, rollout_func=rollout)
-    seen = _capture_loss_inputs(trainer)
+    seen = capture_loss_inputs(trainer)
     trainer.train()
     assert trainer.model.training, "the model is back in training mode after the rollout"
     trajectories = rollout.last_trajectories

@@ -1,0 +1,86 @@
+"""Two processes on CPU (gloo): GemRollout makes the same number of collective generate calls and forwards on
+every rank, though the ranks' episodes take different numbers of turns, and plays what one process plays.
+
+Each process is TRL's own GRPOTrainer (its accelerator joins the process group) over a tiny model whose
+every forward is a collective (two_ranks.py), as under FSDP or ZeRO-3; a rank that made more forwards
+than the other would wait forever, so the test gives the rollouts a deadline and kills the processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import two_ranks
+
+HERE = Path(__file__).resolve().parent
+SETUP_SECONDS = 420  # import TRL and build the trainer, on a busy 2-core machine
+ROLLOUT_SECONDS = 120  # the rollouts themselves take a few seconds
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(paths: list[Path], procs: list[subprocess.Popen], seconds: float, what: str, logs: list[Path]) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(p.exists() for p in paths):
+        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.poll() is not None and p.returncode != 0]
+        if failed:
+            pytest.fail(f"rank {failed[0][0]} exited with {failed[0][1]} before {what}:\n{logs[failed[0][0]].read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            missing = [p.name for p in paths if not p.exists()]
+            pytest.fail(f"{what} not done within {seconds:.0f} s (missing {missing}): the ranks are stuck in a collective call, "
+                        f"one waiting for calls the other never makes.\nrank 0 log tail:\n{logs[0].read_text()[-1500:]}")
+        time.sleep(0.2)
+
+
+def test_ranks_make_equal_collective_calls_and_play_the_one_process_episodes(tmp_path, tokenizer):
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    logs = [tmp_path / f"rank-{r}.log" for r in range(2)]
+    procs = []
+    try:
+        for rank in range(2):
+            with open(logs[rank], "w") as log:
+                procs.append(subprocess.Popen([sys.executable, str(HERE / "two_ranks.py"), str(tmp_path)],
+                                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT))
+        _wait([tmp_path / f"ready-{r}" for r in range(2)], procs, SETUP_SECONDS, "building the trainers", logs)
+        _wait([tmp_path / f"rank-{r}.json" for r in range(2)], procs, ROLLOUT_SECONDS, "the rollouts", logs)
+        for proc in procs:
+            assert proc.wait(timeout=60) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+
+    # the ranks' episodes took different numbers of turns, yet both made the same calls
+    turns = [r["fields"]["gem_num_turns"] for r in results]
+    assert turns == [list(t) for t in two_ranks.TURNS_BY_RANK]
+    assert max(turns[0]) != max(turns[1])
+    assert results[0]["generate_calls"] == results[1]["generate_calls"] == two_ranks.EXPECTED_GENERATE_CALLS
+    assert results[0]["forwards"] == results[1]["forwards"] > two_ranks.EXPECTED_GENERATE_CALLS
+
+    # and each rank played what one process plays on the same rows (same model, greedy)
+    trainer, counter = two_ranks.build(str(tmp_path / "reference"), tokenizer)
+    for rank, result in enumerate(results):
+        expected = json.loads(json.dumps(two_ranks.play(trainer, rank)))
+        got = result["fields"]
+        assert set(got) == set(expected)
+        for key, value in expected.items():
+            if key == "logprobs":
+                for a, b in zip(got[key], value):
+                    assert a == pytest.approx(b, abs=1e-6), rank
+            else:
+                assert got[key] == value, (rank, key)
+    # one process alone makes no idle calls: rank 0's 2 rounds (2 + 1 calls), then rank 1's 4 (2 + 1 + 1 + 1)
+    assert counter.generates == 3 + 5
