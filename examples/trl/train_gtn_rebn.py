@@ -23,7 +23,8 @@ import os
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The script's options (``argv``: default the command line)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="HF causal LM (default: gem-core train's tiny local model)")
     parser.add_argument("--env", default="game:GuessTheNumber-v0-easy")
@@ -39,8 +40,11 @@ def main() -> None:
     parser.add_argument("--use-vllm", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--out", default="runs/trl-gem")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def build_trainer(args: argparse.Namespace):
+    """The ``GemGRPOTrainer`` the options describe (what :func:`main` trains; tests build it too)."""
     from trl import GRPOConfig
 
     from gem_integrations.trl import GemGRPOTrainer, GemRollout, make_dataset
@@ -59,13 +63,16 @@ def main() -> None:
         num_generations=args.num_generations, max_completion_length=args.max_completion_length, logging_steps=1,
         use_vllm=args.use_vllm, vllm_mode="server", bf16=args.bf16, use_cpu=not (args.bf16 or args.use_vllm), report_to="none",
     )
-    trainer = GemGRPOTrainer(
+    return GemGRPOTrainer(
         model, args=config, processing_class=tokenizer,
         train_dataset=make_dataset(args.env, args.prompts),
         rollout_func=GemRollout(max_turn_tokens=args.max_turn_tokens),
         gamma=args.gamma, group_by=args.group_by,  # ReBN; eps=1e-6, ddof=0 by default
     )
-    trainer.train()
+
+
+def main(argv: list[str] | None = None) -> None:
+    build_trainer(parse_args(argv)).train()
 
 
 if __name__ == "__main__":
