@@ -1,5 +1,6 @@
 """Two processes on CPU (gloo): GemRollout makes the same number of collective generate calls and forwards on
-every rank, though the ranks' episodes take different numbers of turns, and plays what one process plays.
+every rank, though the ranks' episodes take different numbers of turns, and plays what one process plays;
+then one step of TRL's own train() on both, whose loss sees ReBN with statistics over both processes.
 
 Each process is TRL's own GRPOTrainer (its accelerator joins the process group) over a tiny model whose
 every forward is a collective (two_ranks.py), as under FSDP or ZeRO-3; a rank that made more forwards
@@ -20,7 +21,7 @@ import two_ranks
 
 HERE = Path(__file__).resolve().parent
 SETUP_SECONDS = 420  # import TRL and build the trainer, on a busy 2-core machine
-ROLLOUT_SECONDS = 120  # the rollouts themselves take a few seconds
+ROLLOUT_SECONDS = 240  # the rollouts take seconds, the train step tens of seconds on a busy machine
 
 
 def _free_port() -> int:
@@ -53,7 +54,7 @@ def test_ranks_make_equal_collective_calls_and_play_the_one_process_episodes(tmp
                 procs.append(subprocess.Popen([sys.executable, str(HERE / "two_ranks.py"), str(tmp_path)],
                                               env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT))
         _wait([tmp_path / f"ready-{r}" for r in range(2)], procs, SETUP_SECONDS, "building the trainers", logs)
-        _wait([tmp_path / f"rank-{r}.json" for r in range(2)], procs, ROLLOUT_SECONDS, "the rollouts", logs)
+        _wait([tmp_path / f"rank-{r}.json" for r in range(2)], procs, ROLLOUT_SECONDS, "the rollouts and the train step", logs)
         for proc in procs:
             assert proc.wait(timeout=60) == 0
     finally:
@@ -84,3 +85,11 @@ def test_ranks_make_equal_collective_calls_and_play_the_one_process_episodes(tmp
                 assert got[key] == value, (rank, key)
     # one process alone makes no idle calls: rank 0's 2 rounds (2 + 1 calls), then rank 1's 4 (2 + 1 + 1 + 1)
     assert counter.generates == 3 + 5
+
+    # one step of TRL's train() on both processes: the same generate calls, ReBN over both ranks' episodes
+    steps = [r["train"] for r in results]
+    assert [s["global_step"] for s in steps] == [1, 1] and [s["rows"] for s in steps] == [4, 4] and steps[0]["episodes"] == 8
+    assert max(steps[0]["turns"]) != max(steps[1]["turns"]), "TRL's sampler (seed 0) gave the ranks episodes of different lengths"
+    assert steps[0]["generate_calls"] == steps[1]["generate_calls"] > 0
+    assert all(s["advantages_max_abs_diff"] <= 1e-6 for s in steps), steps
+    assert any(s["nonzero_advantages"] for s in steps)

@@ -5,8 +5,9 @@ MASTER_ADDR, MASTER_PORT): TRL's own ``GRPOTrainer.__init__`` builds the acceler
 gloo process group (CPU). The tiny model's every forward is a collective here (an all-reduce in a forward
 pre-hook), as under FSDP or ZeRO-3, where a forward all-gathers parameters: a process making more
 forwards than the others waits forever. The process writes ``ready-RANK`` once built, then plays its own
-rows through ``GemRollout`` (TRL's generation path: the model's ``generate``) and writes ``rank-RANK.json``:
-the rollout's fields and how many ``generate`` calls and forwards it made.
+rows through ``GemRollout`` (TRL's generation path: the model's ``generate``), then runs one step of
+TRL's ``train()`` on both processes, and writes ``rank-RANK.json``: the rollout's fields, how many
+``generate`` calls and forwards it made, and what the train step's loss saw.
 """
 
 from __future__ import annotations
@@ -101,17 +102,49 @@ def play(trainer: Any, rank: int) -> dict[str, Any]:
     return {k: v for k, v in out.items() if k not in ("gem_episode_id", "gem_group_id")}
 
 
+def train_step(trainer: Any, counter: CollectiveCounter) -> dict[str, Any]:
+    """One step of TRL's own ``train()`` on every process (DDP over gloo, the rollout inside it), sampling
+    at TRL's temperature. Returns this process's ``generate`` calls in the step and how far the advantages
+    its loss saw are from the core's ReBN over both processes' episodes (statistics over every process)."""
+    import numpy as np
+    import torch.distributed as dist
+    from conftest import capture_loss_inputs, row_of
+
+    from gem_core.batch import sequence_batch
+
+    trainer.temperature = trainer.args.temperature
+    seen = capture_loss_inputs(trainer)
+    calls = counter.generates
+    trainer.train()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, trainer.rollout_func.last_trajectories)
+    everyone = [t for part in gathered for t in part]
+    reference = sequence_batch(everyone)
+    expected = reference.advantages(gamma=0.9, eps=1e-6, ddof=0)
+    inputs, worst = seen[0], 0.0
+    for row in range(inputs["advantages"].shape[0]):
+        i = row_of(inputs, row, reference)
+        n = reference.lengths[i]
+        worst = max(worst, float(np.abs(inputs["advantages"][row, :n].numpy() - expected[i, :n]).max()))
+    return {
+        "generate_calls": counter.generates - calls, "global_step": trainer.state.global_step, "rows": int(inputs["advantages"].shape[0]),
+        "episodes": len(everyone), "turns": [t.num_turns for t in trainer.rollout_func.last_trajectories],
+        "advantages_max_abs_diff": worst, "nonzero_advantages": bool(inputs["advantages"].abs().sum() > 0),
+    }
+
+
 def main(out_dir: str) -> None:
+    import torch.distributed as dist
+
     rank = int(os.environ["RANK"])
     trainer, counter = build(out_dir)
     if trainer.accelerator.num_processes != int(os.environ["WORLD_SIZE"]):
         raise SystemExit(f"the accelerator has {trainer.accelerator.num_processes} processes, expected {os.environ['WORLD_SIZE']}")
     Path(out_dir, f"ready-{rank}").write_text("ready")
     fields = play(trainer, rank)
-    import torch.distributed as dist
-
     dist.barrier()  # the trainer's next collective (TRL gathers after the rollout): ranks out of step pair it wrongly
     result = {"rank": rank, "generate_calls": counter.generates, "forwards": counter.forwards, "fields": fields}
+    result["train"] = train_step(trainer, counter)
     Path(out_dir, f"rank-{rank}.json.tmp").write_text(json.dumps(result))
     os.replace(Path(out_dir, f"rank-{rank}.json.tmp"), Path(out_dir, f"rank-{rank}.json"))
     dist.destroy_process_group()
