@@ -360,8 +360,9 @@ class GemRollout:
     ``max_turn_tokens``/``max_context_tokens``/``max_turns``: defaults for specs that leave them unset.
     ``system_prompt``: for specs without one. ``chat_template_kwargs``: default TRL's
     (``args.chat_template_kwargs``). ``policy``: a gem_core :class:`~gem_core.rollout.Policy` to use instead
-    of TRL's generation (tests, or an external server). ``max_batch_size``: requests per ``generate``
-    call. ``step_in_thread``: as :class:`~gem_core.rollout.RunConfig`. ``last_trajectories`` holds the
+    of TRL's generation (tests, or an external server; not played in rounds). ``max_batch_size``:
+    requests per ``generate`` call of the training model (a round's turns are split into calls of at
+    most this many). ``step_in_thread``: as :class:`~gem_core.rollout.RunConfig`. ``last_trajectories`` holds the
     last call's episodes.
     """
 
