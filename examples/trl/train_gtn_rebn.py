@@ -10,7 +10,8 @@
 Each prompt row names one episode (env id and seed); each completion is one whole episode played by
 gem_core's runner with TRL's generation, environment tokens masked out of the loss (`env_mask`), and
 every token of turn t carries ReBN's A_t. TRL's own logging gets `gem/success_rate`,
-`gem/turns_per_episode` and `gem/episode_return`. The tiny default model starts untrained (every move a
+`gem/turns_per_episode`, `gem/episode_return` and `gem/infra_failed_episodes` (episodes the
+infrastructure failed: no loss, out of ReBN's statistics). The tiny default model starts untrained (every move a
 format error, so every advantage 0): this run shows the wiring; for learning from the reference trainer's
 warm start, and its success curve beside gem-core train's, see benchmarks/trl_vs_reference.py.
 """

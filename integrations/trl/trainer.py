@@ -8,7 +8,9 @@ only ``output["advantages"]``: each token of turn ``t`` gets ``A_t = (G_t - mean
 ``G_t = r_t + gamma * G_{t+1}`` over the episode's turns, mean and std over every turn of the batch on
 every process (:func:`gem_core.algo.rebn_token_level` with the rollout's explicit turn ids, statistics
 all-reduced through ``torch.distributed``, the process group TRL's accelerator set up). Environment
-tokens get 0 and carry no loss anyway (``env_mask``). With ``estimator="trl"`` nothing is replaced: the
+tokens get 0 and carry no loss anyway (``env_mask``); so do the rows of episodes the infrastructure failed
+(the rollout gives them no turn and no loss mask: out of the statistics too), which TRL's metrics count
+as ``gem/infra_failed_episodes``. With ``estimator="trl"`` nothing is replaced: the
 subclass is plain ``GRPOTrainer`` (TRL's group advantages of the episode return).
 
 Defaults: ``gamma=0.9``, ``eps=1e-6``, ``ddof=0`` (population std), ``group_by=None`` (the whole batch):
