@@ -80,7 +80,7 @@ def run_processes(label: str) -> list[int]:
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as handle:
-                if not (b"\0" + handle.read()).count(b"\0" + wanted):
+                if b"\0" + wanted not in b"\0" + handle.read():
                     continue
             with open(f"/proc/{name}/stat") as stat:
                 if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
