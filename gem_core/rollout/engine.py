@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed
+from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed, resolve_in_thread
 
 
 class EnginePolicy:
@@ -184,18 +184,7 @@ class VLLMPolicy(EnginePolicy):
             batch = [p for p in batch if not p.future.done()]
             if not batch:
                 continue
-            try:
-                outputs = await asyncio.to_thread(self._generate, batch)
-            except BaseException as exc:
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for pending, output in zip(batch, outputs):
-                if not pending.future.done():
-                    pending.future.set_result(output)
+            await resolve_in_thread([p.future for p in batch], lambda batch=batch: self._generate(batch))
 
     def _generate(self, batch: Sequence[_Pending]) -> list[Any]:
         prompts = [{"prompt_token_ids": p.prompt_ids} for p in batch]

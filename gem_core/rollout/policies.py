@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gem_core.rollout.http import ModelRequestError, Retry, post_json
-from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed
+from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed, resolve_in_thread
 
 
 def scripted_logprob(token_id: int, position: int) -> float:
@@ -178,18 +178,7 @@ class HFPolicy:
             batch = [r for r in batch if not r.future.done()]  # cancelled episodes
             if not batch:
                 continue
-            try:
-                results = await asyncio.to_thread(self._generate_batch, batch)
-            except BaseException as exc:  # deliver the failure to every waiting episode
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for request, result in zip(batch, results):
-                if not request.future.done():
-                    request.future.set_result(result)
+            await resolve_in_thread([r.future for r in batch], lambda batch=batch: self._generate_batch(batch))
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams, request_ids: Sequence[str]) -> list[Generation]:
         """Synchronous batched generation (the same maths as ``generate``)."""

@@ -7,10 +7,11 @@ chat endpoint in text (evaluation against a served model) implements :class:`Cha
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -132,3 +133,21 @@ def merge_stop_ids(params: SamplingParams, stop_ids: Sequence[int]) -> SamplingP
     """``params`` with ``stop_ids`` added to its stop tokens (order kept, no duplicates)."""
     merged = tuple(dict.fromkeys([*params.stop_token_ids, *stop_ids]))
     return params if merged == params.stop_token_ids else params.replace(stop_token_ids=merged)
+
+
+async def resolve_in_thread(futures: Sequence[asyncio.Future], work: Callable[[], Sequence[Any]]) -> None:
+    """Run ``work`` (one batched generation) in a thread and hand its i-th result to ``futures[i]``; when
+    it raises, every waiting future gets the exception (an ``Exception`` is not raised further here, so the
+    caller's serving loop goes on with the next batch). Futures already done (cancelled episodes) are skipped."""
+    try:
+        results = await asyncio.to_thread(work)
+    except BaseException as exc:
+        for future in futures:
+            if not future.done():
+                future.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    for future, result in zip(futures, results):
+        if not future.done():
+            future.set_result(result)

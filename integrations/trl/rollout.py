@@ -61,6 +61,7 @@ from typing import Any
 from gem_core.core import model_message
 from gem_core.plugins import EnginePolicy, PluginError
 from gem_core.rollout import ChatFormatter, Generation, HFPolicy, RunConfig, SamplingParams, Trajectory, cached_formatter, run_episode
+from gem_core.rollout.policy import resolve_in_thread
 from gem_core.rollout.runner import as_async_env
 from gem_core.tasks import TaskSpec
 from gem_integrations.trl.dataset import task_of
@@ -160,19 +161,9 @@ class TRLGeneratePolicy(HFPolicy):
         self._waiting = []
         chunks = [batch[i : i + self.max_batch_size] for i in range(0, len(batch), self.max_batch_size)]
         try:
-            results = await asyncio.to_thread(self._round_calls, chunks)
-        except BaseException as exc:
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
+            await resolve_in_thread([p.future for p in batch], lambda: list(itertools.chain.from_iterable(self._round_calls(chunks))))
         finally:
             self._round = None
-        for pending, result in zip(batch, itertools.chain.from_iterable(results)):
-            if not pending.future.done():
-                pending.future.set_result(result)
         self._start_round_if_ready()
 
     def _round_calls(self, chunks: list[list[_Pending]]) -> list[list[Generation]]:
@@ -312,16 +303,9 @@ class TRLVLLMPolicy(EnginePolicy):
             queue, self._queue = self._queue, []
             for _, group in itertools.groupby(sorted(queue, key=lambda p: repr(p.params)), key=lambda p: repr(p.params)):
                 group = list(group)
-                try:
-                    outputs = await asyncio.to_thread(self._call, [p.prompt_ids for p in group], self.sampling(group[0].params))
-                except Exception as exc:
-                    for p in group:
-                        if not p.future.done():
-                            p.future.set_exception(exc)
-                    continue
-                for p, output in zip(group, outputs):
-                    if not p.future.done():
-                        p.future.set_result(output)
+                await resolve_in_thread(
+                    [p.future for p in group], lambda group=group: self._call([p.prompt_ids for p in group], self.sampling(group[0].params))
+                )
 
     def _call(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[Any]:
         if self.mode == "server":
