@@ -77,11 +77,17 @@ def fail_session(session, title: str, lines: list[str]) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """After the whole run: this process's pools closed, no sandbox process or temp dir of the run may be
-    left (waiting LEFTOVER_GRACE_S for those whose owner was killed). Any left fails the run, and is removed."""
+    """After the whole run: this process's pools closed and a Ray cluster it left up shut down, no sandbox
+    process or temp dir of the run may be left (waiting LEFTOVER_GRACE_S for those whose owner was killed).
+    Any left fails the run, and is removed."""
+    import sys
+
     from gem_core.tools.sandbox import close_all_pools, reaper
 
     close_all_pools()
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        ray.shutdown()  # a Ray cluster the run left up: its workers may own sandboxes, and go with it
     label = os.environ[LABEL_VAR]
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := sandbox_leftovers(label)) and time.monotonic() < deadline:
