@@ -32,6 +32,9 @@ def build_args(argv: Sequence[str]) -> object:
         raise SystemExit("gem-core oat train: give --gem-env ID [ID ...] or --gem-dataset FILE (gem-core make-dataset oat)")
     args.algo = "PPO"
     args.num_samples = 1  # one response per request: a group is episodes from one state, not vLLM's n
+    # oat's evaluation generates for its --prompt-data prompts and scores them with its --oracle; the GEM
+    # actor has neither (oat's RewardActor would call a None oracle at the first evaluation)
+    args.eval_steps = -1
     args = rebn_args(args)
     return default_args_validation(args)
 
