@@ -62,7 +62,7 @@ def test_ray_kill_of_a_sandbox_service_actor_leaves_no_process(ray_cluster, tmp_
         kill_marked(marker)
 
 
-def test_the_ray_run_fails_when_it_leaves_a_process_behind():
+def test_the_ray_run_fails_when_it_leaves_a_process_behind(tmp_path):
     """tests/ray_backend/conftest.py's check after the whole run: a process that carries the run's label in
     its environment and outlives the run's grace period fails the run (exit 1), is named, and is killed."""
     import subprocess
@@ -74,11 +74,18 @@ def test_the_ray_run_fails_when_it_leaves_a_process_behind():
     label = f"leak-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, reaper.LABEL_VAR: label, "GEM_TEST_RAY_GRACE_S": "1", "GEM_TEST_LEFTOVER_GRACE_S": "1"}
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "tests/ray_backend/leaky_ray_session.py"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=root,
-    )  # fmt: skip
-    pid = int(done.stdout.split("LEFT ", 1)[1].split()[0])
-    assert done.returncode == 1, done.stdout[-3000:]
-    assert f"the ray run left processes behind (label {label})" in done.stdout and f"process {pid}:" in done.stdout
-    assert wait_until(lambda: alive([pid]) == [], 5)
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:  # a file, not a pipe: the process left behind cannot hold it open
+        code = subprocess.call(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "tests/ray_backend/leaky_ray_session.py"],
+            stdout=out, stderr=subprocess.STDOUT, timeout=300, env=env, cwd=root,
+        )  # fmt: skip
+    text = log.read_text()
+    pid = int(text.split("LEFT ", 1)[1].split()[0])
+    try:
+        assert code == 1, text[-3000:]
+        assert f"the ray run left processes behind (label {label})" in text and f"process {pid}:" in text, text[-3000:]
+        assert wait_until(lambda: alive([pid]) == [], 5)
+    finally:
+        if alive([pid]):
+            os.kill(pid, 9)

@@ -141,17 +141,23 @@ def test_a_bad_label_is_one_clear_error(monkeypatch):
         Owner().tag()
 
 
-def test_the_run_fails_when_it_leaves_a_sandbox_process_behind():
+def test_the_run_fails_when_it_leaves_a_sandbox_process_behind(tmp_path):
     """tests/conftest.py's check after the whole run: a run whose test passed but left a process of its
     label behind exits 1 and names it; the check then kills it."""
     label = unique_marker()[-12:]
     env = {**os.environ, reaper.LABEL_VAR: label, "GEM_TEST_LEFTOVER_GRACE_S": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "tests/tools/leaky_session.py"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )  # fmt: skip
-    pid = int(done.stdout.split("LEFT ", 1)[1].split()[0])
-    assert done.returncode == 1, done.stdout[-3000:]
-    assert "1 passed" in done.stdout and f"left sandbox processes or temp dirs behind (label {label})" in done.stdout
-    assert f"process {pid}:" in done.stdout
-    assert wait_for(lambda: reaper.find_processes(f"{reaper.TAG}{label}/") == [], 5)  # and it is gone
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:  # a file, not a pipe: the process left behind cannot hold it open
+        code = subprocess.call(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "tests/tools/leaky_session.py"],
+            stdout=out, stderr=subprocess.STDOUT, timeout=300, env=env, cwd=ROOT,
+        )  # fmt: skip
+    text = log.read_text()
+    pid = int(text.split("LEFT ", 1)[1].split()[0])
+    try:
+        assert code == 1, text[-3000:]
+        assert "1 passed" in text and f"left sandbox processes or temp dirs behind (label {label})" in text, text[-3000:]
+        assert f"process {pid}:" in text
+        assert wait_for(lambda: reaper.find_processes(f"{reaper.TAG}{label}/") == [], 5)  # and it is gone
+    finally:
+        kill_marked(f"{reaper.TAG}{label}/")

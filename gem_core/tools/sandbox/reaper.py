@@ -36,6 +36,9 @@ LABEL_VAR = "GEM_SANDBOX_LABEL"
 LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.-]{0,64}")
 SWEEP_ROUNDS = 200  # kill-and-look rounds before the reaper gives up
 SWEEP_PAUSE_S = 0.02
+# Looks that must find nothing in a row: a process in the middle of its exec shows no command line for
+# a moment (the kernel fills it in after the exec's parent has been told it succeeded).
+QUIET_ROUNDS = 3
 
 
 def owner_tag(label: str, pid: int, nonce: str) -> str:
@@ -123,9 +126,11 @@ def kill_tagged(marker: str, rounds: int = SWEEP_ROUNDS, pause: float = SWEEP_PA
     group's leader holds it too) until none is left; True when none is. SIGKILL from the host reaches
     a namespace init too, and ends its whole namespace."""
     wanted, own_group = marker.encode(), os.getpgid(0)
+    quiet = 0
     for _ in range(rounds):
         pids = find_processes(marker)
-        if not pids:
+        quiet = 0 if pids else quiet + 1
+        if quiet >= QUIET_ROUNDS:
             return True
         for pid in pids:
             try:
