@@ -19,7 +19,7 @@ ENV = "game:GuessTheNumber-v0-easy"
 SEEDS = [0, 1, 2, 3]
 GREEDY = RunConfig(params=SamplingParams(max_tokens=24, temperature=0.0), max_turns=3)
 # float32 on both sides; vLLM's CPU kernels and transformers' differ in summation order only
-LOGPROB_ATOL = 2e-3
+LOGPROB_ATOL = 1e-4  # measured here: max 2.2e-5, mean 3.4e-6 over 96 tokens
 
 
 @pytest.fixture(scope="module")
