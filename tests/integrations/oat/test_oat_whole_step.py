@@ -341,3 +341,44 @@ def test_every_env_is_closed_when_the_engine_aborts(tokenizer, env_count):
     episodes = actor.step()
     assert len(env_count) == 6 and [r["closed"] for r in env_count] == [1] * 6
     assert len(episodes) == 4 and episodes[0][0].info["gem/infra_failed_episodes"] == 2.0
+
+
+def _register_crashing_env() -> str:
+    """A three-turn env whose step ``crash_at`` raises (an env bug, not an infrastructure failure)."""
+    import gem_core
+    from gem_core.core import Env
+
+    class Crashing(Env):
+        def __init__(self, crash_at: int = 1):
+            self.crash_at, self.t = crash_at, 0
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return "Answer three times.", {}
+
+        def step(self, action):
+            self.t += 1
+            if self.t == self.crash_at:
+                raise RuntimeError("env bug (test)")
+            return "Again.", 0.5, self.t >= 3, False, {}
+
+        def sample_random_action(self):
+            return "x"
+
+    gem_core.register("test:OatCrashes-v0", Crashing, override=True)
+    return "test:OatCrashes-v0"
+
+
+def test_every_env_is_closed_when_an_env_raises_mid_step(tokenizer, env_count):
+    """One episode's env raises on its first step while the others are in flight: the step fails with that
+    error, and every env made (in oat's actor, through the executor) is closed exactly once."""
+    from gem_core.tasks import TaskSpec
+    from oat_harness import make_actor
+
+    crash = _register_crashing_env()
+    specs = [TaskSpec("game:GuessTheNumber-v0-easy", seed=s) for s in range(5)] + [TaskSpec(crash, seed=9, env_kwargs={"crash_at": 1})]
+    actor = make_actor(tokenizer, specs, max_tokens=256)
+    with pytest.raises(RuntimeError, match="env bug"):
+        actor.step()
+    assert len(env_count) == 6 and [r["closed"] for r in env_count] == [1] * 6, env_count
