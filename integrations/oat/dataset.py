@@ -65,10 +65,10 @@ class StepPrompts:
 
 
 def learner_prompts(args: Any, world_size: int) -> StepPrompts:
-    """Prompts for one epoch of oat's loop (``--num-prompt-epoch`` counts them): every row of
-    ``--gem-dataset`` played once, ``ceil(rows / gem_episodes_per_step)`` steps (``--gem-env``:
-    ``--max-train`` episodes), each step a batch of ``rollout_batch_size_per_device`` on each of
-    ``world_size`` learners (oat's DistributedSampler splits them)."""
+    """Prompts for one epoch of oat's loop (``--num-prompt-epoch`` counts them): ``ceil(rows /
+    gem_episodes_per_step)`` steps, so that each actor plays every row of ``--gem-dataset`` once (each
+    actor cycles through all rows; ``--gem-env``: ``--max-train`` episodes), each step a batch of
+    ``rollout_batch_size_per_device`` on each of ``world_size`` learners (oat's DistributedSampler splits them)."""
     episodes = len(read_specs(args.gem_dataset)) if args.gem_dataset else int(args.max_train)
     steps = max(1, math.ceil(episodes / int(args.gem_episodes_per_step)))
     return StepPrompts(steps * int(world_size) * int(args.rollout_batch_size_per_device))
