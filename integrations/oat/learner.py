@@ -30,6 +30,7 @@ import numpy as np
 from oat.algorithms.ppo_multiturn import PPOMultiTurnLearner
 
 from gem_core.algo import normalization_stats, normalize, rebn
+from gem_integrations.oat.dataset import prepare_learner_data
 
 OAT_EPS = 1e-9  # oat's whitening: (A - mean) / (std + 1e-9)
 
@@ -68,6 +69,12 @@ class GemLearner(PPOMultiTurnLearner):
     every transition of this step on all devices (:func:`gem_core.algo.rebn`, ``distributed=True``,
     ddof 0, eps 1e-9) before oat subsamples, and ``learning_step`` does not whiten again. Otherwise it
     is oat's learner, with oat's ``--whiten-adv`` done by :func:`whiten` (no NaN on a constant batch)."""
+
+    def prepare_data(self, strategy: Any, tokenizer: Any) -> None:
+        """oat's step loop sized from the GEM rows (:func:`~gem_integrations.oat.dataset.prepare_learner_data`),
+        not from oat's ``--prompt-data`` (by default a TL;DR set downloaded from the hub, which the GEM actor
+        never reads)."""
+        prepare_learner_data(self, strategy)
 
     def learning_step(self, trajectory: Any) -> Any:
         if not self.args.whiten_adv:

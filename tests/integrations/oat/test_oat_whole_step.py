@@ -288,11 +288,6 @@ def test_readme_oat_commands_through_one_whole_step(tokenizer, tmp_path, monkeyp
     assert info["train/adv_mean"] == pytest.approx(float(np.mean(expected)), abs=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="needs GemLearner.prepare_data = dataset.prepare_learner_data (integrations/oat/learner.py, pending): oat's own prepare_data loads --prompt-data from the hub",
-)
 def test_learner_prompt_loop_comes_from_the_gem_rows_not_oats_prompt_data(tokenizer, tmp_path, monkeypatch, cpu_torch):
     """oat's LearnerBase.prepare_data loads --prompt-data (default: lkevinzc/tldr-with-sft-reference from the
     hub) for its step loop and its evaluation. With the GEM actor the loop is one batch per actor step: one

@@ -95,12 +95,6 @@ def test_v1_worker_closes_every_env_it_makes_aborted_episodes_included(verl_conf
     assert [r["closed"] for r in made] == [1] * n, f"envs not closed exactly once: {[r for r in made if r['closed'] != 1]}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="defect in integrations/verl/agent_loop.py (reported): the row of an episode aborted at its first "
-    "request is stored without rollout_log_probs, which every other row has",
-)
 def test_v1_rows_all_carry_the_same_fields(verl_config, model_dir, golden, monkeypatch):
     _, stored, _, n = _play_v1(verl_config, model_dir, golden, monkeypatch)
     tensors = {key: {k for k, v in field.items() if isinstance(v, torch.Tensor)} for key, field in stored.items()}
@@ -134,13 +128,6 @@ def _batch(rows):
     return DataProto(batch=TensorDict({"dummy_tensor": torch.zeros(n, 1, dtype=torch.uint8)}, batch_size=n), non_tensor_batch=non_tensor)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="defect in integrations/verl/agent_loop.py (reported, not in this test's area): a row with no turn "
-    "(the engine aborted the first request) has response_logprobs None while the batch's other rows have "
-    "logprobs, and verl's _postprocess torch.cat fails",
-)
 def test_legacy_worker_batches_a_row_aborted_at_its_first_request(verl_config, model_dir, golden, monkeypatch):
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
