@@ -118,26 +118,9 @@ def cpu_torch(monkeypatch):
 @pytest.fixture()
 def env_count(monkeypatch):
     """Every env made through TaskSpec.make_env in this process, and how often each was closed."""
-    from gem_core.tasks import TaskSpec
+    from gem_core.testing.lifecycle import track_env_closes
 
-    made: list = []
-    make = TaskSpec.make_env
-
-    def counted(self):
-        env = make(self)
-        close = env.close
-        record = {"closed": 0}
-
-        def closing():
-            record["closed"] += 1
-            return close()
-
-        env.close = closing
-        made.append(record)
-        return env
-
-    monkeypatch.setattr(TaskSpec, "make_env", counted)
-    return made
+    return track_env_closes(monkeypatch)
 
 
 def _actor(args, tokenizer, tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ from datasets import Dataset
 
 import gem_core
 from gem_core.tasks import TaskSpec
+from gem_core.testing.lifecycle import track_env_closes
 from gem_integrations.trl import GemGRPOTrainer, GemRollout
 from gem_integrations.trl.dataset import prompt_of
 
@@ -36,23 +37,7 @@ gem_core.register(CRASH_ID, CrashingTurns, override=True)
 @pytest.fixture()
 def env_count(monkeypatch):
     """Every env made through TaskSpec.make_env in this process, with how often each was closed."""
-    made: list[dict] = []
-    make = TaskSpec.make_env
-
-    def counted(self):
-        env = make(self)
-        close, record = env.close, {"env_id": self.env_id, "seed": self.seed, "closed": 0}
-
-        def closing():
-            record["closed"] += 1
-            return close()
-
-        env.close = closing
-        made.append(record)
-        return env
-
-    monkeypatch.setattr(TaskSpec, "make_env", counted)
-    return made
+    return track_env_closes(monkeypatch)
 
 
 def _dataset(env_id: str, rows: list[dict]) -> Dataset:

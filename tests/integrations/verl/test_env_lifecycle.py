@@ -15,25 +15,9 @@ from conftest import PROMPT_LENGTH, RESPONSE_LENGTH, golden_rows
 
 def _count_envs(monkeypatch) -> list[dict]:
     """Every env made through TaskSpec.make_env in this process, with how often it was closed."""
-    from gem_core.tasks import TaskSpec
+    from gem_core.testing.lifecycle import track_env_closes
 
-    made: list[dict] = []
-    make = TaskSpec.make_env
-
-    def counted(self):
-        env = make(self)
-        close, record = env.close, {"env_id": self.env_id, "closed": 0}
-
-        def closing():
-            record["closed"] += 1
-            return close()
-
-        env.close = closing
-        made.append(record)
-        return env
-
-    monkeypatch.setattr(TaskSpec, "make_env", counted)
-    return made
+    return track_env_closes(monkeypatch)
 
 
 def _rows_and_server(model_dir, golden):
