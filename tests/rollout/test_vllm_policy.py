@@ -1,0 +1,47 @@
+"""VLLMPolicy over the vLLM-faithful offline LLM (the same call shape as vllm.LLM; the real engine runs it in
+tests/real): concurrent episodes batched into one generate, per-request seeds, one over-long prompt refused
+alone, bad options refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gem_core.rollout import ChatFormatter, ContextLimitExceeded, RunConfig, SamplingParams, VLLMPolicy, run_episodes
+from gem_core.testing.golden import golden_respond
+from gem_core.testing.vllm_engine import ScriptedModel, VLLMFaithfulEngine, VLLMFaithfulLLM, VLLMSamplingParams
+
+
+@pytest.fixture
+def llm(tokenizer):
+    return VLLMFaithfulLLM(VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=512))
+
+
+def test_concurrent_episodes_go_to_the_engine_as_one_batch(llm, tokenizer):
+    policy = VLLMPolicy(llm, sampling_params_cls=VLLMSamplingParams)
+    config = RunConfig(params=SamplingParams(max_tokens=32), max_turns=2)
+    trajectories = asyncio.run(run_episodes(["game:GuessTheNumber-v0-easy"] * 4, policy, ChatFormatter(tokenizer), config, seeds=[0, 1, 2, 3]))
+    assert llm.calls[0] == 4  # the four first turns in one generate
+    assert all(t.turns and len(t.turns[0].logprobs) == len(t.turns[0].response_ids) for t in trajectories)
+    seeds = [params.seed for _, params in llm.engine.requests]
+    assert len(set(seeds)) == len(seeds)  # each request its own seed (derived from its request id)
+
+
+def test_an_over_long_prompt_is_refused_alone(llm):
+    policy = VLLMPolicy(llm, sampling_params_cls=VLLMSamplingParams)
+    assert policy.max_model_len == 512
+    with pytest.raises(ContextLimitExceeded):
+        asyncio.run(policy.generate([5] * 512, SamplingParams(max_tokens=4), request_id="e/turn-0"))
+    assert llm.calls == []  # nothing reached the engine, so no batch was failed with it
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_a_bad_batch_size_is_refused(llm, bad):
+    with pytest.raises(ValueError, match="max_batch_size"):
+        VLLMPolicy(llm, max_batch_size=bad, sampling_params_cls=VLLMSamplingParams)
+
+
+def test_an_empty_prompt_is_refused(llm):
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        asyncio.run(VLLMPolicy(llm, sampling_params_cls=VLLMSamplingParams).generate([], SamplingParams()))
