@@ -49,18 +49,10 @@ def sandbox_leftovers(label: str) -> list[str]:
     from gem_core.tools.sandbox import reaper
 
     me = os.getpid()
-    found = [f"process {pid}: {_command(pid)}" for pid in reaper.find_processes(f"{reaper.TAG}{label}/")]
+    found = [f"process {pid}: {reaper.command_line(pid)}" for pid in reaper.find_processes(f"{reaper.TAG}{label}/")]
     found += [f"reaper {pid} of owner {owner}" for pid, owner in reaper.find_reapers(label).items() if owner != me]
     found += [f"temp dir {path}" for path in reaper.find_temp_dirs(label)]
     return found
-
-
-def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return "(gone)"
 
 
 def fail_session(session, title: str, lines: list[str]) -> None:

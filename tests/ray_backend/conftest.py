@@ -109,7 +109,7 @@ def pytest_sessionfinish(session, exitstatus):
     if left is True:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [f"FAILED the ray run left processes behind (label {label}):"] + [f"  process {pid}: {_command(pid)}" for pid in left]
+    lines = [f"FAILED the ray run left processes behind (label {label}):"] + [f"  process {pid}: {reaper.command_line(pid)}" for pid in left]
     for line in lines:
         if reporter is not None:
             reporter.write_line(line)
@@ -122,14 +122,6 @@ def pytest_sessionfinish(session, exitstatus):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-
-
-def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return "(gone)"
 
 
 # ray.shutdown() returns before every worker it stopped has exited (tests of this check shorten it)

@@ -66,6 +66,12 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def command_line(pid: int, limit: int = 200) -> str:
+    """``pid``'s command line as text (at most ``limit`` characters), or "(gone)": for reports of leftovers."""
+    line = _cmdline(pid)
+    return line.replace(b"\0", b" ").decode(errors="replace")[:limit] if line else "(gone)"
+
+
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, process group) of ``pid``, None when it is gone."""
     try:
