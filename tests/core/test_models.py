@@ -70,3 +70,21 @@ def test_a_converted_checkpoint_in_the_cache_is_used_without_the_network(offline
     (target / "model.safetensors").write_bytes(b"")
     (target / "tokenizer_config.json").write_text("{}")
     assert resolve_model(SMOLLM2.alias) == str(target)
+
+
+def test_the_train_and_eval_clis_turn_an_unavailable_model_into_their_one_line_error(monkeypatch):
+    """`gem-core train --model ALIAS` and `gem-core eval --policy hf --model ALIAS` when nothing is reachable."""
+    pytest.importorskip("transformers")
+    from gem_core.eval import policies as eval_policies
+    from gem_core.train import run as train_run
+
+    def unavailable(name, **_):
+        raise ModelUnavailableError(f"model {name!r} is unavailable: nothing reachable")
+
+    monkeypatch.setattr(train_run, "resolve_model", unavailable)
+    monkeypatch.setattr(eval_policies, "resolve_model", unavailable)
+    with pytest.raises(train_run.TrainError, match=r"^--model 'smollm2-135m-instruct': model .* is unavailable"):
+        train_run.load_model("smollm2-135m-instruct")
+    pytest.importorskip("torch")
+    with pytest.raises(eval_policies.PolicyError, match="is unavailable"):
+        eval_policies.hf_policy("smollm2-135m-instruct", device="cpu", batch_size=1, seed=0)
