@@ -179,7 +179,10 @@ class VLLMPolicy(EnginePolicy):
 
     async def _serve(self) -> None:
         while self._queue:
-            await asyncio.sleep(0)  # let the episodes that are about to ask join this batch
+            waiting = -1
+            while len(self._queue) != waiting:  # let the episodes that are about to ask join this batch
+                waiting = len(self._queue)
+                await asyncio.sleep(0)
             batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
             batch = [p for p in batch if not p.future.done()]
             if not batch:
