@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gem_core.models import ModelUnavailableError, resolve_model
-from gem_core.train.trainer import EpisodeStats, Trainer, TrainConfig, config_dict, ensure_dir, write_json
+from gem_core.registry import make
+from gem_core.rollout import ScriptedPolicy, run_episodes
+from gem_core.train.trainer import EpisodeStats, Trainer, TrainConfig, config_dict, ensure_dir, micro_batches, peak_rss_gb, training_rows, write_json
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -80,10 +82,6 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
     moves win). Returns the last cross-entropy."""
     import asyncio
 
-    from gem_core.registry import make
-    from gem_core.rollout import ScriptedPolicy, run_episodes
-    from gem_core.train.trainer import training_rows
-
     config = trainer.config
     mover = make(config.env_id, **config.env_kwargs)
 
@@ -107,11 +105,14 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
             rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", trainer.pad_id)
             if config.warmup_transcript:
                 rows = whole_transcript(rows)
-            loss = supervised_loss(trainer, rows)
+            tokens = float((rows.targets >= 0).sum().clamp(min=1))
             optimizer.zero_grad()
-            loss.backward()
+            loss_value = 0.0
+            for part in micro_batches(rows, config.micro_batch_tokens):  # the batch's gradient, in parts
+                loss = supervised_loss(trainer, part, tokens)
+                loss.backward()
+                loss_value += float(loss.detach())
             optimizer.step()
-            loss_value = float(loss.detach())
     finally:
         mover.close()
     return loss_value
@@ -129,14 +130,13 @@ def whole_transcript(rows: Any) -> Any:
     return dataclasses.replace(rows, targets=targets.masked_fill(~keep, -100))
 
 
-def supervised_loss(trainer: Trainer, rows: Any) -> Any:
-    """Mean cross-entropy of the targets (the model tokens of each row)."""
-    from gem_core.train.trainer import token_logprobs
-
+def supervised_loss(trainer: Trainer, rows: Any, tokens: float | None = None) -> Any:
+    """Cross-entropy of the targets (the model tokens of each row), summed and divided by ``tokens``
+    (the whole batch's targets when ``rows`` is a micro-batch of it; default: those of ``rows``)."""
     trainer.model.train()
-    logprobs = token_logprobs(trainer.model, rows)
+    logprobs = trainer.logprobs(trainer.model, rows)
     mask = (rows.targets >= 0).float()
-    return -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+    return -(logprobs * mask).sum() / (mask.sum().clamp(min=1.0) if tokens is None else tokens)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -153,6 +153,7 @@ class Summary:
     steps: int
     seconds: float
     out: str
+    peak_rss_gb: float = 0.0
 
     def table(self) -> str:
         rows = [("", "success rate", "mean return", "turns / episode", "turns / solved", "malformed turns", "illegal turns")]
@@ -234,7 +235,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             _tensorboard(metrics_path, os.path.join(out, "tensorboard"))
     finally:
         trainer.close()
-    return Summary(warm, final, trainer.step, time.perf_counter() - started, out)
+    return Summary(warm, final, trainer.step, time.perf_counter() - started, out, peak_rss_gb())
 
 
 def _resumed_config(config: TrainConfig, out: str) -> TrainConfig:

@@ -48,7 +48,11 @@ class TrainConfig:
     ``max_turns``, ``max_context_tokens``; ``temperature``. Learning: ``estimator`` (rebn, reinforce =
     vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
     ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
-    a loss mask), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
+    a loss mask), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
+    (the batch is split into micro-batches within it and their gradients accumulated: the same gradient
+    as one pass, with memory bounded by the budget, not the batch), ``logprob_chunk_tokens``: positions
+    whose full-vocabulary logits exist at once, ``gradient_checkpointing``: recompute the decoder's
+    activations in the backward pass (less memory, more time), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
     batch, ``kl_coef`` (to the starting policy; 0 = off), ``entropy_coef`` (a bonus on the policy's
     entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``. ``warmup_steps``:
     supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
@@ -75,6 +79,9 @@ class TrainConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 4096
+    logprob_chunk_tokens: int = 1024
+    gradient_checkpointing: bool = False
     temperature: float = 1.0
     max_tokens: int = 8
     max_turns: int | None = None
@@ -106,6 +113,8 @@ class TrainConfig:
         _check_int(self, "eval_episodes", 1)
         _check_int(self, "seed", 0)
         _check_int(self, "checkpoint_every", 1)
+        _check_int(self, "micro_batch_tokens", 1)
+        _check_int(self, "logprob_chunk_tokens", 1)
         if self.max_turns is not None:
             _check_int(self, "max_turns", 1)
         if self.max_context_tokens is not None:
@@ -240,16 +249,29 @@ def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
     return Rows(input_ids, attention, targets, adv, old)
 
 
-def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False) -> Any:
+def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False, chunk_tokens: int = 1024) -> Any:
     """log pi(target | prefix) at every position (0 where there is no target); with ``with_entropy``,
-    also the entropy of pi(. | prefix), as ``(logprobs, entropy)`` (0 in columns where no row has a target).
+    also the entropy of pi(. | prefix), as ``(logprobs, entropy)`` (0 where there is no target).
 
-    Logits are computed only at the columns where some row has a target (the responses' positions,
-    a fraction of each row in the sequence view), through the model's ``logits_to_keep`` when its
-    forward takes it: the same numbers, without the vocabulary-wide softmax at every prompt token."""
+    Full-vocabulary logits (49k wide for a real model) at every position of a batch are what runs a
+    real model out of memory. Where the model is a decoder followed by a plain output layer
+    (:func:`output_layer`), the decoder's hidden states are taken at the target positions only and
+    the vocabulary is reached ``chunk_tokens`` positions at a time, each chunk recomputed in the
+    backward pass rather than kept: at most ``chunk_tokens`` x vocabulary logits exist at once. Other
+    models get logits at the columns that hold a target (``logits_to_keep`` where the forward takes it).
+    Both give the numbers of the full softmax (tested)."""
     import torch
 
     has_target = rows.targets >= 0
+    head = output_layer(model)
+    if head is not None:
+        decoder, lm_head = head
+        hidden = decoder(input_ids=rows.input_ids, attention_mask=rows.attention).last_hidden_state
+        chosen, entropy = chunked_logprobs(hidden[has_target], lm_head, rows.targets[has_target], temperature, chunk_tokens, with_entropy)
+        logprobs = hidden.new_zeros(rows.targets.shape, dtype=torch.float32).masked_scatter(has_target, chosen)
+        if not with_entropy:
+            return logprobs
+        return logprobs, torch.zeros_like(logprobs).masked_scatter(has_target, entropy)
     columns = has_target.any(dim=0).nonzero()[:, 0]
     if _takes_logits_to_keep(model) and len(columns) < rows.targets.shape[1]:
         logits = model(input_ids=rows.input_ids, attention_mask=rows.attention, logits_to_keep=columns).logits
@@ -263,8 +285,39 @@ def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_ent
     logprobs = chosen.new_zeros(rows.targets.shape).index_copy(1, columns, chosen)
     if not with_entropy:
         return logprobs
-    entropy = -(logp.exp() * logp).sum(-1)
+    entropy = -(logp.exp() * logp).sum(-1) * (targets >= 0)
     return logprobs, entropy.new_zeros(rows.targets.shape).index_copy(1, columns, entropy)
+
+
+def chunked_logprobs(hidden: Any, lm_head: Any, targets: Any, temperature: float, chunk_tokens: int, with_entropy: bool = False) -> tuple[Any, Any]:
+    """``(log p(target), entropy or None)`` per position from hidden states ``[N, H]`` and the output layer,
+    ``chunk_tokens`` positions at a time: log p = logit[target] / T - logsumexp(logits / T). With gradients
+    on, each chunk goes through activation checkpointing, so its logits are made again in the backward
+    pass instead of being kept for it."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def one_chunk(h: Any, t: Any) -> tuple[Any, Any]:
+        logits = lm_head(h).float() / temperature
+        normaliser = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(-1, t[:, None])[:, 0] - normaliser
+        if not with_entropy:
+            return chosen, chosen.new_zeros(())
+        return chosen, normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+    chosen_parts, entropy_parts = [], []
+    for begin in range(0, len(targets), max(int(chunk_tokens), 1)):
+        h, t = hidden[begin : begin + chunk_tokens], targets[begin : begin + chunk_tokens]
+        if torch.is_grad_enabled() and h.requires_grad:
+            chosen, entropy = checkpoint(one_chunk, h, t, use_reentrant=False)
+        else:
+            chosen, entropy = one_chunk(h, t)
+        chosen_parts.append(chosen)
+        entropy_parts.append(entropy)
+    if not chosen_parts:
+        empty = hidden.new_zeros((0,), dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(chosen_parts), (torch.cat(entropy_parts) if with_entropy else None)
 
 
 def _takes_logits_to_keep(model: Any) -> bool:
@@ -276,19 +329,67 @@ def _takes_logits_to_keep(model: Any) -> bool:
         return False
 
 
+# Config attributes of models whose logits are not ``lm_head(last hidden state)`` as it stands (scaled,
+# soft-capped): those take the plain path.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def output_layer(model: Any) -> tuple[Any, Any] | None:
+    """``(decoder, lm_head)`` of a causal LM whose logits are ``lm_head(decoder(...).last_hidden_state)``
+    (Llama, Qwen2, Mistral and the like: ``get_decoder`` and ``get_output_embeddings``); None otherwise."""
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return None
+    try:
+        decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    if decoder is None or lm_head is None or decoder is model:
+        return None
+    return decoder, lm_head
+
+
+def micro_batches(rows: Rows, token_budget: int) -> list[Rows]:
+    """The rows in micro-batches of at most ``token_budget`` padded tokens each (a row longer than the
+    budget goes alone). Rows are grouped by length, so little goes to padding, and each micro-batch is
+    cut to its longest row: the padding of the whole batch is not carried into every pass."""
+    import torch
+
+    lengths = rows.attention.sum(dim=1)
+    order = torch.argsort(lengths, stable=True).tolist()
+    groups: list[list[int]] = []
+    for index in order:
+        width = int(lengths[index])
+        if groups and width * (len(groups[-1]) + 1) <= token_budget:
+            groups[-1].append(index)  # rows come shortest first: this row sets the group's width
+        else:
+            groups.append([index])
+    parts = []
+    for group in groups:
+        picked = torch.tensor(group, dtype=torch.long)
+        width = max(int(lengths[picked].max()), 1)
+        parts.append(Rows(*(getattr(rows, name)[picked, :width] for name in ("input_ids", "attention", "targets", "advantages", "old_logprobs"))))
+    return parts
+
+
 def policy_loss(
-    logprobs: Any, rows: Rows, clip: float, ref_logprobs: Any = None, kl_coef: float = 0.0, entropy: Any = None, entropy_coef: float = 0.0
+    logprobs: Any, rows: Rows, clip: float, ref_logprobs: Any = None, kl_coef: float = 0.0, entropy: Any = None, entropy_coef: float = 0.0,
+    tokens: float | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """PPO-clipped policy gradient, averaged over model tokens, plus ``kl_coef`` * KL to a reference,
     minus ``entropy_coef`` * the mean entropy at the model tokens.
 
     ratio = exp(logp - logp_rollout); loss = -min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A).
     The KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 (non-negative, unbiased).
+    ``tokens``: the model tokens of the whole batch when ``rows`` is one of its micro-batches (the sums
+    are divided by it, so the micro-batches' losses and statistics add up to the batch's); default:
+    those of ``rows``.
     """
     import torch
 
     mask = (rows.targets >= 0).float()
-    tokens = mask.sum().clamp(min=1.0)
+    if tokens is None:
+        tokens = mask.sum().clamp(min=1.0)
     ratio = torch.exp((logprobs - rows.old_logprobs) * mask)
     unclipped = ratio * rows.advantages
     clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * rows.advantages
@@ -351,6 +452,13 @@ class Trainer:
         self.torch = torch
         self.config = config
         self.model = model.to(config.device)
+        if config.gradient_checkpointing:
+            if not getattr(self.model, "supports_gradient_checkpointing", False):
+                raise ValueError(f"gradient_checkpointing: {type(self.model).__name__} does not support it")
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+                self.model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -423,22 +531,7 @@ class Trainer:
                     "rollout_seconds": round(rollout_seconds, 3), "update_seconds": round(time.perf_counter() - started, 3)}
         advantages = turn_advantages(trajectories, config.estimator, config.gamma, config.group_size)
         rows = training_rows(trajectories, advantages, config.view, self.pad_id)
-        ref_logprobs = None
-        if config.kl_coef > 0:
-            with torch.no_grad():
-                ref_logprobs = token_logprobs(self._reference(), rows, config.temperature)
-        self.model.train()
-        stats: dict[str, float] = {}
-        for _ in range(config.epochs):
-            if config.entropy_coef > 0:
-                logprobs, entropy = token_logprobs(self.model, rows, config.temperature, with_entropy=True)
-            else:
-                logprobs, entropy = token_logprobs(self.model, rows, config.temperature), None
-            loss, stats = policy_loss(logprobs, rows, config.clip, ref_logprobs, config.kl_coef, entropy, config.entropy_coef)
-            self.optimizer.zero_grad()
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))
-            self.optimizer.step()
+        loss, stats, grad_norm = self.optimize(rows)
         self.scheduler.step()
         self.step += 1
         return {
@@ -450,12 +543,59 @@ class Trainer:
             "malformed_rate": episodes.malformed_rate,
             "illegal_rate": episodes.illegal_rate,
             "infra_failed_episodes": infra["gem/infra_failed_episodes"],
-            "loss": float(loss.detach()),
-            "grad_norm": float(grad_norm),
+            "loss": loss,
+            "grad_norm": grad_norm,
             **stats,
             "rollout_seconds": round(rollout_seconds, 3),
             "update_seconds": round(time.perf_counter() - started, 3),
+            "peak_rss_gb": round(peak_rss_gb(), 3),
         }
+
+    def optimize(self, rows: Rows) -> tuple[float, dict[str, float], float]:
+        """``epochs`` optimizer steps on ``rows``, each on the batch's gradient (:meth:`accumulate_gradient`),
+        clipped. Returns (loss, statistics, grad norm) of the last."""
+        torch = self.torch
+        config = self.config
+        parts = micro_batches(rows, config.micro_batch_tokens)
+        references: list[Any] = [None] * len(parts)
+        if config.kl_coef > 0:
+            with torch.no_grad():
+                references = [self.logprobs(self._reference(), part) for part in parts]
+        loss, stats, grad_norm = 0.0, {}, 0.0
+        for _ in range(config.epochs):
+            self.optimizer.zero_grad()
+            loss, stats = self.accumulate_gradient(rows, parts, references)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))
+            grad_norm = float(norm)
+            self.optimizer.step()
+        return loss, stats, grad_norm
+
+    def accumulate_gradient(self, rows: Rows, parts: Sequence[Rows] | None = None, references: Sequence[Any] | None = None) -> tuple[float, dict[str, float]]:
+        """Add the gradient of the batch's loss to the parameters' ``.grad``, one micro-batch at a time:
+        each part's sums are divided by the whole batch's model tokens, so the parts' gradients add up to
+        the gradient of one pass over ``rows`` (tested), while memory holds one part. ``references``: the
+        reference model's logprobs per part (for the KL term)."""
+        config = self.config
+        parts = micro_batches(rows, config.micro_batch_tokens) if parts is None else parts
+        references = [None] * len(parts) if references is None else references
+        tokens = float((rows.targets >= 0).sum().clamp(min=1))
+        self.model.train()
+        total, stats = 0.0, {}
+        for part, reference in zip(parts, references):
+            if config.entropy_coef > 0:
+                logprobs, entropy = self.logprobs(self.model, part, with_entropy=True)
+            else:
+                logprobs, entropy = self.logprobs(self.model, part), None
+            loss, part_stats = policy_loss(logprobs, part, config.clip, reference, config.kl_coef, entropy, config.entropy_coef, tokens=tokens)
+            loss.backward()
+            total += float(loss.detach())
+            for key, value in part_stats.items():
+                stats[key] = stats.get(key, 0.0) + value
+        return total, stats
+
+    def logprobs(self, model: Any, rows: Rows, *, with_entropy: bool = False) -> Any:
+        """:func:`token_logprobs` with this run's temperature and chunk size."""
+        return token_logprobs(model, rows, self.config.temperature, with_entropy=with_entropy, chunk_tokens=self.config.logprob_chunk_tokens)
 
     def _reference(self) -> Any:
         if self.reference is None:
@@ -489,6 +629,15 @@ class Trainer:
         self.torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
+
+
+def peak_rss_gb() -> float:
+    """The process's peak resident memory so far, in GB (``ru_maxrss``: kilobytes on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1e9 if sys.platform == "darwin" else 1e6)
 
 
 def write_json(path: str, data: Any) -> None:

@@ -172,7 +172,7 @@ def test_the_trainer_uses_the_reference_advantages_of_the_golden_scenario():
 
 
 def _rl_lines(path):
-    drop = {"rollout_seconds", "update_seconds"}
+    drop = {"rollout_seconds", "update_seconds", "peak_rss_gb"}
     return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in open(path) if '"rl"' in line]
 
 
@@ -234,6 +234,7 @@ def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
         (["--device", "cuda"], "CUDA"),
         (["--resume"], "no checkpoint"),
         (["--tensorboard", "--steps", "1"], "tensorboard"),
+        (["--micro-batch-tokens", "0"], "--micro-batch-tokens"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
