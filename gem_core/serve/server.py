@@ -1,0 +1,256 @@
+"""Serve gem-core env ids over OpenEnv's protocol with OpenEnv's own server (``create_app``), under uvicorn.
+
+    with serve("game:GuessTheNumber-v0", max_sessions=64, idle_timeout=300) as server:
+        client = GenericEnvClient(base_url=server.url()).sync()   # openenv's own client
+        ...
+
+Each WebSocket session (``/ws``) gets its own env; ``reset`` takes ``seed`` and ``options``. The session
+count is bounded (``max_sessions``, per id: OpenEnv answers the next one ``CAPACITY_REACHED``), idle
+sessions are closed by OpenEnv's reaper after ``idle_timeout`` seconds (it looks every
+``max(idle_timeout / 4, 5)`` s), and :meth:`EnvServer.stop` ends every session and closes every env.
+Several ids are served side by side, each under ``/<env id>`` (its base URL: :meth:`EnvServer.url`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from openenv.core.env_server import ConcurrencyConfig, create_app
+
+from gem_core.errors import GemError, InvalidArgumentError
+from gem_core.params import Param, invalid
+from gem_core.registry import check_kwargs, spec
+from gem_core.serve.environment import GemAction, GemEnvironment, GemObservation, GemState
+from gem_core.tasks import make_task_env, parse_tools
+
+#: The sessions one id serves at once unless told otherwise.
+DEFAULT_MAX_SESSIONS = 64
+#: The most sessions one id may be asked to serve (each holds an env and a thread).
+MAX_SESSIONS_LIMIT = 4096
+_MAX_SESSIONS = Param(int, low=1, high=MAX_SESSIONS_LIMIT)
+_IDLE_TIMEOUT = Param(float, above=0, none="sessions never time out")
+_PORT = Param(int, low=0, high=65535)
+#: How long ``stop`` lets sessions end before uvicorn cancels them.
+GRACEFUL_SHUTDOWN_S = 5.0
+
+
+class ServeError(GemError, RuntimeError):
+    """The server could not start (the port is taken, the address is not this machine's, an env fails to build)."""
+
+
+class EnvServer:
+    """gem-core env ids served over OpenEnv's protocol, in a background thread. :func:`serve` starts one.
+
+    ``envs_built`` / ``envs_closed`` count the session envs made and released (each closed once);
+    ``open_envs`` is how many are alive now.
+    """
+
+    def __init__(
+        self,
+        env_ids: str | Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        env_kwargs: Mapping[str, Any] | None = None,
+        tools: str | Sequence[str] | None = None,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout: float | None = None,
+    ):
+        ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
+        if not ids or not all(isinstance(i, str) for i in ids):
+            raise invalid("env_ids", env_ids, "an env id or a non-empty list of env ids", "serve")
+        if len(set(ids)) != len(ids):
+            raise invalid("env_ids", ids, "distinct env ids", "serve")
+        _MAX_SESSIONS.check("max_sessions", max_sessions, "serve")
+        _IDLE_TIMEOUT.check("idle_timeout", idle_timeout, "serve")
+        _PORT.check("port", port, "serve")
+        if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+            raise invalid("env_kwargs", env_kwargs, "a mapping of make() kwargs", "serve", wrong_type=True)
+        self.env_kwargs = dict(env_kwargs or {})
+        try:
+            self.tools = parse_tools(tools)
+        except ValueError as err:
+            raise InvalidArgumentError(f"serve: {err}", name="tools", value=tools) from None
+        for env_id in ids:  # unknown ids and bad kwargs fail here, one line each, before anything is built
+            check_kwargs(spec(env_id), self.env_kwargs)
+        self.env_ids = ids
+        self.host, self.port = host, port
+        self.max_sessions = int(max_sessions)
+        self.idle_timeout = None if idle_timeout is None else float(idle_timeout)
+        self.envs_built = 0
+        self.envs_closed = 0
+        self._live: set[GemEnvironment] = set()
+        self._count_lock = threading.Lock()
+        self._stopping = False
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+        # one env of each id is built (and closed) now, so that an env that cannot be built fails here, in one line
+        # (OpenEnv's create_app builds one too, to check that sessions may run side by side)
+        for env_id in self.env_ids:
+            try:
+                make_task_env(env_id, self.env_kwargs, self.tools).close()
+            except GemError:
+                raise
+            except Exception as err:
+                raise ServeError(f"{env_id}: the env cannot be built: {type(err).__name__}: {err}") from None
+        self.app = self._build_app()
+
+    # -- the app ---------------------------------------------------------------------------------
+    def _session_env(self, env_id: str) -> GemEnvironment:
+        """OpenEnv's factory: a new session's env (counted, so that ``stop`` can check every one was closed)."""
+        env = GemEnvironment(
+            functools.partial(make_task_env, env_id, self.env_kwargs, self.tools),
+            env_id,
+            idle_timeout=self.idle_timeout,
+            on_close=self._closed,
+        )
+        with self._count_lock:
+            env.stopping = self._stopping
+            self.envs_built += 1
+            self._live.add(env)
+        return env
+
+    def _closed(self, env: GemEnvironment) -> None:
+        with self._count_lock:
+            self.envs_closed += 1
+            self._live.discard(env)
+
+    def _openenv_app(self, env_id: str) -> FastAPI:
+        app = create_app(
+            functools.partial(self._session_env, env_id),
+            GemAction,
+            GemObservation,
+            env_name=env_id,
+            concurrency_config=ConcurrencyConfig(max_concurrent_envs=self.max_sessions, session_timeout=self.idle_timeout),
+            state_cls=GemState,
+        )
+
+        async def gem_error(_: Request, exc: Exception) -> JSONResponse:
+            # OpenEnv's stateless HTTP /reset and /step raise what the env raises: answer it as bad input
+            return JSONResponse(status_code=400, content={"detail": str(exc)})
+
+        app.add_exception_handler(GemError, gem_error)
+        return app
+
+    def _build_app(self) -> FastAPI:
+        apps = {env_id: self._openenv_app(env_id) for env_id in self.env_ids}
+        if len(apps) == 1:
+            return next(iter(apps.values()))
+
+        @asynccontextmanager
+        async def lifespan(_: FastAPI) -> Any:  # a mounted app's startup/shutdown (OpenEnv's reaper) is not run by Starlette
+            async with AsyncExitStack() as stack:
+                for sub in apps.values():
+                    await stack.enter_async_context(sub.router.lifespan_context(sub))
+                yield
+
+        root = FastAPI(title="gem-core envs over OpenEnv", lifespan=lifespan)
+        for env_id, sub in apps.items():
+            root.mount("/" + env_id, sub)
+
+        @root.get("/")
+        async def index() -> dict[str, Any]:
+            return {"envs": {env_id: "/" + env_id for env_id in apps}}
+
+        return root
+
+    # -- running ---------------------------------------------------------------------------------
+    def url(self, env_id: str | None = None) -> str:
+        """The base URL an OpenEnv client takes for ``env_id`` (the only id when one is served)."""
+        if self._socket is None:
+            raise ServeError("the server is not running (start() it first)")
+        host, port = self._socket.getsockname()[:2]
+        base = f"http://{host}:{port}"
+        if env_id is None:
+            if len(self.env_ids) != 1:
+                raise invalid("env_id", env_id, f"one of {', '.join(self.env_ids)}", "EnvServer.url")
+            env_id = self.env_ids[0]
+        if env_id not in self.env_ids:
+            raise invalid("env_id", env_id, f"one of {', '.join(self.env_ids)}", "EnvServer.url")
+        return base if len(self.env_ids) == 1 else f"{base}/{env_id}"
+
+    @property
+    def open_envs(self) -> int:
+        with self._count_lock:
+            return len(self._live)
+
+    def start(self, timeout: float = 30.0) -> EnvServer:
+        """Bind the port and serve in a background thread; returns once the server accepts connections."""
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as err:
+            sock.close()
+            raise ServeError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from None
+        sock.listen(2048)
+        sock.setblocking(False)
+        self._socket = sock
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="gem-core-serve", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ServeError(f"the server on {self.host}:{self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """End every session, close every env, stop the server. Safe to call twice."""
+        with self._count_lock:
+            self._stopping = True
+            for env in self._live:
+                env.stopping = True
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(GRACEFUL_SHUTDOWN_S + 10)
+            self._thread = None
+        with self._count_lock:
+            leftover = list(self._live)
+        for env in leftover:  # sessions uvicorn cancelled before OpenEnv's cleanup ran
+            env.close()
+        if self._socket is not None:
+            self._socket.close()
+
+    def run_forever(self) -> None:
+        """Serve until interrupted (Ctrl-C), then stop cleanly: ``gem-core serve``."""
+        try:
+            while self._thread is not None and self._thread.is_alive():
+                self._thread.join(0.5)
+        finally:
+            self.stop()
+
+    def __enter__(self) -> EnvServer:
+        return self if self._server is not None else self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def serve(env_ids: str | Sequence[str], **kwargs: Any) -> EnvServer:
+    """Serve ``env_ids`` over OpenEnv's protocol (a started :class:`EnvServer`; use it as a context manager
+    or call ``stop()``). ``kwargs``: ``host``, ``port`` (0: a free one), ``env_kwargs``, ``tools``,
+    ``max_sessions`` (per id), ``idle_timeout`` (seconds)."""
+    return EnvServer(env_ids, **kwargs).start()
+
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "EnvServer", "ServeError", "serve"]
+
+_ = asyncio  # asyncio is uvicorn's loop; kept importable for callers that patch it
