@@ -56,6 +56,17 @@ def _int_in(low: int, high: int | None = None) -> Any:
 _positive_int = _int_in(1)
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gem-core`` command."""
     parser = argparse.ArgumentParser(
@@ -106,6 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives no topk")
+
+    from gem_core.serve import DEFAULT_MAX_SESSIONS, MAX_SESSIONS_LIMIT  # constants only; openenv is imported when serving
+
+    served = commands.add_parser(
+        "serve",
+        help="serve env ids over OpenEnv's protocol (HTTP and WebSocket sessions; the openenv extra)",
+        description=(
+            "Serve ENV_IDs with OpenEnv's own server (pip install -e '.[openenv]'): each WebSocket session (/ws) "
+            "gets its own env, reset takes seed and options, a step takes {\"action\": TEXT}. OpenEnv's "
+            "GenericEnvClient(base_url=URL) plays it. Several ids are served under /ENV_ID each. Ctrl-C stops."
+        ),
+    )
+    served.add_argument("env_ids", nargs="+", metavar="ENV_ID", help="ids from `gem-core list`, e.g. game:GuessTheNumber-v0")
+    served.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    served.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
+    served.add_argument(
+        "--max-sessions", type=_int_in(1, MAX_SESSIONS_LIMIT), default=DEFAULT_MAX_SESSIONS,
+        help=f"sessions each id holds at once (default {DEFAULT_MAX_SESSIONS}); the next one is refused with CAPACITY_REACHED",
+    )
+    served.add_argument("--idle-timeout", type=_seconds, default=None, help="close a session idle this many seconds (default: never)")
+    served.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs for every id, e.g. \'{"max_turns": 20}\'')
+    served.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
 
     from gem_core.train import cli as train_cli  # argparse only; torch is imported when a run starts
 
@@ -232,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return eval_cli.main(args, sys.stdout)
         if args.command == "serve-search":
             return cmd_serve_search(args, sys.stdout)
+        if args.command == "serve":
+            return cmd_serve(args, sys.stdout)
         if args.command == "make-dataset":
             return cmd_make_dataset(args)
         if getattr(args, "plugin_main", None) is not None:
@@ -313,6 +348,48 @@ def cmd_serve_search(args: argparse.Namespace, out: TextIO) -> int:
         server.serve_forever()
     finally:
         server.server_close()
+    return EXIT_OK
+
+
+# -- serve -----------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    """``gem-core serve``: env ids over OpenEnv's protocol until Ctrl-C or SIGTERM, then a clean stop."""
+    import signal
+
+    from gem_core.serve import require_openenv
+    from gem_core.tasks import parse_env_kwargs
+
+    try:
+        env_kwargs = parse_env_kwargs(args.env_kwargs)
+    except ValueError as err:
+        raise CliError(f"--env-kwargs: {err}") from None
+    require_openenv()
+    from gem_core.serve.server import EnvServer, ServeError
+
+    server = EnvServer(
+        args.env_ids, host=args.host, port=args.port, env_kwargs=env_kwargs, tools=args.tools or None,
+        max_sessions=args.max_sessions, idle_timeout=args.idle_timeout,
+    )
+    try:
+        server.start()
+    except ServeError as err:
+        raise CliError(str(err)) from None
+    for env_id in args.env_ids:
+        print(f"serving {env_id} at {server.url(env_id)} (OpenEnv: GenericEnvClient(base_url=...), WebSocket /ws)", file=out, flush=True)
+
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        server.run_forever()
+    except KeyboardInterrupt:
+        server.stop()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"stopped: {server.envs_built} envs built, {server.envs_closed} closed", file=out, flush=True)
     return EXIT_OK
 
 

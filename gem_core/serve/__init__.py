@@ -28,10 +28,14 @@ _LAZY = {
     "OpenEnvEnv": "gem_core.serve.remote",
 }
 
-__all__ = ["OpenEnvUnavailable", "require_openenv", *_LAZY]
+__all__ = ["DEFAULT_MAX_SESSIONS", "MAX_SESSIONS_LIMIT", "OPENENV_VERSION", "OpenEnvUnavailable", "require_openenv", *_LAZY]
 
 #: The openenv release this package is built and tested against (its server classes and client).
 OPENENV_VERSION = "0.10.0"
+#: The sessions one served id holds at once unless told otherwise (``--max-sessions``).
+DEFAULT_MAX_SESSIONS = 64
+#: The most sessions one id may be asked to hold (each has an env and a thread).
+MAX_SESSIONS_LIMIT = 4096
 
 
 class OpenEnvUnavailable(GemError, ImportError):

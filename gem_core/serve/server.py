@@ -13,7 +13,6 @@ Several ids are served side by side, each under ``/<env id>`` (its base URL: :me
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import socket
 import threading
@@ -30,13 +29,10 @@ from openenv.core.env_server import ConcurrencyConfig, create_app
 from gem_core.errors import GemError, InvalidArgumentError
 from gem_core.params import Param, invalid
 from gem_core.registry import check_kwargs, spec
+from gem_core.serve import DEFAULT_MAX_SESSIONS, MAX_SESSIONS_LIMIT
 from gem_core.serve.environment import GemAction, GemEnvironment, GemObservation, GemState
 from gem_core.tasks import make_task_env, parse_tools
 
-#: The sessions one id serves at once unless told otherwise.
-DEFAULT_MAX_SESSIONS = 64
-#: The most sessions one id may be asked to serve (each holds an env and a thread).
-MAX_SESSIONS_LIMIT = 4096
 _MAX_SESSIONS = Param(int, low=1, high=MAX_SESSIONS_LIMIT)
 _IDLE_TIMEOUT = Param(float, above=0, none="sessions never time out")
 _PORT = Param(int, low=0, high=65535)
@@ -252,5 +248,3 @@ def serve(env_ids: str | Sequence[str], **kwargs: Any) -> EnvServer:
 
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "EnvServer", "ServeError", "serve"]
-
-_ = asyncio  # asyncio is uvicorn's loop; kept importable for callers that patch it

@@ -1,0 +1,94 @@
+"""``gem-core serve``: a real run played by OpenEnv's client and stopped by a signal, and bad invocations
+(one line on stderr, exit 2, no traceback: the house style of tests/core/test_cli_errors.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from openenv.core.generic_client import GenericEnvClient
+from serve_helpers import guesses, play_local, record
+
+from gem_core import cli
+
+GUESS = "game:GuessTheNumber-v0"
+
+
+def _script() -> list[str]:
+    script = os.path.join(os.path.dirname(sys.executable), "gem-core")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "gem_core.cli"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_serve_runs_until_a_signal_then_stops_cleanly(stop):
+    proc = subprocess.Popen([*_script(), "serve", GUESS, "--port", "0", "--max-sessions", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        match = re.fullmatch(rf"serving {re.escape(GUESS)} at (http://127\.0\.0\.1:\d+) \(OpenEnv: GenericEnvClient\(base_url=\.\.\.\), WebSocket /ws\)\n", line)
+        assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        actions = guesses(2)
+        with GenericEnvClient(base_url=match.group(1)).sync() as client:
+            played = [record(client.reset(seed=2))]
+            for action in actions:
+                result = client.step({"action": action})
+                played.append(record(result))
+                if result.done:
+                    break
+            proc.send_signal(stop)  # a session still open: the stop closes it
+            out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert played == play_local(GUESS, 2, actions)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    built, closed = map(int, re.fullmatch(r"stopped: (\d+) envs built, (\d+) closed\n", out).groups())
+    assert built == closed >= 2  # OpenEnv's startup check's env and the session's
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = cli.main(argv)
+    return code, capsys.readouterr().err
+
+
+BAD = [
+    (["serve", "game:GuessTheNumbr-v0"], "gem-core: error: no env registered as 'game:GuessTheNumbr-v0'. Did you mean: game:GuessTheNumber-v0, game:GuessTheNumber-v0-hard, game:GuessTheNumber-v0-easy? (`gem-core list` shows every id)"),
+    (["serve", GUESS, "--max-sessions", "0"], "gem-core serve: error: argument --max-sessions: expected a number in 1..4096, got 0"),
+    (["serve", GUESS, "--max-sessions", "5000"], "gem-core serve: error: argument --max-sessions: expected a number in 1..4096, got 5000"),
+    (["serve", GUESS, "--idle-timeout", "0"], "gem-core serve: error: argument --idle-timeout: expected a number of seconds > 0, got 0"),
+    (["serve", GUESS, "--idle-timeout", "soon"], "gem-core serve: error: argument --idle-timeout: expected a number of seconds, got 'soon'"),
+    (["serve", GUESS, "--port", "70000"], "gem-core serve: error: argument --port: expected a number in 0..65535, got 70000"),
+    (["serve", GUESS, "--env-kwargs", "[1]"], "gem-core: error: --env-kwargs: env kwargs must be a JSON object, got list"),
+    (["serve", GUESS, "--env-kwargs", '{"max_turn": 3}'], "gem-core: error: game:GuessTheNumber-v0 does not take 'max_turn'. Did you mean: max_turns? It accepts: max_number, max_turns, min_number."),
+    (["serve", GUESS, "--env-kwargs", '{"max_turns": 0}'], "gem-core: error: game:GuessTheNumber-v0: max_turns=0 is not allowed: expected an integer in 1..100000, or None (set per episode by the game)"),
+    (["serve", GUESS, "--tools", "shell"], "gem-core: error: serve: unknown env tool(s) ['shell']; known: python, search"),
+    (["serve", GUESS, GUESS], "gem-core: error: serve: env_ids=['game:GuessTheNumber-v0', 'game:GuessTheNumber-v0'] is not allowed: expected distinct env ids"),
+    (["serve", GUESS, "--host", "192.0.2.1", "--port", "0"], "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), BAD, ids=[" ".join(a[1:])[:60] for a, _ in BAD])
+def test_bad_invocations_are_one_line(argv, expected, capsys):
+    code, err = run_main(argv, capsys)
+    assert "Traceback" not in err
+    assert code == 2, err
+    lines = err.rstrip("\n").split("\n")
+    assert lines[-1] == expected, err
+    if ": error: argument" not in expected:
+        assert len(lines) == 1, err
+
+
+def test_a_port_in_use_is_one_line(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, err = run_main(["serve", GUESS, "--port", str(port)], capsys)
+    assert (code, err) == (2, f"gem-core: error: cannot listen on 127.0.0.1:{port}: Address already in use\n")
