@@ -54,6 +54,9 @@ class EnvSpec:
 
 registry: dict[str, EnvSpec] = {}
 alias_table: dict[str, str] = {}
+#: Id prefixes that name an env outside the registry, each with the entry point that builds it from the rest
+#: of the id (passed as ``url=``): ``openenv:<url>`` is one session of an OpenEnv server (``gem_core.serve``).
+id_prefixes: dict[str, str] = {"openenv": "gem_core.serve.remote:OpenEnvEnv"}
 _plugins_loaded = False
 
 
@@ -131,7 +134,11 @@ def resolve(id: str) -> str:
 
 
 def spec(id: str) -> EnvSpec:
-    """The :class:`EnvSpec` of an id or alias."""
+    """The :class:`EnvSpec` of an id or alias (or of a prefixed id such as ``openenv:<url>``: :data:`id_prefixes`)."""
+    if isinstance(id, str) and id not in registry and id not in alias_table:
+        prefix, _, rest = id.partition(":")
+        if rest and prefix in id_prefixes:
+            return EnvSpec(id=id, entry_point=id_prefixes[prefix], kwargs={"url": rest}, description=f"{prefix} env at {rest}")
     return registry[resolve(id)]
 
 

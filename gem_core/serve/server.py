@@ -91,6 +91,7 @@ class EnvServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
+        self._address: tuple[str, int] | None = None
         # one env of each id is built (and closed) now, so that an env that cannot be built fails here, in one line
         # (OpenEnv's create_app builds one too, to check that sessions may run side by side)
         for env_id in self.env_ids:
@@ -164,9 +165,9 @@ class EnvServer:
     # -- running ---------------------------------------------------------------------------------
     def url(self, env_id: str | None = None) -> str:
         """The base URL an OpenEnv client takes for ``env_id`` (the only id when one is served)."""
-        if self._socket is None:
-            raise ServeError("the server is not running (start() it first)")
-        host, port = self._socket.getsockname()[:2]
+        if self._address is None:
+            raise ServeError("the server was never started (start() it first)")
+        host, port = self._address
         base = f"http://{host}:{port}"
         if env_id is None:
             if len(self.env_ids) != 1:
@@ -193,6 +194,7 @@ class EnvServer:
         sock.listen(2048)
         sock.setblocking(False)
         self._socket = sock
+        self._address = sock.getsockname()[:2]
         config = uvicorn.Config(
             self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048,
         )
