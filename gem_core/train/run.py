@@ -19,7 +19,7 @@ from typing import Any
 from gem_core.models import ModelUnavailableError, resolve_model
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
-from gem_core.train.trainer import EpisodeStats, Trainer, TrainConfig, config_dict, ensure_dir, micro_batches, peak_rss_gb, training_rows, write_json
+from gem_core.train.trainer import EpisodeStats, Trainer, TrainConfig, adamw, config_dict, ensure_dir, micro_batches, peak_rss_gb, training_rows, write_json
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -95,9 +95,7 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
 
     policy = RandomMoves(trainer.tokenizer, lambda context: str(mover.sample_random_action()))
     loss_value = float("nan")
-    import torch
-
-    optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=config.warmup_lr, weight_decay=0.0)
+    optimizer = adamw(trainer.model.parameters(), config.warmup_lr)
     try:
         for step in range(steps):
             seeds = [2 * 10**6 + step * batch + i for i in range(batch)]
