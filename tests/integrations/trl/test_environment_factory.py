@@ -89,9 +89,26 @@ def test_tool_schemas_come_from_the_typed_documented_methods():
         python = get_json_schema(env.python)["function"]
         assert python["description"].startswith("Run Python code in a sandbox")
         assert python["parameters"]["properties"]["code"]["type"] == "string"
-        Task = environment_factory("math:Orz57K", tools=["python", "search"]) if "math:Orz57K" in gem_core.list_envs() else None
-        if Task is not None:
-            assert sorted(n for n in vars(Task) if not n.startswith("_") and callable(vars(Task)[n])) == ["answer", "python", "search"]
+        Task = environment_factory("math:Orz57K", tools=["python", "search"])  # builds nothing yet: no data needed
+        assert sorted(n for n in vars(Task) if not n.startswith("_") and callable(vars(Task)[n])) == ["answer", "python", "search"]
+        answer = get_json_schema(Task.answer.__get__(object()))["function"]
+        assert answer["name"] == "answer" and "math:Orz57K" in answer["description"]
+        search = get_json_schema(Task.search.__get__(object()))["function"]
+        assert search["parameters"]["properties"]["query"]["type"] == "string"
+    finally:
+        env._close()
+
+
+def test_a_task_takes_its_answer_as_a_method():
+    """math:Arithmetic-v0 (generated, offline): answer(answer) grades \\boxed{answer} once and ends the episode."""
+    env = environment_factory("math:Arithmetic-v0")()
+    try:
+        first = env.reset(seed=1)
+        question = re.search(r"What is \$(.+)\$\?", first).group(1).replace("\\div", "//")
+        right = str(eval(question))  # the generated question: integers and + - * // only
+        assert env.answer(right).endswith(EPISODE_OVER) and env.get_reward() == 1.0
+        assert [first, env.reset(seed=1)] == [local_messages("math:Arithmetic-v0", 1, [])[0]] * 2
+        assert env.answer("-0.5").endswith(EPISODE_OVER) and env.get_reward() == 0.0
     finally:
         env._close()
 
