@@ -15,8 +15,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from openenv.core.env_server import Action, Environment, Observation, State
-from pydantic import Field
+try:  # without the openenv extra: one line naming it, not a ModuleNotFoundError from inside an import
+    from openenv.core.env_server import Action, Environment, Observation, State
+    from pydantic import Field
+except ImportError:
+    from gem_core.serve import require_openenv
+
+    require_openenv()
+    raise
 
 from gem_core.core import Env, model_message
 from gem_core.errors import GemError, InvalidArgumentTypeError, ResetNeeded, UnknownKwargError

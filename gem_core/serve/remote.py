@@ -20,8 +20,14 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from openenv.core.generic_client import GenericEnvClient
-from openenv.core.utils import convert_to_ws_url
+try:  # without the openenv extra: one line naming it, not a ModuleNotFoundError from inside an import
+    from openenv.core.generic_client import GenericEnvClient
+    from openenv.core.utils import convert_to_ws_url
+except ImportError:
+    from gem_core.serve import require_openenv
+
+    require_openenv()
+    raise
 
 from gem_core.core import Env
 from gem_core.errors import INFRA_ERROR, GemError, ResetNeeded

@@ -21,10 +21,16 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from openenv.core.env_server import ConcurrencyConfig, create_app
+try:  # without the openenv extra: one line naming it, not a ModuleNotFoundError from inside an import
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from openenv.core.env_server import ConcurrencyConfig, create_app
+except ImportError:
+    from gem_core.serve import require_openenv
+
+    require_openenv()
+    raise
 
 from gem_core.errors import GemError, InvalidArgumentError
 from gem_core.params import Param, invalid

@@ -204,3 +204,16 @@ def test_json_safe_keeps_every_info_on_the_wire():
     safe = json_safe(info)
     assert json.loads(json.dumps(safe)) == safe
     assert safe["n"] == 3 and safe["a"] == [0, 1, 2] and safe["t"] == [1, 2] and safe["nan"] == "nan"
+
+
+def test_without_the_openenv_package_an_openenv_id_is_one_line(monkeypatch):
+    """What a user without the extra meets: the error names it (not a ModuleNotFoundError traceback)."""
+    import sys
+
+    from gem_core.serve import OpenEnvUnavailable
+
+    for name in ("openenv", "openenv.core", "openenv.core.env_server", "openenv.core.generic_client"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of it raises ImportError, as when not installed
+    monkeypatch.delitem(sys.modules, "gem_core.serve.remote", raising=False)
+    with pytest.raises(OpenEnvUnavailable, match=r"need the openenv package .*pip install -e '\.\[openenv\]'"):
+        gem_core.make("openenv:http://127.0.0.1:1")
