@@ -217,7 +217,7 @@ def trl(session: nox.Session) -> None:
     CUDA build or another TRL (the plugin overrides a private method: the tested version is exact)."""
     pin = _constraints(session, TORCH, TRL)
     session.install(TORCH)
-    session.install("-c", pin, "-e", ".[trl,dev,hf]")
+    session.install("-c", pin, "-e", ".[trl,dev,hf,model]")
     session.run(*PYTEST, "tests/integrations/trl", *session.posargs, env=_env())
 
 
