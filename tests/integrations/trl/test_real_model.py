@@ -5,7 +5,8 @@ CUDA), TRL's right padding of completions of different lengths, ReBN in the loss
 Nothing stubbed. With greedy decoding (`--top-k 1`) the rollout TRL trained on equals gem_core's runner
 over the same model (HFPolicy, greedy): prompt and completion token ids, env_mask, turn ids and per-turn
 rewards, episode by episode; and the logprobs the rollout kept at generation time agree with the per-token
-logps TRL recomputes for its loss within LOGPROB_ATOL.
+logps TRL recomputes for its loss within LOGPROB_ATOL. Greedy ids compare exactly: the smallest gap
+between the chosen and the next logit on these episodes is 0.038 (measured), the numeric noise ~1e-5.
 
 The env is the tests' test:TRLTurns-v0 (1 + seed % 4 turns whatever the model writes, a reward that
 depends on the text): the 135M model writes no \\boxed{} move, so every GEM game would end at its first
