@@ -28,10 +28,10 @@ error, -0.1; cut at 64 tokens or ended early) and one of five turns (valid guess
 
 Greedy: OpenRLHF's actor divides its logits by ``--rollout.temperature`` (0 would make them inf), so the
 rollout is made greedy with ``--rollout.top_p`` tiny (the nucleus is the argmax token) at temperature 1.
-The core runner (``gem_core.rollout.VLLMPolicy``, temperature 0) then plays the same rows on a
-``vllm.LLM`` started with exactly the engine arguments OpenRLHF gave its ``RolloutRayActor``; token ids,
-masks, turn ids and per-turn rewards must be equal, and that engine's logprobs must agree with the ones
-OpenRLHF's actor computed in the step (both bfloat16, as OpenRLHF runs them) within LOGPROB_ATOL.
+After the step, the core runner (``gem_core.rollout.VLLMPolicy``, temperature 0) plays the same rows on the
+same engine (the step's ``RolloutRayActor``, still up, behind ``vllm.LLM``'s ``generate``); token ids, masks,
+turn ids and per-turn rewards must be equal, and that engine's logprobs must agree with the ones OpenRLHF's
+actor computed in the step within LOGPROB_ATOL.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def script_arguments(env: dict[str, str], extra: list[str], record: Path) -> lis
 
 @pytest.fixture(scope="module")
 def step_run(cluster, model_dir, tmp_path_factory):
-    """The launcher's main over the script's arguments on the real engine; then the engine's arguments."""
+    """The launcher's main over the script's arguments on the real engine; then the core runner on that engine."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ray as trainer_ray
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
@@ -108,15 +108,61 @@ def step_run(cluster, model_dir, tmp_path_factory):
     try:
         status = train_ppo_ray.main(argv)
         engine_args = [recording.engine_arguments(engine) for engine in recording.ENGINES]
+        trainer = torch.load(out / recording.TRAINER_REPORT, weights_only=False)
+        labels = sorted({label for step in trainer["batches"] for b in step for label in b["labels"]})
+        (engine,) = recording.ENGINES  # the step's engine, still up: the core runner plays the same rows on it
+        core = core_runner(EngineAsLLM(engine, recording.ENGINE_CALLS[0]["max_len"]), model_dir, labels)
     finally:
         trainer_ray.create_vllm_engines, ppo_actor.PolicyModelActor, ppo_trainer.PPOTrainer = saved
-        for engine in recording.ENGINES:  # one engine at a time: the core runner's starts after this one is gone
+        for engine in recording.ENGINES:
             ray.kill(engine)
         recording.ENGINES.clear()
-    trainer = torch.load(out / recording.TRAINER_REPORT, weights_only=False)
     policy = torch.load(out / ray_step_actors.POLICY_REPORT, weights_only=False)
     return {"status": status, "argv": argv, "data": data, "out": out, "trainer": trainer, "policy": policy,
-            "engine_calls": list(recording.ENGINE_CALLS), "engine_args": engine_args}
+            "engine_calls": list(recording.ENGINE_CALLS), "engine_args": engine_args, "core": core}
+
+
+class EngineAsLLM:
+    """``vllm.LLM.generate`` over OpenRLHF's ``RolloutRayActor.generate`` (one request each, concurrently),
+    so that ``VLLMPolicy`` drives the very engine the plugin drove in the step."""
+
+    def __init__(self, engine, max_model_len: int):
+        self.engine = engine
+        self.max_model_len = max_model_len
+
+    def generate(self, prompts, sampling_params, use_tqdm=False):
+        import ray
+
+        requests = [self.engine.generate.remote(p["prompt_token_ids"], params) for p, params in zip(prompts, sampling_params)]
+        return ray.get(requests, timeout=600)
+
+
+def core_runner(llm, model_dir, labels) -> dict:
+    """The core runner (VLLMPolicy, greedy: temperature 0) over each row's TaskSpec; label -> trajectory."""
+    import vllm
+    from transformers import AutoTokenizer
+
+    from gem_core.rollout import RunConfig, SamplingParams, VLLMPolicy, cached_formatter, run_episode
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = VLLMPolicy(llm, seed=0, sampling_params_cls=vllm.SamplingParams)
+
+    async def play(label):
+        spec = TaskSpec.from_json(label)
+        # OpenRLHF's min_tokens=1 (its SamplesGenerator's default) kept; temperature 0: greedy
+        params = SamplingParams(max_tokens=spec.max_turn_tokens, temperature=0.0, extra={"min_tokens": 1})
+        max_len = llm.max_model_len
+        config = RunConfig(params=params, max_turns=spec.max_turns, max_context_tokens=min(max_len, spec.max_context_tokens or max_len))
+        env = spec.make_env()
+        try:
+            return await run_episode(env, policy, cached_formatter(tokenizer, system_prompt=spec.system_prompt), config, seed=spec.seed, env_id=spec.env_id)
+        finally:
+            env.close()
+
+    async def play_all():
+        return await asyncio.gather(*(play(label) for label in labels))
+
+    return dict(zip(labels, asyncio.run(play_all())))
 
 
 def samples(step_run) -> list[dict]:
@@ -143,40 +189,8 @@ def samples(step_run) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def core_runs(step_run, model_dir):
-    """The core runner (VLLMPolicy, greedy) over each row of the step, on a vllm.LLM started with the engine
-    arguments OpenRLHF's RolloutRayActor used (the step's engine is gone by now: one engine at a time)."""
-    import vllm
-    from transformers import AutoTokenizer
-
-    from gem_core.rollout import RunConfig, SamplingParams, VLLMPolicy, cached_formatter, run_episode
-
-    (engine_args,) = step_run["engine_args"]
-    llm = vllm.LLM(**{k: v for k, v in engine_args.items() if k != "requested_dtype"})
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    max_len = step_run["engine_calls"][0]["max_len"]
-    policy = VLLMPolicy(llm, seed=0, sampling_params_cls=vllm.SamplingParams)
-    labels = sorted({s["label"] for s in samples(step_run)})
-
-    async def play(label):
-        spec = TaskSpec.from_json(label)
-        # OpenRLHF's min_tokens=1 (its SamplesGenerator's default) kept, temperature 0: greedy
-        params = SamplingParams(max_tokens=spec.max_turn_tokens, temperature=0.0, extra={"min_tokens": 1})
-        config = RunConfig(params=params, max_turns=spec.max_turns, max_context_tokens=min(max_len, spec.max_context_tokens or max_len))
-        env = spec.make_env()
-        try:
-            return await run_episode(env, policy, cached_formatter(tokenizer, system_prompt=spec.system_prompt), config, seed=spec.seed, env_id=spec.env_id)
-        finally:
-            env.close()
-
-    async def play_all():
-        return await asyncio.gather(*(play(label) for label in labels))
-
-    try:
-        trajectories = asyncio.run(play_all())
-    finally:
-        del llm
-    return dict(zip(labels, trajectories))
+def core_runs(step_run):
+    return step_run["core"]
 
 
 @pytest.mark.slow
