@@ -2,10 +2,11 @@
 embedded model by its alias `--model smollm2-135m-instruct`) through one step of TRL's own train() on CPU:
 the dataset, GemRollout on the training model's generate (TRL's generation path on CPU; its vLLM modes need
 CUDA), TRL's right padding of completions of different lengths, ReBN in the loss, one optimizer step.
-Nothing stubbed. With greedy decoding (`--top-k 1`) the rollout TRL trained on equals gem_core's runner
-over the same model (HFPolicy, greedy): prompt and completion token ids, env_mask, turn ids and per-turn
-rewards, episode by episode; and the logprobs the rollout kept at generation time agree with the per-token
-logps TRL recomputes for its loss within LOGPROB_ATOL. Greedy ids compare exactly: the smallest gap
+Nothing stubbed. With greedy decoding (`--top-k 1`) the rollout TRL trained on, and the same rollout
+function on the golden scenario's env ids and seeds, equal gem_core's runner over the same model (HFPolicy,
+greedy): prompt and completion token ids, env_mask, turn ids, per-turn rewards and logprobs, episode by
+episode; and the logprobs the rollout kept at generation time agree with the per-token logps TRL
+recomputes for its loss within LOGPROB_ATOL. Greedy ids compare exactly: the smallest gap
 between the chosen and the next logit on these episodes is 0.038 (measured), the numeric noise ~1e-5.
 
 The env is the tests' test:TRLTurns-v0 (1 + seed % 4 turns whatever the model writes, a reward that
@@ -27,13 +28,17 @@ import trl_test_envs
 from conftest import row_of
 
 from gem_core.batch import sequence_batch
-from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, run_episodes
+from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, run_episode, run_episodes
+from gem_core.tasks import TaskSpec
+from gem_core.testing.golden import GOLDEN_EPISODES, GOLDEN_MAX_CONTEXT_TOKENS, golden_config, make_golden_env, tool_episodes
 from gem_integrations.trl import task_of
+from gem_integrations.trl.dataset import prompt_of
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "trl" / "train_gtn_rebn.py"
 ALIAS = "smollm2-135m-instruct"
 PROMPTS, GENERATIONS, TURN_TOKENS, COMPLETION = 3, 2, 12, 128  # seeds 0..2: 1, 2 and 3 turns, each played twice
+GOLDEN_TURN_TOKENS = 24  # the golden episodes' budget here (the scenario's 40, cut for CI time): some stop, some hit it
 # float32 on both sides: the rollout's logprobs come from generate's step logits (KV cache, a left-padded
 # batch), TRL's from one forward over prompt and right-padded completion; summation order only.
 # Measured here: max 2.8e-5 over 144 model tokens.
@@ -80,6 +85,33 @@ def _capture_loss(trainer) -> list[dict]:
     return seen
 
 
+def _core_golden(model, tokenizer) -> list:
+    """The golden scenario's env ids and seeds played by the core runner on ``model`` (greedy, HFPolicy)."""
+    episodes = GOLDEN_EPISODES + tool_episodes()
+    config = golden_config(params=SamplingParams(max_tokens=GOLDEN_TURN_TOKENS, temperature=0.0))
+    policy = HFPolicy(model, max_batch_size=len(episodes), pad_token_id=tokenizer.pad_token_id)
+
+    async def play():
+        envs = [make_golden_env(e) for e in episodes]
+        try:
+            return await asyncio.gather(*(run_episode(env, policy, ChatFormatter(tokenizer), config, seed=e.seed) for env, e in zip(envs, episodes)))
+        finally:
+            for env in envs:
+                env.close()
+
+    return asyncio.run(play())
+
+
+def _assert_rollout_equals(out: dict, row: int, want) -> None:
+    """Row ``row`` of the rollout function's dict is the episode ``want`` (a core SequenceView)."""
+    assert out["prompt_ids"][row] == want.prompt_ids, row
+    assert out["completion_ids"][row] == want.response_ids, row
+    assert out["env_mask"][row] == want.loss_mask, row
+    assert out["gem_turn_ids"][row] == want.turn_ids, row
+    assert out["gem_turn_rewards"][row] == want.rewards, row
+    np.testing.assert_allclose(out["logprobs"][row], want.logprobs, atol=LOGPROB_ATOL, rtol=0)  # both generation-time
+
+
 def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the alias resolves to the converted GGUF, never a download
     if not os.environ.get("GEM_CORE_CACHE"):
@@ -108,10 +140,21 @@ def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_pat
     ))
     assert [t.num_turns for t in reference] == [1 + s % 4 for s in range(PROMPTS)] and not any(t.truncated for t in reference)
     expected = {t.seed: t.as_sequence() for t in reference}
+    rollout = trainer.rollout_func
+
+    # the golden scenario's env ids and seeds through the same rollout function, before the step: prompts of
+    # different lengths in one left-padded generate call, responses that stop and responses cut by the budget
+    episodes = GOLDEN_EPISODES + tool_episodes()
+    golden = rollout([prompt_of(TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, max_turn_tokens=GOLDEN_TURN_TOKENS,
+                                          max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)) for e in episodes], trainer)
+    core_golden = _core_golden(model, tokenizer)
+    assert len({len(ids) for ids in golden["prompt_ids"]}) > 1, "prompts of different lengths"
+    assert {turn.finish_reason for t in core_golden for turn in t.turns} == {"stop", "length"}
+    for row, trajectory in enumerate(core_golden):
+        _assert_rollout_equals(golden, row, trajectory.as_sequence())
     model.train()
     small = {name: p.detach().clone() for name, p in model.named_parameters() if p.numel() < 1_000_000}
 
-    rollout = trainer.rollout_func
     outputs = _record_rollout(trainer)
     seen = _capture_loss(trainer)
     trainer.train()
@@ -122,12 +165,7 @@ def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_pat
     assert sorted(t.seed for t in trajectories) == sorted(list(range(PROMPTS)) * GENERATIONS)
     for row, trajectory in enumerate(trajectories):
         want = expected[trajectory.seed]
-        assert out["prompt_ids"][row] == want.prompt_ids, row
-        assert out["completion_ids"][row] == want.response_ids, row
-        assert out["env_mask"][row] == want.loss_mask, row
-        assert out["gem_turn_ids"][row] == want.turn_ids, row
-        assert out["gem_turn_rewards"][row] == want.rewards, row
-        np.testing.assert_allclose(out["logprobs"][row], want.logprobs, atol=LOGPROB_ATOL, rtol=0)  # both generation-time
+        _assert_rollout_equals(out, row, want)
         assert 0 in want.loss_mask or len(want.rewards) == 1  # env tokens inside every multi-turn completion
     # what the loss saw: TRL's padding, env tokens out of the loss, the core ReBN of these episodes
     batch = sequence_batch(trajectories)
