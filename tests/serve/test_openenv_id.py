@@ -226,3 +226,22 @@ def test_without_the_openenv_package_an_openenv_id_is_one_line(monkeypatch):
     monkeypatch.delitem(sys.modules, "gem_core.serve.remote", raising=False)
     with pytest.raises(OpenEnvUnavailable, match=r"need the openenv package .*pip install -e '\.\[openenv\]'"):
         gem_core.make("openenv:http://127.0.0.1:1")
+
+
+def test_an_openenv_id_in_an_async_vector_env():
+    """A worker process builds openenv:<url> envs from the spec alone (the prefix resolves there too); each
+    env is its own session."""
+    with serve(GUESS, max_sessions=4) as server:
+        vec = gem_core.make_vec(f"openenv:{server.url()}", 2, vectorization_mode="async", vector_kwargs={"num_workers": 1})
+        try:
+            obs, _ = vec.reset(seed=3)
+            assert list(obs) == [play_local(GUESS, 3, [])[0]["observation"], play_local(GUESS, 4, [])[0]["observation"]]
+            _, rewards, terminated, truncated, infos = vec.step(["\\boxed{5}", "\\boxed{5}"])
+            assert list(rewards) == [0.0, 0.0] and not any(terminated) and not any(truncated)
+            assert server.open_envs == 2
+        finally:
+            vec.close()
+        deadline = time.monotonic() + 10
+        while server.open_envs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.open_envs == 0
