@@ -130,7 +130,7 @@ def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_pat
     assert Path(model.name_or_path) == Path(resolve_model(ALIAS)) and model.config.model_type == "llama"
     assert trainer.top_k == 1 and trainer.temperature == 1.0  # greedy rollouts, logprobs at TRL's temperature
 
-    # the core runner on the same model, before the update: greedy, the rollout's per-turn budget, no system prompt
+    # the core runner on the same model, before the update: greedy, the per-turn budget, the template's own system prompt
     specs = [task_of(row["prompt"]) for row in trainer.train_dataset]
     assert [s.seed for s in specs] == list(range(PROMPTS))
     config = RunConfig(params=SamplingParams(max_tokens=TURN_TOKENS, temperature=0.0))
