@@ -240,7 +240,7 @@ def trl(session: nox.Session) -> None:
     pin = _constraints(session, TORCH, TRL)
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[trl,dev,hf,model]")
-    session.run(*PYTEST, "tests/integrations/trl", *session.posargs, env=_env())
+    session.run(*PYTEST, "tests/integrations/trl", *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 # RL2 (PyPI rl-square 0.0.2) pins torch 2.8, sglang[all], flash-attn and ring-flash-attn (GPU builds): it is

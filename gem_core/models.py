@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -199,6 +200,7 @@ def _convert(gguf: Path, target: Path) -> None:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         tokenizer.save_pretrained(staging)
+        _drop_setting(staging / "tokenizer_config.json", "local_files_only")  # set under HF_HUB_OFFLINE: not the model's
         if target.exists():  # another process finished first
             shutil.rmtree(staging)
             return
@@ -206,6 +208,15 @@ def _convert(gguf: Path, target: Path) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _drop_setting(path: Path, key: str) -> None:
+    """Remove ``key`` from a saved JSON config (the cached files are then the same whoever converted them)."""
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.pop(key, None) is not None:
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _sha256(path: Path) -> str:

@@ -13,6 +13,8 @@
   as one completion with ``env_mask`` and per-token turn ids; :func:`episode_return`, the reward function.
 * ``trainer``: :class:`GemGRPOTrainer`, ``GRPOTrainer`` with ReBN as (B, T) advantages.
 * ``dataset``: :func:`make_dataset` (a ``datasets.Dataset``), ``gem-core make-dataset trl`` (JSONL).
+* ``environment_factory``: a gem-core id as the env class of ``GRPOTrainer(environment_factory=...)``
+  (typed tool methods), :func:`environment_dataset`, :func:`close_environments`.
 
 Nothing here imports TRL until an attribute below is used.
 """
@@ -21,7 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PLUGIN", "GemGRPOTrainer", "GemRollout", "TRLGeneratePolicy", "TRLVLLMPolicy", "episode_return", "make_dataset", "rebn_advantages", "task_of"]
+__all__ = [
+    "PLUGIN", "GemGRPOTrainer", "GemRollout", "TRLGeneratePolicy", "TRLVLLMPolicy", "close_environments", "environment_dataset",
+    "environment_factory", "episode_return", "make_dataset", "rebn_advantages", "task_of",
+]
 
 _WHERE = {
     "PLUGIN": "plugin_spec",
@@ -33,6 +38,9 @@ _WHERE = {
     "episode_return": "rollout",
     "make_dataset": "dataset",
     "task_of": "dataset",
+    "environment_factory": "environment_factory",
+    "environment_dataset": "environment_factory",
+    "close_environments": "environment_factory",
 }
 
 
