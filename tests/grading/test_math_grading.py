@@ -30,7 +30,9 @@ def test_the_table_has_at_least_40_cases():
 
 @pytest.mark.parametrize(("gold", "response", "expected", "why"), MATH_CASES, ids=[c[3] for c in MATH_CASES])
 def test_math_table(gold, response, expected, why):
-    assert grade_math(response, gold).correct is expected, why
+    # verdicts, not speed: a loaded machine (CI runs two sessions at once on 2 cores) can take sympy past
+    # the 2 s default on the symbolic cases; the time limit has its own test below
+    assert grade_math(response, gold, time_limit_s=60.0).correct is expected, why
 
 
 def test_the_cheap_rules_agree_with_math_verify():
