@@ -121,14 +121,13 @@ def test_third_party_plugin_registers_through_entry_points(tmp_path):
     assert out.stdout.strip() == "ok"
 
 
-def test_import_is_light_and_fast():
+def test_import_is_light():
+    # what keeps `import gem_core` fast: none of the heavy modules come with it (its time is a benchmark's
+    # business, not a test's: CI's loaded machine made a 1 s bound flaky)
     code = (
-        "import sys, time\n"
-        "t = time.perf_counter(); import gem_core; dt = time.perf_counter() - t\n"
-        "heavy = [m for m in ('torch', 'transformers', 'ray', 'english_words', 'gem_core.cli') if m in sys.modules]\n"
-        "print(dt, heavy)\n"
+        "import sys\n"
+        "import gem_core\n"
+        "print([m for m in ('torch', 'transformers', 'ray', 'english_words', 'gem_core.cli') if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    seconds, heavy = out.stdout.split(" ", 1)
-    assert heavy.strip() == "[]"
-    assert float(seconds) < 1.0
+    assert out.stdout.strip() == "[]", out.stderr
