@@ -36,6 +36,16 @@ else:
     real_stubs.install()
     os.environ["GEM_OPENRLHF_TURNS"] = "1"  # what the launcher sets in every Ray worker
 
+    # --confcutdir keeps tests/conftest.py out too: its end-of-run check (no sandbox process or temp dir
+    # left, a Ray cluster left up shut down) and its offline task data, taken from it here
+    import importlib.util  # noqa: E402
+
+    _spec = importlib.util.spec_from_file_location("gem_tests_root_conftest", os.path.join(PARENT, "..", "..", "conftest.py"))
+    _root = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_root)
+    pytest_sessionfinish = _root.pytest_sessionfinish
+    _task_data = _root._task_data
+
 # vLLM's CPU backend takes its KV cache size from this (GiB); the default (4) is more than a test needs.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
