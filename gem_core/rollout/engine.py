@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,12 +152,40 @@ class VLLMPolicy(EnginePolicy):
         self._server: asyncio.Task | None = None
 
     @classmethod
-    def from_pretrained(cls, model: str, *, seed: int = 0, max_model_len: int = 4096, dtype: str = "auto", llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> VLLMPolicy:
-        """Start ``vllm.LLM(model)`` (a path or hub id; see :func:`gem_core.models.resolve_model`)."""
+    def from_pretrained(
+        cls, model: str, *, seed: int = 0, max_model_len: int = 4096, dtype: str = "auto", in_process: bool = False, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> VLLMPolicy:
+        """Start ``vllm.LLM(model)`` (a path or hub id; see :func:`gem_core.models.resolve_model`).
+
+        ``in_process``: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while
+        it starts), so :meth:`load_weights` hands it tensors without copying them to another process;
+        what a trainer that updates the weights between rollouts wants."""
         from vllm import LLM
 
-        llm = LLM(model=model, seed=seed, max_model_len=max_model_len, dtype=dtype, **(llm_kwargs or {}))
+        saved = os.environ.get(_IN_PROCESS_VAR)
+        if in_process:
+            os.environ[_IN_PROCESS_VAR] = "0"
+        try:
+            llm = LLM(model=model, seed=seed, max_model_len=max_model_len, dtype=dtype, **(llm_kwargs or {}))
+        finally:
+            if in_process:
+                if saved is None:
+                    os.environ.pop(_IN_PROCESS_VAR, None)
+                else:
+                    os.environ[_IN_PROCESS_VAR] = saved
         return cls(llm, seed=seed, **kwargs)
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Put a trainer's updated weights (``model.named_parameters()``-style pairs, Hugging Face names)
+        into the engine's model through vLLM's in-place reload (each layer's kernel-format processing
+        redone, as at load time: the CPU backend repacks its linear weights; a tied output layer is
+        redone too), then drop the engine's prefix cache, whose keys and values the old weights computed.
+        An engine in another process takes the last two steps as pickled calls: it needs
+        ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``; one started ``in_process`` does not."""
+        payload = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in weights]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": payload, "is_checkpoint_format": True})
+        self.llm.apply_model(_refresh_tied_output_layer)
+        self.llm.reset_prefix_cache()
 
     def engine_params(self, params: SamplingParams, request_id: str) -> Any:
         """The ``vllm.SamplingParams`` of one request."""
@@ -195,6 +224,26 @@ class VLLMPolicy(EnginePolicy):
         if len(outputs) != len(batch):
             raise RuntimeError(f"the engine answered {len(outputs)} of {len(batch)} requests")
         return list(outputs)
+
+
+_IN_PROCESS_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def _refresh_tied_output_layer(model: Any) -> bool:
+    """Runs on the engine's model. An output layer tied to the embedding (SmolLM2's) gets no weights of
+    its own in a reload, so vLLM never redoes its kernel-format processing, and on CPU it keeps computing
+    with the old weights' packed copy: point it at the reloaded embedding and redo that processing.
+    True when the model has such a layer."""
+    config = getattr(model, "config", None)
+    head, decoder = getattr(model, "lm_head", None), getattr(model, "model", None)
+    embedding = getattr(decoder, "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embedding is None:
+        return False
+    head.weight = embedding.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+    return True
 
 
 def _max_model_len(llm: Any) -> int | None:

