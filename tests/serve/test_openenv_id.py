@@ -166,18 +166,24 @@ def test_gem_core_eval_on_an_openenv_id(openenv_url, tmp_path, capsys):
     assert [row["return"] for row in rows] == [1.0] * 4 and all(row["terminated"] for row in rows), rows
 
 
-@pytest.mark.parametrize("trainer", ["openrlhf", "trl", "rl2", "oat"])
+@pytest.mark.parametrize("trainer", ["verl", "openrlhf", "trl", "rl2", "oat"])
 def test_make_dataset_on_an_openenv_id(openenv_url, tmp_path, trainer):
-    """A trainer's dataset rows for openenv:<url> (the JSONL ones; verl's parquet needs pyarrow, not in this
-    session): each row's prompt is the server's first message."""
-    out = tmp_path / "rows.jsonl"
+    """A trainer's dataset rows for openenv:<url> (verl's in parquet, the others' in JSONL): the rows name
+    the id, and each row's prompt (or task spec's first message) is the server's first message."""
+    out = tmp_path / ("rows.parquet" if trainer == "verl" else "rows.jsonl")
     assert cli.main(["make-dataset", trainer, "--env", f"openenv:{openenv_url}", "--n", "3", "--out", str(out)]) == 0
-    text = out.read_text()
-    assert text.count("\n") == 3 and f"openenv:{openenv_url}" in text
-    if trainer in ("openrlhf", "trl"):  # the prompt is in the row
+    if trainer == "verl":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(out).to_pylist()
+        text = json.dumps(rows)
+    else:
+        text = out.read_text()
+        rows = [json.loads(line) for line in text.splitlines()]
+    assert len(rows) == 3 and f"openenv:{openenv_url}" in text
+    if trainer in ("verl", "openrlhf", "trl"):  # the prompt is in the row
         assert text.count("Say a number from 0 to 9") == 3
     else:  # the row is the task spec; the trainer's rollout builds the episode from it
-        rows = [json.loads(line) for line in text.splitlines()]
         specs = [TaskSpec.from_json(row.get("gem_task") or row["extra_info"]["gem_task"]) for row in rows]
         assert [(spec.env_id, spec.seed) for spec in specs] == [(f"openenv:{openenv_url}", seed) for seed in range(3)]
         assert specs[0].first_message().startswith("Say a number from 0 to 9")

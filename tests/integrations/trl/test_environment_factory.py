@@ -3,7 +3,7 @@ documented methods are the model's tools (games: ``move``; the Python tool: ``py
 
 The one training step runs TRL's own trainer whole (its environment pool, reset, tool schema in the
 chat template, tool-call parsing and loop, get_reward as the reward, GRPO loss, optimizer step) on a
-tiny local model with the test tokenizer, and (opt-in, slow: GEM_TRL_REAL_STEP=1) on the embedded real
+tiny local model with the test tokenizer, and on the embedded real
 model (SmolLM2-135M-Instruct, its own tokenizer), both with TRL's own Qwen3 chat template (one TRL parses tool calls for; SmolLM2's
 own renders no tool calls, so TRL refuses it for tools). The completions come from gem_core's
 vLLM-faithful engine over a scripted model, through TRL's own ``VLLMGeneration.generate`` in server
@@ -249,15 +249,7 @@ def _model_and_tokenizer(which: str, monkeypatch):
     return model, tokenizer
 
 
-#: The real model's step is opt-in: its CPU time (about 80 s here, mostly the 135M model's forward and
-#: backward over two completions with their tool turns) is more than this session's budget.
-REAL_STEP = os.environ.get("GEM_TRL_REAL_STEP") == "1"
-
-
-@pytest.mark.parametrize("which", [
-    "tiny",
-    pytest.param("smollm2", marks=pytest.mark.skipif(not REAL_STEP, reason="opt-in (slow): GEM_TRL_REAL_STEP=1 nox -s trl")),
-])
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])  # smollm2: about 80 s of CPU, the issue's real-model step
 def test_one_grpo_step_with_environment_factory(tmp_path, monkeypatch, which):
     from trl import GRPOConfig, GRPOTrainer
     from trl.generation.vllm_generation import VLLMGeneration
