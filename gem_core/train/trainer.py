@@ -36,6 +36,7 @@ import numpy as np
 from gem_core import algo
 from gem_core.batch import infra_metrics, sequence_batch, turn_batch
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
+from gem_core.rollout.policies import MIN_SHARED_PREFIX, shared_prefix_length
 
 ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
 ROLLOUT_ENGINES = ("hf", "vllm")
@@ -276,7 +277,7 @@ def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_ent
     head = output_layer(model)
     if head is not None:
         decoder, lm_head = head
-        hidden = decoder(input_ids=rows.input_ids, attention_mask=rows.attention).last_hidden_state
+        hidden = decoder_hidden_states(decoder, rows)
         chosen, entropy = chunked_logprobs(hidden[has_target], lm_head, rows.targets[has_target], temperature, chunk_tokens, with_entropy)
         logprobs = hidden.new_zeros(rows.targets.shape, dtype=torch.float32).masked_scatter(has_target, chosen)
         if not with_entropy:
@@ -297,6 +298,34 @@ def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_ent
         return logprobs
     entropy = -(logp.exp() * logp).sum(-1) * (targets >= 0)
     return logprobs, entropy.new_zeros(rows.targets.shape).index_copy(1, columns, entropy)
+
+
+def decoder_hidden_states(decoder: Any, rows: Rows, *, share_prefix: bool = True) -> Any:
+    """The decoder's last hidden states over right-padded ``rows`` ``[B, W, H]``.
+
+    The rows' common prefix (:func:`~gem_core.rollout.policies.shared_prefix_length`: the instruction
+    every episode of a batch starts from) goes through the decoder once, as one row, and its key/value
+    cache is repeated for the rest of every row. The gradient is the same: each row's use of the prefix
+    sends its gradient back through the one computation, where they add up as they would over B copies
+    (tested). Not with gradient checkpointing, whose recomputation keeps no cache."""
+    import torch
+
+    size, width = rows.input_ids.shape
+    prefix = 0
+    checkpointing = any(getattr(decoder, name, False) for name in ("is_activation_checkpointing", "is_gradient_checkpointing"))
+    if share_prefix and size > 1 and not checkpointing:
+        lengths = rows.attention.sum(dim=1).tolist()
+        prefix = shared_prefix_length([rows.input_ids[i, :n].tolist() for i, n in enumerate(lengths)])
+    if prefix < MIN_SHARED_PREFIX:
+        return decoder(input_ids=rows.input_ids, attention_mask=rows.attention).last_hidden_state
+    shared = decoder(input_ids=rows.input_ids[:1, :prefix], use_cache=True)
+    cache = shared.past_key_values
+    cache.batch_repeat_interleave(size)
+    positions = torch.arange(prefix, width, device=rows.input_ids.device).expand(size, -1)
+    rest = decoder(
+        input_ids=rows.input_ids[:, prefix:], attention_mask=rows.attention, position_ids=positions, past_key_values=cache, use_cache=True
+    ).last_hidden_state
+    return torch.cat([shared.last_hidden_state.expand(size, -1, -1), rest], dim=1)
 
 
 def chunked_logprobs(hidden: Any, lm_head: Any, targets: Any, temperature: float, chunk_tokens: int, with_entropy: bool = False) -> tuple[Any, Any]:

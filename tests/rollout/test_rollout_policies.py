@@ -193,6 +193,34 @@ def test_hf_policy_batches_concurrent_requests(tokenizer, formatter, tiny_model)
     assert all(t.done and t.num_turns >= 1 for t in trajectories)
 
 
+def test_hf_policy_runs_a_shared_prompt_prefix_once(tokenizer, tiny_model):
+    """Prompts that start alike (episodes on one instruction, some a turn further): the common prefix goes
+    through the model once, as one row, and every request's tokens and logprobs are those of the plain
+    batch (and of a batch of its own), greedy and sampled."""
+    from gem_core.rollout import HFPolicy
+    from gem_core.rollout.policies import MIN_SHARED_PREFIX
+
+    instruction = tokenizer.encode("You are playing a game. Guess a number from 1 to 10; reply with one.", add_special_tokens=False)
+    assert len(instruction) > MIN_SHARED_PREFIX
+    prompts = [instruction] * 2 + [instruction + tokenizer.encode(f" {n}. Higher, try again:", add_special_tokens=False) for n in (3, 5, 12)]
+    ids = ["a", "b", "c", "d", "e"]
+    shapes = []
+    handle = tiny_model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        for params in (SamplingParams(max_tokens=6, temperature=0.0), SamplingParams(max_tokens=6, temperature=1.0)):
+            shapes.clear()
+            shared = HFPolicy(tiny_model, seed=1, max_batch_size=8).generate_batch(prompts, params, ids)
+            assert shapes[0] == (1, len(instruction) - 1)  # the prefix, once (each prompt keeps a token of its own)
+            plain = HFPolicy(tiny_model, seed=1, max_batch_size=8, share_prefix=False).generate_batch(prompts, params, ids)
+            alone = [HFPolicy(tiny_model, seed=1).generate_batch([p], params, [i])[0] for p, i in zip(prompts, ids)]
+            for x, y, z in zip(shared, plain, alone):
+                assert x.token_ids == y.token_ids == z.token_ids
+                assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+                assert x.logprobs == pytest.approx(z.logprobs, abs=1e-4)
+    finally:
+        handle.remove()
+
+
 def test_hf_policy_from_a_saved_model(tmp_path, tokenizer, tiny_model):
     from gem_core.rollout import HFPolicy
 

@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from gem_core.train.trainer import Rows, Trainer, TrainConfig, chunked_logprobs, micro_batches, output_layer, token_logprobs, training_rows  # noqa: E402
+from gem_core.rollout.policies import MIN_SHARED_PREFIX, shared_prefix_length  # noqa: E402
+from gem_core.train.trainer import Rows, Trainer, TrainConfig, chunked_logprobs, decoder_hidden_states, micro_batches, output_layer, token_logprobs, training_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +178,46 @@ def test_a_model_whose_logits_are_scaled_takes_the_plain_path(tiny):
     assert output_layer(model) is None
     with torch.no_grad():
         assert torch.allclose(token_logprobs(model, rows), _full_softmax(model, rows, 1.0)[0], atol=1e-5)
+
+
+def test_the_shared_prefix_runs_once_with_the_same_hidden_states_and_gradient(tiny, batch):
+    """The rows' common prefix goes through the decoder once (a forward of one row of it, then the rows'
+    rests); hidden states at every real token and the parameters' gradient equal the plain forward's."""
+    import copy
+
+    model = copy.deepcopy(tiny[0])
+    decoder = output_layer(model)[0]
+    lengths = batch.attention.sum(1).tolist()
+    prefix = shared_prefix_length([batch.input_ids[i, :n].tolist() for i, n in enumerate(lengths)])
+    assert prefix >= MIN_SHARED_PREFIX  # the episodes' common instruction: the shared path is the one under test
+    seen = []
+    handle = decoder.register_forward_pre_hook(lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    weights = torch.rand(batch.input_ids.shape + (model.config.hidden_size,))
+    results = []
+    try:
+        for share in (True, False):
+            model.zero_grad()
+            hidden = decoder_hidden_states(decoder, batch, share_prefix=share)
+            real = batch.attention.bool()[..., None]
+            (hidden * weights * real).sum().backward()
+            results.append((hidden.detach() * real, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    finally:
+        handle.remove()
+    rows, width = batch.input_ids.shape
+    assert seen == [(1, prefix), (rows, width - prefix), (rows, width)]
+    (hidden_shared, grad_shared), (hidden_plain, grad_plain) = results
+    assert torch.allclose(hidden_shared, hidden_plain, atol=1e-5)
+    assert grad_plain.abs().max() > 0
+    # float32 sums in another order (the rows' gradients meet in the prefix, not at the parameters)
+    assert float(torch.linalg.vector_norm(grad_shared - grad_plain)) <= 1e-5 * float(torch.linalg.vector_norm(grad_plain))
+
+
+def test_shared_prefix_length_leaves_every_sequence_a_token_of_its_own():
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # identical: the last token stays each one's own
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3, 4, 5]]) == 2
+    assert shared_prefix_length([[7, 2], [1, 2]]) == 0
+    assert shared_prefix_length([[1, 2, 3]]) == 0 and shared_prefix_length([]) == 0 and shared_prefix_length([[1], []]) == 0
 
 
 def test_gradient_checkpointing_gives_the_same_gradient(tiny, tmp_path, batch):
