@@ -133,7 +133,9 @@ def main() -> None:
         return
     os.makedirs(args.out, exist_ok=True)
     results = {}
+    load = {}  # the machine's 1-minute load average as each arm starts: the numbers are comparable when alike
     for name in trainers:
+        load[name] = os.getloadavg()[0]
         argv = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
         done = subprocess.run(argv, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -144,11 +146,11 @@ def main() -> None:
         json.dump(results, handle, indent=2)
     print(f"\n{args.episodes} episodes of {ENV_ID} per update, {args.max_tokens} tokens per turn, model {args.model}; "
           f"mean (min-max) over updates 2-{args.steps}\n")
-    print("| trainer | rollout s / update | rest of the update s (log-probs, loss, backward, step) | peak RSS GB |")
-    print("|---|---|---|---|")
+    print(f"| trainer | rollout s / update | rest of the update s (log-probs, loss, backward, step) | peak RSS GB | load at start ({os.cpu_count()} cores) |")
+    print("|---|---|---|---|---|")
     for name, result in results.items():
         cells = [f"{statistics.mean(result[k]):.1f} ({min(result[k]):.1f}-{max(result[k]):.1f})" for k in ("rollout", "update")]
-        print(f"| {NAMES[name]} | {cells[0]} | {cells[1]} | {result['peak_rss_gb']:.2f} |")
+        print(f"| {NAMES[name]} | {cells[0]} | {cells[1]} | {result['peak_rss_gb']:.2f} | {load[name]:.1f} |")
 
 
 if __name__ == "__main__":
