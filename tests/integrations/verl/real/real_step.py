@@ -51,7 +51,7 @@ for _path in (str(HERE), str(PARENT)):
 import whole_step  # noqa: E402  (the stand-in tier's step: its script reading and CPU pieces)
 from whole_step import ENV, InProcessActorGroup, NoReplicas, OneCpu, _free_port, _jsonable, script_commands, substitute  # noqa: E402
 
-RESPONSE_LENGTH = 256  # CPU size: every episode's whole response (turns + observations) within 256 tokens
+RESPONSE_LENGTH = 128  # CPU size: every episode's whole response (turns + observations) within 128 tokens
 
 #: The env the real model plays in few tokens, put into the script's two make-dataset lines in place of
 #: their ``--env game:Sudoku-v0-easy --max-turn-tokens 1024`` (nothing else of the lines changes): on
@@ -88,8 +88,8 @@ CPU_OVERRIDES = [
     "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
     "actor_rollout_ref.rollout.enforce_eager=True",  # no CUDA graphs on CPU
     # vLLM's CPU warm-up runs a batch of max_num_batched_tokens (8192 by default: minutes on 2 cores)
-    "actor_rollout_ref.rollout.max_model_len=2048",
-    "actor_rollout_ref.rollout.max_num_batched_tokens=1024",
+    "actor_rollout_ref.rollout.max_model_len=1280",
+    "actor_rollout_ref.rollout.max_num_batched_tokens=512",
     "actor_rollout_ref.rollout.max_num_seqs=16",
 ]
 
