@@ -260,7 +260,9 @@ def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
     return Rows(input_ids, attention, targets, adv, old)
 
 
-def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False, chunk_tokens: int = 1024) -> Any:
+def token_logprobs(
+    model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False, chunk_tokens: int = 1024, share_prefix: bool = True
+) -> Any:
     """log pi(target | prefix) at every position (0 where there is no target); with ``with_entropy``,
     also the entropy of pi(. | prefix), as ``(logprobs, entropy)`` (0 where there is no target).
 
@@ -270,14 +272,15 @@ def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_ent
     the vocabulary is reached ``chunk_tokens`` positions at a time, each chunk recomputed in the
     backward pass rather than kept: at most ``chunk_tokens`` x vocabulary logits exist at once. Other
     models get logits at the columns that hold a target (``logits_to_keep`` where the forward takes it).
-    Both give the numbers of the full softmax (tested)."""
+    Both give the numbers of the full softmax (tested). ``share_prefix``: the rows' common prefix runs
+    once (:func:`decoder_hidden_states`)."""
     import torch
 
     has_target = rows.targets >= 0
     head = output_layer(model)
     if head is not None:
         decoder, lm_head = head
-        hidden = decoder_hidden_states(decoder, rows)
+        hidden = decoder_hidden_states(decoder, rows, share_prefix=share_prefix)
         chosen, entropy = chunked_logprobs(hidden[has_target], lm_head, rows.targets[has_target], temperature, chunk_tokens, with_entropy)
         logprobs = hidden.new_zeros(rows.targets.shape, dtype=torch.float32).masked_scatter(has_target, chosen)
         if not with_entropy:
