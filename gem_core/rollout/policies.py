@@ -154,7 +154,7 @@ class HFPolicy:
         self._queue: list[_Request] = []
         self._server: asyncio.Task | None = None
         self._model_lock = threading.Lock()
-        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._keeps_logits = takes_logits_to_keep(self.model)
         # sharing a prefix needs the model's cache to be a transformers Cache (batch_repeat_interleave)
         self._shares_prefix = self._keeps_logits and share_prefix
 
@@ -254,6 +254,14 @@ class HFPolicy:
                 step_positions = step_positions[:, -1:] + 1
                 attention = torch.cat([attention, torch.ones((size, 1), dtype=attention.dtype, device=self.device)], dim=1)
         return [Generation(tokens[b], logprobs[b], finish[b] or "length") for b in range(size)]  # type: ignore[arg-type]
+
+
+def takes_logits_to_keep(model: Any) -> bool:
+    """Whether the model's forward takes transformers' ``logits_to_keep`` (logits at some positions only)."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 #: A common prefix shorter than this is not worth its own forward pass.

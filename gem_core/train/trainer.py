@@ -36,7 +36,7 @@ import numpy as np
 from gem_core import algo
 from gem_core.batch import infra_metrics, sequence_batch, turn_batch
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
-from gem_core.rollout.policies import MIN_SHARED_PREFIX, shared_prefix_length
+from gem_core.rollout.policies import MIN_SHARED_PREFIX, shared_prefix_length, takes_logits_to_keep
 
 ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
 ROLLOUT_ENGINES = ("hf", "vllm")
@@ -287,7 +287,7 @@ def token_logprobs(
             return logprobs
         return logprobs, torch.zeros_like(logprobs).masked_scatter(has_target, entropy)
     columns = has_target.any(dim=0).nonzero()[:, 0]
-    if _takes_logits_to_keep(model) and len(columns) < rows.targets.shape[1]:
+    if takes_logits_to_keep(model) and len(columns) < rows.targets.shape[1]:
         logits = model(input_ids=rows.input_ids, attention_mask=rows.attention, logits_to_keep=columns).logits
         if logits.shape[1] == rows.targets.shape[1] != len(columns):  # took the argument but kept every column
             logits = logits[:, columns]
@@ -360,15 +360,6 @@ def chunked_logprobs(hidden: Any, lm_head: Any, targets: Any, temperature: float
         empty = hidden.new_zeros((0,), dtype=torch.float32)
         return empty, (empty if with_entropy else None)
     return torch.cat(chosen_parts), (torch.cat(entropy_parts) if with_entropy else None)
-
-
-def _takes_logits_to_keep(model: Any) -> bool:
-    import inspect
-
-    try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 # Config attributes of models whose logits are not ``lm_head(last hidden state)`` as it stands (scaled,
