@@ -107,9 +107,19 @@ def hub_reachable(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> bool:
         return False
 
 
+#: Bumped when the converted files change, so that a cache made by an older conversion is not used:
+#: 2 = a tokenizer config that transformers 4.x reads too.
+CHECKPOINT_FORMAT = 2
+
+
+def checkpoint_dir(model: EmbeddedModel = SMOLLM2) -> Path:
+    """Where ``model``'s converted checkpoint is cached."""
+    return cache_dir() / "models" / f"{model.alias}-{model.gguf_sha256[:12]}-f{CHECKPOINT_FORMAT}"
+
+
 def converted_checkpoint(model: EmbeddedModel = SMOLLM2) -> Path:
     """The cached safetensors checkpoint converted from ``model``'s GGUF, made on first use."""
-    target = cache_dir() / "models" / f"{model.alias}-{model.gguf_sha256[:12]}"
+    target = checkpoint_dir(model)
     if (target / "model.safetensors").is_file() and (target / "tokenizer_config.json").is_file():
         return target
     gguf = gguf_path(model)
@@ -200,7 +210,7 @@ def _convert(gguf: Path, target: Path) -> None:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         tokenizer.save_pretrained(staging)
-        _drop_setting(staging / "tokenizer_config.json", "local_files_only")  # set under HF_HUB_OFFLINE: not the model's
+        _portable_tokenizer_config(staging / "tokenizer_config.json")
         if target.exists():  # another process finished first
             shutil.rmtree(staging)
             return
@@ -210,13 +220,16 @@ def _convert(gguf: Path, target: Path) -> None:
         raise
 
 
-def _drop_setting(path: Path, key: str) -> None:
-    """Remove ``key`` from a saved JSON config (the cached files are then the same whoever converted them)."""
-    if not path.is_file():
-        return
+def _portable_tokenizer_config(path: Path) -> None:
+    """Make the saved tokenizer config the same whichever transformers converted it, and readable by
+    transformers 4.x and 5.x: 5.x names its own ``TokenizersBackend`` class, which 4.x (the pin of oat, ROLL
+    and vLLM 0.8) cannot load; ``PreTrainedTokenizerFast`` reads the same tokenizer.json in both (tested).
+    ``local_files_only`` is set under HF_HUB_OFFLINE: not the model's."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    if data.pop(key, None) is not None:
-        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    data.pop("local_files_only", None)
+    data.pop("backend", None)
+    data["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _sha256(path: Path) -> str:

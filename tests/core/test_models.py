@@ -65,7 +65,8 @@ def test_a_gguf_with_the_wrong_hash_is_refused(offline):
 
 
 def test_a_converted_checkpoint_in_the_cache_is_used_without_the_network(offline):
-    target = offline / "models" / f"{SMOLLM2.alias}-{SMOLLM2.gguf_sha256[:12]}"
+    target = models.checkpoint_dir(SMOLLM2)
+    assert target.parent == offline / "models"
     target.mkdir(parents=True)
     (target / "model.safetensors").write_bytes(b"")
     (target / "tokenizer_config.json").write_text("{}")
