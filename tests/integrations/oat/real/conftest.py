@@ -8,41 +8,31 @@ and not called by the code under test. Bounded for a 2-core, 24 GiB machine: one
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
-import socket
 import sys
 
 import pytest
+
+from gem_core.testing.real import bound_cpu_engine, embedded_model_dir, really_installed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
 
 
-def _really_installed(name: str) -> bool:
-    try:
-        return importlib.machinery.PathFinder.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-if not (_really_installed("vllm") and _really_installed("oat")):
+if not really_installed("vllm", "oat"):
     collect_ignore_glob = ["test_*.py"]  # nox -s oat_real runs these
 else:
     if PARENT not in sys.path:
         sys.path.insert(0, PARENT)  # oat_stubs, test_oat_whole_step's helpers
     import oat_stubs  # noqa: E402,F401  (IMPORT STUB: deepspeed, launchpad, pyarrow.plasma; vllm is real here)
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+bound_cpu_engine()
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> str:
     """The embedded real model's converted checkpoint (GEM_CORE_CACHE; converted here when not cached)."""
-    from gem_core.models import DEFAULT_MODEL, resolve_model
-
-    return resolve_model(DEFAULT_MODEL, prefer_hub=False)
+    return embedded_model_dir()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,6 +41,8 @@ def process_group():
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        import socket
+
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

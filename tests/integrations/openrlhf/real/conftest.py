@@ -8,24 +8,18 @@ session, whose vllm is an import stub, this folder is skipped. deepspeed and fla
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
 
 import pytest
 
+from gem_core.testing.real import bound_cpu_engine, embedded_model_dir, really_installed
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
 
 
-def _really_installed(name: str) -> bool:
-    try:
-        return importlib.machinery.PathFinder.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-if not (_really_installed("vllm") and _really_installed("openrlhf")):
+if not really_installed("vllm", "openrlhf"):
     collect_ignore_glob = ["test_*.py"]  # the openrlhf session: vllm is a stub there (nox -s openrlhf_real runs these)
 else:
     for path in (HERE, PARENT):  # real_stubs / real_step_actors, and the parent's ray_step_actors / openrlhf_import_stubs
@@ -46,17 +40,13 @@ else:
     pytest_sessionfinish = _root.pytest_sessionfinish
     _task_data = _root._task_data
 
-# vLLM's CPU backend takes its KV cache size from this (GiB); the default (4) is more than a test needs.
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+bound_cpu_engine()
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> str:
     """The embedded real model's converted checkpoint (GEM_CORE_CACHE; converted here when not cached)."""
-    from gem_core.models import DEFAULT_MODEL, resolve_model
-
-    return resolve_model(DEFAULT_MODEL, prefer_hub=False)
+    return embedded_model_dir()
 
 
 @pytest.fixture(scope="session")

@@ -9,40 +9,31 @@ machine: one vLLM engine, a 1 GiB KV cache.
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
 
 import pytest
 
+from gem_core.testing.real import bound_cpu_engine, embedded_model_dir, really_installed
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
 
 
-def _really_installed(name: str) -> bool:
-    try:
-        return importlib.machinery.PathFinder.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-if not (_really_installed("vllm") and _really_installed("RL2")):
+if not really_installed("vllm", "RL2"):
     collect_ignore_glob = ["test_*.py"]  # nox -s rl2_real runs these
 else:
     for path in (HERE, PARENT):  # readme_command (parent)
         if path not in sys.path:
             sys.path.insert(0, path)
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+bound_cpu_engine()
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> str:
     """The embedded real model's converted checkpoint (GEM_CORE_CACHE; converted here when not cached)."""
-    from gem_core.models import DEFAULT_MODEL, resolve_model
-
-    return resolve_model(DEFAULT_MODEL, prefer_hub=False)
+    return embedded_model_dir()
 
 
 @pytest.fixture(scope="session")
