@@ -17,15 +17,13 @@ import base64
 import json
 import os
 import pickle
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import readme_command  # noqa: E402  (this folder is on the path)
+from rank_runner import run_ranks  # noqa: E402
 from sglang_server import FakeSGLang  # noqa: E402
 from gem_core.rollout import SamplingParams
 from gem_core.testing.golden import GoldenEpisode, golden_scenario
@@ -35,39 +33,6 @@ from gem_integrations.rl2 import train
 
 HERE = Path(__file__).resolve().parent
 ROWS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_ranks(world: int, args: list[str], cwd: Path, out: Path, sglang_url: str) -> list[dict]:
-    """``world`` rank processes of ``rank_main.py`` (torchrun's environment), their records."""
-    out.mkdir()
-    port = str(_free_port())
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "GEM_RL2_TEST_OUT": str(out), "GEM_RL2_TEST_SGLANG": sglang_url,
-            "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-        }  # fmt: skip
-        env.pop(gem_rollout.TOKENIZER_ENV, None)
-        log = open(out / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(HERE / "rank_main.py"), *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    try:
-        codes = [p.wait(timeout=480) for p, _ in procs]
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
-    logs = "\n".join((out / f"rank{r}.log").read_text()[-4000:] for r in range(world))
-    assert codes == [0] * world, f"rank exit codes {codes}:\n{logs}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
 def _synced_weights(server: FakeSGLang) -> dict[str, torch.Tensor]:
@@ -124,7 +89,7 @@ def test_readme_command_through_rl2_whole_step_on_two_ranks(tokenizer, model_dir
     for world in (2, 1):
         server = FakeSGLang(tokenizer)
         try:
-            runs[world] = (_run_ranks(world, args, tmp_path, tmp_path / f"world{world}", server.url), _synced_weights(server), list(server.calls))
+            runs[world] = (run_ranks(HERE / "rank_main.py", world, args, tmp_path, tmp_path / f"world{world}", server.url, timeout=480), _synced_weights(server), list(server.calls))
         finally:
             server.close()
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 import torch
 
 import readme_command  # noqa: E402  (the parent folder is on the path: conftest)
+from rank_runner import run_ranks  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROWS = 3
@@ -38,12 +38,6 @@ MAX_TOKENS = 24
 # max 2.5e-5 over 72 tokens); the verl and OpenRLHF real tiers state the same bound.
 LOGP_MAX_ABS = 2e-4
 LOGP_MEAN_ABS = 5e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, path: str, body: dict, timeout: float = 600) -> dict:
@@ -84,32 +78,6 @@ def engine_url(model_dir, tmp_path_factory):
         log.close()
 
 
-def _run_ranks(world: int, args: list[str], cwd: Path, out: Path, url: str) -> list[dict]:
-    out.mkdir()
-    port = str(_free_port())
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "GEM_RL2_TEST_OUT": str(out), "GEM_RL2_TEST_SGLANG": url,
-            "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-        }  # fmt: skip
-        env.pop("GEM_RL2_TOKENIZER", None)
-        log = open(out / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(HERE / "rank_real.py"), *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    try:
-        codes = [p.wait(timeout=540) for p, _ in procs]
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
-    logs = "\n".join((out / f"rank{r}.log").read_text()[-4000:] for r in range(world))
-    assert codes == [0] * world, f"rank exit codes {codes}:\n{logs}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
-
-
 def _turns(mask: list[int]) -> list[int]:
     """The turn of each model token (1 in ``mask``): runs of 1s counted from 0; -1 elsewhere."""
     out, turn, previous = [], -1, 0
@@ -144,7 +112,7 @@ def test_readme_command_rl2_step_on_real_model_and_real_vllm(model_dir, tokenize
         actor__model_name=model_dir, train_data__prompts_per_rollout=str(ROWS), actor__max_length_per_device=str(longest),
         rollout__train_sampling_params__max_new_tokens=str(MAX_TOKENS),
     ) + ["+rollout.train_sampling_params.top_k=1"]  # fmt: skip
-    two = _run_ranks(2, args, tmp_path, tmp_path / "world2", engine_url)
+    two = run_ranks(HERE / "rank_real.py", 2, args, tmp_path, tmp_path / "world2", engine_url, timeout=540)
 
     batch = two[0]["batch"]
     # RL2's rows with actions (its compute_logps pass may have padded an empty sequence in), matched one
