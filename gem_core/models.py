@@ -191,17 +191,21 @@ def _convert(gguf: Path, target: Path) -> None:
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import __version__ as transformers_version
     except ImportError as exc:
         raise ModelUnavailableError(f"converting {gguf.name} needs torch and transformers ({exc}): pip install -e \".[model]\"") from None
     if importlib.util.find_spec("gguf") is None:
         raise ModelUnavailableError(f"reading {gguf.name} needs the gguf package: pip install -e \".[model]\"")
     folder, name = str(gguf.parent), gguf.name
+    # transformers 4.56 renamed torch_dtype to dtype (the old name warns); the trainers' pins reach back to 4.x
+    major, minor = (int(part) for part in transformers_version.split(".")[:2])
+    float32 = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": torch.float32}
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **float32)
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, **float32)
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
         if unexpected or [key for key in missing if "lm_head" not in key]:
             raise ModelUnavailableError(f"converting {name}: missing {missing[:3]}, unexpected {unexpected[:3]}")

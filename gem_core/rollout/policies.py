@@ -155,6 +155,7 @@ class HFPolicy:
         self._server: asyncio.Task | None = None
         self._model_lock = threading.Lock()
         self._keeps_logits = takes_logits_to_keep(self.model)
+        self._cache_name = cache_keyword(self.model)
         # sharing a prefix needs the model's cache to be a transformers Cache (batch_repeat_interleave)
         self._shares_prefix = self._keeps_logits and share_prefix
 
@@ -223,7 +224,7 @@ class HFPolicy:
         if prefix:
             with self._model_lock, torch.inference_mode():
                 shared = torch.tensor([batch[0].prompt_ids[:prefix]], dtype=torch.long, device=self.device)
-                past = self.model(input_ids=shared, use_cache=True, logits_to_keep=1).past_key_values
+                past = getattr(self.model(input_ids=shared, use_cache=True, logits_to_keep=1), self._cache_name)
                 past.batch_repeat_interleave(size)
         step_ids, step_positions = input_ids, positions
         # Only the last position's logits are sampled from: a model that can skip the others (transformers'
@@ -232,9 +233,9 @@ class HFPolicy:
         with self._model_lock, torch.inference_mode():
             for _ in range(max(r.params.max_tokens for r in batch)):
                 out = self.model(
-                    input_ids=step_ids, attention_mask=attention, position_ids=step_positions, past_key_values=past, use_cache=True, **keep_last
+                    input_ids=step_ids, attention_mask=attention, position_ids=step_positions, use_cache=True, **{self._cache_name: past}, **keep_last
                 )
-                past = out.past_key_values
+                past = getattr(out, self._cache_name)
                 logits = out.logits[:, -1, :].float()
                 next_ids = torch.full((size,), self.pad_token_id, dtype=torch.long, device=self.device)
                 for b, request in enumerate(batch):
@@ -254,6 +255,15 @@ class HFPolicy:
                 step_positions = step_positions[:, -1:] + 1
                 attention = torch.cat([attention, torch.ones((size, 1), dtype=attention.dtype, device=self.device)], dim=1)
         return [Generation(tokens[b], logprobs[b], finish[b] or "length") for b in range(size)]  # type: ignore[arg-type]
+
+
+def cache_keyword(model: Any) -> str:
+    """The name of the KV cache in the model's forward and its outputs: ``cache`` since transformers 5.2x
+    (where ``past_key_values``, still accepted, warns), ``past_key_values`` before."""
+    try:
+        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    except (AttributeError, TypeError, ValueError):
+        return "past_key_values"
 
 
 def takes_logits_to_keep(model: Any) -> bool:
