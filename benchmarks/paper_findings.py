@@ -1,18 +1,21 @@
 """The GEM paper's two findings, reproduced with the reference trainer (``gem-core train``) on CPU.
 
-    python benchmarks/paper_findings.py [--seeds 0 1 2] [--steps 300] [--jobs 2] [--out runs/paper_findings]
+    python benchmarks/paper_findings.py [--scale real|tiny] [--seeds 0 1 2] [--steps N] [--jobs 2] [--out runs/paper_findings]
 
 (1) ReBN against vanilla multi-turn REINFORCE (both gamma 0.9): does ReBN learn faster or reach a higher
     success rate? (2) gamma 0.9 against gamma 0.999 (both ReBN): does the smaller discount give fewer
     turns per solved GuessTheNumber episode, toward binary search (about 2.9 guesses for 1-10)?
 
-Three arms (ReBN 0.9 is in both findings), each trained from ``--seeds`` with the default run's settings
-otherwise (tiny local model, supervised warm start, the same held-out seeds). A run already complete in
+Three arms (ReBN 0.9 is in both findings), each trained from ``--seeds`` with a scale's settings otherwise:
+``real`` (default), the default run of ``gem-core train`` (the embedded real model, no warm start, 10
+updates); ``tiny``, the toy scale (``TINY_RUN``: a tiny local model, a supervised warm start, 300 updates).
+Every run plays the same held-out seeds. A run already complete in
 ``--out`` is read back, not trained again, so an interrupted benchmark picks up where it stopped.
 Printed: one table per finding, mean and spread (sample std) over seeds of the held-out success at the
 end, its mean over every evaluation (area under the curve: "learns faster"), and held-out turns per
 solved episode. Written: ``findings.md`` (the tables) and ``findings.png`` (held-out curves per arm).
-It runs long (about ten minutes per run on two cores): start it in the background.
+It runs long (toy scale: about ten minutes per run on two cores; real: about 10 minutes per run alone, and
+``--jobs`` runs share the cores): start it in the background.
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def tables(out: str, seeds: list[int]) -> str:
     lines = []
     for title, names in FINDINGS:
         lines += [f"**{title}** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; mean ± sample std)", ""]
-        lines.append("| arm | held-out success after warm start | at the end | mean over evaluations | turns per solved episode (end) |")
+        lines.append("| arm | held-out success at the start (after any warm start) | at the end | mean over evaluations | turns per solved episode (end) |")
         lines.append("|---|---|---|---|---|")
         for name in names:
             n = arm_numbers(out, by_name[name], seeds)
@@ -147,14 +150,19 @@ def plot(out: str, seeds: list[int], png: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=300, help="RL updates per run (default 300, the default run's)")
+    parser.add_argument("--scale", choices=("real", "tiny"), default="real", help="the default run's settings (real model) or the toy scale's (default real)")
+    parser.add_argument("--steps", type=int, default=None, help="RL updates per run (default: the scale's, 10 real or 300 tiny)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, one torch thread each")
     parser.add_argument("--out", default="runs/paper_findings", help="where the runs, findings.md and findings.png go")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="another TrainConfig field for every run, e.g. --set eval_every=25")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.jobs < 1 or min(args.seeds) < 0:
+    if (args.steps is not None and args.steps < 1) or args.jobs < 1 or min(args.seeds) < 0:
         parser.error("--steps and --jobs must be >= 1 and seeds >= 0")
-    extra: dict[str, Any] = {}
+    from gem_core.train.trainer import TINY_RUN, TrainConfig
+
+    extra: dict[str, Any] = dict(TINY_RUN) if args.scale == "tiny" else {}
+    steps = args.steps or extra.pop("steps", TrainConfig.steps)
+    extra.pop("steps", None)
     for item in args.set:
         key, _, value = item.partition("=")
         try:
@@ -164,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     jobs = [(arm, seed) for seed in args.seeds for arm in ARMS]
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(train_one, args.out, arm, seed, args.steps, extra) for arm, seed in jobs]
+        futures = [pool.submit(train_one, args.out, arm, seed, steps, extra) for arm, seed in jobs]
         for future, (arm, seed) in zip(futures, jobs):
             future.result()
             print(f"done: {arm.name} seed {seed}", file=sys.stderr, flush=True)

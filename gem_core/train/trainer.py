@@ -10,14 +10,15 @@ One update (:meth:`Trainer.update`) is::
 
 Nothing else: rollouts, the chat template, the estimators and the batch views are the project's own
 pieces, the same ones every trainer plugin is tested against, so this trainer is the reference the
-plugins are compared with (``tests/train``). The default run (``gem-core train``) builds a tiny
-transformer and its tokenizer locally, warms it up with a short supervised phase on well-formed
-random moves (reported as such), then trains with RL; see :class:`TrainConfig` for every option.
+plugins are compared with (``tests/train``). The default run (``gem-core train``) trains the embedded real
+model (SmolLM2-135M-Instruct, :mod:`gem_core.models`) from its instruct weights with RL, on CPU in about
+10 minutes; see :class:`TrainConfig` for every option, and :data:`TINY_RUN` for the toy-scale run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.util
 import json
 import math
@@ -36,12 +37,14 @@ import numpy as np
 from gem_core import algo
 from gem_core.batch import infra_metrics, sequence_batch, turn_batch
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
-from gem_core.rollout.policies import MIN_SHARED_PREFIX, shared_prefix_length, takes_logits_to_keep
+from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
 
 ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
 ROLLOUT_ENGINES = ("hf", "vllm")
 VIEWS = ("turn", "sequence")
 DEFAULT_ENV = "game:GuessTheNumber-v0-easy"
+DEFAULT_MODEL = "smollm2-135m-instruct"  # gem_core.models' alias of the embedded real model
+TINY_MODEL = "tiny"  # a two-layer transformer and the project's byte tokenizer, built here (no download)
 EVAL_SEED_BASE = 1_000_000  # held-out seeds: training draws below this
 
 
@@ -57,7 +60,8 @@ class TrainConfig:
     a loss mask), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
     (the batch is split into micro-batches within it and their gradients accumulated: the same gradient
     as one pass, with memory bounded by the budget, not the batch), ``logprob_chunk_tokens``: positions
-    whose full-vocabulary logits exist at once, ``gradient_checkpointing``: recompute the decoder's
+    whose full-vocabulary logits exist at once, ``bf16``: the forward under bfloat16 autocast (None: on
+    CUDA), ``gradient_checkpointing``: recompute the decoder's
     activations in the backward pass (less memory, more time), ``rollout_engine``: ``hf`` (the model's
     own ``generate``) or ``vllm`` (vLLM in this process, given the trainer's weights before every
     rollout), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
@@ -66,46 +70,51 @@ class TrainConfig:
     supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
     ``warmup_lr``; ``warmup_transcript``: learn the whole transcripts (the env's text too) rather than the
     moves alone. ``eval_every``/``eval_episodes``:
-    evaluation on fixed held-out seeds. ``model``: a local path or hub id of a causal LM (None: the
-    tiny default built here). ``out``: the run directory; ``resume`` continues the run saved there.
+    evaluation on fixed held-out seeds. ``model``: a local path, a hub id or ``smollm2-135m-instruct`` (the
+    embedded real model, the default) of a causal LM, or ``tiny`` (:data:`TINY_RUN`). ``out``: the run directory; ``resume`` continues the run saved there.
     """
 
     env_id: str = DEFAULT_ENV
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: tuple[str, ...] = ()
-    model: str | None = None
-    steps: int = 300
-    episodes: int = 64
+    model: str | None = DEFAULT_MODEL
+    # The defaults are the default run's, measured on a 2-core CPU (README, "Training with the reference
+    # trainer"): no warm start (RL alone takes the instruct model's malformed turns from 92% to 14% in 10
+    # updates), lr 1e-4 reached over 2 updates (2e-5 left 74% malformed at update 9), micro-batches of 1024
+    # tokens (peak RSS 4.8 GB on 32 rows of up to 450 tokens; 4096: 9.5 GB at the same speed).
+    steps: int = 10
+    episodes: int = 32
     group_size: int = 1
     estimator: str = "rebn"
     gamma: float = 0.9
     view: str = "sequence"  # the same gradient as "turn" (tested), a third of the compute
-    lr: float = 5e-4
-    lr_warmup: int = 20
+    lr: float = 1e-4
+    lr_warmup: int = 2
     clip: float = 0.2
     epochs: int = 1
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 1024
     logprob_chunk_tokens: int = 1024
     gradient_checkpointing: bool = False
+    bf16: bool | None = None  # None: on CUDA (where the device has bfloat16), off elsewhere
     rollout_engine: str = "hf"
     temperature: float = 1.0
-    max_tokens: int = 8
+    max_tokens: int = 16
     max_turns: int | None = None
     max_context_tokens: int | None = 1024
-    warmup_steps: int = 100
+    warmup_steps: int = 0
     warmup_batch: int = 32
     warmup_lr: float = 3e-3
     warmup_transcript: bool = True
-    eval_every: int = 50
+    eval_every: int = 5
     eval_episodes: int = 100
     seed: int = 0
     device: str = "cpu"
     out: str = "runs/gem-train"
     resume: bool = False
-    checkpoint_every: int = 20
+    checkpoint_every: int = 5
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
@@ -134,6 +143,8 @@ class TrainConfig:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
         if self.estimator in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
             raise ValueError(f"estimator {self.estimator} compares episodes of a group: set group_size >= 2")
+        if self.bf16 is not None and not isinstance(self.bf16, bool):
+            raise ValueError(f"bf16 must be true, false or None (auto), got {self.bf16!r}")
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout_engine!r}")
         if self.view not in VIEWS:
@@ -156,6 +167,15 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown train config field(s): {unknown}")
         return cls(**data)
+
+
+# The toy scale: a two-layer transformer built here, taught the move format by a supervised warm start, then
+# 300 RL updates of 64 episodes (about 9 minutes on 2 CPU cores). What the README's findings at toy scale and
+# ``benchmarks/paper_findings.py --scale tiny`` run: ``TrainConfig(**TINY_RUN)``.
+TINY_RUN: dict[str, Any] = dict(
+    model=TINY_MODEL, steps=300, episodes=64, lr=5e-4, lr_warmup=20, micro_batch_tokens=4096, max_tokens=8,
+    warmup_steps=100, eval_every=50, checkpoint_every=20,
+)
 
 
 def _check_int(config: TrainConfig, name: str, low: int) -> None:
@@ -303,6 +323,14 @@ def token_logprobs(
     return logprobs, entropy.new_zeros(rows.targets.shape).index_copy(1, columns, entropy)
 
 
+def _is_checkpointing(model: Any) -> bool:
+    # transformers 5 renamed is_gradient_checkpointing (reading the old name warns); 4.x has only the old one
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or name in vars(model):
+            return bool(getattr(model, name))
+    return False
+
+
 def decoder_hidden_states(decoder: Any, rows: Rows, *, share_prefix: bool = True) -> Any:
     """The decoder's last hidden states over right-padded ``rows`` ``[B, W, H]``.
 
@@ -315,18 +343,19 @@ def decoder_hidden_states(decoder: Any, rows: Rows, *, share_prefix: bool = True
 
     size, width = rows.input_ids.shape
     prefix = 0
-    checkpointing = any(getattr(decoder, name, False) for name in ("is_activation_checkpointing", "is_gradient_checkpointing"))
+    checkpointing = _is_checkpointing(decoder)
     if share_prefix and size > 1 and not checkpointing:
         lengths = rows.attention.sum(dim=1).tolist()
         prefix = shared_prefix_length([rows.input_ids[i, :n].tolist() for i, n in enumerate(lengths)])
     if prefix < MIN_SHARED_PREFIX:
         return decoder(input_ids=rows.input_ids, attention_mask=rows.attention).last_hidden_state
+    name = cache_keyword(decoder)
     shared = decoder(input_ids=rows.input_ids[:1, :prefix], use_cache=True)
-    cache = shared.past_key_values
+    cache = getattr(shared, name)
     cache.batch_repeat_interleave(size)
     positions = torch.arange(prefix, width, device=rows.input_ids.device).expand(size, -1)
     rest = decoder(
-        input_ids=rows.input_ids[:, prefix:], attention_mask=rows.attention, position_ids=positions, past_key_values=cache, use_cache=True
+        input_ids=rows.input_ids[:, prefix:], attention_mask=rows.attention, position_ids=positions, use_cache=True, **{name: cache}
     ).last_hidden_state
     return torch.cat([shared.last_hidden_state.expand(size, -1, -1), rest], dim=1)
 
@@ -484,6 +513,7 @@ class Trainer:
 
         self.torch = torch
         self.config = config
+        bound_heap()
         self.model = model.to(config.device)
         if config.gradient_checkpointing:
             if not getattr(self.model, "supports_gradient_checkpointing", False):
@@ -492,6 +522,10 @@ class Trainer:
                 self.model.activation_checkpointing_enable({"use_reentrant": False})
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.device_type = torch.device(config.device).type
+        self.bf16 = config.bf16
+        if self.bf16 is None:
+            self.bf16 = self.device_type == "cuda" and torch.cuda.is_bf16_supported()
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -514,11 +548,13 @@ class Trainer:
     def rollout(self, seeds: Sequence[int], *, prefix: str, group_size: int = 1) -> list[Trajectory]:
         """Play one episode group per seed with the current model (sampling seeded by the episode ids),
         on envs made through the dataset-row code (:class:`~gem_core.tasks.TaskSpec`), as plugins make them."""
-        policy = self.policy(max(len(seeds) * group_size, 1))
+        # generation batches of at most one update's episodes: the evaluation's 100 at once held 3x the KV cache
+        policy = self.policy(max(min(len(seeds) * group_size, self.config.episodes), 1))
         try:
             return asyncio.run(run_episodes(self.envs, policy, self.formatter, self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix))
         finally:
             self.model.train()
+            bound_heap()
 
     def policy(self, batch_size: int) -> Any:
         """The rollout policy over the current weights: the model's own ``generate`` (``hf``), or the vLLM
@@ -575,7 +611,6 @@ class Trainer:
     # -- one RL update ---------------------------------------------------------------------------------
     def update(self) -> dict[str, Any]:
         """Rollouts, advantages, loss, optimizer step; returns this step's metrics."""
-        torch = self.torch
         config = self.config
         started = time.perf_counter()
         trajectories = self.rollout(self.train_seeds(self.step), prefix=f"s{self.step}-", group_size=config.group_size)
@@ -595,6 +630,7 @@ class Trainer:
         advantages = turn_advantages(trajectories, config.estimator, config.gamma, config.group_size)
         rows = training_rows(trajectories, advantages, config.view, self.pad_id)
         loss, stats, grad_norm = self.optimize(rows)
+        bound_heap()
         self.scheduler.step()
         self.step += 1
         return {
@@ -657,8 +693,10 @@ class Trainer:
         return total, stats
 
     def logprobs(self, model: Any, rows: Rows, *, with_entropy: bool = False) -> Any:
-        """:func:`token_logprobs` with this run's temperature and chunk size."""
-        return token_logprobs(model, rows, self.config.temperature, with_entropy=with_entropy, chunk_tokens=self.config.logprob_chunk_tokens)
+        """:func:`token_logprobs` with this run's temperature and chunk size, under bf16 autocast when on
+        (weights, gradients and the optimizer stay float32; the log-softmax runs in float32 either way)."""
+        with self.torch.autocast(self.device_type, dtype=self.torch.bfloat16, enabled=self.bf16):
+            return token_logprobs(model, rows, self.config.temperature, with_entropy=with_entropy, chunk_tokens=self.config.logprob_chunk_tokens)
 
     def _reference(self) -> Any:
         if self.reference is None:
@@ -703,6 +741,27 @@ def adamw(parameters: Any, lr: float) -> Any:
     devices = {p.device.type for p in parameters}
     fused = devices <= {"cpu", "cuda"} and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in parameters)
     return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=fused or None)
+
+
+# glibc's allocator, where there is one (None elsewhere: musl, macOS). See bound_heap.
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+MMAP_THRESHOLD_BYTES = 4 << 20
+
+
+def bound_heap() -> None:
+    """Keep freed tensor memory from staying resident (glibc only; elsewhere nothing).
+
+    An update frees gigabytes of activations and logits of ever-changing sizes, then a rollout allocates its
+    KV caches. glibc raises its mmap threshold as large blocks are freed, so later large tensors come from the
+    heap, whose freed holes stay resident and fragmented; the next phase's peak then lands on top (the default
+    run measured 7.35 GB peak RSS). A fixed threshold sends every block over 4 MB to mmap, returned to the OS
+    when freed, and ``malloc_trim`` hands back what the heap keeps between phases."""
+    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
+        return
+    _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    if hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
 
 
 def peak_rss_gb() -> float:

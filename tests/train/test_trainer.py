@@ -34,8 +34,48 @@ def _trainer(tiny, tmp_path, **overrides):
     from transformers import AutoModelForCausalLM
 
     path, _, tokenizer = tiny
-    config = TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=4, **overrides)
+    config = TrainConfig(**{"out": str(tmp_path / "run"), "episodes": 4, "eval_episodes": 4, **overrides})
     return Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer)
+
+
+def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path):
+    """bf16 (on by default only on CUDA) runs the forward under bfloat16 autocast: log-probs close to float32's
+    but not equal (so autocast really ran), float32 out, and the weights and their gradients stay float32."""
+    plain = _trainer(tiny, tmp_path)
+    assert plain.bf16 is False  # the default on CPU
+    half = _trainer(tiny, tmp_path, bf16=True)
+    try:
+        trajectories = plain.rollout([0, 1], prefix="t-")
+        rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", plain.pad_id)
+        half.model.load_state_dict(plain.model.state_dict())
+        with torch.no_grad():
+            full, autocast = plain.logprobs(plain.model, rows), half.logprobs(half.model, rows)
+        mask = rows.targets >= 0
+        assert autocast.dtype == torch.float32
+        assert not torch.equal(full[mask], autocast[mask])
+        assert torch.allclose(full[mask], autocast[mask], atol=0.1)
+        half.accumulate_gradient(rows)
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in half.model.parameters() if p.grad is not None)
+    finally:
+        plain.close()
+        half.close()
+    with pytest.raises(ValueError, match="bf16"):
+        TrainConfig(bf16="yes")
+
+
+def test_generation_batches_stay_within_one_updates_episodes(tiny, tmp_path):
+    """The evaluation's episodes are generated at most ``episodes`` at a time (its 100 at once held three
+    times the KV cache of an update's 32), and a rollout hands freed memory back without failing."""
+    trainer = _trainer(tiny, tmp_path, episodes=2, eval_episodes=5)
+    sizes: list[int] = []
+    policy = trainer.policy
+    trainer.policy = lambda batch_size: sizes.append(batch_size) or policy(batch_size)
+    try:
+        stats = trainer.evaluate()
+        trainer.update()
+    finally:
+        trainer.close()
+    assert sizes == [2, 2] and 0.0 <= stats.success_rate <= 1.0
 
 
 def test_one_update_moves_good_responses_up_and_bad_ones_down(tiny, tmp_path):
@@ -344,9 +384,10 @@ def test_a_run_reports_the_fields_the_readme_names(tiny, tmp_path, transcript):
     assert rl[-1]["eval_illegal_rate"] == summary.final.illegal_rate
 
     header, _, warm_row, final_row = summary.table().splitlines()
+    assert warm_row.startswith("after the warm start")
     assert re.split(r"\s{2,}", header.strip())[-2:] == ["malformed turns", "illegal turns"]
     assert re.split(r"\s{2,}", final_row.strip())[-2:] == [f"{summary.final.malformed_rate:.3f}", f"{summary.final.illegal_rate:.3f}"]
-    assert re.split(r"\s{2,}", warm_row.strip())[-2:] == [f"{summary.warm_start.malformed_rate:.3f}", f"{summary.warm_start.illegal_rate:.3f}"]
+    assert re.split(r"\s{2,}", warm_row.strip())[-2:] == [f"{summary.start.malformed_rate:.3f}", f"{summary.start.illegal_rate:.3f}"]
     learnt = "learning the whole transcripts" if transcript else "learning the moves alone"
     assert any(line.startswith("warm start: 1 supervised steps") and learnt in line and "malformed turns" in line for line in logs)
 
@@ -379,3 +420,26 @@ def test_an_update_leaves_infra_failed_episodes_out_of_the_loss_and_the_statisti
         trainer.close()
     assert metrics["infra_failed_episodes"] == 1.0
     assert failed_ids[0] not in seen["episodes"] and len(seen["episodes"]) == trainer.config.episodes - 1
+
+
+def test_the_cli_without_options_is_the_default_run(tmp_path):
+    """`gem-core train` with no options trains TrainConfig()'s run: the embedded real model, no warm start,
+    the measured defaults (every field, so a CLI default that drifts from the dataclass fails here)."""
+    from gem_core.cli import build_parser
+    from gem_core.train.cli import config_from_args
+    from gem_core.train.trainer import DEFAULT_MODEL
+
+    config = config_from_args(build_parser().parse_args(["train"]))
+    assert config == TrainConfig()
+    assert (config.model, config.warmup_steps, config.env_id) == (DEFAULT_MODEL, 0, "game:GuessTheNumber-v0-easy")
+    assert [config_from_args(build_parser().parse_args(["train", *flag])).bf16 for flag in ([], ["--bf16"], ["--no-bf16"])] == [None, True, False]
+
+
+def test_the_tiny_scale_names_a_model_built_here():
+    from gem_core.train.run import load_model
+    from gem_core.train.trainer import TINY_RUN
+
+    config = TrainConfig(**{**TINY_RUN, "out": "unused"})
+    model, tokenizer = load_model(config.model)
+    assert config.warmup_steps > 0 and model.config.num_hidden_layers == 2
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>")
