@@ -1,6 +1,6 @@
 """One RL update on the real model: the reference trainer (`gem-core train`) against TRL's GRPOTrainer.
 
-    python benchmarks/update_cost.py [--model smollm2-135m-instruct] [--episodes 16] [--steps 3] [--trainers reference,trl]
+    python benchmarks/update_cost.py [--model smollm2-135m-instruct] [--episodes 32] [--steps 3] [--trainers reference,trl]
 
 Both train the same model (default: the embedded SmolLM2-135M-Instruct) on the same batch: ``--episodes``
 episodes of ``game:GuessTheNumber-v0-easy`` per update (TRL: half as many prompts, 2 generations each; the
@@ -113,9 +113,9 @@ NAMES = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a path, hub id or smollm2-135m-instruct")
-    parser.add_argument("--episodes", type=int, default=16, help="episodes per update (even)")
-    parser.add_argument("--max-tokens", type=int, default=24, help="tokens per turn")
-    parser.add_argument("--micro-batch-tokens", type=int, default=4096, help="the reference trainer's token budget per forward")
+    parser.add_argument("--episodes", type=int, default=32, help="episodes per update (even; default: the default run's)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per turn (default: the default run's)")
+    parser.add_argument("--micro-batch-tokens", type=int, default=1024, help="the reference trainer's token budget per forward (default: the default run's)")
     parser.add_argument("--steps", type=int, default=3, help="updates per framework (the first is not timed)")
     parser.add_argument("--out", default="runs/update_cost")
     parser.add_argument("--trainers", default="reference,trl", help=f"comma-separated, of {', '.join(WORKERS)} (each needs its package: trl, vllm)")

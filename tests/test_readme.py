@@ -257,7 +257,18 @@ def check_python_m(command: Command, cwd: Path, outputs: list[str]) -> bool:
     raise AssertionError(f"{command}: no rule for this module in tests/test_readme.py")
 
 
+def check_bash_script(command: Command, cwd: Path, outputs: list[str]) -> bool:
+    """``bash scripts/train.sh [options]``: the script is the repository's and parses; what follows it are
+    ``gem-core train`` options (tests/train/test_train_script.py runs it whole)."""
+    assert command.words[1] == "scripts/train.sh", f"{command}: no rule for this script in tests/test_readme.py"
+    script = ROOT / command.words[1]
+    assert script.is_file() and subprocess.run(["bash", "-n", str(script)]).returncode == 0, command
+    assert parses(["train", *command.words[2:]]) is None, f"{command}: {parses(['train', *command.words[2:]])}"
+    return False  # makes a virtualenv and trains for minutes
+
+
 RULES = {
+    "bash": check_bash_script,
     "git": check_git_clone,
     "cd": check_cd,
     ".": check_activate,
@@ -273,7 +284,7 @@ def _block_id(block: Block) -> str:
 
 
 def _is_slow(block: Block) -> bool:
-    return any(c.words[0] in ("git", "pip", "nox") or c.words[:2] == ("python", "-m") or c.words[1:3] == ("openrlhf", "train") or c.words[:2] == ("gem-core", "train")
+    return any(c.words[0] in ("git", "pip", "nox", "bash") or c.words[:2] == ("python", "-m") or c.words[1:3] == ("openrlhf", "train") or c.words[:2] == ("gem-core", "train")
                for c in commands(block))
 
 
