@@ -111,12 +111,15 @@ def test_step_after_end_is_a_clear_error(env_id):
 
 
 @pytest.mark.parametrize("env_id", GAME_IDS)
-def test_format_error_is_penalised_with_a_message(env_id):
+@pytest.mark.parametrize("answer", ["I think the answer is 3", "My guess is \\boxed{}", "\\boxed{  }"])
+def test_format_error_is_penalised_with_a_message(env_id, answer):
+    """No box, or an empty one, is a format error (GEM's rule): an empty box as a free illegal move was a
+    policy's way out of the penalty (seen in training: every turn ``\\boxed{}``, reward 0, never a guess)."""
     env = gem_core.make(env_id)
     env.reset(seed=5)
-    obs, reward, terminated, truncated, info = env.step("I think the answer is 3")
+    obs, reward, terminated, truncated, info = env.step(answer)
     assert reward == pytest.approx(-0.1)
-    assert info["format_error"] is True
+    assert info["format_error"] is True and not info["invalid_action"]
     assert "\\boxed" in obs
 
 

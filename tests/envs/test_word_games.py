@@ -145,7 +145,7 @@ def test_wordle_feedback_is_shown_and_in_info():
     assert "X Y G Y Y" in obs and "K E B A B" in obs
 
 
-@pytest.mark.parametrize("move, why", [("cran", "4 letters"), ("cranes", "6 letters"), ("cr4ne", "not a word"), ("", "not a word")])
+@pytest.mark.parametrize("move, why", [("cran", "4 letters"), ("cranes", "6 letters"), ("cr4ne", "not a word")])
 def test_wordle_invalid_guesses_use_a_turn_and_pay_nothing(move, why):
     """A bad guess is flagged, costs the turn and changes nothing (``why`` names the fault)."""
     game = _wordle("crane")
@@ -258,7 +258,7 @@ def test_hangman_repeated_guesses_are_invalid():
     assert game.guessed_letters == ["p", "z"] and game.guessed_words == ["ample"]
 
 
-@pytest.mark.parametrize("move", ["ap", "apples", "a b", "7", "é", ""])
+@pytest.mark.parametrize("move", ["ap", "apples", "a b", "7", "é"])
 def test_hangman_malformed_guesses_are_invalid(move):
     game = _hangman("apple")
     _, reward, terminated, _, info = game.step(boxed(move))

@@ -148,8 +148,8 @@ class TextGame(Env[str, str]):
         # settles the rest (nested braces, no brace, non-strings).
         found = BOXED_AT(action, action.rfind(BOX_MARKER)) if type(action) is str else None
         content = found[1] if found is not None else last_boxed(action)
-        if content is None:
-            what = "was not a string" if not isinstance(action, str) else "had no \\boxed{...} move"
+        if content is None or not content.strip():  # an empty box holds no move: GEM's format error too
+            what = "was not a string" if not isinstance(action, str) else "had no \\boxed{...} move" if content is None else "had an empty \\boxed{}"
             observation = f"At turn {turn}, your answer {what}. Put your move inside \\boxed{{}}, for example {self.sample_random_action()}."
             reward, terminated, success, invalid, extra = self.format_error_reward, self.ends_on_format_error, False, False, None
             format_error = True
