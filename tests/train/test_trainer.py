@@ -435,6 +435,19 @@ def test_the_cli_without_options_is_the_default_run(tmp_path):
     assert [config_from_args(build_parser().parse_args(["train", *flag])).bf16 for flag in ([], ["--bf16"], ["--no-bf16"])] == [None, True, False]
 
 
+def test_the_auto_rollout_engine_is_vllm_only_on_cuda_with_vllm_installed(monkeypatch):
+    import gem_core.train.trainer as trainer_module
+
+    assert trainer_module.resolve_rollout_engine(TrainConfig(device="cpu")) == "hf"
+    assert trainer_module.resolve_rollout_engine(TrainConfig(device="cpu", rollout_engine="vllm")) == "vllm"
+    found = {"vllm": object()}
+    monkeypatch.setattr(trainer_module.importlib.util, "find_spec", lambda name: found.get(name))
+    assert trainer_module.resolve_rollout_engine(TrainConfig(device="cuda")) == "vllm"
+    assert trainer_module.resolve_rollout_engine(TrainConfig(device="cpu")) == "hf"
+    found.clear()
+    assert trainer_module.resolve_rollout_engine(TrainConfig(device="cuda:1")) == "hf"
+
+
 def test_the_tiny_scale_names_a_model_built_here():
     from gem_core.train.run import load_model
     from gem_core.train.trainer import TINY_RUN
