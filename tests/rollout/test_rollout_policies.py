@@ -193,6 +193,30 @@ def test_hf_policy_batches_concurrent_requests(tokenizer, formatter, tiny_model)
     assert all(t.done and t.num_turns >= 1 for t in trajectories)
 
 
+def test_the_cache_keyword_is_the_models_own_name_for_it(tokenizer, tiny_model):
+    """transformers 5.2x renamed the forward's ``past_key_values`` to ``cache`` (the old name warns): the
+    policy passes whichever the model's forward names, and generates without that warning."""
+    import inspect
+    import warnings
+
+    from gem_core.rollout import HFPolicy
+    from gem_core.rollout.policies import cache_keyword
+
+    names = inspect.signature(tiny_model.forward).parameters
+    assert cache_keyword(tiny_model) == ("cache" if "cache" in names else "past_key_values")
+
+    class OldModel:
+        def forward(self, input_ids, past_key_values=None, use_cache=False):
+            return None
+
+    assert cache_keyword(OldModel()) == "past_key_values"
+    assert cache_keyword(object()) == "past_key_values"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        prompts = [tokenizer.encode("a shared instruction for every row " * 4) + [i] for i in range(2)]
+        HFPolicy(tiny_model, seed=1, max_batch_size=2).generate_batch(prompts, SamplingParams(max_tokens=3), ["r0", "r1"])
+
+
 def test_hf_policy_runs_a_shared_prompt_prefix_once(tokenizer, tiny_model):
     """Prompts that start alike (episodes on one instruction, some a turn further): the common prefix goes
     through the model once, as one row, and every request's tokens and logprobs are those of the plain

@@ -308,7 +308,9 @@ def test_the_cli_resumes_to_the_saved_number_of_updates(tiny, tmp_path, capsys):
     assert main(["train", "--resume", "--steps", "3", *common]) == 0
     lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
     assert [line["step"] for line in lines if line["phase"] == "rl"] == [1, 2, 3]
-    assert "RL changed the held-out success rate" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "RL changed the held-out success rate" in printed
+    assert "at the start" in printed and "warm start" not in printed  # no warm start ran: not labelled as one
 
 
 def test_episode_stats_count_malformed_and_illegal_turns():
