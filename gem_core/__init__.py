@@ -5,7 +5,8 @@
 
 from gem_core.core import Env, Wrapper, model_message
 from gem_core.errors import GemError, RegistrationError, ResetNeeded, UnknownEnvError, UnknownKwargError
-from gem_core.registry import EnvSpec, list_envs, make, make_vec, register, register_alias, spec
+from gem_core.registry import EnvSpec, list_envs, make, register, register_alias, spec
+from gem_core.vector.make import make_vec
 
 from gem_core import envs as _envs  # noqa: F401,E402  (registers the built-in ids)
 

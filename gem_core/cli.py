@@ -23,49 +23,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import gem_core
+from gem_core.cli_support import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, check_out_file, os_error_text, seconds, whole_number
 from gem_core.errors import GemError, InvalidArgumentError, UnknownEnvError
 from gem_core.parsing import boxed, last_boxed
-from gem_core.registry import MAX_NUM_ENVS
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2  # bad arguments or unknown id, as argparse uses
-EXIT_INTERRUPTED = 130
-
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit code ``EXIT_USAGE``."""
-
-
-def _int_in(low: int, high: int | None = None) -> Any:
-    """An argparse type: a whole number in ``low..high`` (``high`` None: no upper bound)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            allowed = f"a number >= {low}" if high is None else f"a number in {low}..{high}"
-            raise argparse.ArgumentTypeError(f"expected {allowed}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_in(1)
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
-    return value
-
+from gem_core.vector.make import MAX_NUM_ENVS
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gem-core`` command."""
@@ -91,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     play.add_argument("env_id", metavar="ENV_ID", help="an id from `gem-core list`, e.g. game:GuessTheNumber-v0-hard")
-    play.add_argument("--seed", type=_int_in(0), default=None, help="reset seed (default: random for one episode, 0 for a batch)")
+    play.add_argument("--seed", type=whole_number(0), default=None, help="reset seed (default: random for one episode, 0 for a batch)")
     play.add_argument(
         "--policy",
         choices=("human", "random", "oracle"),
@@ -99,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="who acts: human (default for one episode), random (default for a batch), oracle (envs with oracle_action)",
     )
     batch = play.add_argument_group("batch mode (a vector env; turned on by --num-envs or --episodes)")
-    batch.add_argument("--num-envs", type=_int_in(1, MAX_NUM_ENVS), default=None, help="envs stepped together (default 1)")
-    batch.add_argument("--episodes", type=_positive_int, default=None, help="finished episodes to collect (default: num-envs)")
+    batch.add_argument("--num-envs", type=whole_number(1, MAX_NUM_ENVS), default=None, help="envs stepped together (default 1)")
+    batch.add_argument("--episodes", type=whole_number(1), default=None, help="finished episodes to collect (default: num-envs)")
     batch.add_argument("--vector", choices=("sync", "async", "ray"), default="sync", help="sync: one process; async: worker processes; ray: Ray actors (the ray extra)")
     batch.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stdout is not a terminal)")
 
@@ -115,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--corpus", required=True, help="JSONL file, one {id, title, text} record a line")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
-    serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives no topk")
+    serve.add_argument("--port", type=whole_number(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--topk", type=whole_number(1), default=3, help="passages per query when a request gives no topk")
 
     from gem_core.serve import DEFAULT_MAX_SESSIONS, MAX_SESSIONS_LIMIT  # constants only; openenv is imported when serving
 
@@ -131,12 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     served.add_argument("env_ids", nargs="+", metavar="ENV_ID", help="ids from `gem-core list`, e.g. game:GuessTheNumber-v0")
     served.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    served.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
+    served.add_argument("--port", type=whole_number(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
     served.add_argument(
-        "--max-sessions", type=_int_in(1, MAX_SESSIONS_LIMIT), default=DEFAULT_MAX_SESSIONS,
+        "--max-sessions", type=whole_number(1, MAX_SESSIONS_LIMIT), default=DEFAULT_MAX_SESSIONS,
         help=f"sessions each id holds at once (default {DEFAULT_MAX_SESSIONS}); the next one is refused with CAPACITY_REACHED",
     )
-    served.add_argument("--idle-timeout", type=_seconds, default=None, help="close a session idle this many seconds (default: never)")
+    served.add_argument("--idle-timeout", type=seconds, default=None, help="close a session idle this many seconds (default: never)")
     served.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs for every id, e.g. \'{"max_turns": 20}\'')
     served.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
 
@@ -205,22 +166,6 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     except OSError as err:
         written = getattr(err, "filename", None) and os.path.dirname(os.path.abspath(err.filename)) == os.path.dirname(os.path.abspath(args.out))
         raise CliError(f"--out {args.out}: cannot write it: {err.strerror or err}" if written else os_error_text(err)) from None
-
-
-def check_out_file(path: str, option: str = "--out") -> None:
-    """``path`` can be written as a new or replaced file: not a directory, in a directory that exists.
-    A missing directory is an error, not something to create: the user may have mistyped it."""
-    if os.path.isdir(path):
-        raise CliError(f"{option} {path}: is a directory; name a file to write")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise CliError(f"{option} {path}: directory {parent} does not exist (create it first, or name another file)")
-
-
-def os_error_text(err: OSError) -> str:
-    """One line for an OSError: the reason and the file (``Permission denied: /x/y``)."""
-    name = getattr(err, "filename", None)
-    return f"{err.strerror or err}: {name}" if name else str(err.strerror or err)
 
 
 def _passthrough(argv: list[str]) -> Any:

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, SupportsFloat, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, SupportsFloat, TypeVar
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from gem_core.registry import EnvSpec
 
 ObsType = TypeVar("ObsType")
 ActType = TypeVar("ActType")
@@ -26,6 +23,16 @@ StepResult = tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]
 _NOT_STATE = frozenset({"spec"})
 
 _MASK64 = (1 << 64) - 1
+
+
+class Spec(Protocol):
+    """What an env knows of how it was made: :class:`gem_core.registry.EnvSpec` (set by ``gem_core.make``).
+    The registry sits above this module, so the env sees its spec through this shape only."""
+
+    id: str
+    kwargs: dict[str, Any]
+
+    def make(self) -> Env: ...
 
 
 #: The most characters a registered env shows the model at once (``model_message(obs, info)`` after a reset
@@ -119,7 +126,7 @@ class Env(Generic[ObsType, ActType]):
     """
 
     metadata: dict[str, Any] = {}
-    spec: EnvSpec | None = None
+    spec: Spec | None = None
     #: The constructor's arguments with their types and ranges (name -> gem_core.params.Param), checked by
     #: ``make``/``make_vec`` before the env is built; a classmethod ``check_params(args)`` may add rules
     #: between arguments. Undeclared arguments are passed through unchecked.
@@ -203,9 +210,7 @@ class Env(Generic[ObsType, ActType]):
             return [self.clone() for _ in range(n)]
         if self.spec is None:
             raise ValueError("spawn(same_state=False) needs an env made by gem_core.make (it has no spec)")
-        from gem_core.registry import make
-
-        envs = [make(self.spec.id, **self.spec.kwargs) for _ in range(n)]
+        envs = [self.spec.make() for _ in range(n)]
         if seeds is not None:
             if len(seeds) != n:
                 raise ValueError(f"spawn got {len(seeds)} seeds for n={n}")
@@ -276,7 +281,7 @@ class Wrapper(Env[ObsType, ActType]):
         return self.env.np_random_seed
 
     @property
-    def spec(self) -> EnvSpec | None:  # type: ignore[override]
+    def spec(self) -> Spec | None:  # type: ignore[override]
         return self.env.spec
 
     @property

@@ -1,4 +1,4 @@
-"""The env registry: ids, specs, ``make`` and ``make_vec``.
+"""The env registry: ids, specs and ``make`` (``make_vec``, above it, is in :mod:`gem_core.vector.make`).
 
 Ids look like ``category:Name-vN[-variant]`` (``game:Sudoku-v0-easy``). Entry points are
 ``"module:Class"`` strings, imported only when an env is made, so registering costs nothing.
@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gem_core.errors import RegistrationError, UnknownEnvError, UnknownKwargError, suggest
-from gem_core.params import Param, check_args, invalid
+from gem_core.params import check_args
 
 if TYPE_CHECKING:
     from gem_core.core import Env
-    from gem_core.vector.vector_env import VectorEnv
 
 ENTRY_POINT_GROUP = "gem_core.envs"
 ID_PATTERN = re.compile(r"^(?P<category>[a-z][a-z0-9_]*):(?P<name>[A-Za-z0-9_.]+)(?:-v(?P<version>\d+))?(?:-(?P<variant>[A-Za-z0-9_.-]+))?$")
@@ -50,6 +49,10 @@ class EnvSpec:
             return getattr(module, attr)
         except AttributeError:
             raise RegistrationError(f"{self.id}: entry point {self.entry_point!r} has no attribute {attr!r}") from None
+
+    def make(self) -> Env:
+        """A fresh env of this spec with its registered kwargs (``Env.spawn(same_state=False)``)."""
+        return make(self.id, **self.kwargs)
 
 
 registry: dict[str, EnvSpec] = {}
@@ -219,72 +222,6 @@ def make_from_spec(env_spec: EnvSpec, wrappers: Sequence[Callable[[Env], Env]] =
     for wrap in wrappers:
         env = wrap(env)
     return env
-
-
-def make_vec(
-    id: str | Sequence[str],
-    num_envs: int | None = None,
-    *,
-    vectorization_mode: str = "sync",
-    wrappers: Sequence[Callable[[Env], Env]] = (),
-    vector_kwargs: dict[str, Any] | None = None,
-    **kwargs: Any,
-) -> VectorEnv:
-    """A vector env of ``num_envs`` copies of ``id`` (or one env per id when given a list).
-
-    ``vectorization_mode`` is ``"sync"`` (one process), ``"async"`` (worker processes) or ``"ray"``
-    (Ray actors on a cluster: ``pip install 'gem-core[ray]'``); ``vector_kwargs`` go to the vector env
-    (``autoreset_mode``, ``num_workers``, ``step_timeout``, ``envs_per_actor``, ``num_cpus``...).
-    Every argument, the env kwargs included, is checked here in the caller, the same way for every
-    mode, before any env, worker or actor is built (:class:`~gem_core.errors.InvalidArgumentError`).
-    """
-    _VECTOR_MODE.check("vectorization_mode", vectorization_mode, "make_vec")
-    if isinstance(id, str):
-        if num_envs is None:
-            num_envs = 1
-        _NUM_ENVS.check("num_envs", num_envs, "make_vec")
-        ids = [id] * int(num_envs)
-    else:
-        ids = list(id)
-        if num_envs is not None and num_envs != len(ids):
-            raise invalid("num_envs", num_envs, f"None or the number of ids given ({len(ids)})", "make_vec")
-    if not ids:
-        raise invalid("id", id, "an env id or a non-empty list of env ids", "make_vec")
-    specs = {env_id: spec(env_id) for env_id in dict.fromkeys(ids)}  # unknown ids fail here, in the caller
-    for env_spec in specs.values():
-        check_kwargs(env_spec, kwargs)  # bad kwargs too: one message whichever the mode
-    from gem_core.vector import AsyncVectorEnv, RayVectorEnv, SyncVectorEnv
-
-    vector_class = {"sync": SyncVectorEnv, "async": AsyncVectorEnv, "ray": RayVectorEnv}[vectorization_mode]
-    vector_kwargs = dict(vector_kwargs or {})
-    _check_vector_kwargs(vector_class, vector_kwargs, vectorization_mode)
-    if vectorization_mode == "ray":
-        from gem_core.ray.cluster import require_ray
-
-        require_ray()  # one clear error naming the extra, before anything is built
-    fns = [EnvFactory(specs[env_id], tuple(wrappers), kwargs) for env_id in ids]
-    return vector_class(fns, **vector_kwargs)
-
-
-_VECTOR_MODE = Param(str, choices=("sync", "async", "ray"))
-#: The most envs one vector env holds (a bound, so that a typo fails with a message, not a MemoryError).
-MAX_NUM_ENVS = 1_000_000
-_NUM_ENVS = Param(int, low=1, high=MAX_NUM_ENVS)
-
-
-def _check_vector_kwargs(vector_class: type, vector_kwargs: dict[str, Any], mode: str) -> None:
-    """``vector_kwargs`` against the vector class's constructor: known names, declared types and ranges."""
-    where = f"make_vec(vectorization_mode={mode!r})"
-    allowed = (accepted_kwargs(vector_class) or set()) - {"env_fns"}
-    unknown = sorted(set(vector_kwargs) - allowed)
-    if unknown:
-        hints = "".join(suggest(k, allowed) for k in unknown)
-        raise UnknownKwargError(
-            f"{where}: vector_kwargs has {', '.join(map(repr, unknown))}, which {vector_class.__name__} does not take.{hints} "
-            f"It accepts: {', '.join(sorted(allowed))}.",
-            name=unknown[0], value=vector_kwargs[unknown[0]], allowed=", ".join(sorted(allowed)),
-        )
-    check_args(vector_class, vector_kwargs, where)
 
 
 @dataclass(frozen=True)

@@ -23,23 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_core.core import Env, model_message
-
-KNOWN_TOOLS = ("python", "search")
-
-
-def parse_tools(value: Any) -> list[str]:
-    """Tool names from a row: a list/tuple/array of names, a comma-separated string, or nothing."""
-    if value is None:
-        return []
-    if hasattr(value, "tolist"):  # numpy arrays and scalars from a parquet/pandas row
-        value = value.tolist()
-    names = [t.strip() for t in value.split(",")] if isinstance(value, str) else [str(t).strip() for t in value]
-    names = [t for t in names if t]
-    unknown = [t for t in names if t not in KNOWN_TOOLS]
-    if unknown:
-        raise ValueError(f"unknown env tool(s) {unknown}; known: {', '.join(KNOWN_TOOLS)}")
-    return names
-
+from gem_core.tools.factory import make_tool, parse_tools
 
 def parse_env_kwargs(value: Any) -> dict[str, Any]:
     """Env kwargs from a row: a mapping, a JSON object string, or nothing."""
@@ -53,36 +37,6 @@ def parse_env_kwargs(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"env kwargs must be a JSON object, got {type(value).__name__}")
     return dict(value)
-
-
-SEARCH_URL_VAR = "GEM_SEARCH_URL"
-SEARCH_CORPUS_VAR = "GEM_SEARCH_CORPUS"
-
-
-def make_tool(name: str) -> Any:
-    """A fresh tool by name: ``python`` (sandboxed PythonTool) or ``search`` (SearchTool).
-
-    A dataset row cannot carry a search index, so the search backend comes from the worker's
-    environment: ``GEM_SEARCH_URL`` (a ``gem-core serve-search`` server that every env worker shares)
-    or ``GEM_SEARCH_CORPUS`` (a JSONL corpus indexed in this process).
-    """
-    if name == "python":
-        from gem_core.tools import PythonTool
-
-        return PythonTool()
-    if name == "search":
-        from gem_core.tools import SearchTool
-
-        url, corpus = os.environ.get(SEARCH_URL_VAR), os.environ.get(SEARCH_CORPUS_VAR)
-        if url:
-            return SearchTool(url=url)
-        if corpus:
-            return SearchTool(corpus)
-        raise ValueError(
-            f"the search tool needs a backend: set {SEARCH_URL_VAR} to a retrieval server "
-            f"(`gem-core serve-search`) or {SEARCH_CORPUS_VAR} to a JSONL corpus"
-        )
-    raise ValueError(f"unknown env tool {name!r}; known: {', '.join(KNOWN_TOOLS)}")
 
 
 def make_task_env(env_id: str, env_kwargs: Any = None, tools: Iterable[str] | str | None = None) -> Env:

@@ -8,11 +8,12 @@ the policies' heavy imports (torch, transformers) happen when a run starts.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
+
+from gem_core.cli_support import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError, check_out_file, real_number, whole_number
 
 ACTIONS = ("run", "report")
 HELP = "evaluate a model (an OpenAI-compatible endpoint, a local HF model) or a baseline on env ids; compare runs"
@@ -40,21 +41,6 @@ def with_default_action(argv: Sequence[str]) -> list[str]:
     return argv
 
 
-def _number(kind: type, low: float, *, low_open: bool = False) -> Any:
-    """An argparse type: an int or a float >= ``low`` (> ``low`` when ``low_open``), finite."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (low_open and value == low):
-            raise argparse.ArgumentTypeError(f"expected a number {'>' if low_open else '>='} {low:g}, got {text}")
-        return value
-
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gem_core.eval.policies import DTYPES, POLICIES
 
@@ -62,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions.required = True
     run = actions.add_parser("run", help="play episodes with a policy (the default action)", description=RUN_DESCRIPTION)
     run.add_argument("env_ids", nargs="+", metavar="ENV_ID", help="env ids or patterns, e.g. game:GuessTheNumber-v0-easy 'game:*' 'eval:*'")
-    run.add_argument("--episodes", type=_number(int, 1), default=None, help="episodes per env (default 100; evaluation sets: all items)")
-    run.add_argument("--seed-start", type=_number(int, 0), default=0, help="seed of each env's first episode (default 0)")
+    run.add_argument("--episodes", type=whole_number(1), default=None, help="episodes per env (default 100; evaluation sets: all items)")
+    run.add_argument("--seed-start", type=whole_number(0), default=0, help="seed of each env's first episode (default 0)")
     who = run.add_argument_group("policy")
     who.add_argument("--policy", choices=POLICIES, default="openai", help="openai (an OpenAI-compatible endpoint, default), hf (a local model), vllm (a local model on vLLM's engine), random, oracle")
     who.add_argument("--model", default=None, help="openai: the served model's name (else $OPENAI_MODEL); hf, vllm: a local model directory, a hub id or smollm2-135m-instruct (the embedded real model)")
@@ -72,20 +58,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--device", default="cpu", help="hf: torch device (default cpu)")
     who.add_argument("--dtype", choices=DTYPES, default="auto", help="hf, vllm: the weights' dtype (default auto: transformers keeps the checkpoint's, vLLM runs a float32 one in half precision; name one for both to play alike)")
     sampling = run.add_argument_group("sampling and limits")
-    sampling.add_argument("--max-tokens", type=_number(int, 1), default=1024, help="tokens per response (default 1024)")
-    sampling.add_argument("--temperature", type=_number(float, 0.0), default=0.0, help="sampling temperature (default 0: greedy)")
-    sampling.add_argument("--top-p", type=_number(float, 0.0, low_open=True), default=1.0, help="nucleus sampling (default 1: off)")
-    sampling.add_argument("--seed", type=_number(int, 0), default=None, help="sampling seed (sent to the endpoint; seeds a local model)")
-    sampling.add_argument("--max-turns", type=_number(int, 1), default=None, help="turn limit on top of the env's own")
-    sampling.add_argument("--max-context-tokens", type=_number(int, 2), default=None, help="hf, vllm: context limit (default: the model's window; vllm: also the engine's max_model_len)")
+    sampling.add_argument("--max-tokens", type=whole_number(1), default=1024, help="tokens per response (default 1024)")
+    sampling.add_argument("--temperature", type=real_number(0.0), default=0.0, help="sampling temperature (default 0: greedy)")
+    sampling.add_argument("--top-p", type=real_number(0.0, low_open=True), default=1.0, help="nucleus sampling (default 1: off)")
+    sampling.add_argument("--seed", type=whole_number(0), default=None, help="sampling seed (sent to the endpoint; seeds a local model)")
+    sampling.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
+    sampling.add_argument("--max-context-tokens", type=whole_number(2), default=None, help="hf, vllm: context limit (default: the model's window; vllm: also the engine's max_model_len)")
     sampling.add_argument("--system-prompt", default=None, help="system message of every episode")
     task = run.add_argument_group("envs and tools (as in training: the same task rows)")
     task.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
     task.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
     running = run.add_argument_group("running")
-    running.add_argument("--concurrency", type=_number(int, 1), default=DEFAULT_CONCURRENCY, help=f"episodes in flight (default {DEFAULT_CONCURRENCY}; hf: the batch size)")
-    running.add_argument("--request-timeout", type=_number(float, 0.0, low_open=True), default=120.0, help="seconds to wait for an answer, per attempt (default 120)")
-    running.add_argument("--retries", type=_number(int, 0), default=5, help="retries of a request after 429/5xx/timeout/garbage, with exponential backoff (default 5)")
+    running.add_argument("--concurrency", type=whole_number(1), default=DEFAULT_CONCURRENCY, help=f"episodes in flight (default {DEFAULT_CONCURRENCY}; hf: the batch size)")
+    running.add_argument("--request-timeout", type=real_number(0.0, low_open=True), default=120.0, help="seconds to wait for an answer, per attempt (default 120)")
+    running.add_argument("--retries", type=whole_number(0), default=5, help="retries of a request after 429/5xx/timeout/garbage, with exponential backoff (default 5)")
     output = run.add_argument_group("results")
     output.add_argument("--out", default=None, help="results file: one JSON line per episode")
     output.add_argument("--resume", action="store_true", help="continue --out: play only the episodes it lacks or that ended with an error")
@@ -105,7 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     """Run ``gem-core eval``; a user's mistake becomes the CLI's one-line error."""
-    from gem_core.cli import CliError, check_out_file
 
     err = sys.stderr if err is None else err
     for option in ("--out", "--plot"):  # a file in a directory that exists: nothing is created elsewhere
@@ -131,7 +116,6 @@ def _close_policy(policy: Any) -> None:
 
 
 def run_main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gem_core.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
     from gem_core.eval.plan import PlanError
     from gem_core.eval.policies import PolicyError
     from gem_core.eval.results import ResultsError, ResultsFile, check_resumable
@@ -183,11 +167,11 @@ def run_main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
     """The jobs, the policy and the run config from the options (the usage errors raise here)."""
-    from gem_core.cli import CliError
     from gem_core.eval.plan import expand_env_ids, plan
     from gem_core.eval.policies import BASELINE_METHODS, baseline_policy, context_window, hf_policy, openai_policy, vllm_policy
     from gem_core.rollout import RunConfig, SamplingParams
-    from gem_core.tasks import parse_env_kwargs, parse_tools
+    from gem_core.tasks import parse_env_kwargs
+    from gem_core.tools.factory import parse_tools
 
     if not args.out:
         for flag, given in (("--resume", args.resume), ("--overwrite", args.overwrite), ("--save-transcripts", args.save_transcripts)):
@@ -267,7 +251,6 @@ class _Progress:
 
 
 def report_main(args: argparse.Namespace, out: TextIO) -> int:
-    from gem_core.cli import EXIT_OK, CliError
     from gem_core.eval.report import ReportError, load_runs, markdown, plot, require_matplotlib
     from gem_core.eval.results import ResultsError
 

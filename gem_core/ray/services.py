@@ -2,9 +2,8 @@
 
 * :class:`SandboxService` -- one actor per node, each owning a node-local gem_core
   :class:`~gem_core.tools.sandbox.SandboxPool` (that node's bubblewrap workers). A process that
-  :meth:`~SandboxService.install`\\ s it (the ray backend's env actors do; any Ray worker may, or set
-  ``GEM_SANDBOX_SERVICE`` to the service's name) has its shared sandbox pool forward each call to the
-  actor on its own node (another node's when its own has none): ``PythonSandbox()``, the Python tool
+  :meth:`~SandboxService.install`\\ s it (the ray backend's env actors do; any Ray worker may) has its
+  shared sandbox pool forward each call to the actor on its own node (another node's when its own has none): ``PythonSandbox()``, the Python tool
   and the code graders run unchanged.
 * :class:`SearchService` -- gem_core's search HTTP server (:func:`~gem_core.tools.search.make_search_server`
   over a BM25 index) in one actor; every env gets its address as ``GEM_SEARCH_URL``.
@@ -20,7 +19,8 @@ import os
 import threading
 from typing import Any
 
-from gem_core.ray.cluster import RayBackendError, connect, release, require_ray
+from gem_core.ray.cluster import RayBackendError, connect, release
+from gem_core.tools.factory import SEARCH_URL_VAR
 from gem_core.tools.sandbox.host import RawReply, WorkerSpec
 
 SANDBOX_PREFIX = "gem-sandbox"
@@ -143,7 +143,7 @@ class SandboxService:
         """One sandbox actor on each of ``nodes`` (default: every alive node), pinned there, restarted by Ray
         if it dies. ``workers_per_node``: each node's pool size (default: fitted to that node's cores).
         ``num_cpus``: what each actor reserves (0: its workers' CPU is the pool size's business). ``name``:
-        findable with :meth:`connect` (and ``GEM_SANDBOX_SERVICE``)."""
+        findable with :meth:`connect`."""
         ray = connect(address, namespace)
         try:
             remote = ray.remote(SandboxHost)
@@ -376,9 +376,7 @@ class SearchService:
 
     @property
     def env_vars(self) -> dict[str, str]:
-        """What an env process needs to use it (gem_core.tasks.make_tool reads ``GEM_SEARCH_URL``)."""
-        from gem_core.tasks import SEARCH_URL_VAR
-
+        """What an env process needs to use it (:func:`gem_core.tools.factory.make_tool` reads ``GEM_SEARCH_URL``)."""
         return {SEARCH_URL_VAR: self.url}
 
     def stop(self) -> None:

@@ -37,7 +37,8 @@ from gem_core.params import Param, invalid
 from gem_core.registry import check_kwargs, spec
 from gem_core.serve import DEFAULT_MAX_SESSIONS, MAX_SESSIONS_LIMIT
 from gem_core.serve.environment import GemAction, GemEnvironment, GemObservation, GemState
-from gem_core.tasks import make_task_env, parse_tools
+from gem_core.tasks import make_task_env
+from gem_core.tools.factory import parse_tools
 
 _MAX_SESSIONS = Param(int, low=1, high=MAX_SESSIONS_LIMIT)
 _IDLE_TIMEOUT = Param(float, above=0, none="sessions never time out")

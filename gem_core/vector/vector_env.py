@@ -162,6 +162,11 @@ class VectorEnv:
     #: The options every vector env takes, checked by its constructor and by make_vec (gem_core.params).
     params: ClassVar[dict[str, Param]] = {"on_error": Param(str, choices=_ON_ERROR)}
 
+    @classmethod
+    def check_backend(cls) -> None:
+        """Raise one clear error when what this class runs on is not installed (``make_vec`` asks before
+        it builds anything). The in-process and worker-process classes need nothing more."""
+
     def __init__(self, num_envs: int, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, on_error: str = "raise"):
         if num_envs < 1:
             raise invalid("env_fns", num_envs, "at least one env", type(self).__name__)

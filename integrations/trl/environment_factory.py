@@ -36,7 +36,8 @@ from typing import Any
 from gem_core.core import model_message
 from gem_core.errors import infra_error
 from gem_core.registry import check_kwargs, spec
-from gem_core.tasks import make_task_env, parse_env_kwargs, parse_tools
+from gem_core.tasks import make_task_env, parse_env_kwargs
+from gem_core.tools.factory import parse_tools
 
 #: The note a tool's reply ends with once the episode is over.
 EPISODE_OVER = "The episode is over."

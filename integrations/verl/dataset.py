@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from gem_core.cli_support import CliError
 from gem_core.tasks import add_task_arguments, positive_int, specs_for, task_arguments
 
 AGENT_NAME = "gem_env"
@@ -95,8 +96,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run ``gem-core make-dataset verl`` with parsed ``args``."""
     if importlib.util.find_spec("pyarrow") is None:  # before any row is made
-        from gem_core.cli import CliError
-
         raise CliError(PYARROW_MISSING)
     env_kwargs, tools = task_arguments(args)
     make_dataset(

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import gem_core
-from gem_core.tasks import make_task_env, parse_env_kwargs, parse_tools
+from gem_core.tasks import make_task_env, parse_env_kwargs
+from gem_core.tools.factory import parse_tools
 
 
 def test_parse_tools_accepts_the_shapes_datasets_store():

@@ -96,7 +96,7 @@ def corpus(tmp_path_factory):
 
 
 def with_search(env):
-    from gem_core.tasks import make_tool
+    from gem_core.tools.factory import make_tool
     from gem_core.wrappers import ToolEnvWrapper
 
     return ToolEnvWrapper(env, [make_tool("search")])  # reads GEM_SEARCH_URL, in the actor

@@ -16,7 +16,8 @@ from gem_core.errors import InvalidArgumentError, UnknownKwargError
 from gem_core.ray.cluster import RayBackendError
 from gem_core.rollout import RunConfig, run_episodes
 from gem_core.rollout.policy import Generation
-from gem_core.vector import AutoresetMode, RayVectorEnv, VectorEnvError
+from gem_core.ray import RayVectorEnv
+from gem_core.vector import AutoresetMode, VectorEnvError
 
 from test_vector import MIXED_IDS, as_lists, drive, reference  # noqa: E402  (tests/core, on sys.path)
 from vector_test_envs import COUNTER_ID  # noqa: E402

@@ -37,7 +37,6 @@ from gem_core.tools.sandbox.host import KILL_WAIT_S, RawReply, WorkerLost, Worke
 logger = logging.getLogger(__name__)
 
 WORKERS_VAR = "GEM_SANDBOX_WORKERS"
-SERVICE_VAR = "GEM_SANDBOX_SERVICE"  # the name of a Ray sandbox service this process's shared pools forward to
 MAX_DEFAULT_WORKERS = 32
 WORKERS_PER_CORE = 2  # one runs a snippet while the other cleans up after its last one
 READY_TIMEOUT_S = 30.0  # how long a worker may take to clean up after a call
@@ -377,13 +376,8 @@ _remote_pools: list[Callable[[WorkerSpec], Any]] = []  # set by route_shared_poo
 def shared_pool(spec: WorkerSpec) -> SandboxPool:
     """This process's pool for ``spec`` (made on first use; sized as the module docstring says).
 
-    When this process's shared pools are routed elsewhere (:func:`route_shared_pools`, or
-    ``GEM_SANDBOX_SERVICE`` naming a Ray sandbox service), it is a pool with the same interface whose
-    calls run there."""
-    if not _remote_pools and os.environ.get(SERVICE_VAR):
-        from gem_core.ray.services import SandboxService
-
-        SandboxService.connect(os.environ[SERVICE_VAR]).install()
+    When this process's shared pools are routed elsewhere (:func:`route_shared_pools`: a Ray sandbox
+    service's ``install``), it is a pool with the same interface whose calls run there."""
     with _shared_lock:
         pool = _shared.get(spec)
         if pool is None:

@@ -18,6 +18,8 @@ from numbers import Real
 from typing import Any, ClassVar
 
 from gem_core.params import Param, check_args, invalid
+from gem_core.ray.cluster import connect, release, require_ray
+from gem_core.ray.services import SandboxService, SearchService, last_line, stop_actors, wait_placed
 from gem_core.vector.sharded import ShardedVectorEnv, build_envs, close_envs, dumps, serve_request
 from gem_core.vector.vector_env import AutoresetMode, VectorEnv, VectorEnvError
 
@@ -97,6 +99,10 @@ class RayVectorEnv(ShardedVectorEnv):
         "namespace": Param(str, none="Ray's default"),
     }
 
+    @classmethod
+    def check_backend(cls) -> None:
+        require_ray()  # Ray missing: one line naming the extra
+
     def __init__(
         self,
         env_fns: Iterable[Callable[[], Any]],
@@ -116,8 +122,6 @@ class RayVectorEnv(ShardedVectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         on_error: str = "raise",
     ):
-        from gem_core.ray.cluster import connect
-
         env_fns = list(env_fns)
         args = dict(envs_per_actor=envs_per_actor, num_cpus=num_cpus, resources=resources, scheduling_strategy=scheduling_strategy,
                     placement_group=placement_group, address=address, namespace=namespace, step_timeout=step_timeout,
@@ -144,8 +148,6 @@ class RayVectorEnv(ShardedVectorEnv):
             self._ready = [False] * len(self._shard_envs)
             self._actors = [self._new_actor(s) for s in range(len(self._shard_envs))]
             asked = ", ".join(f"{k}: {v:g}" for k, v in {"CPU": num_cpus, **dict(resources or {})}.items())
-            from gem_core.ray.services import wait_placed
-
             replies = wait_placed(ray, [actor.ready.remote() for actor in self._actors], "env actors", init_timeout, asked)
             for s, reply in enumerate(replies):
                 if reply[0] == "init_error":
@@ -192,8 +194,6 @@ class RayVectorEnv(ShardedVectorEnv):
 
     def _services(self, sandbox: Any, search: Any, address: str | None, namespace: str | None) -> tuple[Any, Any]:
         """The sandbox and search services the envs use, starting (and owning) those asked for by value."""
-        from gem_core.ray.services import SandboxService, SearchService
-
         if sandbox is True:
             sandbox = SandboxService.start(address=address, namespace=namespace)
             self._owned_services.append(sandbox)
@@ -285,14 +285,9 @@ class RayVectorEnv(ShardedVectorEnv):
         return replies, failures
 
     def _death_reason(self, shard: int, exc: BaseException) -> str:
-        from gem_core.ray.services import last_line
-
         return f"env actor {shard} died ({last_line(exc)})"
 
     def _close(self) -> None:
-        from gem_core.ray.cluster import release
-        from gem_core.ray.services import stop_actors
-
         if not getattr(self, "_connected", False):
             return
         try:
