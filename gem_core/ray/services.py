@@ -3,8 +3,8 @@
 * :class:`SandboxService` -- one actor per node, each owning a node-local gem_core
   :class:`~gem_core.tools.sandbox.SandboxPool` (that node's bubblewrap workers). A process that
   :meth:`~SandboxService.install`\\ s it (the ray backend's env actors do; any Ray worker may) has its
-  shared sandbox pool forward each call to the actor on its own node (another node's when its own has none): ``PythonSandbox()``, the Python tool
-  and the code graders run unchanged.
+  shared sandbox pool forward each call to the actor on its own node (another node's when its own has
+  none): ``PythonSandbox()``, the Python tool and the code graders run unchanged.
 * :class:`SearchService` -- gem_core's search HTTP server (:func:`~gem_core.tools.search.make_search_server`
   over a BM25 index) in one actor; every env gets its address as ``GEM_SEARCH_URL``.
 
