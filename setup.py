@@ -1,4 +1,5 @@
 """Package discovery only: maps the `integrations/` folder to the `gem_integrations` import package."""
+
 from setuptools import find_packages, setup
 
 

@@ -55,9 +55,7 @@ def make_batch(batch: int, length: int, group_size: int, seed: int = 0) -> dict[
     return {"rewards": rewards, "mask": mask, "index": index, "turns": turns}
 
 
-def time_interleaved(
-    candidates: dict[str, Callable[[], Any]], repeat: int, warmup: int = 2
-) -> dict[str, tuple[float, float, float]]:
+def time_interleaved(candidates: dict[str, Callable[[], Any]], repeat: int, warmup: int = 2) -> dict[str, tuple[float, float, float]]:
     """(median wall ms, median process-CPU ms, median page faults) of each candidate, run round-robin."""
     for fn in candidates.values():
         for _ in range(warmup):
@@ -76,10 +74,7 @@ def time_interleaved(
             cpu[name].append((time.process_time() - start_cpu) * 1e3)
             wall[name].append((time.perf_counter() - start_wall) * 1e3)
             faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults)
-    return {
-        name: (statistics.median(wall[name]), statistics.median(cpu[name]), statistics.median(faults[name]))
-        for name in candidates
-    }
+    return {name: (statistics.median(wall[name]), statistics.median(cpu[name]), statistics.median(faults[name])) for name in candidates}
 
 
 def load_verl() -> Any:
@@ -162,14 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     rpp_wall, rpp_cpu, _ = timings["verl reinforce_plus_plus"]
     vs_grpo, vs_rpp = rebn_wall / grpo_wall, rpp_wall / rebn_wall
     met_grpo, met_rpp = vs_grpo <= 3.0, vs_rpp >= 20.0
-    print(
-        f"\nReBN / grpo_vectorized = {vs_grpo:.2f}x wall, {rebn_cpu / grpo_cpu:.2f}x CPU "
-        f"(target <= 3x): {'met' if met_grpo else 'MISSED'}"
-    )
-    print(
-        f"reinforce_plus_plus / ReBN = {vs_rpp:.1f}x wall, {rpp_cpu / rebn_cpu:.1f}x CPU "
-        f"(target >= 20x): {'met' if met_rpp else 'MISSED'}"
-    )
+    print(f"\nReBN / grpo_vectorized = {vs_grpo:.2f}x wall, {rebn_cpu / grpo_cpu:.2f}x CPU (target <= 3x): {'met' if met_grpo else 'MISSED'}")
+    print(f"reinforce_plus_plus / ReBN = {vs_rpp:.1f}x wall, {rpp_cpu / rebn_cpu:.1f}x CPU (target >= 20x): {'met' if met_rpp else 'MISSED'}")
     print(
         f"for scale: reinforce_plus_plus / grpo_vectorized = {rpp_wall / grpo_wall:.1f}x, "
         f"reinforce_plus_plus / reference = {rpp_wall / timings[reference][0]:.1f}x wall"

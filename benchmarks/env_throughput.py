@@ -238,17 +238,18 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  peer failed on {env_id}: {exc!r}", file=sys.stderr)
                     ours_steps, ours_resets = interleaved([stepper(ours_env), resetter(ours_env)], args.seconds)
                     peer_steps = peer_resets = None
-            rows.append([env_id, fmt(ours_steps), fmt(peer_steps), ratio(ours_steps, peer_steps),
-                         fmt(ours_resets), fmt(peer_resets), ratio(ours_resets, peer_resets)])
+            rows.append(
+                [env_id, fmt(ours_steps), fmt(peer_steps), ratio(ours_steps, peer_steps), fmt(ours_resets), fmt(peer_resets), ratio(ours_resets, peer_resets)]
+            )
             print(f"  {env_id}: done", file=sys.stderr)
     single = table(["env id", "steps/s", "peer steps/s", "speed-up", "resets/s", "peer resets/s", "speed-up"], rows)
     if borrowed:
-        single += ("\n\nThe peer has no random-action sampler for " + ", ".join(borrowed)
-                   + "; its steps there use actions from gem-core's sampler for the same id.")
+        single += (
+            "\n\nThe peer has no random-action sampler for " + ", ".join(borrowed) + "; its steps there use actions from gem-core's sampler for the same id."
+        )
     if shared:
         games = sorted({env_id.split(":")[1].split("-")[0] for env_id in shared})
-        single += "\n\nThe peer also steps on gem-core's sampler for " + "; ".join(
-            f"{game} ({SHARED_ACTIONS[game]})" for game in games) + "."
+        single += "\n\nThe peer also steps on gem-core's sampler for " + "; ".join(f"{game} ({SHARED_ACTIONS[game]})" for game in games) + "."
     print(single, "\n")
 
     vrows = []
@@ -261,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             peer_sync = peer_vector(gem, env_id, False, args.seconds * 2)
             peer_async = peer_vector(gem, env_id, True, args.seconds * 2)
         vrows.append([env_id, fmt(sync), fmt(async2), ratio(async2, sync), fmt(peer_sync), fmt(peer_async)])
-    vector = table([f"vector ({NUM_VECTOR_ENVS} envs)", "sync steps/s", "async (2 workers)", "async/sync",
-                    "peer sync", "peer async (threads)"], vrows)
+    vector = table([f"vector ({NUM_VECTOR_ENVS} envs)", "sync steps/s", "async (2 workers)", "async/sync", "peer sync", "peer async (threads)"], vrows)
     print(vector)
     if args.markdown:
         with open(args.markdown, "w") as fh:

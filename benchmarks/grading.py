@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             for gold, response, expected, mine, theirs in disagree[:20]:
                 print(f"  gold {gold!r}, {response!r}: expected {expected}, gem-core {mine}, gem-llm {theirs}")
             print(f"gem-llm, {args.threads} callers (threads): {peer_with_threads(peer, pairs, args.threads)}")
-            print(f"speed-up over gem-llm: one caller each {rows[2][2] / rows[0][2]:.1f}x; gem-core's {args.threads} callers against gem-llm's one {rows[2][2] / rows[1][2]:.1f}x")
+            print(
+                f"speed-up over gem-llm: one caller each {rows[2][2] / rows[0][2]:.1f}x; gem-core's {args.threads} callers against gem-llm's one {rows[2][2] / rows[1][2]:.1f}x"
+            )
     rollout(args.envs, peer is not None)
     return 0
 

@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(30)
-    print(f"{args.env}: steps/s over OpenEnv's WebSocket (gem-core serve, its own process) vs in-process; "
-          f"{args.steps} steps per row, {os.cpu_count()} CPUs\n")
+    print(f"{args.env}: steps/s over OpenEnv's WebSocket (gem-core serve, its own process) vs in-process; {args.steps} steps per row, {os.cpu_count()} CPUs\n")
     print("| where | sessions | steps/s | vs in-process (1 env) | ms per request |")
     print("|---|---:|---:|---:|---:|")
     for name, sessions, rate, ms in rows:

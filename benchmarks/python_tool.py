@@ -132,9 +132,7 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 # -- gem-core --------------------------------------------------------------------------------------
 
 
-def bench_ours(
-    calls: int, concurrency: int, workers: int | None, many: int, peer: Any = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def bench_ours(calls: int, concurrency: int, workers: int | None, many: int, peer: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """gem-core's numbers; with ``peer`` (gem-llm's tool, in this process), the latencies of both,
     measured in alternating turns (see ``latencies``)."""
     from gem_core.tools.python import DEFAULT_PRELOAD, PythonSandbox, PythonTool
@@ -269,9 +267,7 @@ def peer_here() -> bool:
     return True
 
 
-def run_peer(
-    python: str | None, calls: int, concurrency: int, many: int, timeout: float, latency_rows: dict[str, Any] | None = None
-) -> dict[str, Any] | str:
+def run_peer(python: str | None, calls: int, concurrency: int, many: int, timeout: float, latency_rows: dict[str, Any] | None = None) -> dict[str, Any] | str:
     """The peer's numbers, measured here if ``gem`` imports (its latencies already taken, in turns
     with ours, when given), else in ``python`` (a subprocess, after ours)."""
     if peer_here():
@@ -321,12 +317,9 @@ def print_report(
     many: int,
 ) -> None:
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
-    print(
-        f"\nPython tool, {calls} calls of {SNIPPET!r} through each tool's action API ({os.cpu_count()} cpus, load {load})\n"
-    )
+    print(f"\nPython tool, {calls} calls of {SNIPPET!r} through each tool's action API ({os.cpu_count()} cpus, load {load})\n")
     header = (
-        f"| tool | isolation | p50 ms | p99 ms | p50 ms, paced 20/s | p50 ms, numpy snippet | calls/s (1) "
-        f"| calls/s ({concurrency}) | 1 s timeout returns in |"
+        f"| tool | isolation | p50 ms | p99 ms | p50 ms, paced 20/s | p50 ms, numpy snippet | calls/s (1) | calls/s ({concurrency}) | 1 s timeout returns in |"
     )
     print(header)
     print("|" + "---|" * 9)
@@ -363,11 +356,7 @@ def print_report(
     print("|---|---|---|")
     contained = 0
     for row in hostile:
-        mine = (
-            "contained"
-            if row["breach"] is None and row["strict"] == "ok"
-            else f"NOT CONTAINED: {row['breach'] or row['strict']}"
-        )
+        mine = "contained" if row["breach"] is None and row["strict"] == "ok" else f"NOT CONTAINED: {row['breach'] or row['strict']}"
         contained += mine == "contained"
         other = peer_rows.get(row["name"], {})
         if other.get("not_run"):
@@ -380,10 +369,7 @@ def print_report(
             theirs = "no breach seen"
         print(f"| {row['name']} | {mine} | {theirs} |")
     breaches = sum(1 for r in peer["hostile"] if r.get("breach"))
-    print(
-        f"\ngem-core: {contained}/{len(hostile)} contained.  gem-llm: {breaches} got through, "
-        f"{sum(1 for r in peer['hostile'] if r.get('not_run'))} not run."
-    )
+    print(f"\ngem-core: {contained}/{len(hostile)} contained.  gem-llm: {breaches} got through, {sum(1 for r in peer['hostile'] if r.get('not_run'))} not run.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,13 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300, help="calls per measurement (default 300)")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent callers for the throughput column")
     parser.add_argument("--many", type=int, default=64, help="concurrent callers for the many-callers row")
-    parser.add_argument(
-        "--workers", type=int, default=None, help="size of gem-core's shared sandbox pool (default: fitted to the cores)"
-    )
+    parser.add_argument("--workers", type=int, default=None, help="size of gem-core's shared sandbox pool (default: fitted to the cores)")
     parser.add_argument("--timeout", type=float, default=2.0, help="timeout of the hostile snippets (s)")
-    parser.add_argument(
-        "--peer-python", default=DEFAULT_PEER_PYTHON, help="an interpreter with gem-llm, if this one lacks it"
-    )
+    parser.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="an interpreter with gem-llm, if this one lacks it")
     parser.add_argument("--json", help="also write the raw numbers to this file")
     parser.add_argument("--peer-perf", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peer-hostile", action="store_true", help=argparse.SUPPRESS)

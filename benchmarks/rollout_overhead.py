@@ -141,7 +141,9 @@ def gem_core_tokenizer_work(tokenizer: Any, turns: int, episodes: int) -> tuple[
     policy = InstantPolicy(tokenizer, formatter.end_of_turn_id, turns)
     counting.reset()
     envs = [make_env(turns) for _ in range(episodes)]
-    trajectories = asyncio.run(run_episodes(envs, policy, formatter, RunConfig(params=SamplingParams(max_tokens=32), step_in_thread=False), seeds=list(range(episodes))))
+    trajectories = asyncio.run(
+        run_episodes(envs, policy, formatter, RunConfig(params=SamplingParams(max_tokens=32), step_in_thread=False), seeds=list(range(episodes)))
+    )
     played = sum(t.num_turns for t in trajectories) / episodes
     return counting.chars / episodes, 1e3 * counting.seconds / episodes, played
 
@@ -224,7 +226,9 @@ def main() -> None:
         warm(tokenizer, 2, 1)
 
     lines = ["## Tokenizer work per episode (GuessTheNumber, the same guesses)", ""]
-    lines.append("| turns | gem-core chars | gem-core ms | gem-core chars/turn | re-template chars | re-template ms | re-template chars/turn | gem-llm chars | gem-llm ms | gem-llm chars/turn |")
+    lines.append(
+        "| turns | gem-core chars | gem-core ms | gem-core chars/turn | re-template chars | re-template ms | re-template chars/turn | gem-llm chars | gem-llm ms | gem-llm chars/turn |"
+    )
     lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ours_per_turn, theirs_per_turn = [], []
     for turns in turn_counts:

@@ -115,9 +115,11 @@ def main() -> None:
                 seconds = run(share)
                 best[name, share] = min(best.get((name, share), float("inf")), seconds)
 
-    print(f"\n{args.episodes} episodes of {ENV_ID} (random well-formed guesses, {sum(t.num_turns for t in trajectories)} turns), "
-          f"model {args.model}; {int(sum(lengths))} tokens in the rows, {prefix} of each row shared; fastest of {args.repeats}; "
-          f"load at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
+    print(
+        f"\n{args.episodes} episodes of {ENV_ID} (random well-formed guesses, {sum(t.num_turns for t in trajectories)} turns), "
+        f"model {args.model}; {int(sum(lengths))} tokens in the rows, {prefix} of each row shared; fastest of {args.repeats}; "
+        f"load at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n"
+    )
     print("| step | prefix run once s | prefix run per row s | speed-up |")
     print("|---|---|---|---|")
     for name in cases:

@@ -85,10 +85,25 @@ def run_trl(config, state, tokenizer, steps: int, eval_every: int, out: str) -> 
         seeds += [int(s) for s in rng.integers(0, 1_000_000, size=config.episodes)][:prompts]
     dataset = Dataset.from_list(list(rows_for(TaskSpec(config.env_id, seed=s) for s in seeds)))
     args = GRPOConfig(
-        output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=config.seed, logging_steps=10,
-        per_device_train_batch_size=config.episodes, num_generations=generations, shuffle_dataset=False, max_steps=steps,
-        learning_rate=config.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=config.lr_warmup, weight_decay=0.0,
-        epsilon=config.clip, beta=config.kl_coef, max_grad_norm=config.max_grad_norm, temperature=config.temperature,
+        output_dir=out,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=config.seed,
+        logging_steps=10,
+        per_device_train_batch_size=config.episodes,
+        num_generations=generations,
+        shuffle_dataset=False,
+        max_steps=steps,
+        learning_rate=config.lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=config.lr_warmup,
+        weight_decay=0.0,
+        epsilon=config.clip,
+        beta=config.kl_coef,
+        max_grad_norm=config.max_grad_norm,
+        temperature=config.temperature,
         max_completion_length=config.max_context_tokens,
     )
     rollout = GemRollout(max_turn_tokens=config.max_tokens, max_context_tokens=config.max_context_tokens)
@@ -137,7 +152,11 @@ def main() -> None:
     trl_curve = run_trl(config, state, tokenizer, args.steps, args.eval_every, os.path.join(args.out, "trl"))
     trl_seconds = time.perf_counter() - t0
     with open(os.path.join(args.out, "curves.json"), "w") as handle:
-        json.dump({"reference": reference, "trl": trl_curve, "seconds": {"warm_start": warm_seconds, "reference": reference_seconds, "trl": trl_seconds}}, handle, indent=2)
+        json.dump(
+            {"reference": reference, "trl": trl_curve, "seconds": {"warm_start": warm_seconds, "reference": reference_seconds, "trl": trl_seconds}},
+            handle,
+            indent=2,
+        )
 
     print(f"\nheld-out success rate on {config.eval_episodes} fixed seeds of {config.env_id} (warm start {warm_seconds:.0f} s)\n")
     print("| updates | reference (gem-core train) | TRL GRPOTrainer + gem-core ReBN |")

@@ -37,8 +37,18 @@ def reference_worker(args: argparse.Namespace, rollout_engine: str = "hf") -> di
 
     torch.manual_seed(0)
     config = TrainConfig(
-        env_id=ENV_ID, model=args.model, episodes=args.episodes, group_size=2, max_tokens=args.max_tokens, temperature=0.7, lr=2e-5,
-        lr_warmup=0, eval_episodes=1, warmup_steps=0, micro_batch_tokens=args.micro_batch_tokens, rollout_engine=rollout_engine,
+        env_id=ENV_ID,
+        model=args.model,
+        episodes=args.episodes,
+        group_size=2,
+        max_tokens=args.max_tokens,
+        temperature=0.7,
+        lr=2e-5,
+        lr_warmup=0,
+        eval_episodes=1,
+        warmup_steps=0,
+        micro_batch_tokens=args.micro_batch_tokens,
+        rollout_engine=rollout_engine,
         out=os.path.join(args.out, f"reference-{rollout_engine}"),
     )
     model, tokenizer = load_model(args.model)
@@ -72,9 +82,25 @@ def trl_worker(args: argparse.Namespace) -> dict:
     seeds = [int(s) for s in np.random.default_rng(0).integers(0, 1_000_000, size=prompts * args.steps)]
     dataset = Dataset.from_list(list(rows_for(TaskSpec(ENV_ID, seed=s) for s in seeds)))
     config = GRPOConfig(
-        output_dir=os.path.join(args.out, "trl"), use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0, logging_steps=1,
-        per_device_train_batch_size=args.episodes, num_generations=2, shuffle_dataset=False, max_steps=args.steps, learning_rate=2e-5,
-        lr_scheduler_type="constant", weight_decay=0.0, epsilon=0.2, beta=0.0, max_grad_norm=1.0, temperature=0.7, max_completion_length=1024,
+        output_dir=os.path.join(args.out, "trl"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        logging_steps=1,
+        per_device_train_batch_size=args.episodes,
+        num_generations=2,
+        shuffle_dataset=False,
+        max_steps=args.steps,
+        learning_rate=2e-5,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        epsilon=0.2,
+        beta=0.0,
+        max_grad_norm=1.0,
+        temperature=0.7,
+        max_completion_length=1024,
     )
     gem_rollout = GemRollout(max_turn_tokens=args.max_tokens, max_context_tokens=1024)
     rollout_seconds: list[float] = []
@@ -141,11 +167,13 @@ def main() -> None:
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
             sys.exit(f"update_cost: the {name} run failed:\n{done.stderr[-3000:]}")
-        results[name] = json.loads(lines[-1][len("RESULT "):])
+        results[name] = json.loads(lines[-1][len("RESULT ") :])
     with open(os.path.join(args.out, "results.json"), "w") as handle:
         json.dump(results, handle, indent=2)
-    print(f"\n{args.episodes} episodes of {ENV_ID} per update, {args.max_tokens} tokens per turn, model {args.model}; "
-          f"mean (min-max) over updates 2-{args.steps}\n")
+    print(
+        f"\n{args.episodes} episodes of {ENV_ID} per update, {args.max_tokens} tokens per turn, model {args.model}; "
+        f"mean (min-max) over updates 2-{args.steps}\n"
+    )
     print(f"| trainer | rollout s / update | rest of the update s (log-probs, loss, backward, step) | peak RSS GB | load at start ({os.cpu_count()} cores) |")
     print("|---|---|---|---|---|")
     for name, result in results.items():

@@ -73,7 +73,12 @@ class TokenBatch:
             if keep.size:
                 groups = None if group_by is None else [group_by[i] for i in keep]
                 out[keep] = rebn_token_level(
-                    self.token_rewards[keep], self.loss_mask[keep], groups, gamma=gamma, eps=eps, ddof=ddof,
+                    self.token_rewards[keep],
+                    self.loss_mask[keep],
+                    groups,
+                    gamma=gamma,
+                    eps=eps,
+                    ddof=ddof,
                     episode_ids=[self.episode_ids[i] for i in keep],
                 )
             return out

@@ -28,6 +28,7 @@ from gem_core.errors import GemError, InvalidArgumentError, UnknownEnvError
 from gem_core.parsing import boxed, last_boxed
 from gem_core.vector.make import MAX_NUM_ENVS
 
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gem-core`` command."""
     parser = argparse.ArgumentParser(
@@ -62,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch = play.add_argument_group("batch mode (a vector env; turned on by --num-envs or --episodes)")
     batch.add_argument("--num-envs", type=whole_number(1, MAX_NUM_ENVS), default=None, help="envs stepped together (default 1)")
     batch.add_argument("--episodes", type=whole_number(1), default=None, help="finished episodes to collect (default: num-envs)")
-    batch.add_argument("--vector", choices=("sync", "async", "ray"), default="sync", help="sync: one process; async: worker processes; ray: Ray actors (the ray extra)")
+    batch.add_argument(
+        "--vector", choices=("sync", "async", "ray"), default="sync", help="sync: one process; async: worker processes; ray: Ray actors (the ray extra)"
+    )
     batch.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stdout is not a terminal)")
 
     serve = commands.add_parser(
@@ -86,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve env ids over OpenEnv's protocol (HTTP and WebSocket sessions; the openenv extra)",
         description=(
             "Serve ENV_IDs with OpenEnv's own server (pip install -e '.[openenv]'): each WebSocket session (/ws) "
-            "gets its own env, reset takes seed and options, a step takes {\"action\": TEXT}. OpenEnv's "
+            'gets its own env, reset takes seed and options, a step takes {"action": TEXT}. OpenEnv\'s '
             "GenericEnvClient(base_url=URL) plays it. Several ids are served under /ENV_ID each. Ctrl-C stops."
         ),
     )
@@ -94,11 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     served.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     served.add_argument("--port", type=whole_number(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
     served.add_argument(
-        "--max-sessions", type=whole_number(1, MAX_SESSIONS_LIMIT), default=DEFAULT_MAX_SESSIONS,
+        "--max-sessions",
+        type=whole_number(1, MAX_SESSIONS_LIMIT),
+        default=DEFAULT_MAX_SESSIONS,
         help=f"sessions each id holds at once (default {DEFAULT_MAX_SESSIONS}); the next one is refused with CAPACITY_REACHED",
     )
     served.add_argument("--idle-timeout", type=seconds, default=None, help="close a session idle this many seconds (default: never)")
-    served.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs for every id, e.g. \'{"max_turns": 20}\'')
+    served.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs for every id, e.g. '{\"max_turns\": 20}'")
     served.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
 
     from gem_core.train import cli as train_cli  # argparse only; torch is imported when a run starts
@@ -314,8 +319,13 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     from gem_core.serve.server import EnvServer, ServeError
 
     server = EnvServer(
-        args.env_ids, host=args.host, port=args.port, env_kwargs=env_kwargs, tools=args.tools or None,
-        max_sessions=args.max_sessions, idle_timeout=args.idle_timeout,
+        args.env_ids,
+        host=args.host,
+        port=args.port,
+        env_kwargs=env_kwargs,
+        tools=args.tools or None,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout,
     )
     try:
         server.start()
@@ -481,9 +491,7 @@ class BatchSummary:
         return "\n".join([title] + [f"  {name:<{width}}  {value}" for name, value in rows])
 
 
-def run_batch(
-    env_id: str, policy: str, num_envs: int, episodes: int, seed: int, vector: str, show_progress: bool
-) -> BatchSummary:
+def run_batch(env_id: str, policy: str, num_envs: int, episodes: int, seed: int, vector: str, show_progress: bool) -> BatchSummary:
     """Step ``num_envs`` envs with ``policy`` until ``episodes`` episodes have finished.
 
     The vector env autoresets on the step after an episode ends (NEXT_STEP): that step is a reset,

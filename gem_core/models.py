@@ -193,9 +193,9 @@ def _convert(gguf: Path, target: Path) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
         from transformers import __version__ as transformers_version
     except ImportError as exc:
-        raise ModelUnavailableError(f"converting {gguf.name} needs torch and transformers ({exc}): pip install -e \".[model]\"") from None
+        raise ModelUnavailableError(f'converting {gguf.name} needs torch and transformers ({exc}): pip install -e ".[model]"') from None
     if importlib.util.find_spec("gguf") is None:
-        raise ModelUnavailableError(f"reading {gguf.name} needs the gguf package: pip install -e \".[model]\"")
+        raise ModelUnavailableError(f'reading {gguf.name} needs the gguf package: pip install -e ".[model]"')
     folder, name = str(gguf.parent), gguf.name
     # transformers 4.56 renamed torch_dtype to dtype (the old name warns); the trainers' pins reach back to 4.x
     major, minor = (int(part) for part in transformers_version.split(".")[:2])

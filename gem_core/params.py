@@ -107,9 +107,12 @@ class Param:
             if kind is float and self.finite and not math.isfinite(value):
                 self._fail(name, whole, where)
             if (
-                self.low is not None and not value >= self.low
-                or self.high is not None and not value <= self.high
-                or self.above is not None and not value > self.above
+                self.low is not None
+                and not value >= self.low
+                or self.high is not None
+                and not value <= self.high
+                or self.above is not None
+                and not value > self.above
             ):
                 self._fail(name, whole, where)
         return value

@@ -216,7 +216,9 @@ class TrainerPlugin:
         """The installed version, if supported; else a :class:`PluginError` saying what to install."""
         version = self.installed_version()
         if version is None:
-            raise PluginError(f"{self.name}: {self.distribution} is not installed (pip install -e '.[{self.name}]'; tested: {self.distribution}{self.supported})")
+            raise PluginError(
+                f"{self.name}: {self.distribution} is not installed (pip install -e '.[{self.name}]'; tested: {self.distribution}{self.supported})"
+            )
         if not version_matches(version, self.supported):
             raise PluginError(f"{self.name}: {self.distribution} {version} is not supported by this plugin (tested: {self.distribution}{self.supported})")
         return version
@@ -274,7 +276,14 @@ def _release_matches(version: str, specifier: str) -> bool:
         for op in (">=", "<=", "==", "!=", ">", "<"):
             if clause.startswith(op):
                 want = release(clause[len(op) :])
-                ok = {">=": have >= want, "<=": have <= want, "==": have[: len(want)] == want, "!=": have[: len(want)] != want, ">": have > want, "<": have < want}[op]
+                ok = {
+                    ">=": have >= want,
+                    "<=": have <= want,
+                    "==": have[: len(want)] == want,
+                    "!=": have[: len(want)] != want,
+                    ">": have > want,
+                    "<": have < want,
+                }[op]
                 if not ok:
                     return False
                 break

@@ -160,11 +160,7 @@ def accepted_kwargs(factory: Callable[..., Any]) -> set[str] | None:
     params = inspect.signature(target).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return {
-        p.name
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) and p.name != "self"
-    }
+    return {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) and p.name != "self"}
 
 
 def make(id: str, wrappers: Sequence[Callable[[Env], Env]] = (), **kwargs: Any) -> Env:
@@ -190,9 +186,10 @@ def check_kwargs(env_spec: EnvSpec, kwargs: dict[str, Any]) -> tuple[Callable[..
         if unknown:
             hints = "".join(suggest(k, allowed) for k in unknown)
             raise UnknownKwargError(
-                f"{env_spec.id} does not take {', '.join(map(repr, unknown))}.{hints} "
-                f"It accepts: {', '.join(sorted(allowed)) or '(nothing)'}.",
-                name=unknown[0], value=merged[unknown[0]], allowed=", ".join(sorted(allowed)),
+                f"{env_spec.id} does not take {', '.join(map(repr, unknown))}.{hints} It accepts: {', '.join(sorted(allowed)) or '(nothing)'}.",
+                name=unknown[0],
+                value=merged[unknown[0]],
+                allowed=", ".join(sorted(allowed)),
             )
     check_args(factory, merged, env_spec.id)
     return factory, merged

@@ -25,6 +25,7 @@ from typing import Any
 from gem_core.core import Env, model_message
 from gem_core.tools.factory import make_tool, parse_tools
 
+
 def parse_env_kwargs(value: Any) -> dict[str, Any]:
     """Env kwargs from a row: a mapping, a JSON object string, or nothing."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -57,7 +58,7 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
     parser.add_argument("--n", type=positive_int, required=True, help="rows to write (one episode each)")
     parser.add_argument("--seed-start", type=_non_negative_int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
-    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 20}\'')
+    parser.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 20}'")
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
     parser.add_argument("--max-turns", type=positive_int, default=None, help="turn limit on top of the env's own")
     parser.add_argument("--system-prompt", default=None, help="system message of every episode")

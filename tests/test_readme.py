@@ -78,7 +78,7 @@ def commands(block: Block) -> list[Command]:
         while words:
             cut = words.index("&&") if "&&" in words else len(words)
             found.append(Command(block.line + 1 + offset, tuple(words[:cut])))
-            words = words[cut + 1:]
+            words = words[cut + 1 :]
     return found
 
 
@@ -284,8 +284,13 @@ def _block_id(block: Block) -> str:
 
 
 def _is_slow(block: Block) -> bool:
-    return any(c.words[0] in ("git", "pip", "nox", "bash") or c.words[:2] == ("python", "-m") or c.words[1:3] == ("openrlhf", "train") or c.words[:2] == ("gem-core", "train")
-               for c in commands(block))
+    return any(
+        c.words[0] in ("git", "pip", "nox", "bash")
+        or c.words[:2] == ("python", "-m")
+        or c.words[1:3] == ("openrlhf", "train")
+        or c.words[:2] == ("gem-core", "train")
+        for c in commands(block)
+    )
 
 
 def _text_after(block: Block) -> list[Block]:
@@ -343,9 +348,7 @@ def _imports(source: str) -> list[tuple[str, list[str]]]:
 
 
 def _is_trainer_block(block: Block) -> bool:
-    return _placeholders(block.text) or any(
-        importlib.util.find_spec(module.split(".")[0]) is None for module, _ in _imports(block.text)
-    )
+    return _placeholders(block.text) or any(importlib.util.find_spec(module.split(".")[0]) is None for module, _ in _imports(block.text))
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The script's options (``argv``: default the command line)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", default=None,
+        "--model",
+        default=None,
         help="HF causal LM: a local path, a hub id, or smollm2-135m-instruct (gem_core.models) (default: gem-core train's tiny local model)",
     )
     parser.add_argument("--env", default="game:GuessTheNumber-v0-easy")
@@ -72,16 +73,29 @@ def build_trainer(args: argparse.Namespace):
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name)
     config = GRPOConfig(
-        output_dir=args.out, max_steps=args.steps, learning_rate=args.lr, per_device_train_batch_size=args.batch_size,
-        num_generations=args.num_generations, max_completion_length=args.max_completion_length, logging_steps=1,
-        temperature=args.temperature, top_k=args.top_k,
-        use_vllm=args.use_vllm, vllm_mode="server", bf16=args.bf16, use_cpu=not (args.bf16 or args.use_vllm), report_to="none",
+        output_dir=args.out,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        logging_steps=1,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        use_vllm=args.use_vllm,
+        vllm_mode="server",
+        bf16=args.bf16,
+        use_cpu=not (args.bf16 or args.use_vllm),
+        report_to="none",
     )
     return GemGRPOTrainer(
-        model, args=config, processing_class=tokenizer,
+        model,
+        args=config,
+        processing_class=tokenizer,
         train_dataset=make_dataset(args.env, args.prompts),
         rollout_func=GemRollout(max_turn_tokens=args.max_turn_tokens),
-        gamma=args.gamma, group_by=args.group_by,  # ReBN; eps=1e-6, ddof=0 by default
+        gamma=args.gamma,
+        group_by=args.group_by,  # ReBN; eps=1e-6, ddof=0 by default
     )
 
 

@@ -105,9 +105,7 @@ class Kernels:
         if row_shift is None:
             row_shift, row_denominator = np.zeros(batch), np.ones(batch)
             row_zero = np.zeros(batch, np.bool_)
-        self._split(
-            batch, length, lambda lo, hi: self._paint(values, row_shift, row_denominator, row_zero, codes, out, lo, hi)
-        )
+        self._split(batch, length, lambda lo, hi: self._paint(values, row_shift, row_denominator, row_zero, codes, out, lo, hi))
         return out
 
     def _split(self, batch: int, length: int, run: Any) -> None:
@@ -177,13 +175,13 @@ def _build(numba: Any, threads: int) -> Kernels:
             inside = 0
             total = zero
             table[0, b] = zero
-            for l in range(length):
-                now = 1 if mask[b, l] != 0 else 0
+            for col in range(length):
+                now = 1 if mask[b, col] != 0 else 0
                 start = now & (inside ^ 1)
                 turns += start
                 inside = now
-                codes[b, l] = 2 * turns + now
-                total = rewards[b, l] if start else total + rewards[b, l]
+                codes[b, col] = 2 * turns + now
+                total = rewards[b, col] if start else total + rewards[b, col]
                 table[turns, b] = total
             counts[b] = turns
 
@@ -226,7 +224,7 @@ def _build(numba: Any, threads: int) -> Kernels:
         for b in range(lo, hi):
             for k in range(values.shape[1]):
                 slots[2 * k + 3] = 0.0 if row_zero[b] else (values[b, k] - row_shift[b]) / row_denominator[b]
-            for l in range(out.shape[1]):
-                out[b, l] = slots[codes[b, l]]
+            for col in range(out.shape[1]):
+                out[b, col] = slots[codes[b, col]]
 
     return Kernels(turn_table, returns, group_sums, group_squares, paint, threads)

@@ -43,23 +43,16 @@ def turn_gae(
     check_nonempty(int(flat_rewards.shape[0]), "rewards")
     flat_values = ops.float64(values if is_torch(values) else np.asarray(values, dtype=np.float64), like=flat_rewards)
     if tuple(flat_values.shape) != tuple(flat_rewards.shape):
-        raise ValueError(
-            f"values must have one value per turn: {flat_rewards.shape[0]} rewards but shape {tuple(flat_values.shape)}"
-        )
+        raise ValueError(f"values must have one value per turn: {flat_rewards.shape[0]} rewards but shape {tuple(flat_values.shape)}")
     check_finite(ops, flat_values, "values")
     layout = episode_layout(ops, ids)
 
     # Column n_e of episode e's row holds its bootstrap value, so V_{t+1} is one shifted slice.
     value_table = pad_turns(ops, flat_values, layout, extra_cols=1)
     if last_values is not None:
-        bootstrap = ops.float64(
-            last_values if is_torch(last_values) else np.asarray(last_values, dtype=np.float64), like=flat_rewards
-        )
+        bootstrap = ops.float64(last_values if is_torch(last_values) else np.asarray(last_values, dtype=np.float64), like=flat_rewards)
         if tuple(bootstrap.shape) != (layout.num_episodes,):
-            raise ValueError(
-                f"last_values must hold one value per episode: expected {layout.num_episodes}, "
-                f"got shape {tuple(bootstrap.shape)}"
-            )
+            raise ValueError(f"last_values must hold one value per episode: expected {layout.num_episodes}, got shape {tuple(bootstrap.shape)}")
         check_finite(ops, bootstrap, "last_values")
         value_table[ops.arange(layout.num_episodes, like=flat_rewards), layout.lengths] = bootstrap
     reward_table = pad_turns(ops, flat_rewards, layout)

@@ -95,9 +95,7 @@ def compute_stats(
     return stats, codes_b
 
 
-def global_codes(
-    codes: np.ndarray | None, uniques: np.ndarray | None, distributed: bool, process_group: Any
-) -> tuple[np.ndarray | None, np.ndarray | None]:
+def global_codes(codes: np.ndarray | None, uniques: np.ndarray | None, distributed: bool, process_group: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Local group codes and keys -> codes into the union of every rank's keys (when distributed)."""
     if distributed and uniques is not None:
         global_keys = _distributed.union_keys(uniques, process_group)
@@ -134,9 +132,7 @@ def stats_from_sums(
     return NormStats(uniques, count, mean, std, ddof)
 
 
-def apply_stats(
-    ops: Ops, values: Array, codes_b: Array, stats: NormStats, *, eps: float, scale: bool = True, min_std: float = 0.0
-) -> Array:
+def apply_stats(ops: Ops, values: Array, codes_b: Array, stats: NormStats, *, eps: float, scale: bool = True, min_std: float = 0.0) -> Array:
     """(values - mean_g) / (std_g + eps) per value's group g; only centred when `scale` is False."""
     centered = values - stats.mean[codes_b]
     if not scale:
@@ -178,9 +174,7 @@ def normalization_stats(
     return compute_stats(ops, flat, codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group)[0]
 
 
-def normalize(
-    values: Any, stats: NormStats, keys: Any = None, *, eps: float = 1e-6, scale: bool = True, min_std: float = 0.0
-) -> Array:
+def normalize(values: Any, stats: NormStats, keys: Any = None, *, eps: float = 1e-6, scale: bool = True, min_std: float = 0.0) -> Array:
     """Apply precomputed stats: A = (v - mean_g) / (std_g + eps) for each value's group key g.
 
     Use it to normalise a subsample with statistics of the full batch. A key absent from `stats`
@@ -257,9 +251,7 @@ def rebn(
         codes_b = ops.int64(_codes_in(stats, turn_keys, layout.num_turns), like=returns)
     else:
         codes, uniques = group_codes(turn_keys, layout.num_turns, "group_by")
-        stats, codes_b = compute_stats(
-            ops, returns, codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group
-        )
+        stats, codes_b = compute_stats(ops, returns, codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group)
     return ops.out(apply_stats(ops, returns, codes_b, stats, eps=eps, min_std=min_std), like=like)
 
 
@@ -280,7 +272,5 @@ def _per_turn_keys(group_by: Any, layout: Any, ops: Ops) -> np.ndarray | None:
     if keys.dtype == object:
         keys = keys.astype(str)
     if keys.ndim != 1 or keys.shape[0] != layout.num_episodes:
-        raise ValueError(
-            f"group_by must hold one key per episode: expected {layout.num_episodes}, got shape {keys.shape}"
-        )
+        raise ValueError(f"group_by must hold one key per episode: expected {layout.num_episodes}, got shape {keys.shape}")
     return keys[ops.to_numpy(layout.row)]

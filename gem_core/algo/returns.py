@@ -61,9 +61,7 @@ def flatten_episodes(episodes: Sequence[Sequence[float]]) -> tuple[Array, Array]
 
         parts = [torch.as_tensor(episode).reshape(-1) for episode in episodes]
         flat = torch.cat(parts) if parts else torch.zeros(0)
-        ids = torch.repeat_interleave(
-            torch.arange(len(lengths), device=flat.device), torch.tensor(lengths, device=flat.device)
-        )
+        ids = torch.repeat_interleave(torch.arange(len(lengths), device=flat.device), torch.tensor(lengths, device=flat.device))
         return flat, ids
     parts = [np.asarray(episode, dtype=np.float64).reshape(-1) for episode in episodes]
     flat = np.concatenate(parts) if parts else np.zeros(0)
@@ -83,14 +81,10 @@ def as_turns(rewards: Any, episode_ids: Any, what: str = "rewards") -> tuple[Ops
     flat = ops.float64(rewards if is_torch(rewards) else np.asarray(rewards, dtype=np.float64), like=anchor)
     like = rewards if is_torch(rewards) else flat
     if flat.ndim != 1:
-        raise ValueError(
-            f"{what} must be 1-D (one value per turn) when episode_ids is given; got shape {tuple(flat.shape)}"
-        )
+        raise ValueError(f"{what} must be 1-D (one value per turn) when episode_ids is given; got shape {tuple(flat.shape)}")
     episode_ids = _as_id_array(ops, episode_ids, like=flat)
     if episode_ids.shape[0] != flat.shape[0]:
-        raise ValueError(
-            f"episode_ids must have one id per turn: {flat.shape[0]} {what} but {episode_ids.shape[0]} ids"
-        )
+        raise ValueError(f"episode_ids must have one id per turn: {flat.shape[0]} {what} but {episode_ids.shape[0]} ids")
     check_finite(ops, flat, what)
     return ops, flat, episode_ids, like
 

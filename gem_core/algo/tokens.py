@@ -149,10 +149,7 @@ def rebn_token_level(
         device = next(x.device for x in (token_level_rewards, response_mask, turn_ids) if is_torch(x))
         rewards, mask = ops.torch.as_tensor(rewards, device=device), ops.torch.as_tensor(mask, device=device)
     if rewards.ndim != 2 or tuple(mask.shape) != tuple(rewards.shape):
-        raise ValueError(
-            f"token_level_rewards and response_mask must both be (batch, length); got {tuple(rewards.shape)} "
-            f"and {tuple(mask.shape)}"
-        )
+        raise ValueError(f"token_level_rewards and response_mask must both be (batch, length); got {tuple(rewards.shape)} and {tuple(mask.shape)}")
     if rewards.shape[0] * rewards.shape[1] == 0:
         raise ValueError(f"empty batch: token_level_rewards has shape {tuple(rewards.shape)}")
 
@@ -251,8 +248,16 @@ def _runs_compiled(compiled, rewards, mask, group_by, out_dtype, return_returns,
         row = int(np.flatnonzero(~np.isfinite(returns).all(axis=1))[0])
         raise ValueError(f"token_level_rewards must be finite; row {row} sums to a non-finite turn reward")
     stats, row_codes = _row_stats(
-        NUMPY, None, None, batch, group_by, options["ddof"], options["stats"], options["distributed"],
-        options["process_group"], table=(returns, counts, compiled),
+        NUMPY,
+        None,
+        None,
+        batch,
+        group_by,
+        options["ddof"],
+        options["stats"],
+        options["distributed"],
+        options["process_group"],
+        table=(returns, counts, compiled),
     )
     # apply_stats, row by row, inside the paint: (G - mean) / (std + eps), 0 for a constant group.
     constant, denominator = scaling(NUMPY, stats, options["eps"])
@@ -270,9 +275,7 @@ def _paint(ops, turn_values, run_index, lengths, dtype, shape):
     return ops.repeat(interval_values, lengths, shape[0] * shape[1]).reshape(shape)
 
 
-def _turn_advantages(
-    ops, turn_rewards, turn_row, turn_index, batch, group_by, *, gamma, eps, ddof, stats, distributed, process_group
-):
+def _turn_advantages(ops, turn_rewards, turn_row, turn_index, batch, group_by, *, gamma, eps, ddof, stats, distributed, process_group):
     """Flat per-turn (returns, advantages) from flat per-turn rewards and each turn's (row, index)."""
     if not distributed:
         check_nonempty(int(turn_rewards.shape[0]), "the batch (no response tokens in response_mask)")
@@ -301,9 +304,7 @@ def _row_stats(ops, returns, turn_row, batch, group_by, ddof, stats, distributed
         return stats, _codes_in(stats, None if codes is None else uniques[codes], batch)
     if table is None:
         turn_codes = None if codes is None else codes[ops.to_numpy(turn_row)]
-        stats, _ = compute_stats(
-            ops, returns, turn_codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group
-        )
+        stats, _ = compute_stats(ops, returns, turn_codes, uniques, ddof=ddof, distributed=distributed, process_group=process_group)
         if codes is None:
             return stats, np.zeros(batch, dtype=np.int64)
         return stats, np.searchsorted(stats.keys, uniques)[codes]  # distributed stats hold every rank's keys
@@ -348,11 +349,7 @@ def _explicit_turns(ops, rewards, mask, turn_ids, group_by, out_dtype, **options
     num_turns = present[:, 1:].sum(1) if is_torch(present) else present[:, 1:].sum(axis=1)
     expected = ops.arange(width - 1, like=cols)[None, :] < num_turns[:, None]
     if bool((expected != present[:, 1:]).any()):
-        row = int(
-            ops.flatnonzero(
-                (expected != present[:, 1:]).any(1) if is_torch(present) else (expected != present[:, 1:]).any(axis=1)
-            )[0]
-        )
+        row = int(ops.flatnonzero((expected != present[:, 1:]).any(1) if is_torch(present) else (expected != present[:, 1:]).any(axis=1))[0])
         raise ValueError(f"turn ids of row {row} must be 0, 1, ..., n-1 with none missing")
     turn_row, turn_index = _nonzero2d(expected)
     turn_rewards = sums[turn_row, turn_index + 1]
@@ -365,9 +362,7 @@ def _explicit_turns(ops, rewards, mask, turn_ids, group_by, out_dtype, **options
     return tuple(results)
 
 
-def _rows_as_turns(
-    ops, rewards, mask, episode_ids, group_by, out_dtype, *, gamma, eps, ddof, stats, distributed, process_group
-):
+def _rows_as_turns(ops, rewards, mask, episode_ids, group_by, out_dtype, *, gamma, eps, ddof, stats, distributed, process_group):
     """One row per turn: a row's reward is the sum of its tokens; episodes by `episode_ids`, turns in row order."""
     batch = int(rewards.shape[0])
     row_rewards = rewards.sum(1) if is_torch(rewards) else rewards.sum(axis=1)

@@ -66,7 +66,13 @@ class CodeEnv(DatasetEnv):
         if last_code_block(action) is None or not str(last_code_block(action)).strip():
             return 0.0, {"correct": False, "format_error": True}, "Your answer was not graded: put the program in a ```python fenced code block."
         result = grade_code(action, row[self.answer_key], sandbox=self._get_sandbox(), max_tests=self.max_tests, time_limit_s=self.time_limit)
-        info: dict[str, Any] = {"correct": result.all_passed, "format_error": False, "passed": result.passed, "total": result.total, "pass_rate": result.pass_rate}
+        info: dict[str, Any] = {
+            "correct": result.all_passed,
+            "format_error": False,
+            "passed": result.passed,
+            "total": result.total,
+            "pass_rate": result.pass_rate,
+        }
         if result.failure is not None:
             info["failure"] = result.failure
         if result.error:

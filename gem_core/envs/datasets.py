@@ -55,8 +55,10 @@ class FilesParam(Param):
         return "a file path (.jsonl, .json, .parquet, .csv), a list of them or a {split: path} mapping, or None (the hub dataset)"
 
     def check(self, name: str, value: Any, where: str = "") -> Any:
-        ok = value is None or _is_paths(value) or (
-            isinstance(value, Mapping) and bool(value) and all(isinstance(k, str) and _is_paths(v) for k, v in value.items())
+        ok = (
+            value is None
+            or _is_paths(value)
+            or (isinstance(value, Mapping) and bool(value) and all(isinstance(k, str) and _is_paths(v) for k, v in value.items()))
         )
         if not ok:
             raise invalid(name, value, self.allowed(), where, wrong_type=True)
@@ -110,9 +112,7 @@ def _import_datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise DatasetUnavailableError(
-            "dataset envs need Hugging Face `datasets`: pip install -e '.[tasks]'"
-        ) from None
+        raise DatasetUnavailableError("dataset envs need Hugging Face `datasets`: pip install -e '.[tasks]'") from None
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()
     return datasets
@@ -200,7 +200,9 @@ def _load_files(env_id: str, data_files: Any, split: str) -> Any:
     except Exception as exc:  # a malformed file: say which, in one line
         raise InvalidArgumentError(
             f"{env_id}: data_files={echo(data_files)} could not be read as {builder}: {type(exc).__name__}: {str(exc)[:300]}",
-            name="data_files", value=data_files, allowed="readable files",
+            name="data_files",
+            value=data_files,
+            allowed="readable files",
         ) from None
 
 

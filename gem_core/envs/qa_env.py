@@ -15,8 +15,7 @@ from gem_core.params import Param
 from gem_core.parsing import echo, last_boxed
 
 QA_INSTRUCTION = (
-    "Reason through the question step by step inside <think> ... </think>, then give your final answer "
-    "as a short phrase inside <answer> ... </answer>."
+    "Reason through the question step by step inside <think> ... </think>, then give your final answer as a short phrase inside <answer> ... </answer>."
 )
 BOXED_INSTRUCTION = "Reason step by step, then give your final answer inside \\boxed{}."
 

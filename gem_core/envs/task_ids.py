@@ -50,7 +50,15 @@ register(
     description="QA evaluation set: NQ-open's validation split, in order",
 )  # fmt: skip
 #: eval:<Name> -> split of axon-rl/search-eval (DeepResearcher's test sets, 512 questions each)
-QA_EVAL_SPLITS = {"2Wiki": "2wiki", "PopQA": "popqa", "TriviaQA": "tq", "HotpotQA": "hotpotqa", "Bamboogle": "bamboogle", "NaturalQuestions": "nq", "Musique": "musique"}
+QA_EVAL_SPLITS = {
+    "2Wiki": "2wiki",
+    "PopQA": "popqa",
+    "TriviaQA": "tq",
+    "HotpotQA": "hotpotqa",
+    "Bamboogle": "bamboogle",
+    "NaturalQuestions": "nq",
+    "Musique": "musique",
+}
 for _name, _split in QA_EVAL_SPLITS.items():
     register(
         f"eval:{_name}", _QA_EVAL, dataset_name="axon-rl/search-eval", split=_split, shuffle=False,

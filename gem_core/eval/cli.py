@@ -51,27 +51,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--episodes", type=whole_number(1), default=None, help="episodes per env (default 100; evaluation sets: all items)")
     run.add_argument("--seed-start", type=whole_number(0), default=0, help="seed of each env's first episode (default 0)")
     who = run.add_argument_group("policy")
-    who.add_argument("--policy", choices=POLICIES, default="openai", help="openai (an OpenAI-compatible endpoint, default), hf (a local model), vllm (a local model on vLLM's engine), random, oracle")
-    who.add_argument("--model", default=None, help="openai: the served model's name (else $OPENAI_MODEL); hf, vllm: a local model directory, a hub id or smollm2-135m-instruct (the embedded real model)")
+    who.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="openai",
+        help="openai (an OpenAI-compatible endpoint, default), hf (a local model), vllm (a local model on vLLM's engine), random, oracle",
+    )
+    who.add_argument(
+        "--model",
+        default=None,
+        help="openai: the served model's name (else $OPENAI_MODEL); hf, vllm: a local model directory, a hub id or smollm2-135m-instruct (the embedded real model)",
+    )
     who.add_argument("--base-url", default=None, help="openai: the endpoint, e.g. http://127.0.0.1:8000/v1 (else $OPENAI_BASE_URL)")
     who.add_argument("--api-key", default=None, help="openai: the key (else $OPENAI_API_KEY; a local server needs none)")
     who.add_argument("--device", default="cpu", help="hf: torch device (default cpu)")
-    who.add_argument("--dtype", choices=DTYPES, default="auto", help="hf, vllm: the weights' dtype (default auto: transformers keeps the checkpoint's, vLLM runs a float32 one in half precision; name one for both to play alike)")
+    who.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="hf, vllm: the weights' dtype (default auto: transformers keeps the checkpoint's, vLLM runs a float32 one in half precision; name one for both to play alike)",
+    )
     sampling = run.add_argument_group("sampling and limits")
     sampling.add_argument("--max-tokens", type=whole_number(1), default=1024, help="tokens per response (default 1024)")
     sampling.add_argument("--temperature", type=real_number(0.0), default=0.0, help="sampling temperature (default 0: greedy)")
     sampling.add_argument("--top-p", type=real_number(0.0, low_open=True), default=1.0, help="nucleus sampling (default 1: off)")
     sampling.add_argument("--seed", type=whole_number(0), default=None, help="sampling seed (sent to the endpoint; seeds a local model)")
     sampling.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
-    sampling.add_argument("--max-context-tokens", type=whole_number(2), default=None, help="hf, vllm: context limit (default: the model's window; vllm: also the engine's max_model_len)")
+    sampling.add_argument(
+        "--max-context-tokens",
+        type=whole_number(2),
+        default=None,
+        help="hf, vllm: context limit (default: the model's window; vllm: also the engine's max_model_len)",
+    )
     sampling.add_argument("--system-prompt", default=None, help="system message of every episode")
     task = run.add_argument_group("envs and tools (as in training: the same task rows)")
     task.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
-    task.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
+    task.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 6}'")
     running = run.add_argument_group("running")
-    running.add_argument("--concurrency", type=whole_number(1), default=DEFAULT_CONCURRENCY, help=f"episodes in flight (default {DEFAULT_CONCURRENCY}; hf: the batch size)")
-    running.add_argument("--request-timeout", type=real_number(0.0, low_open=True), default=120.0, help="seconds to wait for an answer, per attempt (default 120)")
-    running.add_argument("--retries", type=whole_number(0), default=5, help="retries of a request after 429/5xx/timeout/garbage, with exponential backoff (default 5)")
+    running.add_argument(
+        "--concurrency", type=whole_number(1), default=DEFAULT_CONCURRENCY, help=f"episodes in flight (default {DEFAULT_CONCURRENCY}; hf: the batch size)"
+    )
+    running.add_argument(
+        "--request-timeout", type=real_number(0.0, low_open=True), default=120.0, help="seconds to wait for an answer, per attempt (default 120)"
+    )
+    running.add_argument(
+        "--retries", type=whole_number(0), default=5, help="retries of a request after 429/5xx/timeout/garbage, with exponential backoff (default 5)"
+    )
     output = run.add_argument_group("results")
     output.add_argument("--out", default=None, help="results file: one JSON line per episode")
     output.add_argument("--resume", action="store_true", help="continue --out: play only the episodes it lacks or that ended with an error")
@@ -197,12 +222,22 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
         policy = hf_policy(args.model, device=args.device, batch_size=args.concurrency, seed=args.seed or 0, system_prompt=args.system_prompt, dtype=args.dtype)
     elif args.policy == "vllm":
         policy = vllm_policy(
-            args.model, batch_size=args.concurrency, seed=args.seed or 0, system_prompt=args.system_prompt, max_model_len=args.max_context_tokens, dtype=args.dtype
+            args.model,
+            batch_size=args.concurrency,
+            seed=args.seed or 0,
+            system_prompt=args.system_prompt,
+            max_model_len=args.max_context_tokens,
+            dtype=args.dtype,
         )
     else:
         policy = openai_policy(
-            args.base_url, args.model, args.api_key,
-            timeout=args.request_timeout, retries=args.retries, concurrency=args.concurrency, system_prompt=args.system_prompt,
+            args.base_url,
+            args.model,
+            args.api_key,
+            timeout=args.request_timeout,
+            retries=args.retries,
+            concurrency=args.concurrency,
+            system_prompt=args.system_prompt,
         )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     config = RunConfig(params=params, max_turns=args.max_turns, max_context_tokens=args.max_context_tokens or context_window(policy))

@@ -76,8 +76,14 @@ async def play_episode(job: EvalJob, policy: EvalPolicy, config: RunConfig, *, s
         env = await loop.run_in_executor(None, job.spec.make_env)
         meter.policy = policy.for_env(env)
         trajectory = await run_episode(
-            env, meter.wrap(), policy.formatter, config,
-            seed=job.spec.seed, options=job.options, episode_id=job.episode_id, env_id=job.spec.env_id,
+            env,
+            meter.wrap(),
+            policy.formatter,
+            config,
+            seed=job.spec.seed,
+            options=job.options,
+            episode_id=job.episode_id,
+            env_id=job.spec.env_id,
         )
     except Exception as exc:  # an env that raised, a policy that returned nonsense: this episode only
         meter.error = meter.error or f"{type(exc).__name__}: {exc}"

@@ -21,7 +21,7 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 #: Code longer than this is not run (format error).
 MAX_CODE_CHARS = 100_000
 
-_CALL_HARNESS = '''
+_CALL_HARNESS = """
 
 def __gem_call():
     import json as _json, sys as _sys
@@ -34,7 +34,7 @@ def __gem_call():
     print(_json.dumps(_result, default=list))
 
 __gem_call()
-'''
+"""
 
 
 def last_code_block(text: Any) -> str | None:

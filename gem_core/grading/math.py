@@ -170,9 +170,7 @@ class _Cache:
 _cache = _Cache(_CACHE_SIZE)
 
 
-def grade_answer(
-    answer: str, gold: Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, pool: MathGradingPool | None = None
-) -> MathGrade:
+def grade_answer(answer: str, gold: Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, pool: MathGradingPool | None = None) -> MathGrade:
     """Grade an extracted ``answer`` (the boxed content) against ``gold`` (see :func:`gold_answers`)."""
     golds = gold_answers(gold)
     answer = answer.strip()
@@ -196,9 +194,7 @@ def grade_answer(
     return MathGrade(verdict.correct, answer, "math-verify")
 
 
-def grade_math(
-    response: Any, gold: Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, pool: MathGradingPool | None = None
-) -> MathGrade:
+def grade_math(response: Any, gold: Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, pool: MathGradingPool | None = None) -> MathGrade:
     """Grade a model response: its last ``\\boxed{}`` against ``gold``. No box: wrong, ``answer=None``."""
     answer = last_boxed(response) if isinstance(response, str) else None
     if answer is None:

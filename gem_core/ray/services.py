@@ -110,8 +110,12 @@ class SandboxHost:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             pools = list(self.pools.values())
-        return {"size": self.workers, "workers": sum(p.workers for p in pools), "replaced": sum(p.replaced for p in pools),
-                "worker_pids": [w.proc.pid for p in pools for w in p.live_workers()]}
+        return {
+            "size": self.workers,
+            "workers": sum(p.workers for p in pools),
+            "replaced": sum(p.replaced for p in pools),
+            "worker_pids": [w.proc.pid for p in pools for w in p.live_workers()],
+        }
 
     def close(self) -> None:
         for pool in list(self.pools.values()):
@@ -150,9 +154,7 @@ class SandboxService:
             nodes = list(nodes) if nodes is not None else alive_nodes(ray)
             actors = {}
             for node in nodes:
-                options: dict[str, Any] = dict(
-                    num_cpus=num_cpus, scheduling_strategy=node_affinity(node), max_restarts=-1, max_concurrency=ACTOR_CONCURRENCY
-                )
+                options: dict[str, Any] = dict(num_cpus=num_cpus, scheduling_strategy=node_affinity(node), max_restarts=-1, max_concurrency=ACTOR_CONCURRENCY)
                 if name:
                     options.update(name=f"{SANDBOX_PREFIX}:{name}:{node}", namespace=namespace)
                 actors[node] = remote.options(**options).remote(workers_per_node)

@@ -61,6 +61,7 @@ class EnginePolicy:
 def sampling_from_vllm(vllm_params: Any, max_tokens: int) -> SamplingParams:
     """gem_core sampling params from a trainer's ``vllm.SamplingParams`` (its temperature, top-p, top-k
     and seed) with ``max_tokens`` per turn (vLLM's ``top_k=-1`` is gem_core's 0: no top-k)."""
+
     def field(name: str, default: Any) -> Any:
         value = getattr(vllm_params, name, None)
         return default if value is None else value
@@ -153,7 +154,15 @@ class VLLMPolicy(EnginePolicy):
 
     @classmethod
     def from_pretrained(
-        cls, model: str, *, seed: int = 0, max_model_len: int = 4096, dtype: str = "auto", in_process: bool = False, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any
+        cls,
+        model: str,
+        *,
+        seed: int = 0,
+        max_model_len: int = 4096,
+        dtype: str = "auto",
+        in_process: bool = False,
+        llm_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> VLLMPolicy:
         """Start ``vllm.LLM(model)`` (a path or hub id; see :func:`gem_core.models.resolve_model`).
 

@@ -402,7 +402,9 @@ class OpenAIPolicy:
             raise ModelRequestError(f"{self.base_url}/chat/completions answered without a choice: {str(data)[:300]!r}") from None
         finish = "length" if reason == "length" else ("abort" if reason in ("abort", "error", "cancelled") else "stop")
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return Generation([], None, finish, text=text, prompt_tokens=_count(usage.get("prompt_tokens")), completion_tokens=_count(usage.get("completion_tokens")))
+        return Generation(
+            [], None, finish, text=text, prompt_tokens=_count(usage.get("prompt_tokens")), completion_tokens=_count(usage.get("completion_tokens"))
+        )
 
     def _post(self, path: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         headers = {}

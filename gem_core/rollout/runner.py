@@ -124,9 +124,7 @@ class ThreadedEnv:
             history = _step_history[self._profile_key] = collections.deque(maxlen=_RECENT_STEPS)
         inline = len(history) == _RECENT_STEPS and max(history) < INLINE_STEP_SECONDS
         result, seconds = (
-            _timed_step(self.env, action)
-            if inline
-            else await asyncio.get_running_loop().run_in_executor(self.executor, _timed_step, self.env, action)
+            _timed_step(self.env, action) if inline else await asyncio.get_running_loop().run_in_executor(self.executor, _timed_step, self.env, action)
         )
         history.append(seconds)
         return result
@@ -346,8 +344,15 @@ async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatt
         action = formatter.action_text(response_text)
         observation, reward, terminated, truncated, info = step = await env.step(action)
         record = _record_turn(
-            trajectory, turn, step, generation.finish_reason, response_text, action,
-            context_len=len(context), response_ids=generation.token_ids, logprobs=generation.logprobs,
+            trajectory,
+            turn,
+            step,
+            generation.finish_reason,
+            response_text,
+            action,
+            context_len=len(context),
+            response_ids=generation.token_ids,
+            logprobs=generation.logprobs,
         )
         context.extend(generation.token_ids)
         if _episode_over(trajectory, record, config.max_turns):

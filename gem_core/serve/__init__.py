@@ -48,9 +48,7 @@ def require_openenv() -> None:
         importlib.import_module("openenv.core.env_server")
         importlib.import_module("openenv.core.generic_client")
     except ImportError as err:
-        raise OpenEnvUnavailable(
-            f"serving and openenv: ids need the openenv package ({err}); install it with: pip install -e '.[openenv]'"
-        ) from None
+        raise OpenEnvUnavailable(f"serving and openenv: ids need the openenv package ({err}); install it with: pip install -e '.[openenv]'") from None
 
 
 def __getattr__(name: str) -> Any:

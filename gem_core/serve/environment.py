@@ -119,7 +119,9 @@ class GemEnvironment(Environment[GemAction, GemObservation, GemState]):
         if kwargs:
             raise UnknownKwargError(
                 f"{self.env_id}: reset does not take {', '.join(map(repr, sorted(kwargs)))}; it takes {', '.join(RESET_KWARGS)}",
-                name=sorted(kwargs)[0], value=kwargs[sorted(kwargs)[0]], allowed=", ".join(RESET_KWARGS),
+                name=sorted(kwargs)[0],
+                value=kwargs[sorted(kwargs)[0]],
+                allowed=", ".join(RESET_KWARGS),
             )
         _SEED.check("seed", seed, f"{self.env_id}: reset")
         if options is not None and not isinstance(options, dict):
@@ -135,7 +137,8 @@ class GemEnvironment(Environment[GemAction, GemObservation, GemState]):
         if not self._started or self._state.done:
             raise ResetNeeded(
                 f"{self.env_id}: step before reset (each WebSocket session, /ws, has its own env; an HTTP /step has none)"
-                if not self._started else f"{self.env_id}: the episode has ended; reset to start another"
+                if not self._started
+                else f"{self.env_id}: the episode has ended; reset to start another"
             )
         obs, reward, terminated, truncated, info = self._env.step(action.action)
         self._state.step_count += 1

@@ -67,8 +67,7 @@ def text_action_field(schema: dict[str, Any], url: str) -> str:
     if len(required) == 1 and len(strings) == 1:
         return strings[0]
     raise OpenEnvServerError(
-        f"openenv:{url}: the action schema has no single required text field (required: {', '.join(required) or 'none'}); "
-        f"name the field with action_field=..."
+        f"openenv:{url}: the action schema has no single required text field (required: {', '.join(required) or 'none'}); name the field with action_field=..."
     )
 
 

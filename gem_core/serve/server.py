@@ -203,7 +203,11 @@ class EnvServer:
         self._socket = sock
         self._address = sock.getsockname()[:2]
         config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048,
+            self.app,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            backlog=2048,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="gem-core-serve", daemon=True)

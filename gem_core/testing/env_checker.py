@@ -79,7 +79,9 @@ def check_model_context(
     checked = 0
     for seed in seeds:
         policy = _CheckingPolicy(env, formatter, oracle_every)
-        asyncio.run(run_episode(env, policy, formatter, RunConfig(params=SamplingParams(max_tokens=4096), max_turns=max_turns, step_in_thread=False), seed=seed))
+        asyncio.run(
+            run_episode(env, policy, formatter, RunConfig(params=SamplingParams(max_tokens=4096), max_turns=max_turns, step_in_thread=False), seed=seed)
+        )
         checked += policy.turns
     return checked
 
@@ -100,7 +102,9 @@ class _CheckingPolicy:
         name = _name(self.env)
         state = self.env.state_text()
         if state is not None and state not in newest:
-            raise EnvCheckError(f"{name}, turn {self.turns}: the board/state the next move needs is not in the model's newest message.\nstate:\n{state}\nmessage:\n{newest}")
+            raise EnvCheckError(
+                f"{name}, turn {self.turns}: the board/state the next move needs is not in the model's newest message.\nstate:\n{state}\nmessage:\n{newest}"
+            )
         if self.last_message is not None and self.last_message not in newest:
             raise EnvCheckError(f"{name}, turn {self.turns}: model_message(observation, info) is not in the newest message:\n{newest}")
         self.turns += 1

@@ -77,13 +77,16 @@ class FakeChatServer:
                 limit = body.get("max_tokens")
                 if limit is not None and len(text) > limit:
                     text, finish = text[:limit], "length"
-                self._send(200, {
-                    "id": "chatcmpl-fake",
-                    "object": "chat.completion",
-                    "model": body.get("model", "fake"),
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-                    "usage": {"prompt_tokens": size, "completion_tokens": len(text), "total_tokens": size + len(text)},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion",
+                        "model": body.get("model", "fake"),
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+                        "usage": {"prompt_tokens": size, "completion_tokens": len(text), "total_tokens": size + len(text)},
+                    },
+                )
 
             def _fail(self, fault: int | str) -> None:
                 if fault == "hang":
@@ -97,7 +100,9 @@ class FakeChatServer:
                 else:
                     raise ValueError(f"unknown fault {fault!r}: an HTTP status or one of {FAULTS}")
 
-            def _send(self, status: int, payload: dict[str, Any] | bytes, *, content_type: str = "application/json", headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self, status: int, payload: dict[str, Any] | bytes, *, content_type: str = "application/json", headers: dict[str, str] | None = None
+            ) -> None:
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)

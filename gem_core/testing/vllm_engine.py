@@ -135,7 +135,9 @@ class VLLMFaithfulEngine:
         self._count = 0
 
     # -- OpenRLHF / vLLM AsyncLLM call shape ---------------------------------------------------------
-    async def generate(self, prompt_token_ids: Sequence[int], sampling_params: Any, multi_modal_data: Any = None, request_id: str | None = None) -> RequestOutput:
+    async def generate(
+        self, prompt_token_ids: Sequence[int], sampling_params: Any, multi_modal_data: Any = None, request_id: str | None = None
+    ) -> RequestOutput:
         """``generate(prompt_token_ids, sampling_params)`` answered as vLLM would."""
         if multi_modal_data:
             raise EngineError("this engine serves text only")
@@ -158,9 +160,7 @@ class VLLMFaithfulEngine:
         if params.n != 1:
             raise EngineError("this engine answers n=1 only")
         if len(prompt) >= self.max_model_len:
-            raise EngineError(
-                f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length of {self.max_model_len}."
-            )
+            raise EngineError(f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length of {self.max_model_len}.")
         room = self.max_model_len - len(prompt)
         max_tokens = room if params.max_tokens is None else int(params.max_tokens)
         if max_tokens < 1:
@@ -206,7 +206,9 @@ class VLLMFaithfulLLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def generate(self, prompts: Any = None, sampling_params: Any = None, prompt_token_ids: Any = None, use_tqdm: bool = True, lora_request: Any = None, **_: Any) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Any = None, sampling_params: Any = None, prompt_token_ids: Any = None, use_tqdm: bool = True, lora_request: Any = None, **_: Any
+    ) -> list[RequestOutput]:
         if prompt_token_ids is not None:
             batch = [list(p) for p in prompt_token_ids]
         else:
@@ -214,7 +216,11 @@ class VLLMFaithfulLLM:
             if any(not isinstance(p, Mapping) or "prompt_token_ids" not in p for p in items):
                 raise EngineError("this engine takes token prompts only")
             batch = [list(p["prompt_token_ids"]) for p in items]
-        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params if sampling_params is not None else VLLMSamplingParams()] * len(batch)
+        params = (
+            sampling_params
+            if isinstance(sampling_params, (list, tuple))
+            else [sampling_params if sampling_params is not None else VLLMSamplingParams()] * len(batch)
+        )
         if len(params) != len(batch):
             raise EngineError(f"{len(params)} sampling params for {len(batch)} prompts")
         self.calls.append(len(batch))
@@ -233,8 +239,10 @@ def _read_params(params: Any) -> VLLMSamplingParams:
     if isinstance(params, Mapping):
         get = params.get
     else:
+
         def get(name: str, default: Any = None) -> Any:
             return getattr(params, name, default)
+
     values = {}
     for f in dataclasses.fields(VLLMSamplingParams):
         if f.name == "extra":

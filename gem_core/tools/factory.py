@@ -51,7 +51,6 @@ def make_tool(name: str) -> Any:
         if corpus:
             return SearchTool(corpus)
         raise ValueError(
-            f"the search tool needs a backend: set {SEARCH_URL_VAR} to a retrieval server "
-            f"(`gem-core serve-search`) or {SEARCH_CORPUS_VAR} to a JSONL corpus"
+            f"the search tool needs a backend: set {SEARCH_URL_VAR} to a retrieval server (`gem-core serve-search`) or {SEARCH_CORPUS_VAR} to a JSONL corpus"
         )
     raise ValueError(f"unknown env tool {name!r}; known: {', '.join(KNOWN_TOOLS)}")

@@ -77,9 +77,7 @@ async def _http_streams(url: str, headers: dict[str, str] | None) -> Any:
 
 
 @asynccontextmanager
-async def _open_session(
-    url: str | None, command: list[str] | None, env: dict[str, str] | None, headers: dict[str, str] | None
-) -> Any:
+async def _open_session(url: str | None, command: list[str] | None, env: dict[str, str] | None, headers: dict[str, str] | None) -> Any:
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
@@ -104,9 +102,7 @@ class _Connection:
     use the session meanwhile.
     """
 
-    def __init__(
-        self, url: str | None, command: list[str] | None, env: dict[str, str] | None, headers: dict[str, str] | None
-    ):
+    def __init__(self, url: str | None, command: list[str] | None, env: dict[str, str] | None, headers: dict[str, str] | None):
         self._args = (url, command, env, headers)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gem-mcp-client", daemon=True)
@@ -272,9 +268,7 @@ class MCPTool(Tool):
         for tool in self.tools():
             schema = _field(tool, "input_schema", "inputSchema", {}) or {}
             description = " ".join((tool.description or "").split())
-            lines.append(
-                f"- {tool.name}: {description} Arguments (JSON schema): {json.dumps(schema, separators=(',', ':'))}"
-            )
+            lines.append(f"- {tool.name}: {description} Arguments (JSON schema): {json.dumps(schema, separators=(',', ':'))}")
         return "\n".join(lines)
 
     def find_call(self, action: str) -> ToolCall | None:
@@ -297,9 +291,7 @@ class MCPTool(Tool):
         except MCPError as exc:
             return self._error(str(exc), name=name)
         if name not in known:
-            return self._error(
-                f"there is no tool {name!r}; available: {', '.join(sorted(known)) or '(none)'}", name=name
-            )
+            return self._error(f"there is no tool {name!r}; available: {', '.join(sorted(known)) or '(none)'}", name=name)
         return self._call_with_retries(name, arguments)
 
     def _call_with_retries(self, name: str, arguments: dict[str, Any]) -> ToolResult:
@@ -347,9 +339,7 @@ class MCPTool(Tool):
         )
 
     def _error(self, message: str, name: str | None = None) -> ToolResult:
-        return ToolResult(
-            f"<tool_response>\nerror: {message}\n</tool_response>", ok=False, info={"tool_name": name, "error": message}
-        )
+        return ToolResult(f"<tool_response>\nerror: {message}\n</tool_response>", ok=False, info={"tool_name": name, "error": message})
 
     def close(self) -> None:
         if not self._closed:

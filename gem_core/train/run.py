@@ -20,7 +20,19 @@ from typing import Any
 from gem_core.models import ModelUnavailableError, resolve_model
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
-from gem_core.train.trainer import TINY_MODEL, EpisodeStats, Trainer, TrainConfig, adamw, config_dict, ensure_dir, micro_batches, peak_rss_gb, training_rows, write_json
+from gem_core.train.trainer import (
+    TINY_MODEL,
+    EpisodeStats,
+    Trainer,
+    TrainConfig,
+    adamw,
+    config_dict,
+    ensure_dir,
+    micro_batches,
+    peak_rss_gb,
+    training_rows,
+    write_json,
+)
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -101,7 +113,16 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
     try:
         for step in range(steps):
             seeds = [2 * 10**6 + step * batch + i for i in range(batch)]
-            trajectories = asyncio.run(run_episodes(trainer.envs[:batch] if len(trainer.envs) >= batch else trainer.envs, policy, trainer.formatter, trainer.run_config, seeds=seeds, episode_id_prefix=f"w{step}-"))
+            trajectories = asyncio.run(
+                run_episodes(
+                    trainer.envs[:batch] if len(trainer.envs) >= batch else trainer.envs,
+                    policy,
+                    trainer.formatter,
+                    trainer.run_config,
+                    seeds=seeds,
+                    episode_id_prefix=f"w{step}-",
+                )
+            )
             rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", trainer.pad_id)
             if config.warmup_transcript:
                 rows = whole_transcript(rows)
@@ -173,7 +194,14 @@ class Summary:
 
 def _cells(stats: EpisodeStats) -> tuple[str, ...]:
     solved = "-" if stats.turns_when_solved is None else f"{stats.turns_when_solved:.2f}"
-    return (f"{stats.success_rate:.3f}", f"{stats.mean_return:+.3f}", f"{stats.mean_turns:.2f}", solved, f"{stats.malformed_rate:.3f}", f"{stats.illegal_rate:.3f}")
+    return (
+        f"{stats.success_rate:.3f}",
+        f"{stats.mean_return:+.3f}",
+        f"{stats.mean_turns:.2f}",
+        solved,
+        f"{stats.malformed_rate:.3f}",
+        f"{stats.illegal_rate:.3f}",
+    )
 
 
 def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Summary:
@@ -215,7 +243,9 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
                 loss = warm_start(trainer, config.warmup_steps, config.warmup_batch)
                 warm = trainer.evaluate()
                 learnt = "the whole transcripts" if config.warmup_transcript else "the moves alone"
-                log(f"warm start: {config.warmup_steps} supervised steps on well-formed random moves, learning {learnt} (loss {loss:.3f}); held-out success {warm.success_rate:.3f}, malformed turns {warm.malformed_rate:.3f}")
+                log(
+                    f"warm start: {config.warmup_steps} supervised steps on well-formed random moves, learning {learnt} (loss {loss:.3f}); held-out success {warm.success_rate:.3f}, malformed turns {warm.malformed_rate:.3f}"
+                )
                 _append(metrics_path, {"step": 0, "phase": "warm_start", "warm_start_loss": loss, **_eval_fields(warm)})
             else:
                 warm = trainer.evaluate()

@@ -173,8 +173,16 @@ class TrainConfig:
 # 300 RL updates of 64 episodes (about 9 minutes on 2 CPU cores). What the README's findings at toy scale and
 # ``benchmarks/paper_findings.py --scale tiny`` run: ``TrainConfig(**TINY_RUN)``.
 TINY_RUN: dict[str, Any] = dict(
-    model=TINY_MODEL, steps=300, episodes=64, lr=5e-4, lr_warmup=20, micro_batch_tokens=4096, max_tokens=8,
-    warmup_steps=100, eval_every=50, checkpoint_every=20,
+    model=TINY_MODEL,
+    steps=300,
+    episodes=64,
+    lr=5e-4,
+    lr_warmup=20,
+    micro_batch_tokens=4096,
+    max_tokens=8,
+    warmup_steps=100,
+    eval_every=50,
+    checkpoint_every=20,
 )
 
 
@@ -290,9 +298,7 @@ def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
     return Rows(input_ids, attention, targets, adv, old)
 
 
-def token_logprobs(
-    model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False, chunk_tokens: int = 1024, share_prefix: bool = True
-) -> Any:
+def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False, chunk_tokens: int = 1024, share_prefix: bool = True) -> Any:
     """log pi(target | prefix) at every position (0 where there is no target); with ``with_entropy``,
     also the entropy of pi(. | prefix), as ``(logprobs, entropy)`` (0 where there is no target).
 
@@ -445,7 +451,13 @@ def micro_batches(rows: Rows, token_budget: int) -> list[Rows]:
 
 
 def policy_loss(
-    logprobs: Any, rows: Rows, clip: float, ref_logprobs: Any = None, kl_coef: float = 0.0, entropy: Any = None, entropy_coef: float = 0.0,
+    logprobs: Any,
+    rows: Rows,
+    clip: float,
+    ref_logprobs: Any = None,
+    kl_coef: float = 0.0,
+    entropy: Any = None,
+    entropy_coef: float = 0.0,
     tokens: float | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """PPO-clipped policy gradient, averaged over model tokens, plus ``kl_coef`` * KL to a reference,
@@ -562,7 +574,9 @@ class Trainer:
         # generation batches of at most one update's episodes: the evaluation's 100 at once held 3x the KV cache
         policy = self.policy(max(min(len(seeds) * group_size, self.config.episodes), 1))
         try:
-            return asyncio.run(run_episodes(self.envs, policy, self.formatter, self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix))
+            return asyncio.run(
+                run_episodes(self.envs, policy, self.formatter, self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix)
+            )
         finally:
             self.model.train()
             bound_heap()
@@ -587,7 +601,11 @@ class Trainer:
         context = self.config.max_context_tokens or getattr(self.model.config, "max_position_embeddings", 4096)
         # processed logprobs: those of the distribution sampled from (after the temperature), as the loss's ratio needs
         return VLLMPolicy.from_pretrained(
-            self._vllm_dir.name, seed=self.config.seed, max_model_len=int(context), dtype=dtype, in_process=True,
+            self._vllm_dir.name,
+            seed=self.config.seed,
+            max_model_len=int(context),
+            dtype=dtype,
+            in_process=True,
             llm_kwargs={"logprobs_mode": "processed_logprobs", "enforce_eager": True},
         )
 
@@ -633,11 +651,19 @@ class Trainer:
         if not trajectories:
             self.step += 1
             self.log(f"update {self.step}: every episode failed for infrastructure reasons; no optimizer step")
-            return {"step": self.step, "success_rate": episodes.success_rate, "mean_return": episodes.mean_return,
-                    "mean_turns": episodes.mean_turns, "turns_when_solved": episodes.turns_when_solved,
-                    "malformed_rate": episodes.malformed_rate, "illegal_rate": episodes.illegal_rate,
-                    "infra_failed_episodes": infra["gem/infra_failed_episodes"], "skipped": True,
-                    "rollout_seconds": round(rollout_seconds, 3), "update_seconds": round(time.perf_counter() - started, 3)}
+            return {
+                "step": self.step,
+                "success_rate": episodes.success_rate,
+                "mean_return": episodes.mean_return,
+                "mean_turns": episodes.mean_turns,
+                "turns_when_solved": episodes.turns_when_solved,
+                "malformed_rate": episodes.malformed_rate,
+                "illegal_rate": episodes.illegal_rate,
+                "infra_failed_episodes": infra["gem/infra_failed_episodes"],
+                "skipped": True,
+                "rollout_seconds": round(rollout_seconds, 3),
+                "update_seconds": round(time.perf_counter() - started, 3),
+            }
         advantages = turn_advantages(trajectories, config.estimator, config.gamma, config.group_size)
         rows = training_rows(trajectories, advantages, config.view, self.pad_id)
         loss, stats, grad_norm = self.optimize(rows)

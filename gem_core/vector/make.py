@@ -92,6 +92,8 @@ def _check_vector_kwargs(vector_class: type, vector_kwargs: dict[str, Any], mode
         raise UnknownKwargError(
             f"{where}: vector_kwargs has {', '.join(map(repr, unknown))}, which {vector_class.__name__} does not take.{hints} "
             f"It accepts: {', '.join(sorted(allowed))}.",
-            name=unknown[0], value=vector_kwargs[unknown[0]], allowed=", ".join(sorted(allowed)),
+            name=unknown[0],
+            value=vector_kwargs[unknown[0]],
+            allowed=", ".join(sorted(allowed)),
         )
     check_args(vector_class, vector_kwargs, where)

@@ -27,7 +27,8 @@ class SyncVectorEnv(VectorEnv):
     ):
         if step_timeout is not None:
             raise invalid(
-                "step_timeout", step_timeout,
+                "step_timeout",
+                step_timeout,
                 "None: SyncVectorEnv cannot enforce step_timeout, since a step running in this process cannot be "
                 "interrupted safely; use AsyncVectorEnv (vectorization_mode='async') for a time limit",
                 type(self).__name__,

@@ -196,9 +196,7 @@ class VectorEnv:
         raise NotImplementedError
 
     # -- the API -------------------------------------------------------------------------------------
-    def reset(
-        self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[Any], list[dict[str, Any] | None]]:
+    def reset(self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None) -> tuple[list[Any], list[dict[str, Any] | None]]:
         """Reset envs and return ``(obs, infos)``, one entry per env.
 
         ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one seed (or ``None``) per
@@ -242,9 +240,7 @@ class VectorEnv:
             raise failure
         return obs, infos
 
-    def step(
-        self, actions: Sequence[Any] | Mapping[int, Any]
-    ) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    def step(self, actions: Sequence[Any] | Mapping[int, Any]) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         """Step envs and return ``(obs, rewards, terminated, truncated, infos)``.
 
         ``actions`` is either a sequence of ``num_envs`` actions, or a dict ``{env_index: action}`` that
@@ -400,8 +396,7 @@ class VectorEnv:
             return indices, list(actions.values())
         if isinstance(actions, (str, bytes)):
             raise TypeError(
-                "step() takes one action per env (a sequence of num_envs actions) or a dict "
-                f"{{env_index: action}}, got a single {type(actions).__name__}"
+                f"step() takes one action per env (a sequence of num_envs actions) or a dict {{env_index: action}}, got a single {type(actions).__name__}"
             )
         acts = list(actions)
         if len(acts) != self.num_envs:
@@ -429,7 +424,5 @@ class VectorEnv:
         env_options = {k: v for k, v in options.items() if k != "reset_mask"} or None
         mask = np.asarray(options["reset_mask"])
         if mask.dtype != np.bool_ or mask.shape != (self.num_envs,):
-            raise ValueError(
-                f"options['reset_mask'] must be a sequence of {self.num_envs} bools, got dtype {mask.dtype} shape {mask.shape}"
-            )
+            raise ValueError(f"options['reset_mask'] must be a sequence of {self.num_envs} bools, got dtype {mask.dtype} shape {mask.shape}")
         return mask.tolist(), env_options

@@ -117,7 +117,8 @@ class ToolEnvWrapper(Wrapper[str, str]):
         except GemError as exc:  # the tool's machinery failed (e.g. a sandbox that lost every worker)
             logger.warning("tool %r failed: %s", tool.name, exc)
             result = ToolResult(
-                f"[the {tool.name} tool is unavailable: {exc}]", ok=False,
+                f"[the {tool.name} tool is unavailable: {exc}]",
+                ok=False,
                 info={"tool_error": str(exc), INFRA_ERROR: f"{tool.name} tool: {exc}"},
             )
         self._tool_calls += 1

@@ -41,7 +41,16 @@ from gem_core.rollout import SamplingParams, Trajectory, cached_formatter, run_e
 from gem_core.tasks import TaskSpec
 
 #: The keys of every transition's ``info`` (numbers only: oat averages them over the batch).
-INFO_KEYS = ("gem/turn", "gem/num_turns", "gem/episode_return", "gem/terminated", "gem/truncated", "gem/context_limit", "gem/response_truncated", "gem/format_error")
+INFO_KEYS = (
+    "gem/turn",
+    "gem/num_turns",
+    "gem/episode_return",
+    "gem/terminated",
+    "gem/truncated",
+    "gem/context_limit",
+    "gem/response_truncated",
+    "gem/format_error",
+)
 
 
 class OatEnginePolicy(EnginePolicy):
@@ -170,7 +179,11 @@ class TaskCycle:
 
     @classmethod
     def from_args(cls, args: Any) -> TaskCycle:
-        fields = {k: v for k, v in (("max_turns", args.gem_max_turns), ("max_context_tokens", args.gem_max_context_tokens), ("system_prompt", args.gem_system_prompt)) if v is not None}
+        fields = {
+            k: v
+            for k, v in (("max_turns", args.gem_max_turns), ("max_context_tokens", args.gem_max_context_tokens), ("system_prompt", args.gem_system_prompt))
+            if v is not None
+        }
         if args.gem_dataset:
             from gem_integrations.oat.dataset import read_specs
 

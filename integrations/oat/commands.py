@@ -10,7 +10,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The subcommands of ``gem-core oat``."""
     actions = parser.add_subparsers(dest="oat_command", metavar="ACTION")
     actions.required = True
-    train = actions.add_parser("train", add_help=False, help="run oat's multi-turn PPO learner with the GEM actor and ReBN (oat's own arguments plus --gem-env/--gem-dataset)")
+    train = actions.add_parser(
+        "train", add_help=False, help="run oat's multi-turn PPO learner with the GEM actor and ReBN (oat's own arguments plus --gem-env/--gem-dataset)"
+    )
     train.add_argument("oat_args", nargs=argparse.REMAINDER)
     train.set_defaults(oat_main=lambda args: train_main(args.oat_args))
 

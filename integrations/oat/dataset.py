@@ -91,7 +91,10 @@ def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset oat``."""
     add_jsonl_dataset_arguments(
-        parser, out_help="JSONL file to write", turn_tokens_help="max tokens per response (default: oat's --generate-max-length)", context_tokens_help="max tokens of the whole episode (default: none)"
+        parser,
+        out_help="JSONL file to write",
+        turn_tokens_help="max tokens per response (default: oat's --generate-max-length)",
+        context_tokens_help="max tokens of the whole episode (default: none)",
     )
 
 

@@ -102,7 +102,9 @@ def _float64(tensor: Any) -> Any:
     return torch.float64
 
 
-def rebn_advantages(tensor_dict: dict, cu_seqs: Any, *, gamma: float, eps: float = 1e-6, ddof: int = 0, group_by: str | None = None, responses_per_prompt: int = 1) -> Any:
+def rebn_advantages(
+    tensor_dict: dict, cu_seqs: Any, *, gamma: float, eps: float = 1e-6, ddof: int = 0, group_by: str | None = None, responses_per_prompt: int = 1
+) -> Any:
     """ReBN advantages for RL2's packed batch, shaped like ``tensor_dict["states"]`` (0 off the action tokens)."""
     import torch
 

@@ -38,7 +38,10 @@ def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset rl2``."""
     add_jsonl_dataset_arguments(
-        parser, out_help='JSONL file to write', turn_tokens_help="max tokens per response (default: RL2's max_new_tokens)", context_tokens_help='max tokens of the whole episode (default: none)'
+        parser,
+        out_help="JSONL file to write",
+        turn_tokens_help="max tokens per response (default: RL2's max_new_tokens)",
+        context_tokens_help="max tokens of the whole episode (default: none)",
     )
 
 

@@ -181,7 +181,12 @@ async def generate(config: Any, tokenizer: Any, router_url: str, sample: Any, *,
     spec = task_spec(sample.sample)
     base = _container(getattr(config, "sampling_params", None) or {})
     max_tokens = int(base.get("max_new_tokens") or DEFAULT_MAX_TOKENS)
-    params = SamplingParams(max_tokens=max_tokens, temperature=float(base.get("temperature", 1.0)), top_p=float(base.get("top_p", 1.0)), top_k=max(int(base.get("top_k", 0) or 0), 0))
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=float(base.get("temperature", 1.0)),
+        top_p=float(base.get("top_p", 1.0)),
+        top_k=max(int(base.get("top_k", 0) or 0), 0),
+    )
     policy = SGLangRouterPolicy(router_url, {k: v for k, v in base.items() if k not in ("max_new_tokens",)}, post)
     formatter = cached_formatter(tokenizer, system_prompt=spec.system_prompt)
     env = spec.make_env()
@@ -238,7 +243,9 @@ def _tokenizer() -> Any:
     if _SETTINGS.tokenizer is None:
         path = os.environ.get(TOKENIZER_ENV)
         if not path:
-            raise RuntimeError(f"the RL2 0.0.2 env module needs the model's tokenizer: set {TOKENIZER_ENV} (the launcher does) or call configure(tokenizer=...)")
+            raise RuntimeError(
+                f"the RL2 0.0.2 env module needs the model's tokenizer: set {TOKENIZER_ENV} (the launcher does) or call configure(tokenizer=...)"
+            )
         from transformers import AutoTokenizer
 
         _SETTINGS.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)

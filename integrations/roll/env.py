@@ -170,9 +170,13 @@ def check_config(env: Any, unknown: Mapping[str, Any], strip_thinking: Any, suff
             name=sorted(unknown)[0], value=unknown[sorted(unknown)[0]], allowed=", ".join(CONFIG_KEYS),
         )  # fmt: skip
     if not isinstance(env, str) or not env.strip():
-        raise InvalidArgumentError(f"ROLL env_config for {ENV_TYPE} needs env: a gem-core env id (e.g. game:Sudoku-v0-easy), got {env!r}", name="env", value=env)
+        raise InvalidArgumentError(
+            f"ROLL env_config for {ENV_TYPE} needs env: a gem-core env id (e.g. game:Sudoku-v0-easy), got {env!r}", name="env", value=env
+        )
     if not isinstance(strip_thinking, bool):
-        raise InvalidArgumentError(f"ROLL env_config for {ENV_TYPE}: strip_thinking must be true or false, got {strip_thinking!r}", name="strip_thinking", value=strip_thinking)
+        raise InvalidArgumentError(
+            f"ROLL env_config for {ENV_TYPE}: strip_thinking must be true or false, got {strip_thinking!r}", name="strip_thinking", value=strip_thinking
+        )
     if suffix not in SUFFIX_MODES:
         raise InvalidArgumentError(
             f"ROLL env_config for {ENV_TYPE}: suffix must be one of {', '.join(SUFFIX_MODES)} (observation for StepEnvManager, info for StepConcatEnvManager), got {suffix!r}",

@@ -24,8 +24,18 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "PLUGIN", "GemGRPOTrainer", "GemRollout", "TRLGeneratePolicy", "TRLVLLMPolicy", "close_environments", "environment_dataset",
-    "environment_factory", "episode_return", "make_dataset", "rebn_advantages", "task_of",
+    "PLUGIN",
+    "GemGRPOTrainer",
+    "GemRollout",
+    "TRLGeneratePolicy",
+    "TRLVLLMPolicy",
+    "close_environments",
+    "environment_dataset",
+    "environment_factory",
+    "episode_return",
+    "make_dataset",
+    "rebn_advantages",
+    "task_of",
 ]
 
 _WHERE = {

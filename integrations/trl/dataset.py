@@ -88,7 +88,10 @@ def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset trl``."""
     add_jsonl_dataset_arguments(
-        parser, out_help="JSONL file to write (datasets.load_dataset('json', data_files=...))", turn_tokens_help="max tokens per response (default: TRL's max_completion_length)", context_tokens_help='max tokens of the whole episode, prompt included'
+        parser,
+        out_help="JSONL file to write (datasets.load_dataset('json', data_files=...))",
+        turn_tokens_help="max tokens per response (default: TRL's max_completion_length)",
+        context_tokens_help="max tokens of the whole episode, prompt included",
     )
 
 

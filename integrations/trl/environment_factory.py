@@ -171,17 +171,25 @@ def environment_factory(
         "__module__": __name__,
     }
     if game:
-        namespace["move"] = _tool(_move, "move", (
-            f"Make your next move in the game ({env_id}); the game's messages say what a move looks like.\n\n"
-            "Args:\n"
-            "    move: The move itself, exactly what goes inside \\boxed{} in the game's examples (for instance 7, or 1 2 3).\n"
-        ))
+        namespace["move"] = _tool(
+            _move,
+            "move",
+            (
+                f"Make your next move in the game ({env_id}); the game's messages say what a move looks like.\n\n"
+                "Args:\n"
+                "    move: The move itself, exactly what goes inside \\boxed{} in the game's examples (for instance 7, or 1 2 3).\n"
+            ),
+        )
     else:
-        namespace["answer"] = _tool(_answer, "answer", (
-            f"Give your final answer to the task ({env_id}); it is graded once and ends the episode.\n\n"
-            "Args:\n"
-            "    answer: The answer alone, exactly what goes inside \\boxed{} (for instance 42).\n"
-        ))
+        namespace["answer"] = _tool(
+            _answer,
+            "answer",
+            (
+                f"Give your final answer to the task ({env_id}); it is graded once and ends the episode.\n\n"
+                "Args:\n"
+                "    answer: The answer alone, exactly what goes inside \\boxed{} (for instance 42).\n"
+            ),
+        )
     if "python" in names:
         namespace["python"] = _tool(_python, "python", _python.__doc__ or "")
     if "search" in names:

@@ -109,7 +109,12 @@ class TRLGeneratePolicy(HFPolicy):
     """
 
     def __init__(
-        self, model: Any, generation_config: Any, *, max_batch_size: int = 64, pad_token_id: int | None = None,
+        self,
+        model: Any,
+        generation_config: Any,
+        *,
+        max_batch_size: int = 64,
+        pad_token_id: int | None = None,
         process_max: Callable[[int], int] | None = None,
     ):
         super().__init__(model, max_batch_size=max_batch_size, pad_token_id=pad_token_id)
@@ -314,10 +319,7 @@ class TRLVLLMPolicy(EnginePolicy):
                 prompts=prompts, **{k: sampling[k] for k in keys}, generation_kwargs={k: v for k, v in sampling.items() if k not in keys}
             )
             logprobs = answer.get("logprobs")
-            return [
-                _Answer(ids, None if logprobs is None else [row[0] for row in logprobs[i]])
-                for i, ids in enumerate(answer["completion_ids"])
-            ]
+            return [_Answer(ids, None if logprobs is None else [row[0] for row in logprobs[i]]) for i, ids in enumerate(answer["completion_ids"])]
         from vllm import SamplingParams as VLLMSamplingParams
 
         requests = [{"prompt_token_ids": ids} for ids in prompts]
@@ -409,7 +411,10 @@ class GemRollout:
             backend.summon_full_params(model, recurse=False) if backend is not None else contextlib.nullcontext(),
         ):
             policy = TRLGeneratePolicy(
-                unwrapped, trainer.generation_config, max_batch_size=self.max_batch_size, pad_token_id=_pad_id(trainer),
+                unwrapped,
+                trainer.generation_config,
+                max_batch_size=self.max_batch_size,
+                pad_token_id=_pad_id(trainer),
                 process_max=process_max(trainer.accelerator),
             )
             try:
@@ -448,8 +453,16 @@ class GemRollout:
                 raise TypeError(f"{spec.env_id} returned a {type(observation).__name__} observation; the TRL rollout needs text")
             config = self.run_config(spec, formatter, model_message(observation, info), sampling, max_completion_length)
             return await run_episode(
-                aenv, policy, formatter, config, seed=spec.seed, observation=observation, reset_info=info,
-                episode_id=episode_id, group_id=group_id, env_id=spec.env_id,
+                aenv,
+                policy,
+                formatter,
+                config,
+                seed=spec.seed,
+                observation=observation,
+                reset_info=info,
+                episode_id=episode_id,
+                group_id=group_id,
+                env_id=spec.env_id,
             )
         finally:
             env.close()
@@ -495,10 +508,25 @@ def process_max(accelerator: Any) -> Callable[[int], int] | None:
 
 def trl_fields(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, Any]:
     """The rollout function's dict (see the module docstring) from the runner's trajectories."""
-    out: dict[str, list[Any]] = {key: [] for key in (
-        "prompt_ids", "completion_ids", "logprobs", "env_mask", TURN_IDS, TURN_REWARDS, RETURN,
-        "gem_success", "gem_num_turns", "gem_truncation", "gem_episode_id", GROUP_ID, "gem_env_id", INFRA,
-    )}
+    out: dict[str, list[Any]] = {
+        key: []
+        for key in (
+            "prompt_ids",
+            "completion_ids",
+            "logprobs",
+            "env_mask",
+            TURN_IDS,
+            TURN_REWARDS,
+            RETURN,
+            "gem_success",
+            "gem_num_turns",
+            "gem_truncation",
+            "gem_episode_id",
+            GROUP_ID,
+            "gem_env_id",
+            INFRA,
+        )
+    }
     have_logprobs = True
     for trajectory in trajectories:
         view = trajectory.as_sequence()

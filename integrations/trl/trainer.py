@@ -127,8 +127,14 @@ class GemGRPOTrainer(GRPOTrainer):
         elif self.gem_group_by == "env":
             keys = [str(x.get("gem_env_id")) for x in inputs]
         advantages = rebn_advantages(
-            turn_ids, model_mask, [list(x[TURN_REWARDS]) for x in inputs], keys,
-            gamma=self.gem_gamma, eps=self.gem_eps, ddof=self.gem_ddof, distributed=self.accelerator.num_processes > 1,
+            turn_ids,
+            model_mask,
+            [list(x[TURN_REWARDS]) for x in inputs],
+            keys,
+            gamma=self.gem_gamma,
+            eps=self.gem_eps,
+            ddof=self.gem_ddof,
+            distributed=self.accelerator.num_processes > 1,
         )
         output["advantages"] = self._gem_tensor(advantages, output["advantages"])
         return output

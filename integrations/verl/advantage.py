@@ -124,9 +124,7 @@ def _turn_ids(turn_ids: Any, token_level_rewards: Any) -> Any:
     if turn_ids is None:
         return None
     if tuple(turn_ids.shape) != tuple(token_level_rewards.shape):
-        raise ValueError(
-            f"turn ids of shape {tuple(turn_ids.shape)} for token_level_rewards of shape {tuple(token_level_rewards.shape)}"
-        )
+        raise ValueError(f"turn ids of shape {tuple(turn_ids.shape)} for token_level_rewards of shape {tuple(token_level_rewards.shape)}")
     return turn_ids
 
 
@@ -140,7 +138,9 @@ def _rebn(token_level_rewards: Any, response_mask: Any, index: Any, config: Any,
     return rebn_token_level(token_level_rewards, response_mask, group_by, turn_ids=turns, return_returns=True, **options)
 
 
-def compute_rebn_advantage(token_level_rewards: Any, response_mask: Any, index: Any = None, config: Any = None, turn_ids: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+def compute_rebn_advantage(
+    token_level_rewards: Any, response_mask: Any, index: Any = None, config: Any = None, turn_ids: Any = None, **kwargs: Any
+) -> tuple[Any, Any]:
     """ReBN for verl: per-turn returns over turns, normalised over every turn of the batch.
 
     Returns ``(advantages, returns)``, both (batch, response_length), the turn's value on each of its
@@ -151,7 +151,9 @@ def compute_rebn_advantage(token_level_rewards: Any, response_mask: Any, index: 
     return _rebn(token_level_rewards, response_mask, index, config, turn_ids, grouped=True)
 
 
-def compute_gem_reinforce_advantage(token_level_rewards: Any, response_mask: Any, index: Any = None, config: Any = None, turn_ids: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+def compute_gem_reinforce_advantage(
+    token_level_rewards: Any, response_mask: Any, index: Any = None, config: Any = None, turn_ids: Any = None, **kwargs: Any
+) -> tuple[Any, Any]:
     """The ablation: per-turn discounted returns as advantages, no normalisation (``rebn_gamma``)."""
     _, returns = _rebn(token_level_rewards, response_mask, index, config, turn_ids, grouped=False)
     return returns, returns
@@ -226,7 +228,9 @@ def row_turn_ids(turn_ids: Sequence[Any], response_lengths: Sequence[int], paddi
             mismatched += 1
             logger.warning(
                 "gem: row %d has %d turn ids for a response of %d tokens (not the gem_env loop's row); it gets no turns",
-                row, ids.numel(), int(length),
+                row,
+                ids.numel(),
+                int(length),
             )
             continue
         out[row, : int(length)] = ids

@@ -265,9 +265,17 @@ class GemEnvAgentLoop(AgentLoopBase):
             # the same fields as every other row of the batch: verl concatenates them
             wants_logprobs = policy is not None and bool(policy.base_sampling_params.get("logprobs"))
             return GemAgentLoopOutput(
-                prompt_ids=trajectory.prompt_ids, response_ids=[pad], response_mask=[0], reward_score=0.0,
+                prompt_ids=trajectory.prompt_ids,
+                response_ids=[pad],
+                response_mask=[0],
+                reward_score=0.0,
                 response_logprobs=[0.0] if wants_logprobs else None,
-                num_turns=1, metrics=metrics, extra_fields=extra, token_rewards=[0.0], turn_ids=[-1], infra_error=failure,
+                num_turns=1,
+                metrics=metrics,
+                extra_fields=extra,
+                token_rewards=[0.0],
+                turn_ids=[-1],
+                infra_error=failure,
             )
         # gem_core's sequence view; an infra-failed episode's row keeps its tokens but carries no loss
         # (mask 0), no turn (-1) and no reward, so it is out of the loss and out of ReBN's statistics

@@ -38,7 +38,16 @@ def dataset_rows(
     system_prompt: str | None = None,
 ) -> list[dict[str, Any]]:
     """``n`` rows for ``env_id`` with seeds ``seed_start .. seed_start + n - 1``."""
-    specs = specs_for(env_id, n, seed_start=seed_start, env_kwargs=env_kwargs or {}, tools=tuple(tools), max_turns=max_turns, max_turn_tokens=max_turn_tokens, system_prompt=system_prompt)
+    specs = specs_for(
+        env_id,
+        n,
+        seed_start=seed_start,
+        env_kwargs=env_kwargs or {},
+        tools=tuple(tools),
+        max_turns=max_turns,
+        max_turn_tokens=max_turn_tokens,
+        system_prompt=system_prompt,
+    )
     env = specs[0].make_env()  # fails early on an unknown id, bad kwargs or an unknown tool
     rows = []
     try:
@@ -99,8 +108,16 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(PYARROW_MISSING)
     env_kwargs, tools = task_arguments(args)
     make_dataset(
-        args.env, args.n, args.out, seed_start=args.seed_start, env_kwargs=env_kwargs, tools=tools, max_turns=args.max_turns,
-        max_turn_tokens=args.max_turn_tokens, split=args.split, system_prompt=args.system_prompt
+        args.env,
+        args.n,
+        args.out,
+        seed_start=args.seed_start,
+        env_kwargs=env_kwargs,
+        tools=tools,
+        max_turns=args.max_turns,
+        max_turn_tokens=args.max_turn_tokens,
+        split=args.split,
+        system_prompt=args.system_prompt,
     )
     print(f"wrote {args.n} rows of {args.env} to {args.out}")
     return 0

@@ -79,9 +79,7 @@ def test_torch_stats_two_step() -> None:
     returns = discounted_returns(torch.tensor(rewards), torch.tensor(ids), gamma=0.9)
     stats = normalization_stats(returns, ddof=1)
     assert torch.is_tensor(stats.mean) and stats.mean.dtype == torch.float64
-    np.testing.assert_allclose(
-        normalize(returns[:7], stats).numpy(), rebn(rewards, ids, gamma=0.9, ddof=1)[:7], atol=1e-12
-    )
+    np.testing.assert_allclose(normalize(returns[:7], stats).numpy(), rebn(rewards, ids, gamma=0.9, ddof=1)[:7], atol=1e-12)
 
 
 def token_batch(seed: int, rows: int = 24, length: int = 40) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -140,21 +138,11 @@ def test_token_level_matches_flat_rebn_on_random_batches(torch_path: bool) -> No
     ids = turn_ids_from_mask(mask)
     num_turns = ids.max(axis=1) + 1
     # per-turn rewards (everything from a turn's first token up to the next turn) and their episode
-    flat_rewards = np.array(
-        [
-            rewards[row][ids[row] == turn].sum(dtype=np.float64)
-            for row in range(len(mask))
-            for turn in range(num_turns[row])
-        ]
-    )
+    flat_rewards = np.array([rewards[row][ids[row] == turn].sum(dtype=np.float64) for row in range(len(mask)) for turn in range(num_turns[row])])
     episode = np.repeat(np.arange(len(mask)), num_turns)
     per_turn = rebn(flat_rewards, episode, gamma=0.8, group_by=keys)
     out = rebn_token_level(torch.tensor(rewards), torch.tensor(mask), keys, gamma=0.8)
-    first_token = [
-        np.flatnonzero((ids[row] == turn) & (mask[row] == 1))[0]
-        for row in range(len(mask))
-        for turn in range(num_turns[row])
-    ]
+    first_token = [np.flatnonzero((ids[row] == turn) & (mask[row] == 1))[0] for row in range(len(mask)) for turn in range(num_turns[row])]
     np.testing.assert_allclose(out.numpy()[episode, first_token], per_turn, atol=1e-6)
     # outside the response mask: exactly zero
     assert (out.numpy()[mask == 0] == 0).all()
@@ -168,9 +156,7 @@ def test_token_level_explicit_ids_and_rows_as_turns_in_torch(torch_path: bool) -
     np.testing.assert_allclose(out.numpy(), expected, atol=1e-6)
     row_rewards = np.zeros((6, 3), dtype=np.float32)
     row_rewards[:, 2] = [0, 0, 1, 0.5, -0.1, 0]
-    out = rebn_token_level(
-        torch.tensor(row_rewards), torch.ones(6, 3), episode_ids=torch.tensor([0, 0, 0, 1, 1, 2]), gamma=0.9, ddof=1
-    )
+    out = rebn_token_level(torch.tensor(row_rewards), torch.ones(6, 3), episode_ids=torch.tensor([0, 0, 0, 1, 1, 2]), gamma=0.9, ddof=1)
     np.testing.assert_allclose(out[:, 0].numpy(), [0.6468, 0.8366, 1.0475, -0.1968, -1.2724, -1.0615], atol=5e-5)
 
 

@@ -42,9 +42,7 @@ def test_grpo_normalises_episode_returns_within_groups() -> None:
 
 def test_grpo_population_std_and_dr_grpo() -> None:
     r = np.array([1.0, 0.4, 0.0])
-    np.testing.assert_allclose(
-        grpo(EPISODES, ddof=0), np.repeat((r - r.mean()) / (r.std() + 1e-6), [3, 2, 1]), rtol=1e-12
-    )
+    np.testing.assert_allclose(grpo(EPISODES, ddof=0), np.repeat((r - r.mean()) / (r.std() + 1e-6), [3, 2, 1]), rtol=1e-12)
     # Dr.GRPO: centred only
     np.testing.assert_allclose(grpo(EPISODES, scale_by_std=False), np.repeat(r - r.mean(), [3, 2, 1]), atol=1e-12)
 

@@ -23,7 +23,7 @@ if not torch.distributed.is_available():  # pragma: no cover - every CPU wheel h
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _distributed_worker import shard, shared_batch
+from _distributed_worker import shard, shared_batch  # noqa: E402  (from this folder, put on sys.path above)
 
 WORKER = Path(__file__).parent / "_distributed_worker.py"
 
@@ -39,10 +39,7 @@ def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, np.
     out_dir = tmp_path_factory.mktemp("gloo")
     port = free_loopback_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
-    ranks = [
-        subprocess.Popen([sys.executable, str(WORKER), str(rank), "2", str(port), str(out_dir)], env=env)
-        for rank in range(2)
-    ]
+    ranks = [subprocess.Popen([sys.executable, str(WORKER), str(rank), "2", str(port), str(out_dir)], env=env) for rank in range(2)]
     try:
         codes = [process.wait(timeout=60) for process in ranks]
     finally:
@@ -80,9 +77,7 @@ def test_every_rank_sees_the_global_statistics(rank_results: list) -> None:
     data = shared_batch()
     stats = normalization_stats(discounted_returns(data["episodes"], gamma=0.9))
     for rank in range(2):
-        np.testing.assert_allclose(
-            rank_results[rank]["stats"], [stats.count[0], stats.mean[0], stats.std[0]], atol=1e-12
-        )
+        np.testing.assert_allclose(rank_results[rank]["stats"], [stats.count[0], stats.mean[0], stats.std[0]], atol=1e-12)
 
 
 def test_a_rank_with_no_episodes_still_takes_part(rank_results: list) -> None:

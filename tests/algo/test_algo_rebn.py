@@ -85,13 +85,9 @@ def test_one_episode_many_turns_is_normalised_over_its_turns() -> None:
 
 def test_gamma_zero_and_one() -> None:
     rewards = np.array([0, 0, 1, 0.5, -0.1, 0])
-    np.testing.assert_allclose(
-        rebn(GOLDEN_EPISODES, gamma=0.0, eps=0.0), (rewards - rewards.mean()) / rewards.std(), rtol=1e-12
-    )
+    np.testing.assert_allclose(rebn(GOLDEN_EPISODES, gamma=0.0, eps=0.0), (rewards - rewards.mean()) / rewards.std(), rtol=1e-12)
     returns = np.array([1, 1, 1, 0.4, -0.1, 0])
-    np.testing.assert_allclose(
-        rebn(GOLDEN_EPISODES, gamma=1.0, eps=0.0), (returns - returns.mean()) / returns.std(), rtol=1e-12
-    )
+    np.testing.assert_allclose(rebn(GOLDEN_EPISODES, gamma=1.0, eps=0.0), (returns - returns.mean()) / returns.std(), rtol=1e-12)
 
 
 def test_normalise_a_subsample_with_full_batch_stats() -> None:
@@ -137,9 +133,7 @@ def test_option_validation() -> None:
         normalization_stats(np.array([1.0, np.inf]))
 
 
-episodes_strategy = st.lists(
-    st.lists(st.floats(-10, 10, allow_nan=False, width=32), min_size=1, max_size=6), min_size=1, max_size=12
-)
+episodes_strategy = st.lists(st.lists(st.floats(-10, 10, allow_nan=False, width=32), min_size=1, max_size=6), min_size=1, max_size=12)
 
 
 @given(episodes=episodes_strategy, gamma=st.floats(0, 1), ddof=st.sampled_from([0, 1]))

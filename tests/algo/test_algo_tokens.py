@@ -135,9 +135,7 @@ def test_explicit_turn_ids_errors() -> None:
 def test_rewards_on_environment_tokens_count_for_the_turn_before_them() -> None:
     moved = golden_batch()
     moved[0, 5], moved[0, 6] = 0.0, 1.0  # row 0's reward now on the env token after turn 1
-    np.testing.assert_allclose(
-        rebn_token_level(moved, MASK, gamma=0.9), rebn_token_level(golden_batch(), MASK, gamma=0.9), atol=1e-15
-    )
+    np.testing.assert_allclose(rebn_token_level(moved, MASK, gamma=0.9), rebn_token_level(golden_batch(), MASK, gamma=0.9), atol=1e-15)
 
 
 def test_rewards_before_the_first_turn_are_an_error() -> None:
@@ -196,9 +194,7 @@ def test_rows_as_turns_view_reproduces_the_golden_values() -> None:
         (1, [0.6468, 0.8366, 1.0475, -0.1968, -1.2724, -1.0615]),
         (0, [0.7085, 0.9164, 1.1474, -0.2156, -1.3939, -1.1628]),
     ):
-        advantages, returns = rebn_token_level(
-            rewards, mask, episode_ids=[0, 0, 0, 1, 1, 2], gamma=0.9, ddof=ddof, return_returns=True
-        )
+        advantages, returns = rebn_token_level(rewards, mask, episode_ids=[0, 0, 0, 1, 1, 2], gamma=0.9, ddof=ddof, return_returns=True)
         np.testing.assert_allclose(advantages[:, 1], golden, atol=5e-5)
         np.testing.assert_array_equal(advantages[:, 0], 0.0)
         np.testing.assert_allclose(returns[:, 2], [0.81, 0.9, 1.0, 0.41, -0.1, 0.0], atol=1e-12)

@@ -76,9 +76,7 @@ def test_a_misspelled_keyword_gets_the_same_suggestion_sync_and_async():
         with pytest.raises(UnknownKwargError) as caught:
             gem_core.make_vec(GTN, 2, vectorization_mode=mode, max_turn=3)
         messages.append(str(caught.value))
-    assert messages[0] == messages[1] == (
-        f"{GTN} does not take 'max_turn'. Did you mean: max_turns? It accepts: max_number, max_turns, min_number."
-    )
+    assert messages[0] == messages[1] == (f"{GTN} does not take 'max_turn'. Did you mean: max_turns? It accepts: max_number, max_turns, min_number.")
     with pytest.raises(UnknownKwargError) as caught:
         gem_core.make(GTN, max_turn=3)
     assert str(caught.value) == messages[0]

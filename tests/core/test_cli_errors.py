@@ -79,7 +79,10 @@ TABLE = [
         ["make-dataset", "verl", "--env", GTN, "--n", "2", "--out", f"{NO_DIR}/x.parquet"],
         f"gem-core: error: --out {NO_DIR}/x.parquet: directory {NO_DIR} does not exist (create it first, or name another file)",
     ),
-    (["serve-search", "--corpus", "{tmp}/corpus.jsonl", "--port", "99999"], "gem-core serve-search: error: argument --port: expected a number in 0..65535, got 99999"),
+    (
+        ["serve-search", "--corpus", "{tmp}/corpus.jsonl", "--port", "99999"],
+        "gem-core serve-search: error: argument --port: expected a number in 0..65535, got 99999",
+    ),
     (
         ["make-dataset", "openrlhf", "--env", GTN, "--n", "2", "--max-turns", "-1", "--out", "{tmp}/rows.jsonl"],
         "gem-core make-dataset openrlhf: error: argument --max-turns: must be an integer >= 1, got '-1'",
@@ -90,7 +93,10 @@ TABLE = [
     (["play", GTN, "--vector", "threads"], "gem-core play: error: argument --vector: invalid choice: 'threads' (choose from 'sync', 'async', 'ray')"),
     (["list", "--category"], "gem-core list: error: argument --category: expected one argument"),
     (["list", "--verbose"], "gem-core: error: unrecognized arguments: --verbose"),
-    (["serve-search", "--corpus", "{tmp}/corpus.jsonl", "--port", "-1"], "gem-core serve-search: error: argument --port: expected a number in 0..65535, got -1"),
+    (
+        ["serve-search", "--corpus", "{tmp}/corpus.jsonl", "--port", "-1"],
+        "gem-core serve-search: error: argument --port: expected a number in 0..65535, got -1",
+    ),
     (["serve-search", "--corpus", "{tmp}/corpus.jsonl", "--topk", "0"], "gem-core serve-search: error: argument --topk: expected a number >= 1, got 0"),
     (
         ["serve-search", "--corpus", "{tmp}/corpus.jsonl", "--host", "192.0.2.1", "--port", "0"],  # TEST-NET-1: no machine's address
@@ -118,9 +124,15 @@ TABLE = [
         ["make-dataset", "openrlhf", "--env", GTN, "--n", "2", "--max-context-tokens", "0", "--out", "{tmp}/rows.jsonl"],
         "gem-core make-dataset openrlhf: error: argument --max-context-tokens: must be an integer >= 1, got '0'",
     ),
-    (["make-dataset", "verl", "--env", GTN, "--n", "-5", "--out", "{tmp}/x.parquet"], "gem-core make-dataset verl: error: argument --n: must be an integer >= 1, got '-5'"),
+    (
+        ["make-dataset", "verl", "--env", GTN, "--n", "-5", "--out", "{tmp}/x.parquet"],
+        "gem-core make-dataset verl: error: argument --n: must be an integer >= 1, got '-5'",
+    ),
     (["make-dataset", "trainerx", "--env", GTN], None),  # the choices depend on the plugins installed: checked below
-    (["train", "--env-kwargs", '{"max_turns": 2.5}', "--out", "{tmp}/run"], "gem-core: error: game:GuessTheNumber-v0-easy: max_turns=2.5 is not allowed: expected an integer in 1..100000, or None (set per episode by the game)"),
+    (
+        ["train", "--env-kwargs", '{"max_turns": 2.5}', "--out", "{tmp}/run"],
+        "gem-core: error: game:GuessTheNumber-v0-easy: max_turns=2.5 is not allowed: expected an integer in 1..100000, or None (set per episode by the game)",
+    ),
     (["train", "--view", "token", "--out", "{tmp}/run"], "gem-core train: error: argument --view: invalid choice: 'token' (choose from 'turn', 'sequence')"),
     (["train", "--clip", "-0.2", "--out", "{tmp}/run"], "gem-core train: error: argument --clip: expected a number in [0, 10], got -0.2"),
     (["eval", GTN, "--policy", "random", "--seed-start", "-1"], "gem-core eval run: error: argument --seed-start: expected a number >= 0, got -1"),
@@ -211,7 +223,13 @@ def test_openrlhf_train_help_without_openrlhf_shows_the_options(workdir):
     code, out, err = run_script(["openrlhf", "train", "--help"], cwd=str(workdir))
     assert code == 0 and err == "", err
     assert out.startswith("usage: gem-core openrlhf train ")
-    for option in ("--algo.advantage.estimator rebn", "--algo.advantage.rebn_eps", "--algo.advantage.rebn_ddof", "--train.agent_func_path", "--data.label_key label"):
+    for option in (
+        "--algo.advantage.estimator rebn",
+        "--algo.advantage.rebn_eps",
+        "--algo.advantage.rebn_ddof",
+        "--train.agent_func_path",
+        "--data.label_key label",
+    ):
         assert option in out
     assert "pip install -e '.[openrlhf]'" in out
     code, out, err = run_script(["openrlhf", "train", "--algo.advantage.estimator", "rebn"], cwd=str(workdir))

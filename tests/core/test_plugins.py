@@ -62,7 +62,13 @@ def test_install_rolls_back_when_a_patch_fails(monkeypatch):
     module.Maker = type("Maker", (), {"compute": lambda self, x: x})
     monkeypatch.setitem(__import__("sys").modules, "gem_fake_trainer3", module)
     original = module.Maker.__dict__["compute"]
-    plugin = TrainerPlugin("fake", "pip", ">=1", "gem_fake_trainer3", patches=[Patch("gem_fake_trainer3:Maker", "compute", _wrap), Patch("gem_fake_trainer3:Maker", "missing", _wrap)])
+    plugin = TrainerPlugin(
+        "fake",
+        "pip",
+        ">=1",
+        "gem_fake_trainer3",
+        patches=[Patch("gem_fake_trainer3:Maker", "compute", _wrap), Patch("gem_fake_trainer3:Maker", "missing", _wrap)],
+    )
     with pytest.raises(PluginError):
         plugin.install()
     assert module.Maker.__dict__["compute"] is original
@@ -88,7 +94,12 @@ def test_engine_policy_keeps_the_stop_token_and_reads_vllm_finish_reasons():
 
     class Adapter(EnginePolicy):
         async def request(self, prompt_ids, params, request_id):
-            return await engine.generate(prompt_ids, VLLMSamplingParams(**{k: v for k, v in self.vllm_params(params).items() if k in ("max_tokens", "stop_token_ids", "temperature", "top_p", "top_k")}))
+            return await engine.generate(
+                prompt_ids,
+                VLLMSamplingParams(
+                    **{k: v for k, v in self.vllm_params(params).items() if k in ("max_tokens", "stop_token_ids", "temperature", "top_p", "top_k")}
+                ),
+            )
 
     prompt = tokenizer.encode("hello", add_special_tokens=False)
     full = asyncio.run(Adapter().generate(prompt, SamplingParams(max_tokens=64, stop_token_ids=(stop,))))

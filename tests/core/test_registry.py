@@ -67,10 +67,8 @@ def test_alias_resolves_and_make_uses_target():
 
 
 def test_register_with_aliases_only_touches_its_own_aliases():
-    gem_core.register("test:AliasA-v0", "gem_core.envs.games.guess_the_number:GuessTheNumber",
-                      aliases=["test:A-v0"], override=True)
-    gem_core.register("test:AliasB-v0", "gem_core.envs.games.guess_the_number:GuessTheNumber",
-                      aliases=["test:B-v0"], override=True)
+    gem_core.register("test:AliasA-v0", "gem_core.envs.games.guess_the_number:GuessTheNumber", aliases=["test:A-v0"], override=True)
+    gem_core.register("test:AliasB-v0", "gem_core.envs.games.guess_the_number:GuessTheNumber", aliases=["test:B-v0"], override=True)
     assert gem_core.spec("test:A-v0").id == "test:AliasA-v0"
     assert gem_core.spec("test:B-v0").id == "test:AliasB-v0"
 
@@ -93,7 +91,8 @@ def test_env_factory_pickles_and_builds_without_registry_lookup():
 
 def test_third_party_plugin_registers_through_entry_points(tmp_path):
     """A real distribution (dist-info on sys.path) exposing the gem_core.envs group is discovered."""
-    (tmp_path / "fake_gem_plugin.py").write_text(textwrap.dedent('''
+    (tmp_path / "fake_gem_plugin.py").write_text(
+        textwrap.dedent("""
         import gem_core
         from gem_core.envs.games.guess_the_number import GuessTheNumber
 
@@ -102,7 +101,8 @@ def test_third_party_plugin_registers_through_entry_points(tmp_path):
 
         def register_envs():
             gem_core.register("plugin:Tiny-v0", "fake_gem_plugin:Tiny", min_number=1, max_number=3, max_turns=2)
-    '''))
+    """)
+    )
     dist = tmp_path / "fake_gem_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-gem-plugin\nVersion: 0.1\n")
@@ -115,8 +115,7 @@ def test_third_party_plugin_registers_through_entry_points(tmp_path):
         "assert 'plugin:Tiny-v0' in gem_core.list_envs('plugin')\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(tmp_path), "PATH": ""}, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": ""}, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
@@ -124,10 +123,6 @@ def test_third_party_plugin_registers_through_entry_points(tmp_path):
 def test_import_is_light():
     # what keeps `import gem_core` fast: none of the heavy modules come with it (its time is a benchmark's
     # business, not a test's: CI's loaded machine made a 1 s bound flaky)
-    code = (
-        "import sys\n"
-        "import gem_core\n"
-        "print([m for m in ('torch', 'transformers', 'ray', 'english_words', 'gem_core.cli') if m in sys.modules])\n"
-    )
+    code = "import sys\nimport gem_core\nprint([m for m in ('torch', 'transformers', 'ray', 'english_words', 'gem_core.cli') if m in sys.modules])\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

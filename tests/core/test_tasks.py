@@ -47,8 +47,9 @@ def test_make_task_env_wraps_tools(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="GEM_SEARCH_URL"):
         make_task_env("game:GuessTheNumber-v0-easy", None, ["search"])
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text('{"id": "1", "title": "Paris", "text": "Paris is the capital of France."}\n'
-                      '{"id": "2", "title": "Rome", "text": "Rome is the capital of Italy."}\n')
+    corpus.write_text(
+        '{"id": "1", "title": "Paris", "text": "Paris is the capital of France."}\n{"id": "2", "title": "Rome", "text": "Rome is the capital of Italy."}\n'
+    )
     monkeypatch.setenv("GEM_SEARCH_CORPUS", str(corpus))
     env = make_task_env("game:GuessTheNumber-v0-easy", None, ["search"])
     try:
@@ -67,8 +68,7 @@ def test_shared_dataset_arguments_parse_and_validate():
 
     parser = argparse.ArgumentParser()
     add_task_arguments(parser)
-    args = parser.parse_args(["--env", "game:Sudoku-v0-easy", "--n", "3", "--env-kwargs", '{"max_turns": 9}',
-                              "--tools", "python"])
+    args = parser.parse_args(["--env", "game:Sudoku-v0-easy", "--n", "3", "--env-kwargs", '{"max_turns": 9}', "--tools", "python"])
     assert task_arguments(args) == ({"max_turns": 9}, ["python"])
     bad = parser.parse_args(["--env", "x:y", "--n", "1", "--env-kwargs", "{not json"])
     with pytest.raises(ValueError, match="not JSON"):
@@ -113,5 +113,7 @@ def test_first_message_is_what_the_runner_shows():
 
     tokenizer = build_test_tokenizer()
     spec = TaskSpec("game:Minesweeper-v0-easy", seed=2)
-    trajectory = asyncio.run(run_episode(spec.make_env(), ScriptedPolicy(tokenizer, lambda c: "\\boxed{r 0 0}"), ChatFormatter(tokenizer), RunConfig(max_turns=1), seed=2))
+    trajectory = asyncio.run(
+        run_episode(spec.make_env(), ScriptedPolicy(tokenizer, lambda c: "\\boxed{r 0 0}"), ChatFormatter(tokenizer), RunConfig(max_turns=1), seed=2)
+    )
     assert trajectory.initial_message == spec.first_message()

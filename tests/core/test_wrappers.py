@@ -46,9 +46,7 @@ class ScriptEnv(Env[str, str]):
         reward = {"done": 1.0, "bad": -0.1, "illegal": 0.0}.get(action, 0.25)
         terminated = action == "done"
         truncated = not terminated and self.turn >= self.limit
-        info = self._info(
-            success=terminated, format_error=action == "bad", invalid_action=action == "illegal", turn=self.turn
-        )
+        info = self._info(success=terminated, format_error=action == "bad", invalid_action=action == "illegal", turn=self.turn)
         self.last_info = info
         return f"echo {action}", reward, terminated, truncated, info
 
@@ -75,12 +73,7 @@ def test_history_full_with_actions_exact_text():
     obs, *_ = env.step("a")
     assert obs == "Task: say done.\n\n[Turn 1]\nAction: a\nObservation: echo a\n\nYour move."
     obs, *_ = env.step("b")
-    assert obs == (
-        "Task: say done.\n\n"
-        "[Turn 1]\nAction: a\nObservation: echo a\n\n"
-        "[Turn 2]\nAction: b\nObservation: echo b\n\n"
-        "Your move."
-    )
+    assert obs == ("Task: say done.\n\n[Turn 1]\nAction: a\nObservation: echo a\n\n[Turn 2]\nAction: b\nObservation: echo b\n\nYour move.")
 
 
 def test_history_without_actions_exact_text():
@@ -95,17 +88,12 @@ def test_history_last_k_keeps_task_and_marks_omitted_turns():
     env = HistoryWrapper(ScriptEnv(), mode="last_k", k=2)
     env.reset()
     texts = [env.step(a)[0] for a in ["a", "b", "c", "d"]]
-    assert texts[1] == (
-        "Task: say done.\n\n[Turn 1]\nAction: a\nObservation: echo a\n\n"
-        "[Turn 2]\nAction: b\nObservation: echo b\n\nYour move."
-    )
+    assert texts[1] == ("Task: say done.\n\n[Turn 1]\nAction: a\nObservation: echo a\n\n[Turn 2]\nAction: b\nObservation: echo b\n\nYour move.")
     assert texts[2] == (
-        "Task: say done.\n\n[Turn 1 omitted]\n\n[Turn 2]\nAction: b\nObservation: echo b\n\n"
-        "[Turn 3]\nAction: c\nObservation: echo c\n\nYour move."
+        "Task: say done.\n\n[Turn 1 omitted]\n\n[Turn 2]\nAction: b\nObservation: echo b\n\n[Turn 3]\nAction: c\nObservation: echo c\n\nYour move."
     )
     assert texts[3] == (
-        "Task: say done.\n\n[Turns 1-2 omitted]\n\n[Turn 3]\nAction: c\nObservation: echo c\n\n"
-        "[Turn 4]\nAction: d\nObservation: echo d\n\nYour move."
+        "Task: say done.\n\n[Turns 1-2 omitted]\n\n[Turn 3]\nAction: c\nObservation: echo c\n\n[Turn 4]\nAction: d\nObservation: echo d\n\nYour move."
     )
 
 
@@ -410,9 +398,7 @@ def test_wrapper_base_class_is_used():
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_wrappers_inside_a_vector_env(mode):
-    vec = gem_core.make_vec(
-        GTN_EASY, 2, vectorization_mode=mode, wrappers=[EpisodeStatistics, partial(HistoryWrapper, mode="last")]
-    )
+    vec = gem_core.make_vec(GTN_EASY, 2, vectorization_mode=mode, wrappers=[EpisodeStatistics, partial(HistoryWrapper, mode="last")])
     try:
         obs, _ = vec.reset(seed=0)
         assert all(o.endswith("Enter your first guess to start the game.") for o in obs)

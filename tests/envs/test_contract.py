@@ -23,9 +23,29 @@ GAME_IDS = [i for i in ALL_IDS if i.startswith("game:")]
 
 # Text a model might plausibly produce: boxed fragments, numbers, coordinates, unicode, junk.
 _fragments = st.sampled_from(
-    ["\\boxed{", "}", "{", "\\boxed{}", "\\boxed{1}", "\\boxed{a}", "\\boxed{0 0}", "\\boxed{up}", "\\boxed{1 2 3}",
-     "\\boxed{A1}", "\\boxed{reveal 1 1}", "\\boxed{-5}", "\\boxed{99999999999999999999}", "\\fbox{3}", " ", "\n",
-     "\\boxed{[1, 2] [3, 4]}", "\\boxed{\\boxed{2}}", "\x00", "é", "🙂"]
+    [
+        "\\boxed{",
+        "}",
+        "{",
+        "\\boxed{}",
+        "\\boxed{1}",
+        "\\boxed{a}",
+        "\\boxed{0 0}",
+        "\\boxed{up}",
+        "\\boxed{1 2 3}",
+        "\\boxed{A1}",
+        "\\boxed{reveal 1 1}",
+        "\\boxed{-5}",
+        "\\boxed{99999999999999999999}",
+        "\\fbox{3}",
+        " ",
+        "\n",
+        "\\boxed{[1, 2] [3, 4]}",
+        "\\boxed{\\boxed{2}}",
+        "\x00",
+        "é",
+        "🙂",
+    ]
 )
 actions = st.one_of(st.text(max_size=60), st.lists(st.one_of(_fragments, st.text(max_size=8)), max_size=8).map("".join))
 

@@ -432,11 +432,7 @@ def grid_is_valid(grid: list[int], scale: int) -> bool:
     digits = list(range(1, scale + 1))
     rows = [grid[r * scale : (r + 1) * scale] for r in range(scale)]
     cols = [grid[c::scale] for c in range(scale)]
-    boxes = [
-        [grid[(top + r) * scale + left + c] for r in range(box) for c in range(box)]
-        for top in range(0, scale, box)
-        for left in range(0, scale, box)
-    ]
+    boxes = [[grid[(top + r) * scale + left + c] for r in range(box) for c in range(box)] for top in range(0, scale, box) for left in range(0, scale, box)]
     return all(sorted(unit) == digits for unit in rows + cols + boxes)
 
 

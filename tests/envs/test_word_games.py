@@ -304,8 +304,7 @@ def test_clue_bank_is_small_our_own_and_uses_listed_words():
         bank = clue_bank(level)
         assert len(bank) >= 80
         # The file itself lists each answer once per level (clue_bank would drop a repeat silently).
-        rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and not line.startswith("#")]
+        rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and not line.startswith("#")]
         in_file = [answer for row_level, answer, _ in rows if row_level == level]
         assert len(set(in_file)) == len(in_file) == len(bank)
         answers = [answer for answer, _ in bank]
@@ -582,9 +581,7 @@ def test_word_search_random_variant():
 # -- all four -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "env_id", ["game:Wordle-v0-easy", "game:Hangman-v0-easy", "game:Crosswords-v0-easy", "game:WordSearch-v0-easy"]
-)
+@pytest.mark.parametrize("env_id", ["game:Wordle-v0-easy", "game:Hangman-v0-easy", "game:Crosswords-v0-easy", "game:WordSearch-v0-easy"])
 def test_lost_episodes_return_at_most_the_progress_share(env_id):
     env = gem_core.make(env_id)
     losses = 0

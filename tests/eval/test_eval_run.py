@@ -31,7 +31,9 @@ def test_scripted_players_score_exactly_what_their_strategy_predicts(tmp_path, c
     for name, reply in (("search", binary_search), ("scan", linear_scan)):
         with FakeChatServer(reply) as server:
             out = tmp_path / f"{name}.jsonl"
-            code, stdout, _ = run(capsys, EASY, HARD, "--base-url", server.base_url, "--model", name, "--episodes", str(n), "--concurrency", "8", "--out", str(out))
+            code, stdout, _ = run(
+                capsys, EASY, HARD, "--base-url", server.base_url, "--model", name, "--episodes", str(n), "--concurrency", "8", "--out", str(out)
+            )
         assert code == 0
         lines = read_lines(out)
         assert [(line["env_id"], line["seed"]) for line in lines] == [(env, s) for env in (EASY, HARD) for s in range(n)]
@@ -86,15 +88,15 @@ def test_two_runs_with_the_same_arguments_see_the_same_episodes(tmp_path, capsys
 
 def test_failures_are_retried_or_recorded_per_episode_and_the_run_goes_on(tmp_path, capsys):
     scripted = {  # episode -> fault on (turn, attempt)
-        0: lambda turn, attempt: 500 if attempt == 1 else None,          # one 500, then fine
-        1: lambda turn, attempt: 429 if attempt <= 2 else None,          # rate-limited twice
-        2: lambda turn, attempt: "garbage" if attempt == 1 else None,    # a proxy's HTML page once
-        3: lambda turn, attempt: "hang" if attempt == 1 else None,       # one request hangs
-        4: lambda turn, attempt: 500,                                    # always 500
-        5: lambda turn, attempt: "hang",                                 # always hangs
-        6: lambda turn, attempt: "garbage",                              # always garbage
-        7: lambda turn, attempt: 503 if turn == 2 else None,             # fails at its third turn
-        8: lambda turn, attempt: 401,                                    # not retried
+        0: lambda turn, attempt: 500 if attempt == 1 else None,  # one 500, then fine
+        1: lambda turn, attempt: 429 if attempt <= 2 else None,  # rate-limited twice
+        2: lambda turn, attempt: "garbage" if attempt == 1 else None,  # a proxy's HTML page once
+        3: lambda turn, attempt: "hang" if attempt == 1 else None,  # one request hangs
+        4: lambda turn, attempt: 500,  # always 500
+        5: lambda turn, attempt: "hang",  # always hangs
+        6: lambda turn, attempt: "garbage",  # always garbage
+        7: lambda turn, attempt: 503 if turn == 2 else None,  # fails at its third turn
+        8: lambda turn, attempt: 401,  # not retried
     }
 
     def fault(request_id, attempt):
@@ -105,8 +107,22 @@ def test_failures_are_retried_or_recorded_per_episode_and_the_run_goes_on(tmp_pa
     started = time.monotonic()
     with FakeChatServer(binary_search, fault=fault) as server:
         code, stdout, _ = run(
-            capsys, HARD, "--base-url", server.base_url, "--model", "m", "--episodes", "12", "--concurrency", "12",
-            "--retries", "2", "--request-timeout", "3", "--out", str(out),
+            capsys,
+            HARD,
+            "--base-url",
+            server.base_url,
+            "--model",
+            "m",
+            "--episodes",
+            "12",
+            "--concurrency",
+            "12",
+            "--retries",
+            "2",
+            "--request-timeout",
+            "3",
+            "--out",
+            str(out),
         )
         requests = list(server.requests)
     elapsed = time.monotonic() - started
@@ -190,7 +206,9 @@ def test_an_evaluation_set_plays_each_item_once_in_order(toy_eval_set, tmp_path,
 
     out = tmp_path / "set.jsonl"
     with FakeChatServer(reply) as server:
-        code, stdout, _ = run(capsys, "eval:Toy*", "--base-url", server.base_url, "--model", "m", "--out", str(out), "--save-transcripts")  # eval:* has the real sets too
+        code, stdout, _ = run(
+            capsys, "eval:Toy*", "--base-url", server.base_url, "--model", "m", "--out", str(out), "--save-transcripts"
+        )  # eval:* has the real sets too
     assert code == 0
     lines = read_lines(out)
     assert [(line["env_id"], line["item"], line["success"]) for line in lines] == [(toy_eval_set, 0, True), (toy_eval_set, 1, True), (toy_eval_set, 2, False)]

@@ -9,7 +9,9 @@ import time
 
 
 def test_leaves_a_process_of_the_run_behind():
-    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"], start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"], start_new_session=True
+    )
     wanted = f"GEM_SANDBOX_LABEL={os.environ['GEM_SANDBOX_LABEL']}".encode()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # its environment shows a moment after its exec returned

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import CORE_TESTS, actor_states, alive, wait_until
+from conftest import actor_states, alive, wait_until
 
 import gem_core
 from gem_core.errors import InvalidArgumentError, UnknownKwargError

@@ -42,11 +42,29 @@ def two_nodes():
     # these raylets and the driver share one host and one user: no token, for all three alike.
     env = {**os.environ, **RUNTIME_ENV["env_vars"], "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
     common = ["--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
-    head = [RAY, "start", "--head", f"--port={head_port}", "--include-dashboard=false", *common,
-            "--resources=" + json.dumps({"node_a": 1}), *node_ports(ports[:5]), "--min-worker-port=20000", "--max-worker-port=20999"]
+    head = [
+        RAY,
+        "start",
+        "--head",
+        f"--port={head_port}",
+        "--include-dashboard=false",
+        *common,
+        "--resources=" + json.dumps({"node_a": 1}),
+        *node_ports(ports[:5]),
+        "--min-worker-port=20000",
+        "--max-worker-port=20999",
+    ]
     address = f"127.0.0.1:{head_port}"
-    worker = [RAY, "start", f"--address={address}", *common, "--resources=" + json.dumps({"node_b": 1}),
-              *node_ports(ports[5:10]), "--min-worker-port=21000", "--max-worker-port=21999"]
+    worker = [
+        RAY,
+        "start",
+        f"--address={address}",
+        *common,
+        "--resources=" + json.dumps({"node_b": 1}),
+        *node_ports(ports[5:10]),
+        "--min-worker-port=21000",
+        "--max-worker-port=21999",
+    ]
     try:
         for command in (head, worker):
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)

@@ -21,7 +21,9 @@ def test_the_converted_tokenizer_is_the_ggufs_and_names_a_class_every_transforme
     original = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     for add in (True, False):
         messages = MESSAGES[:2] if add else MESSAGES
-        assert converted.apply_chat_template(messages, add_generation_prompt=add, tokenize=False) == original.apply_chat_template(messages, add_generation_prompt=add, tokenize=False)
+        assert converted.apply_chat_template(messages, add_generation_prompt=add, tokenize=False) == original.apply_chat_template(
+            messages, add_generation_prompt=add, tokenize=False
+        )
     text = "At turn 2, you guessed 17, and the target number is lower than 17.<|im_end|>"
     assert converted(text)["input_ids"] == original(text)["input_ids"]
     assert (converted.eos_token_id, converted.pad_token_id, len(converted)) == (original.eos_token_id, original.pad_token_id, len(original))

@@ -9,7 +9,19 @@ import pytest
 
 pytest.importorskip("vllm")
 
-ARGS = ["game:GuessTheNumber-v0-random", "--episodes", "3", "--max-tokens", "32", "--temperature", "0", "--save-transcripts", "--no-progress", "--dtype", "float32"]
+ARGS = [
+    "game:GuessTheNumber-v0-random",
+    "--episodes",
+    "3",
+    "--max-tokens",
+    "32",
+    "--temperature",
+    "0",
+    "--save-transcripts",
+    "--no-progress",
+    "--dtype",
+    "float32",
+]
 
 
 def _episodes(path):
@@ -31,5 +43,11 @@ def test_eval_with_the_vllm_policy_plays_what_the_hf_policy_plays(model_dir, tmp
     assert len(vllm_rows) == len(hf_rows) == 3 and all(r["error"] is None for r in vllm_rows)
     for v, h in zip(vllm_rows, hf_rows):
         assert v["transcript"] == h["transcript"]  # every turn's text, token for token greedy
-        assert (v["return"], v["turns"], v["tokens_in"], v["tokens_out"], v["finish_reason"]) == (h["return"], h["turns"], h["tokens_in"], h["tokens_out"], h["finish_reason"])
+        assert (v["return"], v["turns"], v["tokens_in"], v["tokens_out"], v["finish_reason"]) == (
+            h["return"],
+            h["turns"],
+            h["tokens_in"],
+            h["tokens_out"],
+            h["finish_reason"],
+        )
     assert sum(r["turns"] for r in vllm_rows) >= 3 and all(r["tokens_out"] > 0 for r in vllm_rows)

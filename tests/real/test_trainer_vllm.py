@@ -36,8 +36,18 @@ def test_the_engine_samples_from_the_trainers_current_weights(model_dir, tmp_pat
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     config = TrainConfig(
-        model=model_dir, rollout_engine="vllm", estimator="reinforce", episodes=4, eval_episodes=1, max_tokens=16, temperature=0.7, lr=1e-3, lr_warmup=0,
-        max_context_tokens=1024, warmup_steps=0, out=str(tmp_path / "run"),
+        model=model_dir,
+        rollout_engine="vllm",
+        estimator="reinforce",
+        episodes=4,
+        eval_episodes=1,
+        max_tokens=16,
+        temperature=0.7,
+        lr=1e-3,
+        lr_warmup=0,
+        max_context_tokens=1024,
+        warmup_steps=0,
+        out=str(tmp_path / "run"),
     )
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)
     try:

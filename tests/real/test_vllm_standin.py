@@ -118,7 +118,7 @@ def test_a_response_past_the_context_is_cut_alike(llm, standin, prompts):
     prompt = (prompts[1] * 100)[: MAX_MODEL_LEN - 20]
     try:
         real = llm.generate([{"prompt_token_ids": prompt}], vllm.SamplingParams(temperature=0.0, **values), use_tqdm=False)[0].outputs[0]
-    except Exception as exc:  # vLLM refuses the request instead of cutting it
+    except Exception:  # vLLM refuses the request instead of cutting it
         with pytest.raises(EngineError):
             standin.generate([{"prompt_token_ids": prompt}], VLLMSamplingParams(temperature=0.0, **values))
         return

@@ -156,7 +156,9 @@ def test_hf_policy_end_to_end_on_cpu(tokenizer, formatter, tiny_model):
     envs = [ScriptedRewardEnv([0.0, 0.5, 1.0], obs_chars=30) for _ in range(3)]
     policy = HFPolicy(tiny_model, seed=0, max_batch_size=1)
     first = asyncio.run(run_episodes(envs, policy, formatter, RunConfig(params=params, max_context_tokens=200), seeds=[0, 1, 2]))
-    again = asyncio.run(run_episodes(envs, HFPolicy(tiny_model, seed=0, max_batch_size=1), formatter, RunConfig(params=params, max_context_tokens=200), seeds=[0, 1, 2]))
+    again = asyncio.run(
+        run_episodes(envs, HFPolicy(tiny_model, seed=0, max_batch_size=1), formatter, RunConfig(params=params, max_context_tokens=200), seeds=[0, 1, 2])
+    )
     assert [t.to_dict() for t in first] == [t.to_dict() for t in again]
     assert sum(t.num_turns for t in first) >= 4
     for trajectory in first:

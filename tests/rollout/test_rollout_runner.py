@@ -250,9 +250,7 @@ def test_groups_start_from_one_state(tokenizer, formatter):
     policy = RandomPolicy(len(tokenizer), seed=0, stop_probability=0.3)
     vector = gem_core.make_vec("game:GuessTheNumber-v0-random", 4, vectorization_mode="sync")
     try:
-        trajectories = asyncio.run(
-            run_episodes(vector, policy, formatter, RunConfig(params=SamplingParams(max_tokens=8)), seeds=[7, 8, None], group_size=2)
-        )
+        trajectories = asyncio.run(run_episodes(vector, policy, formatter, RunConfig(params=SamplingParams(max_tokens=8)), seeds=[7, 8, None], group_size=2))
     finally:
         vector.close()
     assert [t.episode_id for t in trajectories] == ["ep0-0", "ep0-1", "ep1-0", "ep1-1", "ep2-0", "ep2-1"]
@@ -291,7 +289,12 @@ def test_random_policy_fuzz_keeps_the_invariants(tokenizer, formatter):
     ids = ["game:GuessTheNumber-v0-hard", "game:Mastermind-v0-hard", "game:Wordle-v0-easy", "game:Sudoku-v0-easy"]
     limit = 600
     trajectories = asyncio.run(
-        run_episodes([EpisodeSpec(i, seed=s) for i in ids for s in range(3)], policy, formatter, RunConfig(params=SamplingParams(max_tokens=64), max_context_tokens=limit))
+        run_episodes(
+            [EpisodeSpec(i, seed=s) for i in ids for s in range(3)],
+            policy,
+            formatter,
+            RunConfig(params=SamplingParams(max_tokens=64), max_context_tokens=limit),
+        )
     )
     for trajectory in trajectories:
         sequence = trajectory.as_sequence()

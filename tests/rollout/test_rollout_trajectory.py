@@ -49,9 +49,7 @@ def test_logprobs_are_aligned_with_response_tokens(golden):
     for trajectory, sequence in zip(golden.trajectories, golden.sequences):
         for turn in trajectory.turns:
             assert turn.logprobs == [scripted_logprob(t, i) for i, t in enumerate(turn.response_ids)]
-        for position, (token, mask, logprob, turn_id) in enumerate(
-            zip(sequence.response_ids, sequence.loss_mask, sequence.logprobs, sequence.turn_ids)
-        ):
+        for position, (token, mask, logprob, turn_id) in enumerate(zip(sequence.response_ids, sequence.loss_mask, sequence.logprobs, sequence.turn_ids)):
             if mask:
                 offset = position - sum(len(t.response_ids) + len(t.obs_delta_ids) for t in trajectory.turns[:turn_id])
                 assert logprob == scripted_logprob(token, offset)

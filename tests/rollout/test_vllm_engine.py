@@ -46,7 +46,9 @@ def test_max_tokens_as_given_and_the_context_window(setup):
     assert len(_out(engine, prompt, max_tokens=3).token_ids) == 3
     rest = _out(engine, prompt, max_tokens=None, ignore_eos=True)
     assert len(prompt) + len(rest.token_ids) == 128 and rest.finish_reason == "length"
-    assert asyncio.run(engine.generate_tokens("r", prompt_ids=prompt, sampling_params={"ignore_eos": True})).outputs[0].token_ids.__len__() == 16  # vLLM's default
+    assert (
+        asyncio.run(engine.generate_tokens("r", prompt_ids=prompt, sampling_params={"ignore_eos": True})).outputs[0].token_ids.__len__() == 16
+    )  # vLLM's default
     with pytest.raises(EngineError, match="longer than the maximum model length"):
         _out(engine, list(range(128)), max_tokens=1)
 

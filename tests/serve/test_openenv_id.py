@@ -78,7 +78,9 @@ def say_policy(messages: list[dict[str, str]]) -> str:
     """Guess 0, then move by the hints (a text policy, for the fake OpenAI-compatible server)."""
     text = " ".join(m["content"] for m in messages if m["role"] == "user")
     low, high = 0, 9
-    for said, hint in zip(re.findall(r"\\boxed\{(\d+)\}", " ".join(m["content"] for m in messages if m["role"] == "assistant")), re.findall(r"it is (higher|lower)", text)):
+    for said, hint in zip(
+        re.findall(r"\\boxed\{(\d+)\}", " ".join(m["content"] for m in messages if m["role"] == "assistant")), re.findall(r"it is (higher|lower)", text)
+    ):
         low, high = (int(said) + 1, high) if hint == "higher" else (low, int(said) - 1)
     return f"\\boxed{{{(low + high) // 2}}}"
 
@@ -159,7 +161,9 @@ def test_runner_and_rebn_on_an_openenv_id(openenv_url):
 def test_gem_core_eval_on_an_openenv_id(openenv_url, tmp_path, capsys):
     out = tmp_path / "results.jsonl"
     with FakeChatServer(say_policy) as chat:
-        code = cli.main(["eval", f"openenv:{openenv_url}", "--base-url", chat.base_url, "--model", "fake", "--episodes", "4", "--max-turns", "3", "--out", str(out)])
+        code = cli.main(
+            ["eval", f"openenv:{openenv_url}", "--base-url", chat.base_url, "--model", "fake", "--episodes", "4", "--max-turns", "3", "--out", str(out)]
+        )
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and {row["env_id"] for row in rows} == {f"openenv:{openenv_url}"}

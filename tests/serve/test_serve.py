@@ -140,7 +140,9 @@ def test_idle_session_times_out_with_a_clear_error():
             while server.open_envs and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert server.open_envs == 0 and server.envs_closed == server.envs_built
-            with pytest.raises(RuntimeError, match=r"session's env is closed \(idle for \d+ s, more than the server's idle timeout of 0.5 s\); open a new session"):
+            with pytest.raises(
+                RuntimeError, match=r"session's env is closed \(idle for \d+ s, more than the server's idle timeout of 0.5 s\); open a new session"
+            ):
                 client.step({"action": "\\boxed{3}"})
         with GenericEnvClient(base_url=server.url()).sync() as again:
             assert again.reset(seed=0).done is False

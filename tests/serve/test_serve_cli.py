@@ -29,12 +29,17 @@ def test_serve_runs_until_a_signal_then_stops_cleanly(stop):
     # SIGINT's default disposition in the child: a shell's background job (CI runs its two streams as such)
     # starts with SIGINT ignored, and Python then installs no KeyboardInterrupt handler: Ctrl-C's, restored
     proc = subprocess.Popen(
-        [*_script(), "serve", GUESS, "--port", "0", "--max-sessions", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [*_script(), "serve", GUESS, "--port", "0", "--max-sessions", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = proc.stdout.readline()
-        match = re.fullmatch(rf"serving {re.escape(GUESS)} at (http://127\.0\.0\.1:\d+) \(OpenEnv: GenericEnvClient\(base_url=\.\.\.\), WebSocket /ws\)\n", line)
+        match = re.fullmatch(
+            rf"serving {re.escape(GUESS)} at (http://127\.0\.0\.1:\d+) \(OpenEnv: GenericEnvClient\(base_url=\.\.\.\), WebSocket /ws\)\n", line
+        )
         assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
         actions = guesses(2)
         with GenericEnvClient(base_url=match.group(1)).sync() as client:
@@ -64,15 +69,24 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 
 
 BAD = [
-    (["serve", "game:GuessTheNumbr-v0"], "gem-core: error: no env registered as 'game:GuessTheNumbr-v0'. Did you mean: game:GuessTheNumber-v0, game:GuessTheNumber-v0-hard, game:GuessTheNumber-v0-easy? (`gem-core list` shows every id)"),
+    (
+        ["serve", "game:GuessTheNumbr-v0"],
+        "gem-core: error: no env registered as 'game:GuessTheNumbr-v0'. Did you mean: game:GuessTheNumber-v0, game:GuessTheNumber-v0-hard, game:GuessTheNumber-v0-easy? (`gem-core list` shows every id)",
+    ),
     (["serve", GUESS, "--max-sessions", "0"], "gem-core serve: error: argument --max-sessions: expected a number in 1..4096, got 0"),
     (["serve", GUESS, "--max-sessions", "5000"], "gem-core serve: error: argument --max-sessions: expected a number in 1..4096, got 5000"),
     (["serve", GUESS, "--idle-timeout", "0"], "gem-core serve: error: argument --idle-timeout: expected a number of seconds > 0, got 0"),
     (["serve", GUESS, "--idle-timeout", "soon"], "gem-core serve: error: argument --idle-timeout: expected a number of seconds, got 'soon'"),
     (["serve", GUESS, "--port", "70000"], "gem-core serve: error: argument --port: expected a number in 0..65535, got 70000"),
     (["serve", GUESS, "--env-kwargs", "[1]"], "gem-core: error: --env-kwargs: env kwargs must be a JSON object, got list"),
-    (["serve", GUESS, "--env-kwargs", '{"max_turn": 3}'], "gem-core: error: game:GuessTheNumber-v0 does not take 'max_turn'. Did you mean: max_turns? It accepts: max_number, max_turns, min_number."),
-    (["serve", GUESS, "--env-kwargs", '{"max_turns": 0}'], "gem-core: error: game:GuessTheNumber-v0: max_turns=0 is not allowed: expected an integer in 1..100000, or None (set per episode by the game)"),
+    (
+        ["serve", GUESS, "--env-kwargs", '{"max_turn": 3}'],
+        "gem-core: error: game:GuessTheNumber-v0 does not take 'max_turn'. Did you mean: max_turns? It accepts: max_number, max_turns, min_number.",
+    ),
+    (
+        ["serve", GUESS, "--env-kwargs", '{"max_turns": 0}'],
+        "gem-core: error: game:GuessTheNumber-v0: max_turns=0 is not allowed: expected an integer in 1..100000, or None (set per episode by the game)",
+    ),
     (["serve", GUESS, "--tools", "shell"], "gem-core: error: serve: unknown env tool(s) ['shell']; known: python, search"),
     (["serve", GUESS, GUESS], "gem-core: error: serve: env_ids=['game:GuessTheNumber-v0', 'game:GuessTheNumber-v0'] is not allowed: expected distinct env ids"),
     (["serve", GUESS, "--host", "192.0.2.1", "--port", "0"], "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address"),

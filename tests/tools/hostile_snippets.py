@@ -140,9 +140,7 @@ class Hostile:
 HOSTILE: list[Hostile] = []
 
 
-def hostile(
-    name: str, code: str, breached: Breach, *, destructive: bool = False, slow: bool = False
-) -> Callable[[Check], Check]:
+def hostile(name: str, code: str, breached: Breach, *, destructive: bool = False, slow: bool = False) -> Callable[[Check], Check]:
     def register(check: Check) -> Check:
         HOSTILE.append(Hostile(name, code, breached, check, destructive, slow))
         return check
@@ -236,8 +234,7 @@ def _(r, host):
 
 @hostile(
     "TCP connect to a server the test runs on loopback",
-    "import socket\ntry:\n    socket.create_connection(('127.0.0.1', TCP_PORT), timeout=1); print('CONNECTED')\n"
-    "except OSError as e:\n    print('blocked', e)",
+    "import socket\ntry:\n    socket.create_connection(('127.0.0.1', TCP_PORT), timeout=1); print('CONNECTED')\nexcept OSError as e:\n    print('blocked', e)",
     lambda t, h: _if(bool(h.tcp_hits) or "CONNECTED" in t, "connected to the host's loopback server"),
 )
 def _(r, host):
@@ -258,12 +255,7 @@ def _(r, host):
     "network interfaces",
     "print(open('/proc/net/dev').read())",
     lambda t, h: _if(
-        [
-            ln.split(":")[0].strip()
-            for ln in t.splitlines()
-            if ":" in ln and "|" not in ln and "Code execution" not in ln
-        ]
-        != ["lo"],
+        [ln.split(":")[0].strip() for ln in t.splitlines() if ":" in ln and "|" not in ln and "Code execution" not in ln] != ["lo"],
         "sees the host's network interfaces",
     ),
 )

@@ -76,7 +76,6 @@ def zombie_children() -> list[int]:
     return [pid for pid, state, parent in _proc_stats() if state == "Z" and parent == me]
 
 
-
 # -- what a sandbox leaves behind ------------------------------------------------------------------
 
 

@@ -50,9 +50,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def http_url():
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    proc = subprocess.Popen([sys.executable, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -75,10 +73,7 @@ def test_stdio_lists_tools_and_calls_them(stdio_tool):
     assert "<tool_call>" in text and "- add: Add two integers." in text and '"a":' in text
     result = call(stdio_tool, "add", '{"a": 2, "b": 40}')
     assert result.ok and result.observation == "<tool_response>\n42\n</tool_response>"
-    assert (
-        call(stdio_tool, "echo", '{"text": "hello there"}').observation
-        == "<tool_response>\nhello there\n</tool_response>"
-    )
+    assert call(stdio_tool, "echo", '{"text": "hello there"}').observation == "<tool_response>\nhello there\n</tool_response>"
 
 
 def test_one_session_is_reused_across_calls(stdio_tool):

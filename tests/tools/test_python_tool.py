@@ -175,14 +175,10 @@ def test_what_the_worker_prepares_once_is_fresh_in_every_call(sandbox):
 def test_the_rehearsal_before_a_request_leaves_nothing_a_snippet_can_see(sandbox):
     # Each child runs a line of its own before its request comes (worker.rehearse): no output of it, no
     # name from it, and tracebacks and linecache show the snippet's own lines, never the rehearsal's.
-    result = sandbox.run(
-        "import linecache, sys\n"
-        "print('_' in globals(), linecache.getline('<python>', 1).strip())\n"
-        "raise ValueError('own line')\n"
-    )
+    result = sandbox.run("import linecache, sys\nprint('_' in globals(), linecache.getline('<python>', 1).strip())\nraise ValueError('own line')\n")
     assert result.exit_code == 1
     assert result.stdout == "False import linecache, sys\n"
-    assert 'line 3, in <module>' in result.stderr and "raise ValueError('own line')" in result.stderr
+    assert "line 3, in <module>" in result.stderr and "raise ValueError('own line')" in result.stderr
     assert "sum(range(100))" not in result.stdout + result.stderr
 
 

@@ -311,9 +311,7 @@ def test_interpreter_exit_with_calls_in_flight_is_clean_and_leaves_no_process():
         """
     )
     started = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False
-    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     elapsed = time.monotonic() - started
     assert out.returncode == 0, out.stderr[-2000:]
     pids = [int(p) for p in out.stdout.split()]

@@ -58,8 +58,7 @@ def test_memory_limit_per_call(sandbox):
 
 def test_a_case_is_cut_at_the_output_cap_and_cases_are_isolated(sandbox):
     run = sandbox.run_tests(
-        "import os\nn = int(input())\nopen('state', 'a').write('.')\nprint(n, len(open('state').read()))\n"
-        "if n == 2: print('x' * 10**6)",
+        "import os\nn = int(input())\nopen('state', 'a').write('.')\nprint(n, len(open('state').read()))\nif n == 2: print('x' * 10**6)",
         [("1", "1 1"), ("2", None), ("3", "3 1")],
         time_limit_s=1.0,
     )

@@ -111,8 +111,8 @@ def test_server_and_embedded_index_give_the_same_results(index, server):
     local = index.batch_search(queries, 3)
     assert [[p.id for p in hits] for hits in remote] == [[p.id for p in hits] for hits in local]
     for r_hits, l_hits in zip(remote, local):
-        for r, l in zip(r_hits, l_hits):
-            assert (r.title, r.text) == (l.title, l.text) and r.score == pytest.approx(l.score)
+        for r, h in zip(r_hits, l_hits):
+            assert (r.title, r.text) == (h.title, h.text) and r.score == pytest.approx(h.score)
     by_url = SearchTool(url=server).execute("<search>capital of Germany</search>")
     by_index = SearchTool(index).execute("<search>capital of Germany</search>")
     assert by_url is not None and by_index is not None
@@ -122,9 +122,7 @@ def test_server_and_embedded_index_give_the_same_results(index, server):
 
 def test_server_speaks_the_search_r1_and_gem_request_shapes(server):
     def post(payload: dict) -> dict:
-        req = urllib.request.Request(
-            server + "/retrieve", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-        )
+        req = urllib.request.Request(server + "/retrieve", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as resp:
             return json.loads(resp.read())
 

@@ -13,7 +13,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, shared_prefix_length  # noqa: E402
-from gem_core.train.trainer import Rows, Trainer, TrainConfig, chunked_logprobs, decoder_hidden_states, micro_batches, output_layer, token_logprobs, training_rows  # noqa: E402
+from gem_core.train.trainer import (  # noqa: E402
+    Rows,
+    Trainer,
+    TrainConfig,
+    chunked_logprobs,
+    decoder_hidden_states,
+    micro_batches,
+    output_layer,
+    token_logprobs,
+    training_rows,
+)
 
 
 @pytest.fixture(scope="module")

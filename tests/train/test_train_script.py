@@ -30,8 +30,12 @@ def test_the_main_job_script_installs_into_a_virtualenv_and_trains(tmp_path):
 
 def test_the_main_job_script_passes_a_bad_option_on_as_one_line(tmp_path):
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "train.sh"), "--steps", "zero"], cwd=tmp_path, env={**os.environ, "GEM_VENV": sys.prefix},
-        capture_output=True, text=True, timeout=600,
+        ["bash", str(ROOT / "scripts" / "train.sh"), "--steps", "zero"],
+        cwd=tmp_path,
+        env={**os.environ, "GEM_VENV": sys.prefix},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("gem-core train: error: argument --steps")

@@ -133,8 +133,7 @@ class TextGame(Env[str, str]):
         self._done = False
         # The keys of every step's info dict (built inline in step, the hot path), before any move, and
         # the episode's turn limit (fixed for the episode, so not repeated in every step's info).
-        info = {"turn": 0, "max_turns": self.max_turns, "success": False, "invalid_action": False,
-                "format_error": False, "suffix": self.reset_suffix()}
+        info = {"turn": 0, "max_turns": self.max_turns, "success": False, "invalid_action": False, "format_error": False, "suffix": self.reset_suffix()}
         return self.instructions(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

@@ -222,10 +222,7 @@ class Crosswords(TextGame):
 
     def clue_list(self) -> str:
         """The numbered clues with where each answer starts, which way it runs and its length."""
-        return "\n".join(
-            f"{c.number}. {c.direction}, from row {c.row} col {c.col}, {len(c.answer)} letters: {c.clue}"
-            for c in self.clues
-        )
+        return "\n".join(f"{c.number}. {c.direction}, from row {c.row} col {c.col}, {len(c.answer)} letters: {c.clue}" for c in self.clues)
 
     def state_text(self) -> str:
         return self.render()

@@ -51,10 +51,7 @@ def gap_moves(num_rows: int) -> tuple[tuple[tuple[str, int], ...], ...]:
 @cache
 def _walk_steps(num_rows: int) -> tuple[dict[str, tuple[tuple[str, int], ...]], ...]:
     """For each gap position and last direction ("" for none), the moves that do not undo it."""
-    return tuple(
-        {last: tuple(m for m in options if m[0] != _OPPOSITE.get(last)) for last in ("", *DIRECTIONS)}
-        for options in gap_moves(num_rows)
-    )
+    return tuple({last: tuple(m for m in options if m[0] != _OPPOSITE.get(last)) for last in ("", *DIRECTIONS)} for options in gap_moves(num_rows))
 
 
 # Where the tile that a direction moves sits, relative to the gap (for the invalid-move message).
@@ -148,9 +145,7 @@ def solve(board: tuple[int, ...] | list[int], num_rows: int, max_depth: int = 20
     if not is_solvable(state, n):
         return None
     # cost[tile][cell]: Manhattan distance of that tile placed at that cell.
-    cost = [[0] * (n * n)] + [
-        [abs(c // n - (t - 1) // n) + abs(c % n - (t - 1) % n) for c in range(n * n)] for t in range(1, n * n)
-    ]
+    cost = [[0] * (n * n)] + [[abs(c // n - (t - 1) // n) + abs(c % n - (t - 1) % n) for c in range(n * n)] for t in range(1, n * n)]
     row_memo, col_memo = _conflict_tables(n)
     # Per gap position: (direction, new gap, is vertical, the two lines whose conflicts can change).
     # A vertical slide moves a tile to another row, so only those two rows' conflicts can change;

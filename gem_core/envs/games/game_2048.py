@@ -123,7 +123,7 @@ def _snake_weights(size: int) -> list[float]:
     for r in range(size):
         cols = range(size) if r % 2 == 0 else range(size - 1, -1, -1)
         for c in cols:
-            weights[r * size + c] = 4.0 ** -rank
+            weights[r * size + c] = 4.0**-rank
             rank += 1
     return weights
 

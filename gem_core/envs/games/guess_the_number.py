@@ -10,7 +10,7 @@ from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
 from gem_core.params import Param, check_args, invalid
 from gem_core.parsing import ECHO_CHARS, echo
 
-_NUMBER = Param(int, low=-10**9, high=10**9, none="a range drawn per episode")
+_NUMBER = Param(int, low=-(10**9), high=10**9, none="a range drawn per episode")
 
 
 class GuessTheNumber(TextGame):

@@ -112,8 +112,7 @@ class Hangman(TextGame):
     def _guess_word(self, word: str) -> Move:
         if len(word) != self.word_length:
             return illegal(
-                f"At turn {self.turn}, you guessed {echo_bare(word.upper())}, which has {len(word)} letters; "
-                f"the secret word has {self.word_length}.",
+                f"At turn {self.turn}, you guessed {echo_bare(word.upper())}, which has {len(word)} letters; the secret word has {self.word_length}.",
             )
         if word in self.guessed_words:
             return illegal(f"At turn {self.turn}, you guessed {word.upper()} again; try another word.")

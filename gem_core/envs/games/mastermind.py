@@ -94,7 +94,8 @@ class Mastermind(TextGame):
         length, numbers = args["code_length"], args["num_numbers"]
         if length and numbers and args["duplicate_numbers"] is False and length > numbers:
             raise invalid(
-                "num_numbers", numbers,
+                "num_numbers",
+                numbers,
                 f"an integer >= code_length ({length}) for a code of distinct digits (or pass duplicate_numbers=True)",
             )
 
@@ -105,8 +106,11 @@ class Mastermind(TextGame):
         max_turns: int | None = 20,
         duplicate_numbers: bool | None = False,
     ):
-        check_args(type(self), {"code_length": code_length, "num_numbers": num_numbers, "max_turns": max_turns,
-                                "duplicate_numbers": duplicate_numbers}, type(self).__name__)
+        check_args(
+            type(self),
+            {"code_length": code_length, "num_numbers": num_numbers, "max_turns": max_turns, "duplicate_numbers": duplicate_numbers},
+            type(self).__name__,
+        )
         super().__init__(max_turns)
         self._random_setting = code_length is None or num_numbers is None or max_turns is None
         self._size_args = (code_length, num_numbers, duplicate_numbers)
@@ -224,11 +228,13 @@ class Mastermind(TextGame):
         if black == self.code_length:
             return won(
                 f"Congratulations! {shown} is the secret code; you cracked it in {self.turn} turns.",
-                reward, {"black_pegs": black, "white_pegs": white},
+                reward,
+                {"black_pegs": black, "white_pegs": white},
             )
         return moved(
             f"At turn {self.turn}, you guessed {shown}: {black} black peg(s) and {white} white peg(s).",
-            reward, {"black_pegs": black, "white_pegs": white},
+            reward,
+            {"black_pegs": black, "white_pegs": white},
         )
 
     def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:

@@ -28,12 +28,9 @@ def _neighbours(rows: int, cols: int) -> tuple[tuple[int, ...], ...]:
     table = []
     for r in range(rows):
         for c in range(cols):
-            table.append(tuple(
-                rr * cols + cc
-                for rr in range(max(0, r - 1), min(rows, r + 2))
-                for cc in range(max(0, c - 1), min(cols, c + 2))
-                if (rr, cc) != (r, c)
-            ))
+            table.append(
+                tuple(rr * cols + cc for rr in range(max(0, r - 1), min(rows, r + 2)) for cc in range(max(0, c - 1), min(cols, c + 2)) if (rr, cc) != (r, c))
+            )
     return tuple(table)
 
 

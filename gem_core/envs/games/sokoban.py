@@ -70,9 +70,7 @@ class _RoomTables:
             table = [()] * size
             for cell in self.interior:
                 r, c = divmod(cell, cols)
-                table[cell] = tuple(
-                    (r + dr) * cols + c + dc for dr, dc in stamp if 0 < r + dr < rows - 1 and 0 < c + dc < cols - 1
-                )
+                table[cell] = tuple((r + dr) * cols + c + dc for dr, dc in stamp if 0 < r + dr < rows - 1 and 0 < c + dc < cols - 1)
             stamp_cells.append(tuple(table))
         self.stamp_cells = tuple(stamp_cells)
         seps = ["\n" if i % cols == cols - 1 else " " for i in range(size)]
@@ -92,9 +90,7 @@ def _offsets(cols: int) -> tuple[int, int, int, int]:
     return (-cols, cols, -1, 1)
 
 
-def _player_distances(
-    open_cells: bytes, offsets: tuple[int, ...], start: int, boxes: Any, max_depth: int = _UNREACHABLE
-) -> list[int]:
+def _player_distances(open_cells: bytes, offsets: tuple[int, ...], start: int, boxes: Any, max_depth: int = _UNREACHABLE) -> list[int]:
     """Walking distance from ``start`` to every cell within ``max_depth`` steps (-1: farther, or
     unreachable without moving a box)."""
     free = bytearray(open_cells)
@@ -463,9 +459,7 @@ class Sokoban(TextGame):
                     left -= 1
         return bytes(grid), floor
 
-    def _scramble(
-        self, open_cells: bytes, floor: list[int], next_u: Callable[[], float]
-    ) -> tuple[frozenset[int], frozenset[int], int, int] | None:
+    def _scramble(self, open_cells: bytes, floor: list[int], next_u: Callable[[], float]) -> tuple[frozenset[int], frozenset[int], int, int] | None:
         """Place boxes on targets, then pull them away in reverse play within the move budget.
 
         Each reverse step walks the player to a box and pulls it one or more cells; its cost is
@@ -494,8 +488,12 @@ class Sokoban(TextGame):
         target_set = frozenset(targets)
         # Where the player stands in the solved state is free to choose: right beside a box it
         # can pull, so the first pull needs no walk (and no search).
-        first = [(i, off) for i, b in enumerate(boxes) for off in offsets
-                 if open_cells[b + off] and open_cells[b + 2 * off] and b + off not in where and b + 2 * off not in where]
+        first = [
+            (i, off)
+            for i, b in enumerate(boxes)
+            for off in offsets
+            if open_cells[b + off] and open_cells[b + 2 * off] and b + off not in where and b + 2 * off not in where
+        ]
         if not first:
             return None
         i, off = first[int(next_u() * len(first))]

@@ -27,15 +27,9 @@ def _geometry(scale: int) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int,
     box = math.isqrt(scale)
     rows = [tuple(r * scale + c for c in range(scale)) for r in range(scale)]
     cols = [tuple(r * scale + c for r in range(scale)) for c in range(scale)]
-    boxes = [
-        tuple((top + r) * scale + left + c for r in range(box) for c in range(box))
-        for top in range(0, scale, box)
-        for left in range(0, scale, box)
-    ]
+    boxes = [tuple((top + r) * scale + left + c for r in range(box) for c in range(box)) for top in range(0, scale, box) for left in range(0, scale, box)]
     units = tuple(rows + cols + boxes)
-    peers = tuple(
-        tuple(sorted({j for unit in units if i in unit for j in unit} - {i})) for i in range(scale * scale)
-    )
+    peers = tuple(tuple(sorted({j for unit in units if i in unit for j in unit} - {i})) for i in range(scale * scale))
     return units, peers
 
 

@@ -20,10 +20,7 @@ _TURNS_FOR_DISKS = {3: 10, 4: 20, 5: 35}
 _DISK_CHOICES = tuple(_TURNS_FOR_DISKS)
 
 # The plain "A C" form (any case), looked up without the regex: (source index, destination index).
-_PLAIN_MOVES = {
-    f"{src}{sep}{dst}": (PEGS.index(src.upper()), PEGS.index(dst.upper()))
-    for src in "ABCabc" for dst in "ABCabc" for sep in (" ", "")
-}
+_PLAIN_MOVES = {f"{src}{sep}{dst}": (PEGS.index(src.upper()), PEGS.index(dst.upper())) for src in "ABCabc" for dst in "ABCabc" for sep in (" ", "")}
 
 
 def turn_budget(num_disks: int) -> int:
@@ -88,9 +85,7 @@ class TowerOfHanoi(TextGame):
         else:
             parsed = _MOVE_PATTERN.fullmatch(move)
             if parsed is None:
-                return illegal(
-                    f"At turn {self.turn}, {echo(move)} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}."
-                )
+                return illegal(f"At turn {self.turn}, {echo(move)} is not a move. Write two peg letters, source then destination, like \\boxed{{A C}}.")
             src_index, dst_index = PEGS.index(parsed.group(1).upper()), PEGS.index(parsed.group(2).upper())
         src_name, dst_name = PEGS[src_index], PEGS[dst_index]
         pegs = self.pegs
@@ -100,9 +95,7 @@ class TowerOfHanoi(TextGame):
         if not src:
             return illegal(f"At turn {self.turn}, you tried to move from peg {src_name}, which is empty.")
         if dst and dst[-1] < src[-1]:
-            return illegal(
-                f"At turn {self.turn}, disk {src[-1]} on peg {src_name} cannot go on the smaller disk {dst[-1]} on peg {dst_name}."
-            )
+            return illegal(f"At turn {self.turn}, disk {src[-1]} on peg {src_name} cannot go on the smaller disk {dst[-1]} on peg {dst_name}.")
         disk = src.pop()
         dst.append(disk)
         if len(pegs[2]) == self.num_disks:
@@ -115,13 +108,7 @@ class TowerOfHanoi(TextGame):
 
     def legal_moves(self) -> list[tuple[int, int]]:
         """All (source, destination) peg indices that are legal now."""
-        return [
-            (s, d)
-            for s in range(3)
-            if self.pegs[s]
-            for d in range(3)
-            if d != s and (not self.pegs[d] or self.pegs[d][-1] > self.pegs[s][-1])
-        ]
+        return [(s, d) for s in range(3) if self.pegs[s] for d in range(3) if d != s and (not self.pegs[d] or self.pegs[d][-1] > self.pegs[s][-1])]
 
     def random_move(self) -> str:
         moves = self.legal_moves()

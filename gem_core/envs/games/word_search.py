@@ -47,8 +47,7 @@ def _place_all(words: list[str], size: int, directions: tuple, rng: np.random.Ge
                 spot = (r, c, *directions[d])
                 break
         if spot is None:  # crowded grid: look at every position
-            every = [(r, c, dr, dc) for dr, dc in directions for r in range(size) for c in range(size)
-                     if _fits(grid, word, r, c, dr, dc)]
+            every = [(r, c, dr, dc) for dr, dc in directions for r in range(size) for c in range(size) if _fits(grid, word, r, c, dr, dc)]
             if not every:
                 return None
             spot = every[int(rng.integers(len(every)))]
@@ -160,8 +159,7 @@ class WordSearch(TextGame):
         numbers = [_as_int(t) for t in tokens]
         if len(numbers) != 4 or None in numbers:
             return illegal(
-                f"At turn {self.turn}, {echo(move)} is not a move. Give four numbers, 'row col row col', "
-                "for example \\boxed{0 0 0 4}.",
+                f"At turn {self.turn}, {echo(move)} is not a move. Give four numbers, 'row col row col', for example \\boxed{{0 0 0 4}}.",
             )
         r1, c1, r2, c2 = numbers
         where = f"({echo_bare(r1)}, {echo_bare(c1)}) to ({echo_bare(r2)}, {echo_bare(c2)})"
@@ -202,12 +200,7 @@ class WordSearch(TextGame):
         size = len(self.grid)
         r, c = self._randint(0, size - 1), self._randint(0, size - 1)
         # Either way along an allowed direction (a segment may be given end first), where there is room.
-        options = [
-            (sdr, sdc, room)
-            for dr, dc in self.directions
-            for sdr, sdc in ((dr, dc), (-dr, -dc))
-            if (room := _room(size, r, c, sdr, sdc)) > 0
-        ]
+        options = [(sdr, sdc, room) for dr, dc in self.directions for sdr, sdc in ((dr, dc), (-dr, -dc)) if (room := _room(size, r, c, sdr, sdc)) > 0]
         dr, dc, room = options[int(self.np_random.integers(len(options)))]
         steps = self._randint(1, room)
         return f"{r} {c} {r + steps * dr} {c + steps * dc}"

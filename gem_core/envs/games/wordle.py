@@ -69,6 +69,7 @@ def choose_guess(candidates: Sequence[str], pool: Sequence[str], already: Iterab
     n = len(candidates)
     if n > 150:
         return max(candidates, key=lambda w: (sum(letter_counts[c] for c in set(w)), w))
+
     # Letters that split the candidates (present in some, absent in others) are informative.
     def split_score(word: str) -> int:
         return sum(min(letter_counts.get(c, 0), n - letter_counts.get(c, 0)) for c in set(word))
@@ -155,10 +156,7 @@ class Wordle(TextGame):
             return illegal(f"At turn {self.turn}, {echo(move)} is not a word: use the letters a-z only.")
         shown = guess.upper()
         if len(guess) != self.word_length:
-            return illegal(
-                f"At turn {self.turn}, you guessed {echo_bare(shown)}, which has {len(guess)} letters; "
-                f"the secret word has {self.word_length}."
-            )
+            return illegal(f"At turn {self.turn}, you guessed {echo_bare(shown)}, which has {len(guess)} letters; the secret word has {self.word_length}.")
         guessed = self.guessed
         if guess in guessed:
             return illegal(f"At turn {self.turn}, you guessed {shown} again; try a new word.")
@@ -184,7 +182,8 @@ class Wordle(TextGame):
         # Letters spaced out (one token each for most tokenizers); replace("", " ") is the cheap way.
         return moved(
             f"At turn {self.turn}, you guessed {shown}.\nFeedback:\n{shown.replace('', ' ')[1:-1]}\n{feedback.replace('', ' ')[1:-1]}",
-            reward, {"feedback": feedback},
+            reward,
+            {"feedback": feedback},
         )
 
     def on_time_limit(self, observation: str, reward: float, invalid: bool) -> tuple[str, float]:

@@ -256,9 +256,7 @@ class PythonSandbox:
             raise SandboxError("this PythonSandbox is closed")
 
     # -- running
-    def run(
-        self, code: str, timeout: float | None = None, *, stdin: str | None = None, queue_timeout: float | None = None
-    ) -> ExecutionResult:
+    def run(self, code: str, timeout: float | None = None, *, stdin: str | None = None, queue_timeout: float | None = None) -> ExecutionResult:
         """Run ``code`` as a fresh ``python`` would (``stdin`` on its standard input); returns within
         ``timeout`` (plus a little) once a worker has taken it."""
         self._check_open()
@@ -329,8 +327,16 @@ class PythonSandbox:
             passed = clean and (expected is None or compare(stdout, expected))
             results.append(
                 CaseResult(
-                    index, passed, stdout, r["stderr"].decode("utf-8", "replace"), expected, r["exit_code"],
-                    r["signal"], r["timed_out"], r["truncated"], r["duration"],
+                    index,
+                    passed,
+                    stdout,
+                    r["stderr"].decode("utf-8", "replace"),
+                    expected,
+                    r["exit_code"],
+                    r["signal"],
+                    r["timed_out"],
+                    r["truncated"],
+                    r["duration"],
                 )  # fmt: skip
             )
         return TestRun(results, error=error, duration=reply.duration, info=reply.info, sandbox_failed=sandbox_failed)
@@ -350,9 +356,7 @@ class PythonSandbox:
         memory = self.memory_mb if memory_mb is None else memory_mb
         return (memory or 0) * MIB, self.max_file_mb * MIB, self.max_processes, self.max_open_files
 
-    def _call(
-        self, request: bytes, timeout: float, cap: int, queue_timeout: float | None
-    ) -> tuple[RawReply, str | None]:
+    def _call(self, request: bytes, timeout: float, cap: int, queue_timeout: float | None) -> tuple[RawReply, str | None]:
         """One request on a pooled worker: the reply, and an error message when the sandbox failed."""
         return self.pool.call(request, timeout, cap, self.queue_timeout if queue_timeout is None else queue_timeout)
 

@@ -236,13 +236,8 @@ class WorkerProcess:
             self.kill()
             hint = ""
             if "namespace" in stderr or "Operation not permitted" in stderr:
-                hint = (
-                    " bubblewrap could not create its namespaces here (a container may forbid user "
-                    "namespaces; allow them, or run on a host that does)."
-                )
-            raise policy.SandboxUnavailable(
-                f"the sandbox worker did not start ({lost}). bwrap said: {stderr.strip()!r}.{hint}"
-            ) from None
+                hint = " bubblewrap could not create its namespaces here (a container may forbid user namespaces; allow them, or run on a host that does)."
+            raise policy.SandboxUnavailable(f"the sandbox worker did not start ({lost}). bwrap said: {stderr.strip()!r}.{hint}") from None
         self.proc.stderr.close()  # type: ignore[union-attr]  # the worker silences its stderr once ready
         self._find_init()  # bwrap wrote it before it let the init start the worker
         return hello

@@ -234,9 +234,7 @@ class SandboxPool:
                 self._waiters.remove(waiter)
         if waiter.error is not None:
             raise waiter.error
-        raise QueueTimeout(
-            f"no sandbox worker came free within {queue_timeout:g} s ({self.size} workers, all busy)"
-        )
+        raise QueueTimeout(f"no sandbox worker came free within {queue_timeout:g} s ({self.size} workers, all busy)")
 
     def _checkin(self, worker: WorkerProcess) -> None:
         with self._lock:

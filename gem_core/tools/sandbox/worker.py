@@ -417,9 +417,7 @@ def prepare_for_children():
     # Bound to fd numbers 0-2, which each child points at its own pipes.
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
     sys.argv = [SNIPPET_NAME]
     sys.path.insert(0, WORKDIR)  # as `python file.py` puts the script's dir first
     os.environ.update(HOME=WORKDIR, TMPDIR=WORKDIR, PWD=WORKDIR)

@@ -8,7 +8,6 @@ two processes, normalised after oat's subsampling (and before it with GemLearner
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 
 import numpy as np
@@ -148,9 +147,23 @@ def _synthetic(episodes_rewards, tokenizer):
         for t, r in enumerate(rewards):
             prompt = tokenizer.encode(f"episode {e} turn {t}", add_special_tokens=False)
             response = tokenizer.encode(f"answer {e}.{t}", add_special_tokens=False)
-            episode.append(Transition(obs="o", action="a", rewards=r, done=t == len(rewards) - 1, prompt="p", prompt_ids=prompt, response="r",
-                                      response_ids=response, response_logprobs=[-0.5] * len(response), response_is_truncated=False,
-                                      action_is_formatted=True, loss_mask=True, info={}))
+            episode.append(
+                Transition(
+                    obs="o",
+                    action="a",
+                    rewards=r,
+                    done=t == len(rewards) - 1,
+                    prompt="p",
+                    prompt_ids=prompt,
+                    response="r",
+                    response_ids=response,
+                    response_logprobs=[-0.5] * len(response),
+                    response_is_truncated=False,
+                    action_is_formatted=True,
+                    loss_mask=True,
+                    info={},
+                )
+            )
         out.append(episode)
     return out
 

@@ -120,8 +120,12 @@ def cluster():
 
     here = os.path.dirname(os.path.abspath(__file__))
     temp_dir = tempfile.mkdtemp(prefix="ray-gem-", dir="/tmp" if os.path.isdir("/tmp") else None)  # Ray refuses nox's TMPDIR
-    extra = {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]), "HF_DATASETS_CACHE": os.path.join(temp_dir, "hf-datasets"),
-             "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+    extra = {
+        "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
+        "HF_DATASETS_CACHE": os.path.join(temp_dir, "hf-datasets"),
+        "HF_HUB_OFFLINE": "1",
+        "RAY_DISABLE_USAGE_STATS": "1",
+    }
     env = runtime_env(extra)
     assert env["worker_process_setup_hook"] == SETUP_HOOK
     env["worker_process_setup_hook"] = "openrlhf_import_stubs.install_then_arm"

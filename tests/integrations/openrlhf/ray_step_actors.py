@@ -50,8 +50,16 @@ def cpu_vllm_engines(num_engines, tensor_parallel_size, pretrain, seed, *args, a
     ``generate_responses`` and agent loader."""
     from ray_actors import CPURolloutActor
 
-    ENGINE_CALLS.append({"num_engines": num_engines, "tensor_parallel_size": tensor_parallel_size, "pretrain": pretrain,
-                         "agent_func_path": agent_func_path, "max_len": args[3], **kwargs})
+    ENGINE_CALLS.append(
+        {
+            "num_engines": num_engines,
+            "tensor_parallel_size": tensor_parallel_size,
+            "pretrain": pretrain,
+            "agent_func_path": agent_func_path,
+            "max_len": args[3],
+            **kwargs,
+        }
+    )
     engine = ray.remote(num_cpus=0)(CPURolloutActor)
     engines = [engine.remote(agent_func_path, aborted=ABORT if i == 0 else ()) for i in range(num_engines)]
     ENGINES.extend(engines)
@@ -65,9 +73,15 @@ class CPUStrategy(DeepspeedStrategy):
     def like(cls, strategy: DeepspeedStrategy) -> "CPUStrategy":
         """The CPU strategy for ``strategy``'s arguments (what ``openrlhf.utils.get_strategy`` builds)."""
         args = strategy.args
-        return cls(seed=strategy.seed, full_determinism=strategy.full_determinism, max_norm=strategy.max_norm,
-                   micro_train_batch_size=strategy.micro_train_batch_size, train_batch_size=strategy.train_batch_size,
-                   zero_stage=strategy.stage, args=args)
+        return cls(
+            seed=strategy.seed,
+            full_determinism=strategy.full_determinism,
+            max_norm=strategy.max_norm,
+            micro_train_batch_size=strategy.micro_train_batch_size,
+            train_batch_size=strategy.train_batch_size,
+            zero_stage=strategy.stage,
+            args=args,
+        )
 
     def setup_distributed(self, timeout=None) -> None:
         import transformers
@@ -80,15 +94,13 @@ class CPUStrategy(DeepspeedStrategy):
         dp_size = self.world_size // self.ring_attn_size // self.ds_tensor_parallel_size
         self.ds_device_mesh = init_device_mesh("cpu", (dp_size, self.ring_attn_size, self.ds_tensor_parallel_size), mesh_dim_names=("dp", "sp", "tp"))
         self.setup_ring_attn(self.ds_device_mesh)
-        self.accumulated_gradient = (
-            self.train_batch_size * self.ring_attn_size * self.ds_tensor_parallel_size // self.micro_train_batch_size // self.world_size
-        )
+        self.accumulated_gradient = self.train_batch_size * self.ring_attn_size * self.ds_tensor_parallel_size // self.micro_train_batch_size // self.world_size
         self.micro_steps, self.optimizer_steps, self.grad_norms, self.updates = 0, 0, [], []
 
     def prepare(self, *models):
         from transformers.trainer import get_scheduler
 
-        (model, cfg), = models  # the actor's (model, cfg): what PolicyModelActor passes
+        ((model, cfg),) = models  # the actor's (model, cfg): what PolicyModelActor passes
         if cfg["optim"] != "adam":
             raise NotImplementedError("the CPU strategy replaces DeepSpeed's AdamW only")
         adam = cfg["adam"]
@@ -103,8 +115,9 @@ class CPUStrategy(DeepspeedStrategy):
         name = cfg.get("lr_scheduler", "cosine_with_min_lr")
         kwargs = {"min_lr_rate": cfg.get("min_lr_ratio", 0.1)} if name in {"cosine_with_min_lr", "cosine_warmup_with_min_lr"} else {}
         steps = cfg["scheduler_steps"]
-        scheduler = get_scheduler(name, optimizer, num_warmup_steps=math.ceil(steps * cfg.get("lr_warmup_ratio", 0.03)),
-                                  num_training_steps=steps, scheduler_specific_kwargs=kwargs)
+        scheduler = get_scheduler(
+            name, optimizer, num_warmup_steps=math.ceil(steps * cfg.get("lr_warmup_ratio", 0.03)), num_training_steps=steps, scheduler_specific_kwargs=kwargs
+        )
         self.max_norm = cfg.get("max_norm", self.max_norm)
         return model, optimizer, scheduler
 
@@ -167,23 +180,30 @@ class _CPUPolicyModelActor(_unwrapped(PolicyModelActor)):
 
         def training_step(experience, kl_ctl, step, loss_batch_info=None):
             status = real_step(experience, kl_ctl, step, loss_batch_info)
-            self.steps.append({
-                "sequences": experience.sequences.clone(),
-                "attention_mask": experience.attention_mask.clone(),
-                "action_mask": experience.action_mask.clone(),
-                "advantages": experience.advantages.clone(),
-                "old_action_log_probs": experience.action_log_probs.clone(),
-                "loss_batch_info": {k: (v.item() if torch.is_tensor(v) else v) for k, v in (loss_batch_info or {}).items()},
-                "policy_loss": float(status["metrics"]["policy_loss"]),
-                "optimizer_steps": self.strategy.optimizer_steps,
-            })
+            self.steps.append(
+                {
+                    "sequences": experience.sequences.clone(),
+                    "attention_mask": experience.attention_mask.clone(),
+                    "action_mask": experience.action_mask.clone(),
+                    "advantages": experience.advantages.clone(),
+                    "old_action_log_probs": experience.action_log_probs.clone(),
+                    "loss_batch_info": {k: (v.item() if torch.is_tensor(v) else v) for k, v in (loss_batch_info or {}).items()},
+                    "policy_loss": float(status["metrics"]["policy_loss"]),
+                    "optimizer_steps": self.strategy.optimizer_steps,
+                }
+            )
             return status
 
         trainer.training_step = training_step
 
     def _save_report(self) -> None:
-        report = {"steps": self.steps, "updates": self.strategy.updates, "optimizer_steps": self.strategy.optimizer_steps,
-                  "broadcasts": self.broadcasts, "accumulated_gradient": self.strategy.accumulated_gradient}
+        report = {
+            "steps": self.steps,
+            "updates": self.strategy.updates,
+            "optimizer_steps": self.strategy.optimizer_steps,
+            "broadcasts": self.broadcasts,
+            "accumulated_gradient": self.strategy.accumulated_gradient,
+        }
         torch.save(report, os.path.join(self.strategy.args.ckpt.path, POLICY_REPORT))
 
     def fit(self, kl_ctl: float = 0):
@@ -216,12 +236,21 @@ class _CPUPPOTrainer(_unwrapped(PPOTrainer)):
         def compute_advantages_and_returns(experiences):
             turns = [{k: e.info[k].clone() for k in ("gem_turn_rewards", "gem_turn_spans", "gem_infra_failed") if k in e.info} for e in experiences]
             out = patched(experiences)
-            self.recorded["advantage_batches"].append([
-                {"sequences": e.sequences.clone(), "attention_mask": e.attention_mask.clone(), "action_mask": e.action_mask.clone(), "advantages": e.advantages.clone(),
-                 "returns": e.returns.clone(), "rewards": e.rewards.clone(), "info": {k: v.clone() for k, v in e.info.items() if torch.is_tensor(v)},
-                 **t}
-                for e, t in zip(out, turns)
-            ])
+            self.recorded["advantage_batches"].append(
+                [
+                    {
+                        "sequences": e.sequences.clone(),
+                        "attention_mask": e.attention_mask.clone(),
+                        "action_mask": e.action_mask.clone(),
+                        "advantages": e.advantages.clone(),
+                        "returns": e.returns.clone(),
+                        "rewards": e.rewards.clone(),
+                        "info": {k: v.clone() for k, v in e.info.items() if torch.is_tensor(v)},
+                        **t,
+                    }
+                    for e, t in zip(out, turns)
+                ]
+            )
             return out
 
         maker.compute_advantages_and_returns = compute_advantages_and_returns

@@ -181,9 +181,7 @@ def reference_trajectory(tokenizer, episode, max_context_tokens):
     """The core runner's episode with no per-turn cap within ``max_context_tokens``."""
     env = make_golden_env(episode)
     try:
-        coroutine = run_episode(
-            env, golden_policy(tokenizer), golden_formatter(tokenizer), golden_config(UNCAPPED, max_context_tokens), seed=episode.seed
-        )
+        coroutine = run_episode(env, golden_policy(tokenizer), golden_formatter(tokenizer), golden_config(UNCAPPED, max_context_tokens), seed=episode.seed)
         return asyncio.run(coroutine)
     finally:
         env.close()
@@ -237,9 +235,7 @@ def test_a_cancelled_episode_closes_its_env(executor, tokenizer, golden, monkeyp
             await asyncio.Event().wait()
 
     async def main():
-        task = asyncio.ensure_future(
-            executor.execute("p", label_of(golden.episodes[0]), openrlhf_params(), 400, tokenizer, Hanging())
-        )
+        task = asyncio.ensure_future(executor.execute("p", label_of(golden.episodes[0]), openrlhf_params(), 400, tokenizer, Hanging()))
         while counter.made == 0:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)

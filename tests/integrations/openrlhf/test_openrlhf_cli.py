@@ -56,7 +56,7 @@ def test_check_fails_loudly_when_workers_lack_the_patch(monkeypatch):
         def remote(self):
             return "ref"
 
-    monkeypatch.setattr(ray, "remote", lambda **kw: (lambda fn: Probe()))
+    monkeypatch.setattr(ray, "remote", lambda **kw: lambda fn: Probe())
     monkeypatch.setattr(ray, "get", lambda ref: False)  # a worker answering "not active"
     with pytest.raises(train_ppo_ray.PatchNotActive, match="rebn"):
         train_ppo_ray.check_patch_active()
@@ -111,8 +111,24 @@ def test_make_dataset_writes_the_limits_into_the_label(tmp_path):
     from gem_core.tasks import TaskSpec
 
     out = tmp_path / "p.jsonl"
-    argv = ["make-dataset", "openrlhf", "--env", "game:GuessTheNumber-v0-easy", "--n", "2", "--out", str(out), "--max-turns", "3",
-            "--max-turn-tokens", "64", "--max-context-tokens", "900", "--system-prompt", "Play well."]
+    argv = [
+        "make-dataset",
+        "openrlhf",
+        "--env",
+        "game:GuessTheNumber-v0-easy",
+        "--n",
+        "2",
+        "--out",
+        str(out),
+        "--max-turns",
+        "3",
+        "--max-turn-tokens",
+        "64",
+        "--max-context-tokens",
+        "900",
+        "--system-prompt",
+        "Play well.",
+    ]
     assert cli.main(argv) == 0
     spec = TaskSpec.from_json(json.loads(out.read_text().splitlines()[1])["label"])
     assert (spec.seed, spec.max_turns, spec.max_turn_tokens, spec.max_context_tokens, spec.system_prompt) == (1, 3, 64, 900, "Play well.")

@@ -158,11 +158,7 @@ def test_rebn_with_overlong_penalty_moves_it_to_the_last_turn(golden, responses)
     assert any(p < 0 for p in penalties)  # the long episodes were penalised by OpenRLHF's own code
     adjusted = [t.rewards[:-1] + [t.rewards[-1] + p] for t, p in zip(golden.trajectories, penalties)]
     flat = np.asarray(rebn(adjusted, gamma=GOLDEN_GAMMA, ddof=GOLDEN_DDOF, eps=GOLDEN_EPS))
-    got = [
-        float(adv[len(s.prompt_ids) - 1 + p])
-        for (adv, _), s in zip(per_sample_advantages(batches), golden.sequences)
-        for p in s.reward_positions
-    ]
+    got = [float(adv[len(s.prompt_ids) - 1 + p]) for (adv, _), s in zip(per_sample_advantages(batches), golden.sequences) for p in s.reward_positions]
     np.testing.assert_allclose(got, flat, atol=1e-5)
 
 

@@ -70,8 +70,7 @@ def script_arguments(clone: Path, env: dict[str, str], extra: list[str]) -> list
         'gem-core() { if [ "$1" = openrlhf ] && [ "$2" = train ]; then shift 2; printf "%s\\0" "$@" > "$GEM_TEST_ARGV"; '
         'else command gem-core "$@"; fi; }; export -f gem-core; exec bash ' + SCRIPT + ' "$@"'
     )
-    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record),
-                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     done = subprocess.run(["bash", "-c", wrapper, "train_gtn_rebn.sh", *extra], cwd=clone, env=full_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return [a for a in record.read_bytes().decode().split("\0") if a]
@@ -110,8 +109,16 @@ def step_run(cluster, model_dir, tmp_path_factory):
         stand_ins.ENGINES.clear()
     trainer = torch.load(out / stand_ins.TRAINER_REPORT, weights_only=False)
     policy = torch.load(out / stand_ins.POLICY_REPORT, weights_only=False)
-    return {"status": status, "argv": argv, "data": data, "out": out, "trainer": trainer, "policy": policy, "engines": list(stand_ins.ENGINE_CALLS),
-            "env_counts": env_counts}
+    return {
+        "status": status,
+        "argv": argv,
+        "data": data,
+        "out": out,
+        "trainer": trainer,
+        "policy": policy,
+        "engines": list(stand_ins.ENGINE_CALLS),
+        "env_counts": env_counts,
+    }
 
 
 @pytest.mark.slow

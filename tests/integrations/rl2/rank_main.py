@@ -182,7 +182,13 @@ def main() -> int:
     from gem_integrations.rl2 import rollout
 
     made, closed = record.pop("envs")
-    record.update(code=code, pending=rollout.pending_episodes(), envs_made=len(made), envs_unclosed=len(set(made) - set(closed)), envs_closed_twice=len(closed) - len(set(closed)))
+    record.update(
+        code=code,
+        pending=rollout.pending_episodes(),
+        envs_made=len(made),
+        envs_unclosed=len(set(made) - set(closed)),
+        envs_closed_twice=len(closed) - len(set(closed)),
+    )
     import torch
 
     torch.save(record, out / f"rank{rank}.pt")

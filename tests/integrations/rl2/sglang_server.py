@@ -47,12 +47,18 @@ class FakeSGLang:
     def answer(self, body: dict) -> dict:
         sp = body.get("sampling_params") or {}
         params = VLLMSamplingParams(
-            max_tokens=sp.get("max_new_tokens"), stop_token_ids=sp.get("stop_token_ids"), logprobs=1,
-            skip_special_tokens=sp.get("skip_special_tokens", True), include_stop_str_in_output=bool(sp.get("no_stop_trim", False)),
+            max_tokens=sp.get("max_new_tokens"),
+            stop_token_ids=sp.get("stop_token_ids"),
+            logprobs=1,
+            skip_special_tokens=sp.get("skip_special_tokens", True),
+            include_stop_str_in_output=bool(sp.get("no_stop_trim", False)),
         )
         out = asyncio.run(self.engine.generate(body["input_ids"], params)).outputs[0]
         triples = [[record[t].logprob, t, None] for t, record in zip(out.token_ids, out.logprobs)]
-        return {"text": out.text, "meta_info": {"output_token_logprobs": triples, "finish_reason": {"type": out.finish_reason}, "completion_tokens": len(out.token_ids)}}
+        return {
+            "text": out.text,
+            "meta_info": {"output_token_logprobs": triples, "finish_reason": {"type": out.finish_reason}, "completion_tokens": len(out.token_ids)},
+        }
 
     def close(self):
         self.httpd.shutdown()

@@ -263,8 +263,12 @@ def _golden_args(tmp_path, model_dir, reference, **replace) -> list[str]:
     data = tmp_path / "golden.jsonl"
     _rows(data, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
     return readme_command.launcher_args(
-        train_data__path=str(data), train_data__prompts_per_rollout=str(len(SCENARIO)), actor__model_name=model_dir,
-        rollout__train_sampling_params__max_new_tokens=str(GOLDEN_PARAMS.max_tokens), adv__gamma=str(reference.gamma), **replace,
+        train_data__path=str(data),
+        train_data__prompts_per_rollout=str(len(SCENARIO)),
+        actor__model_name=model_dir,
+        rollout__train_sampling_params__max_new_tokens=str(GOLDEN_PARAMS.max_tokens),
+        adv__gamma=str(reference.gamma),
+        **replace,
     ) + [f"+adv.rebn_ddof={reference.ddof}", f"+adv.rebn_eps={reference.eps}"]
 
 
@@ -413,7 +417,9 @@ def test_launcher_max_turns_default_and_rl2_head():
     such key (its generate plays whole episodes) and gets none."""
     assert train.rl2_has_max_turns()
     assert "rollout.max_turns=1000" in train.overrides(["adv.estimator=reinforce"])
-    assert "rollout.max_turns=7" in train.overrides(["rollout.max_turns=7"]) and not any(a == "rollout.max_turns=1000" for a in train.overrides(["rollout.max_turns=7"]))
+    assert "rollout.max_turns=7" in train.overrides(["rollout.max_turns=7"]) and not any(
+        a == "rollout.max_turns=1000" for a in train.overrides(["rollout.max_turns=7"])
+    )
     assert not any(a.startswith("rollout.max_turns") for a in train.overrides(["adv.estimator=reinforce"], max_turns=False))
 
 
@@ -533,7 +539,13 @@ def test_marked_rows_never_reach_rl2_estimators(tokenizer):
         mask = torch.tensor([[0, 1, 1, 0, 1], [0, 1, 1, 1, 0], [0, 1, 0, 1, 1], [0, 1, 1, 0, 0]])
         rewards = torch.zeros(mask.shape)
         rewards[0, 2], rewards[0, 4], rewards[1, 3], rewards[2, 1], rewards[2, 4], rewards[3, 2] = 0.5, 1.0, gem_metrics.INFRA_REWARD, 0.2, 0.0, 1.0
-        return {"states": torch.ones(mask.shape, dtype=torch.long), "actions": mask.clone(), "action_mask": mask, "rewards": rewards, "eos_mask": torch.zeros(mask.shape, dtype=torch.long)}
+        return {
+            "states": torch.ones(mask.shape, dtype=torch.long),
+            "actions": mask.clone(),
+            "action_mask": mask,
+            "rewards": rewards,
+            "eos_mask": torch.zeros(mask.shape, dtype=torch.long),
+        }
 
     patched = make_compute_advantages(compute_advantages)
     cu_seqs = torch.arange(5)
@@ -673,7 +685,10 @@ def test_head_infra_failed_episodes_carry_no_action_and_are_counted(tokenizer, s
         assert sum(state["action_mask"]) == 0 and not any(state["rewards"]) and samples[i].status is HeadSample.Status.DONE
     assert samples[2].state_dicts == clean[2].state_dicts
     assert gem_metrics.peek()[gem_metrics.INFRA_FAILED] == 2
-    tensors = {k: torch.nn.utils.rnn.pad_sequence([torch.tensor(s.state_dicts[0][k], dtype=torch.float64) for s in samples], batch_first=True) for k in ("states", "action_mask", "rewards")}
+    tensors = {
+        k: torch.nn.utils.rnn.pad_sequence([torch.tensor(s.state_dicts[0][k], dtype=torch.float64) for s in samples], batch_first=True)
+        for k in ("states", "action_mask", "rewards")
+    }
     advantages = rebn_advantages(tensors, torch.arange(4), gamma=0.9)
     assert torch.count_nonzero(advantages[:2]) == 0 and torch.count_nonzero(advantages[2]) > 0
 

@@ -89,7 +89,11 @@ def test_readme_command_through_rl2_whole_step_on_two_ranks(tokenizer, model_dir
     for world in (2, 1):
         server = FakeSGLang(tokenizer)
         try:
-            runs[world] = (run_ranks(HERE / "rank_main.py", world, args, tmp_path, tmp_path / f"world{world}", server.url, timeout=480), _synced_weights(server), list(server.calls))
+            runs[world] = (
+                run_ranks(HERE / "rank_main.py", world, args, tmp_path, tmp_path / f"world{world}", server.url, timeout=480),
+                _synced_weights(server),
+                list(server.calls),
+            )
         finally:
             server.close()
 

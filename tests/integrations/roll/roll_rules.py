@@ -82,7 +82,13 @@ def format_messages(cfg: dict[str, Any], history: list[dict[str, Any]], step: in
                 action += "(IMPORTANT TIPS: this action is not valid, your new response *must* strictly adhere to the format according to env instructions.)"
                 lines.append(f"(step: {step - len(memory) + index + 1}, observation: {entry['observation']}, action: {action}, reward: {entry['reward']})")
         render = {"env_instruction": history[0]["env_instruction"], "history": ", ".join(lines)}
-        optional = {"step_count": step, "history_length": len(memory), "current_step": step + 1, "current_observation": current["observation"], "max_response_length": max_tokens_per_step}
+        optional = {
+            "step_count": step,
+            "history_length": len(memory),
+            "current_step": step + 1,
+            "current_observation": current["observation"],
+            "max_response_length": max_tokens_per_step,
+        }
         render.update({key: value for key, value in optional.items() if renderable(template, key)})
     else:
         raise ValueError(f"{name} does not give per-step samples (step_reinforce needs StepEnvManager or StepConcatEnvManager)")

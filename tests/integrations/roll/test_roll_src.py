@@ -157,10 +157,14 @@ def test_golden_scenario_through_roll_s_step_env_manager_and_step_reinforce(gold
 
     batch = DataProto.concat(batches)
     batch = compute_discounted_returns(batch, "step_reinforce", scenario.gamma)
-    config = SimpleNamespace(adv_estimator="step_reinforce", reward_normalization=RewardNormalizationConfig(grouping="batch", method="mean_std"), reward_clip=None)
+    config = SimpleNamespace(
+        adv_estimator="step_reinforce", reward_normalization=RewardNormalizationConfig(grouping="batch", method="mean_std"), reward_clip=None
+    )
     batch, _ = compute_response_level_rewards(batch=batch, pipeline_config=config)
     batch.batch["token_level_rewards"] = expand_to_token_level(batch)
-    batch = agentic_compute_advantage(batch, gamma=1.0, lambd=0.95, adv_estimator="step_reinforce", advantage_clip=None, whiten_advantages=False, whiten_rewards=False)
+    batch = agentic_compute_advantage(
+        batch, gamma=1.0, lambd=0.95, adv_estimator="step_reinforce", advantage_clip=None, whiten_advantages=False, whiten_rewards=False
+    )
 
     returns = np.concatenate([np.asarray(r) for r in scenario.turn_returns])
     reference = np.concatenate([np.asarray(a) for a in scenario.turn_advantages])
@@ -289,7 +293,11 @@ def sudoku_move(prompt: str) -> str:
 
     def ok(r, c, d):
         br, bc = r - r % box, c - c % box
-        return all(grid[r][j] != d for j in range(n)) and all(grid[i][c] != d for i in range(n)) and all(grid[i][j] != d for i in range(br, br + box) for j in range(bc, bc + box))
+        return (
+            all(grid[r][j] != d for j in range(n))
+            and all(grid[i][c] != d for i in range(n))
+            and all(grid[i][j] != d for i in range(br, br + box) for j in range(bc, bc + box))
+        )
 
     def solve():
         for r in range(n):
@@ -465,7 +473,15 @@ def test_a_whole_step_from_the_documented_config(config, tokenizer):
     samples on every response token, no sample trains twice, and the returns are the per-turn discounted returns."""
     dp_size = 1
     train = config.actor_train.training_args
-    divide = int(np.lcm.reduce([train.per_device_train_batch_size * train.gradient_accumulation_steps * dp_size, config.actor_train.infer_batch_size * dp_size, config.reference.infer_batch_size * dp_size]))
+    divide = int(
+        np.lcm.reduce(
+            [
+                train.per_device_train_batch_size * train.gradient_accumulation_steps * dp_size,
+                config.actor_train.infer_batch_size * dp_size,
+                config.reference.infer_batch_size * dp_size,
+            ]
+        )
+    )
     PROMPTS.clear()
     rollouts = []
     for tag, episodes in [("GemGuessTheNumberPython", 3), ("GemSudoku", 2)]:
@@ -487,7 +503,9 @@ def test_a_whole_step_from_the_documented_config(config, tokenizer):
     # returns: G_t = r_t + gamma * G_{t+1} over each whole played episode (computed before adjust_batch)
     by_traj: dict = {}
     for i in range(n_played):
-        by_traj.setdefault(played.non_tensor_batch["traj_id"][i], []).append((played.non_tensor_batch["step"][i], float(played.non_tensor_batch["step_scores"][i])))
+        by_traj.setdefault(played.non_tensor_batch["traj_id"][i], []).append(
+            (played.non_tensor_batch["step"][i], float(played.non_tensor_batch["step_scores"][i]))
+        )
     expected_return = {}
     for traj, steps in by_traj.items():
         running = 0.0

@@ -30,10 +30,31 @@ class FaithfulVLLMClient:
         self.engine = engine
         self.calls: list[dict] = []
 
-    def generate(self, prompts, features=None, n=1, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
-                 max_tokens=16, logprobs=0, structured_outputs_regex=None, generation_kwargs=None):
-        sampling = {"n": n, "repetition_penalty": repetition_penalty, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                    "min_p": min_p, "max_tokens": max_tokens, "logprobs": logprobs}
+    def generate(
+        self,
+        prompts,
+        features=None,
+        n=1,
+        repetition_penalty=1.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        max_tokens=16,
+        logprobs=0,
+        structured_outputs_regex=None,
+        generation_kwargs=None,
+    ):
+        sampling = {
+            "n": n,
+            "repetition_penalty": repetition_penalty,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "max_tokens": max_tokens,
+            "logprobs": logprobs,
+        }
         sampling.update(generation_kwargs or {})
         self.calls.append({"prompts": [list(p) for p in prompts], **sampling})
         outputs = [asyncio.run(self.engine.generate(list(p), dict(sampling))).outputs[0] for p in prompts]
@@ -71,8 +92,14 @@ def golden_rows(golden) -> list[dict]:
 
     rows = []
     for episode in golden.episodes:
-        spec = TaskSpec(episode.env_id, seed=episode.seed, env_kwargs=episode.env_kwargs, tools=episode.tools,
-                        max_turn_tokens=GOLDEN_PARAMS.max_tokens, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)
+        spec = TaskSpec(
+            episode.env_id,
+            seed=episode.seed,
+            env_kwargs=episode.env_kwargs,
+            tools=episode.tools,
+            max_turn_tokens=GOLDEN_PARAMS.max_tokens,
+            max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS,
+        )
         rows.append({"prompt": prompt_of(spec)})
     return rows
 
@@ -80,9 +107,20 @@ def golden_rows(golden) -> list[dict]:
 def grpo_config(tmp_path, **overrides):
     from trl import GRPOConfig
 
-    settings = dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0,
-                    per_device_train_batch_size=4, num_generations=2, max_completion_length=64, max_steps=1, logging_steps=1,
-                    temperature=GOLDEN_PARAMS.temperature)
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=64,
+        max_steps=1,
+        logging_steps=1,
+        temperature=GOLDEN_PARAMS.temperature,
+    )
     settings.update(overrides)
     return GRPOConfig(**settings)
 
@@ -122,8 +160,11 @@ def row_of(inputs, row: int, reference) -> int:
     prompt = tuple(inputs["prompt_ids"][row][inputs["prompt_mask"][row].bool()].tolist())
     n = int(inputs["completion_mask"][row].sum())
     completion = tuple(inputs["completion_ids"][row, :n].tolist())
-    matches = [i for i in range(len(reference)) if tuple(reference.prompt_ids[i]) == prompt
-               and tuple(reference.response_ids[i, : reference.lengths[i]].tolist()) == completion]
+    matches = [
+        i
+        for i in range(len(reference))
+        if tuple(reference.prompt_ids[i]) == prompt and tuple(reference.response_ids[i, : reference.lengths[i]].tolist()) == completion
+    ]
     assert matches, f"loss row {row} matches no trajectory"
     return matches[0]
 

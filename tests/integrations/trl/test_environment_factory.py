@@ -209,8 +209,21 @@ class ScriptedVLLMClient:
         self.engines = [VLLMFaithfulEngine(ScriptedModel(tokenizer, scripted_player(j), end_of_turn_id=eos)) for j in range(2)]
         self.calls = 0
 
-    def generate(self, prompts, features=None, n=1, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
-                 max_tokens=16, logprobs=0, structured_outputs_regex=None, generation_kwargs=None):
+    def generate(
+        self,
+        prompts,
+        features=None,
+        n=1,
+        repetition_penalty=1.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        max_tokens=16,
+        logprobs=0,
+        structured_outputs_regex=None,
+        generation_kwargs=None,
+    ):
         self.calls += 1
         sampling = {"max_tokens": max_tokens, "logprobs": logprobs, "temperature": temperature, **(generation_kwargs or {})}
         outs = [asyncio.run(self.engines[j].generate(list(p), dict(sampling))).outputs[0] for p in prompts for j in range(n)]
@@ -256,19 +269,42 @@ def test_one_grpo_step_with_environment_factory(tmp_path, monkeypatch, which):
 
     model, tokenizer = _model_and_tokenizer(which, monkeypatch)
     before = [p.detach().clone() for p in model.parameters()]
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0,
-                      per_device_train_batch_size=2, num_generations=2, max_completion_length=1500, max_steps=1,
-                      logging_steps=1, max_tool_calling_iterations=8, learning_rate=1e-2,
-                      vllm_importance_sampling_correction=False)  # the stand-in's logprobs are not the tiny model's
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=1500,
+        max_steps=1,
+        logging_steps=1,
+        max_tool_calling_iterations=8,
+        learning_rate=1e-2,
+        vllm_importance_sampling_correction=False,
+    )  # the stand-in's logprobs are not the tiny model's
     factory = environment_factory(GUESS)
-    trainer = GRPOTrainer(model, args=args, train_dataset=environment_dataset(GUESS, 1, seed_start=5), processing_class=tokenizer,
-                          environment_factory=factory)
+    trainer = GRPOTrainer(model, args=args, train_dataset=environment_dataset(GUESS, 1, seed_start=5), processing_class=tokenizer, environment_factory=factory)
     # TRL's own VLLMGeneration in server mode, its client the scripted stand-in (what __init__ sets with use_vllm)
     generation = object.__new__(VLLMGeneration)
-    generation.__dict__.update(mode="server", vllm_client=ScriptedVLLMClient(tokenizer), accelerator=trainer.accelerator,
-                               temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, logprobs=0,
-                               max_completion_length=args.max_completion_length, structured_outputs_regex=None,
-                               generation_kwargs={}, enable_sleep_mode=False, _llm_weights_sleeping=False)
+    generation.__dict__.update(
+        mode="server",
+        vllm_client=ScriptedVLLMClient(tokenizer),
+        accelerator=trainer.accelerator,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        logprobs=0,
+        max_completion_length=args.max_completion_length,
+        structured_outputs_regex=None,
+        generation_kwargs={},
+        enable_sleep_mode=False,
+        _llm_weights_sleeping=False,
+    )
     generation.sync_weights = lambda: None
     trainer.use_vllm, trainer.vllm_mode, trainer.vllm_generation, trainer._last_loaded_step = True, "server", generation, -1
     try:

@@ -28,8 +28,21 @@ def _example():
 
 def _small(tmp_path, *extra: str) -> list[str]:
     """The script's options with sizes a CPU test affords (every other setting its default)."""
-    return ["--prompts", "4", "--num-generations", "2", "--batch-size", "4", "--steps", "1", "--max-completion-length", "160",
-            "--out", str(tmp_path / "out"), *extra]
+    return [
+        "--prompts",
+        "4",
+        "--num-generations",
+        "2",
+        "--batch-size",
+        "4",
+        "--steps",
+        "1",
+        "--max-completion-length",
+        "160",
+        "--out",
+        str(tmp_path / "out"),
+        *extra,
+    ]
 
 
 def _check_step(trainer, rollout, seen) -> tuple[dict, object]:

@@ -21,8 +21,7 @@ def _trainer(cls, tokenizer, golden, tmp_path, **kwargs):
     model = build_tiny_model(len(tokenizer), seed=0, hidden_size=32)
     model.config.pad_token_id = tokenizer.pad_token_id
     args = grpo_config(tmp_path, per_device_train_batch_size=n, num_generations=n, max_completion_length=1024)
-    trainer = cls(model, episode_return, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                  rollout_func=GemRollout(), **kwargs)
+    trainer = cls(model, episode_return, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, rollout_func=GemRollout(), **kwargs)
     # TRL's vLLM server mode, with the stand-in client (conftest): what GRPOTrainer's __init__ sets when use_vllm
     generation = FakeVLLMGeneration(faithful_client(tokenizer))
     trainer.use_vllm, trainer.vllm_generation, trainer._last_loaded_step = True, generation, -1

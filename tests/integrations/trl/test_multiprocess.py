@@ -38,21 +38,35 @@ def _wait(paths: list[Path], procs: list[subprocess.Popen], seconds: float, what
             pytest.fail(f"rank {failed[0][0]} exited with {failed[0][1]} before {what}:\n{logs[failed[0][0]].read_text()[-3000:]}")
         if time.monotonic() > deadline:
             missing = [p.name for p in paths if not p.exists()]
-            pytest.fail(f"{what} not done within {seconds:.0f} s (missing {missing}): the ranks are stuck in a collective call, "
-                        f"one waiting for calls the other never makes.\nrank 0 log tail:\n{logs[0].read_text()[-1500:]}")
+            pytest.fail(
+                f"{what} not done within {seconds:.0f} s (missing {missing}): the ranks are stuck in a collective call, "
+                f"one waiting for calls the other never makes.\nrank 0 log tail:\n{logs[0].read_text()[-1500:]}"
+            )
         time.sleep(0.2)
 
 
 def test_ranks_make_equal_collective_calls_and_play_the_one_process_episodes(tmp_path, tokenizer):
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     logs = [tmp_path / f"rank-{r}.log" for r in range(2)]
     procs = []
     try:
         for rank in range(2):
             with open(logs[rank], "w") as log:
-                procs.append(subprocess.Popen([sys.executable, str(HERE / "two_ranks.py"), str(tmp_path)],
-                                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(HERE / "two_ranks.py"), str(tmp_path)],
+                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         _wait([tmp_path / f"ready-{r}" for r in range(2)], procs, SETUP_SECONDS, "building the trainers", logs)
         _wait([tmp_path / f"rank-{r}.json" for r in range(2)], procs, ROLLOUT_SECONDS, "the rollouts and the train step", logs)
         for proc in procs:

@@ -119,11 +119,30 @@ def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_pat
     from gem_core.models import resolve_model
 
     example = _example()
-    args = example.parse_args([
-        "--model", ALIAS, "--env", trl_test_envs.TURNS_ID, "--prompts", str(PROMPTS), "--num-generations", str(GENERATIONS),
-        "--batch-size", str(PROMPTS * GENERATIONS), "--steps", "1", "--max-turn-tokens", str(TURN_TOKENS),
-        "--max-completion-length", str(COMPLETION), "--top-k", "1", "--out", str(tmp_path / "out"),
-    ])
+    args = example.parse_args(
+        [
+            "--model",
+            ALIAS,
+            "--env",
+            trl_test_envs.TURNS_ID,
+            "--prompts",
+            str(PROMPTS),
+            "--num-generations",
+            str(GENERATIONS),
+            "--batch-size",
+            str(PROMPTS * GENERATIONS),
+            "--steps",
+            "1",
+            "--max-turn-tokens",
+            str(TURN_TOKENS),
+            "--max-completion-length",
+            str(COMPLETION),
+            "--top-k",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     trainer = example.build_trainer(args)
     trainer.args.save_strategy = "no"  # not part of the step: the checkpoint (weights and AdamW state) is 1.6 GB
     model, tokenizer = trainer.model, trainer.processing_class
@@ -134,10 +153,15 @@ def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_pat
     specs = [task_of(row["prompt"]) for row in trainer.train_dataset]
     assert [s.seed for s in specs] == list(range(PROMPTS))
     config = RunConfig(params=SamplingParams(max_tokens=TURN_TOKENS, temperature=0.0))
-    reference = asyncio.run(run_episodes(
-        [s.env_id for s in specs], HFPolicy(model, max_batch_size=PROMPTS, pad_token_id=tokenizer.pad_token_id), ChatFormatter(tokenizer),
-        config, seeds=[s.seed for s in specs],
-    ))
+    reference = asyncio.run(
+        run_episodes(
+            [s.env_id for s in specs],
+            HFPolicy(model, max_batch_size=PROMPTS, pad_token_id=tokenizer.pad_token_id),
+            ChatFormatter(tokenizer),
+            config,
+            seeds=[s.seed for s in specs],
+        )
+    )
     assert [t.num_turns for t in reference] == [1 + s % 4 for s in range(PROMPTS)] and not any(t.truncated for t in reference)
     expected = {t.seed: t.as_sequence() for t in reference}
     rollout = trainer.rollout_func
@@ -145,8 +169,22 @@ def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_pat
     # the golden scenario's env ids and seeds through the same rollout function, before the step: prompts of
     # different lengths in one left-padded generate call, responses that stop and responses cut by the budget
     episodes = GOLDEN_EPISODES + tool_episodes()
-    golden = rollout([prompt_of(TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, max_turn_tokens=GOLDEN_TURN_TOKENS,
-                                          max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS)) for e in episodes], trainer)
+    golden = rollout(
+        [
+            prompt_of(
+                TaskSpec(
+                    e.env_id,
+                    seed=e.seed,
+                    env_kwargs=e.env_kwargs,
+                    tools=e.tools,
+                    max_turn_tokens=GOLDEN_TURN_TOKENS,
+                    max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS,
+                )
+            )
+            for e in episodes
+        ],
+        trainer,
+    )
     core_golden = _core_golden(model, tokenizer)
     assert len({len(ids) for ids in golden["prompt_ids"]}) > 1, "prompts of different lengths"
     assert {turn.finish_reason for t in core_golden for turn in t.turns} == {"stop", "length"}

@@ -39,8 +39,7 @@ def rows_for(rank: int) -> list[dict[str, Any]]:
     from gem_integrations.trl.dataset import prompt_of
 
     return [
-        {"prompt": prompt_of(TaskSpec(trl_test_envs.TURNS_ID, seed=10 * rank + i, env_kwargs={"turns": turns}))}
-        for i, turns in enumerate(TURNS_BY_RANK[rank])
+        {"prompt": prompt_of(TaskSpec(trl_test_envs.TURNS_ID, seed=10 * rank + i, env_kwargs={"turns": turns}))} for i, turns in enumerate(TURNS_BY_RANK[rank])
     ]
 
 
@@ -84,12 +83,25 @@ def build(out_dir: str, tokenizer: Any = None) -> tuple[Any, Any]:
     model = build_tiny_model(len(tokenizer), seed=0, hidden_size=32)
     model.config.pad_token_id = tokenizer.pad_token_id
     args = GRPOConfig(
-        output_dir=str(Path(out_dir) / "trainer"), use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0,
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=256, max_steps=1,
+        output_dir=str(Path(out_dir) / "trainer"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=256,
+        max_steps=1,
     )
     rows = rows_for(0) + rows_for(1)
-    trainer = GemGRPOTrainer(model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                             rollout_func=GemRollout(max_turn_tokens=MAX_TURN_TOKENS, max_batch_size=MAX_BATCH_SIZE))
+    trainer = GemGRPOTrainer(
+        model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        rollout_func=GemRollout(max_turn_tokens=MAX_TURN_TOKENS, max_batch_size=MAX_BATCH_SIZE),
+    )
     trainer.temperature = 0.0  # greedy rollouts (what the rollout reads; the loss is not run here)
     trainer.model.train()
     return trainer, CollectiveCounter(trainer.model)
@@ -127,9 +139,13 @@ def train_step(trainer: Any, counter: CollectiveCounter) -> dict[str, Any]:
         n = reference.lengths[i]
         worst = max(worst, float(np.abs(inputs["advantages"][row, :n].numpy() - expected[i, :n]).max()))
     return {
-        "generate_calls": counter.generates - calls, "global_step": trainer.state.global_step, "rows": int(inputs["advantages"].shape[0]),
-        "episodes": len(everyone), "turns": [t.num_turns for t in trainer.rollout_func.last_trajectories],
-        "advantages_max_abs_diff": worst, "nonzero_advantages": bool(inputs["advantages"].abs().sum() > 0),
+        "generate_calls": counter.generates - calls,
+        "global_step": trainer.state.global_step,
+        "rows": int(inputs["advantages"].shape[0]),
+        "episodes": len(everyone),
+        "turns": [t.num_turns for t in trainer.rollout_func.last_trajectories],
+        "advantages_max_abs_diff": worst,
+        "nonzero_advantages": bool(inputs["advantages"].abs().sum() > 0),
     }
 
 

@@ -77,9 +77,7 @@ def test_gem_reinforce_is_unnormalised_returns():
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
     rewards, mask, spans = _batch(EPISODES)
-    advantages, returns = get_adv_estimator_fn("gem_reinforce")(
-        token_level_rewards=rewards, response_mask=mask, config=OmegaConf.create({"rebn_gamma": 0.9})
-    )
+    advantages, returns = get_adv_estimator_fn("gem_reinforce")(token_level_rewards=rewards, response_mask=mask, config=OmegaConf.create({"rebn_gamma": 0.9}))
     assert _per_turn(advantages, spans) == pytest.approx(RETURNS, abs=1e-6)
     assert torch.equal(advantages, returns)
 

@@ -154,8 +154,12 @@ def _agent_loop(worker, manager):
     from gem_integrations.verl.agent_loop import GemEnvAgentLoop
 
     return GemEnvAgentLoop(
-        trainer_config=DictConfigWrap(worker.config), server_manager=manager, tokenizer=worker.tokenizer, processor=None,
-        dataset_cls=worker.dataset_cls, data_config=DictConfigWrap(worker.config.data),
+        trainer_config=DictConfigWrap(worker.config),
+        server_manager=manager,
+        tokenizer=worker.tokenizer,
+        processor=None,
+        dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(worker.config.data),
     )
 
 

@@ -60,9 +60,7 @@ def cluster(model_dir):
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "PYTHONHASHSEED": "0"}})
     try:
         tq.init(config.transfer_queue)
-        server = ray.remote(num_cpus=0)(FaithfulVerlServer).remote(
-            f"{model_dir}/tokenizer", prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH
-        )
+        server = ray.remote(num_cpus=0)(FaithfulVerlServer).remote(f"{model_dir}/tokenizer", prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH)
         balancer = get_router_handle(servers={"cpu-server-0": server})
         client = LLMServerClient(config, load_balancer_handle=balancer)
         worker = AgentLoopWorkerTQ.options(num_cpus=0).remote(config, client)
@@ -153,7 +151,8 @@ def test_golden_scenario_through_verls_rollout_workers_and_advantage_step(cluste
     moved = [lp.clone() for lp in stored["rollout_log_probs"]]
     moved[row][position] += 2.0  # token_k2 = 0.5 * 2**2 = 2 > threshold 1.0
     tq.kv_batch_put(
-        keys=keys, partition_id="train",
+        keys=keys,
+        partition_id="train",
         fields=TensorDict({"old_log_probs": torch.nested.as_nested_tensor(moved, layout=torch.jagged)}, batch_size=len(keys)),
     )
     metrics = {}

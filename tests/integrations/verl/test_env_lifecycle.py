@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 import torch
 
 from conftest import PROMPT_LENGTH, RESPONSE_LENGTH, golden_rows

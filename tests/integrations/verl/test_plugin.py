@@ -29,9 +29,7 @@ print(json.dumps({
 
 
 def _probe(**env):
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, env={**os.environ, **env}, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, env={**os.environ, **env}, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -46,7 +46,10 @@ def step(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)}
     result = subprocess.run(
         [sys.executable, str(HERE / "whole_step.py"), str(EXAMPLE), str(workdir), str(out)],
-        env=env, capture_output=True, text=True, timeout=540,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     assert result.returncode == 0 and out.exists(), result.stderr[-6000:]
     return json.loads(out.read_text())
@@ -57,7 +60,12 @@ def test_the_scripts_own_commands_and_overrides_ran(step):
     assert [argv[:2] for argv in step["make_dataset"]] == [["make-dataset", "verl"]] * 2
     assert script.count("gem-core make-dataset verl") == 2
     assert (step["train_dataset_size"], step["val_dataset_size"]) == (1024, 64)  # the script's --n values
-    for override in ("algorithm.adv_estimator=rebn", "+algorithm.rebn_gamma=0.9", "actor_rollout_ref.rollout.agent.default_agent_loop=gem_env", "trainer.use_v1=True"):
+    for override in (
+        "algorithm.adv_estimator=rebn",
+        "+algorithm.rebn_gamma=0.9",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=gem_env",
+        "trainer.use_v1=True",
+    ):
         assert override in script and override in step["overrides"]
     assert step["config"]["n"] == 4  # the script's rollout.n, kept
     assert step["patches_applied"] == [True, True]  # the plugin's start-up check and turn-id patch, loaded by verl

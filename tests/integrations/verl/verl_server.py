@@ -39,8 +39,14 @@ class FaithfulVerlServer:
     """
 
     def __init__(
-        self, tokenizer_path: str, *, prompt_length: int, response_length: int, max_model_len: int | None = None,
-        global_steps: int = 1, respond: Callable[[str], str] | None = None,
+        self,
+        tokenizer_path: str,
+        *,
+        prompt_length: int,
+        response_length: int,
+        max_model_len: int | None = None,
+        global_steps: int = 1,
+        respond: Callable[[str], str] | None = None,
     ):
         from transformers import AutoTokenizer
 

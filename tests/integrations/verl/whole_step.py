@@ -80,6 +80,7 @@ def script_commands(script: str) -> tuple[list[list[str]], list[str]]:
 
 def substitute(args: list[str], **values: str) -> list[str]:
     """``$NAME``/``${NAME}`` in each argument replaced by ``values``."""
+
     def one(arg: str) -> str:
         return re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: values.get(m.group(1), m.group(0)), arg)
 
@@ -98,8 +99,14 @@ def tiny_model(directory: Path) -> str:
     save_test_tokenizer(str(directory / "tokenizer"))
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=len(build_test_tokenizer()), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True,
+        vocab_size=len(build_test_tokenizer()),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        architectures=["Qwen2ForCausalLM"],
+        tie_word_embeddings=True,
     )
     Qwen2ForCausalLM(config).save_pretrained(str(directory))
     return str(directory)
@@ -206,7 +213,9 @@ def main(example: str, workdir: str, out: str) -> None:
     import torch.distributed as dist
     import transfer_queue as tq
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {**ENV, "PYTHONPATH": pythonpath, "TRANSFER_QUEUE_ENABLE": "1"}})
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {**ENV, "PYTHONPATH": pythonpath, "TRANSFER_QUEUE_ENABLE": "1"}}
+    )
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         config.transfer_queue.enable = True
@@ -281,8 +290,18 @@ def _one_step(config, model_dir: str, report: dict, started: float) -> None:
     trainer._compute_metrics(batch, metrics, timing_raw, global_steps=1, epoch=0)
 
     fields = [
-        "prompts", "responses", "response_mask", "rm_scores", "gem_turn_ids", "gem_infra_error", "advantages",
-        "old_log_probs", "rollout_log_probs", "env_id", "env_seed", "uid",
+        "prompts",
+        "responses",
+        "response_mask",
+        "rm_scores",
+        "gem_turn_ids",
+        "gem_infra_error",
+        "advantages",
+        "old_log_probs",
+        "rollout_log_probs",
+        "env_id",
+        "env_seed",
+        "uid",
     ]
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
     rows = []
@@ -299,9 +318,11 @@ def _one_step(config, model_dir: str, report: dict, started: float) -> None:
     report["train_dataset_size"] = len(trainer.train_dataset)
     report["val_dataset_size"] = len(trainer.val_dataset)
     report["config"] = {
-        "n": int(rollout.n), "train_batch_size": int(config.data.train_batch_size),
+        "n": int(rollout.n),
+        "train_batch_size": int(config.data.train_batch_size),
         "ppo_mini_batch_size": int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
-        "response_length": int(rollout.response_length), "prompt_length": int(rollout.prompt_length),
+        "response_length": int(rollout.response_length),
+        "prompt_length": int(rollout.prompt_length),
     }
 
 

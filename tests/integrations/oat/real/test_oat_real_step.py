@@ -72,7 +72,7 @@ def oat_engine_args(args) -> dict:
 
 
 @pytest.mark.slow
-def test_readme_oat_commands_one_step_on_the_real_model_and_real_vllm(model_dir, tmp_path, monkeypatch, cpu_torch):
+def test_readme_oat_commands_one_step_on_the_real_model_and_real_vllm(model_dir, tmp_path, monkeypatch, cpu_torch):  # noqa: F811  (the fixture)
     import oat.actors.base as actor_base
     import oat.algorithms.ppo as oat_ppo
     import vllm
@@ -92,7 +92,9 @@ def test_readme_oat_commands_one_step_on_the_real_model_and_real_vllm(model_dir,
     rows = read_specs(data)
     argv = _replace(_replace(launch_argv, "--gem-dataset", str(data)), "--pretrain", model_dir)
     argv = _replace(_replace(argv, "--rollout-batch-size", str(ROWS)), "--gem-episodes-per-step", str(ROWS))
-    args = build_args([*argv, "--generate-max-length", str(MAX_TOKENS), "--top-k", "1", "--max-model-len", "1024", "--no-bf16", "--rollout-batch-size-per-device", str(ROWS)])
+    args = build_args(
+        [*argv, "--generate-max-length", str(MAX_TOKENS), "--top-k", "1", "--max-model-len", "1024", "--no-bf16", "--rollout-batch-size-per-device", str(ROWS)]
+    )
     assert (args.temperature, args.top_k, args.num_samples, args.gem_episodes_per_step) == (1.0, 1, 1, ROWS)
 
     made = []

@@ -40,7 +40,12 @@ def _report(bundles, strategy, frame) -> dict:
             "actor": {"model": args.actor.model_name_or_path, "num_nodes": args.actor.num_nodes, "num_gpus_per_node": args.actor.num_gpus_per_node},
             "agent_func_path": args.train.agent_func_path,
             "colocate_all": args.train.colocate_all,
-            "data": {"prompt_dataset": args.data.prompt_dataset, "input_key": args.data.input_key, "label_key": args.data.label_key, "max_len": args.data.max_len},
+            "data": {
+                "prompt_dataset": args.data.prompt_dataset,
+                "input_key": args.data.input_key,
+                "label_key": args.data.label_key,
+                "max_len": args.data.max_len,
+            },
             "n_samples_per_prompt": args.rollout.n_samples_per_prompt,
             "vllm": {"num_engines": args.vllm.num_engines, "tensor_parallel_size": args.vllm.tensor_parallel_size},
             "ckpt_path": args.ckpt.path,

@@ -99,12 +99,21 @@ class _RecordingPPOTrainer(PPOTrainer.__ray_metadata__.modified_class):
             keys = ("gem_turn_rewards", "gem_turn_spans", "gem_infra_failed")
             turns = [{k: e.info[k].clone() for k in keys if k in e.info} for e in experiences]
             out = patched(experiences)
-            self.recorded["batches"].append([
-                {"sequences": e.sequences.clone(), "attention_mask": e.attention_mask.clone(), "action_mask": e.action_mask.clone(),
-                 "action_log_probs": e.action_log_probs.clone(), "advantages": e.advantages.clone(), "labels": list(e.labels),
-                 "rollout_log_probs": None if e.rollout_log_probs is None else e.rollout_log_probs.clone(), **t}
-                for e, t in zip(out, turns)
-            ])
+            self.recorded["batches"].append(
+                [
+                    {
+                        "sequences": e.sequences.clone(),
+                        "attention_mask": e.attention_mask.clone(),
+                        "action_mask": e.action_mask.clone(),
+                        "action_log_probs": e.action_log_probs.clone(),
+                        "advantages": e.advantages.clone(),
+                        "labels": list(e.labels),
+                        "rollout_log_probs": None if e.rollout_log_probs is None else e.rollout_log_probs.clone(),
+                        **t,
+                    }
+                    for e, t in zip(out, turns)
+                ]
+            )
             return out
 
         maker.compute_advantages_and_returns = compute_advantages_and_returns

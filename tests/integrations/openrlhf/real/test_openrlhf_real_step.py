@@ -75,8 +75,7 @@ def script_arguments(env: dict[str, str], extra: list[str], record: Path) -> lis
         'gem-core() { if [ "$1" = openrlhf ] && [ "$2" = train ]; then shift 2; printf "%s\\0" "$@" > "$GEM_TEST_ARGV"; '
         'else command gem-core "$@"; fi; }; export -f gem-core; exec bash ' + SCRIPT + ' "$@"'
     )
-    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record),
-                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     done = subprocess.run(["bash", "-c", wrapper, "train_gtn_rebn.sh", *extra], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return [a for a in record.read_bytes().decode().split("\0") if a]
@@ -118,8 +117,17 @@ def step_run(cluster, model_dir, tmp_path_factory):
             ray.kill(engine)
         recording.ENGINES.clear()
     policy = torch.load(out / ray_step_actors.POLICY_REPORT, weights_only=False)
-    return {"status": status, "argv": argv, "data": data, "out": out, "trainer": trainer, "policy": policy,
-            "engine_calls": list(recording.ENGINE_CALLS), "engine_args": engine_args, "core": core}
+    return {
+        "status": status,
+        "argv": argv,
+        "data": data,
+        "out": out,
+        "trainer": trainer,
+        "policy": policy,
+        "engine_calls": list(recording.ENGINE_CALLS),
+        "engine_args": engine_args,
+        "core": core,
+    }
 
 
 class EngineAsLLM:
@@ -173,16 +181,18 @@ def samples(step_run) -> list[dict]:
         for i in range(len(batch["sequences"])):
             n = int(batch["attention_mask"][i].sum())
             spans = batch["gem_turn_spans"][i].tolist()
-            out.append({
-                "tokens": batch["sequences"][i][:n].tolist(),
-                "action_mask": batch["action_mask"][i][: n - 1].bool(),
-                "action_log_probs": batch["action_log_probs"][i][: n - 1].double(),
-                "advantages": batch["advantages"][i][: n - 1].double(),
-                "label": batch["labels"][i],
-                "spans": [(int(a), int(b)) for a, b in zip(spans[::2], spans[1::2]) if b > 0],
-                "turn_rewards": batch["gem_turn_rewards"][i].tolist(),
-                "infra_failed": bool(batch["gem_infra_failed"][i]),
-            })
+            out.append(
+                {
+                    "tokens": batch["sequences"][i][:n].tolist(),
+                    "action_mask": batch["action_mask"][i][: n - 1].bool(),
+                    "action_log_probs": batch["action_log_probs"][i][: n - 1].double(),
+                    "advantages": batch["advantages"][i][: n - 1].double(),
+                    "label": batch["labels"][i],
+                    "spans": [(int(a), int(b)) for a, b in zip(spans[::2], spans[1::2]) if b > 0],
+                    "turn_rewards": batch["gem_turn_rewards"][i].tolist(),
+                    "infra_failed": bool(batch["gem_infra_failed"][i]),
+                }
+            )
     for sample in out:
         sample["turn_rewards"] = sample["turn_rewards"][: len(sample["spans"])]
     return out
@@ -243,8 +253,13 @@ def core_view(trajectory) -> dict:
     """The core runner's trajectory in the plugin's terms: tokens, spans, per-token turn ids, turn rewards."""
     sequence = trajectory.as_sequence()
     spans = [(t.context_len, t.context_len + len(t.response_ids)) for t in trajectory.turns]
-    return {"tokens": sequence.input_ids, "spans": spans, "turn_ids": [-1] * len(sequence.prompt_ids) + sequence.turn_ids,
-            "loss_mask": [0] * len(sequence.prompt_ids) + sequence.loss_mask, "rewards": list(trajectory.rewards)}
+    return {
+        "tokens": sequence.input_ids,
+        "spans": spans,
+        "turn_ids": [-1] * len(sequence.prompt_ids) + sequence.turn_ids,
+        "loss_mask": [0] * len(sequence.prompt_ids) + sequence.loss_mask,
+        "rewards": list(trajectory.rewards),
+    }
 
 
 def turn_ids_from_spans(spans, length) -> list[int]:
@@ -285,6 +300,8 @@ def test_engine_logprobs_agree_with_openrlhfs_actor_forward(step_run, core_runs)
         differences.append((row["action_log_probs"] - engine).abs()[mask])
     difference = torch.cat(differences)
     assert difference.numel() > 50
-    print(f"logprob agreement (float32 vLLM vs float32 OpenRLHF actor): max {float(difference.max()):.3e}, "
-          f"mean {float(difference.mean()):.3e} over {difference.numel()} tokens")
+    print(
+        f"logprob agreement (float32 vLLM vs float32 OpenRLHF actor): max {float(difference.max()):.3e}, "
+        f"mean {float(difference.mean()):.3e} over {difference.numel()} tokens"
+    )
     assert float(difference.max()) < LOGPROB_ATOL, f"max |engine - actor| = {float(difference.max()):.3e}"

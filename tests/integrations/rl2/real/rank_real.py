@@ -7,7 +7,6 @@ False. The actor's recomputed logprobs (RL2's ``Actor.forward`` on the batch it 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

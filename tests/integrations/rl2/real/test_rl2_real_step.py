@@ -103,7 +103,9 @@ def test_readme_command_rl2_step_on_real_model_and_real_vllm(model_dir, tokenize
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
 
     # The core runner over the same engine: greedy (top_k=1) at temperature 1.0, as RL2 is told below.
-    reference = _post(engine_url, "gem_reference", {"rows": rows, "model_dir": model_dir, "params": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "top_k": 1}})["sequences"]
+    reference = _post(
+        engine_url, "gem_reference", {"rows": rows, "model_dir": model_dir, "params": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "top_k": 1}}
+    )["sequences"]
     lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) - 1 for s in reference]  # RL2 drops the last token
     longest = max(lengths)
     assert sum(lengths) - longest > longest, f"sequence lengths {lengths}: no two fit in {longest} tokens: RL2 needs 3 minibatches, pads to 4"
@@ -142,7 +144,13 @@ def test_readme_command_rl2_step_on_real_model_and_real_vllm(model_dir, tokenize
         actor = two[0]["actor_logps"][arow, :n][batch["action_mask"][row, :n].bool()]
         diffs.append((engine - actor).abs())
     diff = torch.cat(diffs)
-    report = {"tokens": diff.numel(), "max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "lengths": lengths, "turns": [s["num_turns"] for s in reference]}
+    report = {
+        "tokens": diff.numel(),
+        "max_abs": float(diff.max()),
+        "mean_abs": float(diff.mean()),
+        "lengths": lengths,
+        "turns": [s["num_turns"] for s in reference],
+    }
     print(f"\nRL2 real step, engine vs RL2 actor logprobs: {report}")
     (tmp_path.parent / "rl2_real_logprobs.json").write_text(json.dumps(report))
     assert float(diff.max()) <= LOGP_MAX_ABS and float(diff.mean()) <= LOGP_MEAN_ABS, report

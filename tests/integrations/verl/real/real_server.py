@@ -20,7 +20,16 @@ from verl_server import FaithfulVerlServer
 
 #: verl's ``vLLMHttpServer`` engine arguments that are read from its rollout config and mean something on
 #: the CPU build (the CUDA-only ones, e.g. ``gpu_memory_utilization``, ``enable_sleep_mode``, are left out).
-ENGINE_KEYS = ("dtype", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching", "logprobs_mode", "enforce_eager", "disable_log_stats")
+ENGINE_KEYS = (
+    "dtype",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "logprobs_mode",
+    "enforce_eager",
+    "disable_log_stats",
+)
 
 
 class RealEngine:
@@ -63,7 +72,9 @@ class RealVerlServer(FaithfulVerlServer):
         self.global_steps = global_steps
         self.calls = []
         engine_args = {key: rollout[key] for key in ENGINE_KEYS if rollout.get(key) is not None}
-        engine_args.update(model=model_dir, tokenizer=model_dir, max_model_len=self.max_model_len, seed=0 + int(rollout.get("seed") or 0), skip_tokenizer_init=False)
+        engine_args.update(
+            model=model_dir, tokenizer=model_dir, max_model_len=self.max_model_len, seed=0 + int(rollout.get("seed") or 0), skip_tokenizer_init=False
+        )
         self.engine = RealEngine(engine_args)
 
     def engine_arguments(self) -> dict[str, Any]:

@@ -48,8 +48,7 @@ for _path in (str(HERE), str(PARENT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-import whole_step  # noqa: E402  (the stand-in tier's step: its script reading and CPU pieces)
-from whole_step import ENV, InProcessActorGroup, NoReplicas, OneCpu, _free_port, _jsonable, script_commands, substitute  # noqa: E402
+from whole_step import ENV, InProcessActorGroup, NoReplicas, OneCpu, _free_port, _jsonable, script_commands, substitute  # noqa: E402  (the stand-in tier's step: its script reading and CPU pieces)
 
 RESPONSE_LENGTH = 128  # CPU size: every episode's whole response (turns + observations) within 128 tokens
 
@@ -96,8 +95,18 @@ CPU_OVERRIDES = [
 REAL_ENV = {**ENV, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "HF_HUB_OFFLINE": "1"}
 
 ROW_FIELDS = [
-    "prompts", "responses", "response_mask", "rm_scores", "gem_turn_ids", "gem_infra_error", "advantages",
-    "old_log_probs", "rollout_log_probs", "env_id", "env_seed", "uid",
+    "prompts",
+    "responses",
+    "response_mask",
+    "rm_scores",
+    "gem_turn_ids",
+    "gem_infra_error",
+    "advantages",
+    "old_log_probs",
+    "rollout_log_probs",
+    "env_id",
+    "env_seed",
+    "uid",
 ]
 
 
@@ -153,9 +162,15 @@ def core_runner(server, max_model_len: int, model_dir: str, train_parquet: Path,
             env.close()
         view = trajectory.as_sequence()
         return {
-            "prompt_ids": view.prompt_ids, "response_ids": view.response_ids, "loss_mask": view.loss_mask, "turn_ids": view.turn_ids,
-            "token_rewards": view.token_rewards(), "logprobs": list(view.logprobs or []), "rewards": list(trajectory.rewards),
-            "turns": len(trajectory.turns), "infra_error": trajectory.infra_error,
+            "prompt_ids": view.prompt_ids,
+            "response_ids": view.response_ids,
+            "loss_mask": view.loss_mask,
+            "turn_ids": view.turn_ids,
+            "token_rewards": view.token_rewards(),
+            "logprobs": list(view.logprobs or []),
+            "rewards": list(trajectory.rewards),
+            "turns": len(trajectory.turns),
+            "infra_error": trajectory.infra_error,
         }
 
     async def play_all():
@@ -207,7 +222,9 @@ def main(example: str, model_dir: str, workdir: str, out: str) -> None:
     import torch.distributed as dist
     import transfer_queue as tq
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {**REAL_ENV, "PYTHONPATH": pythonpath, "TRANSFER_QUEUE_ENABLE": "1"}})
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {**REAL_ENV, "PYTHONPATH": pythonpath, "TRANSFER_QUEUE_ENABLE": "1"}}
+    )
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         config.transfer_queue.enable = True
@@ -302,10 +319,13 @@ def _one_step(config, model_dir: str, data_dir: Path, report: dict, started: flo
     report["train_dataset_size"] = len(trainer.train_dataset)
     report["val_dataset_size"] = len(trainer.val_dataset)
     report["config"] = {
-        "n": int(config.actor_rollout_ref.rollout.n), "train_batch_size": int(config.data.train_batch_size),
+        "n": int(config.actor_rollout_ref.rollout.n),
+        "train_batch_size": int(config.data.train_batch_size),
         "ppo_mini_batch_size": int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
-        "response_length": int(config.actor_rollout_ref.rollout.response_length), "prompt_length": int(config.actor_rollout_ref.rollout.prompt_length),
-        "temperature": float(config.actor_rollout_ref.rollout.temperature), "top_k": int(config.actor_rollout_ref.rollout.top_k),
+        "response_length": int(config.actor_rollout_ref.rollout.response_length),
+        "prompt_length": int(config.actor_rollout_ref.rollout.prompt_length),
+        "temperature": float(config.actor_rollout_ref.rollout.temperature),
+        "top_k": int(config.actor_rollout_ref.rollout.top_k),
     }
 
     # the core runner on the same engine, over the same rows' tasks

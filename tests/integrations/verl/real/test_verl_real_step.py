@@ -64,7 +64,10 @@ def step(model_dir, tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
     result = subprocess.run(
         [sys.executable, str(HERE / "real_step.py"), str(EXAMPLE), model_dir, str(workdir), str(out)],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0 and out.exists(), result.stderr[-6000:]
     report = json.loads(out.read_text())
@@ -85,7 +88,12 @@ def test_the_scripts_commands_run_on_the_real_model_and_engine(step, model_dir):
         changed = {written[i - 1]: ran[i] for i in range(len(written)) if written[i] != ran[i]}
         assert changed == {"--env": "game:GuessTheNumber-v0-random", "--max-turn-tokens": "64"} and len(written) == len(ran)
     assert (step["train_dataset_size"], step["val_dataset_size"]) == (1024, 64)  # the script's --n values
-    for override in ("algorithm.adv_estimator=rebn", "+algorithm.rebn_gamma=0.9", "actor_rollout_ref.rollout.agent.default_agent_loop=gem_env", "actor_rollout_ref.rollout.name=vllm"):
+    for override in (
+        "algorithm.adv_estimator=rebn",
+        "+algorithm.rebn_gamma=0.9",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=gem_env",
+        "actor_rollout_ref.rollout.name=vllm",
+    ):
         assert override in script and override in step["overrides"]
     assert f"actor_rollout_ref.model.path={model_dir}" in step["overrides"]  # the script's $MODEL: the real model
     assert step["patches_applied"] == [True, True]
@@ -152,8 +160,10 @@ def test_engine_logprobs_agree_with_verls_old_log_prob(step):
         differences.append(np.abs(engine - actor)[mask])
     difference = np.concatenate(differences)
     assert difference.size > 50
-    print(f"logprob agreement (float32 vLLM vs float32 verl actor, _compute_old_log_prob): max {difference.max():.3e}, "
-          f"mean {difference.mean():.3e} over {difference.size} tokens")
+    print(
+        f"logprob agreement (float32 vLLM vs float32 verl actor, _compute_old_log_prob): max {difference.max():.3e}, "
+        f"mean {difference.mean():.3e} over {difference.size} tokens"
+    )
     assert difference.max() < LOGPROB_ATOL, f"max |engine - actor| = {difference.max():.3e}"
 
 
