@@ -12,18 +12,18 @@ same text the runner puts in the model's context.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gem_core.core import Env, model_message
+from gem_core.registry import make
+from gem_core.rollout import RunConfig
 from gem_core.tools.factory import make_tool, parse_tools
+from gem_core.wrappers import ToolEnvWrapper
 
 
 def parse_env_kwargs(value: Any) -> dict[str, Any]:
@@ -42,90 +42,11 @@ def parse_env_kwargs(value: Any) -> dict[str, Any]:
 
 def make_task_env(env_id: str, env_kwargs: Any = None, tools: Iterable[str] | str | None = None) -> Env:
     """``gem_core.make(env_id, **env_kwargs)``, wrapped in a ToolEnvWrapper when ``tools`` names any."""
-    from gem_core.registry import make
-
     env = make(str(env_id), **parse_env_kwargs(env_kwargs))
     names = parse_tools(tools)
     if names:
-        from gem_core.wrappers import ToolEnvWrapper
-
         env = ToolEnvWrapper(env, [make_tool(name) for name in names])
     return env
-
-
-def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every ``gem-core make-dataset TRAINER`` shares: which env, how many rows, from which seed."""
-    parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
-    parser.add_argument("--n", type=positive_int, required=True, help="rows to write (one episode each)")
-    parser.add_argument("--seed-start", type=_non_negative_int, default=0, help="seed of the first row (default 0); row i gets seed-start + i")
-    parser.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 20}'")
-    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
-    parser.add_argument("--max-turns", type=positive_int, default=None, help="turn limit on top of the env's own")
-    parser.add_argument("--system-prompt", default=None, help="system message of every episode")
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1 (the options of ``make-dataset``)."""
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-
-
-def write_jsonl(out: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> int:
-    """Write ``rows`` as JSON lines; returns how many. The file appears whole or not at all (written
-    beside it, then renamed); its directory must exist (it is not created). Shared by the plugins whose
-    ``make-dataset`` writes JSONL (OpenRLHF, TRL)."""
-    path = Path(out)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    count = 0
-    try:
-        with temporary.open("w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return count
-
-
-def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    """``(env_kwargs, tools)`` from the parsed shared options, validated (clear ValueErrors)."""
-    return parse_env_kwargs(args.env_kwargs), parse_tools(args.tools)
-
-
-def add_jsonl_dataset_arguments(parser: argparse.ArgumentParser, *, out_help: str, turn_tokens_help: str, context_tokens_help: str) -> None:
-    """The options of a ``make-dataset`` command that writes JSONL rows (OpenRLHF, TRL, RL2): the shared
-    ones, ``--out`` and the two token limits, with the trainer's own wording of their defaults."""
-    add_task_arguments(parser)
-    parser.add_argument("--out", required=True, help=out_help)
-    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help=turn_tokens_help)
-    parser.add_argument("--max-context-tokens", type=positive_int, default=None, help=context_tokens_help)
-
-
-def row_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments a plugin's ``rows``/``write_dataset`` takes, from the options of
-    :func:`add_jsonl_dataset_arguments` (validated: clear ValueErrors)."""
-    env_kwargs, tools = task_arguments(args)
-    return {
-        "seed_start": args.seed_start, "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
-        "max_turn_tokens": args.max_turn_tokens, "max_context_tokens": args.max_context_tokens, "system_prompt": args.system_prompt,
-    }  # fmt: skip
 
 
 _SPEC_FIELDS = ("env_id", "seed", "env_kwargs", "tools", "max_turns", "max_turn_tokens", "max_context_tokens", "system_prompt")
@@ -181,12 +102,10 @@ class TaskSpec:
             if own:
                 env.close()
 
-    def run_config(self, params: Any, **config: Any) -> Any:
+    def run_config(self, params: Any, **config: Any) -> RunConfig:
         """The runner's :class:`~gem_core.rollout.RunConfig` for this episode: ``params`` (a
         :class:`~gem_core.rollout.SamplingParams`) with this spec's ``max_turn_tokens`` as ``max_tokens`` when
         set, its ``max_turns`` and ``max_context_tokens``; ``config``: the other RunConfig fields."""
-        from gem_core.rollout import RunConfig
-
         if self.max_turn_tokens is not None:
             params = params.replace(max_tokens=self.max_turn_tokens)
         return RunConfig(params=params, max_turns=self.max_turns, max_context_tokens=self.max_context_tokens, **config)

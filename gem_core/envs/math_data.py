@@ -71,7 +71,7 @@ def generate_math_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 def write_math_jsonl(path: str | Path, n: int, seed: int = 0) -> Path:
     """Write :func:`generate_math_rows` as JSON lines (the ``data_files=`` form of every math id)."""
-    from gem_core.tasks import write_jsonl
+    from gem_core.dataset_rows import write_jsonl
 
     write_jsonl(path, generate_math_rows(n, seed))
     return Path(path)

@@ -10,26 +10,25 @@ The actor (``--gem-dataset train.jsonl``) plays the rows in order, cycling. Row 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gem_core
-from gem_core.tasks import TaskSpec, add_jsonl_dataset_arguments, row_fields, specs_for, write_jsonl
+from gem_core.dataset_rows import JsonlDataset
+from gem_core.tasks import TaskSpec
 
 TASK_KEY = "gem_task"
 
 
-def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator[dict[str, Any]]:
-    """Rows for ``n`` episodes of ``env_id``; ``fields``: the other :class:`~gem_core.tasks.TaskSpec` fields."""
-    env_id = gem_core.spec(env_id).id  # unknown ids fail here, before anything is written
-    specs = specs_for(env_id, n, seed_start=seed_start, **fields)
-    specs[0].make_env().close()  # unknown tools and kwargs too
-    for spec in specs:
-        yield {TASK_KEY: spec.to_json()}
+DATASET = JsonlDataset(
+    row_of=lambda spec, env: {TASK_KEY: spec.to_json()},
+    out_help="JSONL file to write",
+    turn_tokens_help="max tokens per response (default: oat's --generate-max-length)",
+    context_tokens_help="max tokens of the whole episode (default: none)",
+    next_step=lambda out: f"python -m gem_integrations.oat.launch --gem-dataset {out} ...",
+)
+rows, write_dataset, add_arguments, main = DATASET.rows, DATASET.write, DATASET.add_arguments, DATASET.main
 
 
 def read_specs(path: str | Path) -> list[TaskSpec]:
@@ -81,25 +80,3 @@ def prepare_learner_data(learner: Any, strategy: Any) -> None:
     learner.prompts_dataloader = strategy.setup_dataloader(learner.prompts_dataset, strategy.args.rollout_batch_size_per_device, shuffle=False)
     learner.eval_prompts_dataset = StepPrompts(1)  # oat's _init prints the train set's first item only
     learner.eval_prompts_dataloader = ()
-
-
-def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
-    """Write the JSONL file of :func:`rows` (whole or not at all); returns the number of rows."""
-    return write_jsonl(out, rows(env_id, n, **kwargs))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``gem-core make-dataset oat``."""
-    add_jsonl_dataset_arguments(
-        parser,
-        out_help="JSONL file to write",
-        turn_tokens_help="max tokens per response (default: oat's --generate-max-length)",
-        context_tokens_help="max tokens of the whole episode (default: none)",
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run ``gem-core make-dataset oat`` with parsed ``args``."""
-    count = write_dataset(args.out, args.env, args.n, **row_fields(args))
-    print(f"wrote {count} rows to {args.out}  (python -m gem_integrations.oat.launch --gem-dataset {args.out} ...)")
-    return 0

@@ -16,14 +16,11 @@ Row ``i`` gets seed ``seed_start + i``. Needs only gem_core (and ``datasets`` fo
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
-import gem_core
-from gem_core.tasks import TaskSpec, add_jsonl_dataset_arguments, row_fields, specs_for, write_jsonl
+from gem_core.dataset_rows import JsonlDataset, task_rows
+from gem_core.tasks import TaskSpec
 
 TASK_KEY = "gem_task"
 
@@ -51,25 +48,26 @@ def task_of(prompt: Any) -> TaskSpec:
     )
 
 
-def rows_for(specs: Iterable[TaskSpec]) -> Iterator[dict[str, Any]]:
-    """One row per spec (an env per env id is made once and reset for each row)."""
-    envs: dict[tuple, Any] = {}
-    try:
-        for spec in specs:
-            key = (spec.env_id, json.dumps(spec.env_kwargs, sort_keys=True), spec.tools)
-            if key not in envs:
-                envs[key] = spec.make_env()  # unknown ids, kwargs and tools fail here
-            yield {"prompt": prompt_of(spec, envs[key])}
-    finally:
-        for env in envs.values():
-            env.close()
+def rows_for(specs: Iterable[TaskSpec]) -> Iterator[Mapping[str, Any]]:
+    """One row per spec (an env per env id, kwargs and tools is made once and reset for each row)."""
+    return task_rows(specs, lambda spec, env: {"prompt": prompt_of(spec, env)})
 
 
-def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> list[dict[str, Any]]:
+DATASET = JsonlDataset(
+    row_of=lambda spec, env: {"prompt": prompt_of(spec, env)},
+    out_help="JSONL file to write (datasets.load_dataset('json', data_files=...))",
+    turn_tokens_help="max tokens per response (default: TRL's max_completion_length)",
+    context_tokens_help="max tokens of the whole episode, prompt included",
+    next_step=lambda out: f"train_dataset=datasets.load_dataset('json', data_files='{out}', split='train')",
+    unit="prompts",
+)
+write_dataset, add_arguments, main = DATASET.write, DATASET.add_arguments, DATASET.main
+
+
+def rows(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> list[Mapping[str, Any]]:
     """Rows for ``n`` episodes of ``env_id`` (seeds ``seed_start ..``); ``fields``: the other
     :class:`~gem_core.tasks.TaskSpec` fields."""
-    env_id = gem_core.spec(env_id).id  # unknown ids fail before anything is made
-    return list(rows_for(specs_for(env_id, n, seed_start=seed_start, **fields)))
+    return list(DATASET.rows(env_id, n, seed_start=seed_start, **fields))
 
 
 def make_dataset(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Any:
@@ -77,26 +75,3 @@ def make_dataset(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> 
     from datasets import Dataset
 
     return Dataset.from_list(rows(env_id, n, seed_start=seed_start, **fields))
-
-
-def write_dataset(out: str | Path, env_id: str, n: int, **kwargs: Any) -> int:
-    """Write :func:`rows` as JSONL, whole or not at all (:func:`gem_core.tasks.write_jsonl`); returns the
-    number of rows. Its directory must exist (it is not created)."""
-    return write_jsonl(out, rows(env_id, n, **kwargs))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``gem-core make-dataset trl``."""
-    add_jsonl_dataset_arguments(
-        parser,
-        out_help="JSONL file to write (datasets.load_dataset('json', data_files=...))",
-        turn_tokens_help="max tokens per response (default: TRL's max_completion_length)",
-        context_tokens_help="max tokens of the whole episode, prompt included",
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run ``gem-core make-dataset trl`` with parsed ``args``."""
-    count = write_dataset(args.out, args.env, args.n, **row_fields(args))
-    print(f"wrote {count} prompts to {args.out}  (train_dataset=datasets.load_dataset('json', data_files='{args.out}', split='train'))")
-    return 0

@@ -18,8 +18,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from gem_core.cli_support import CliError
-from gem_core.tasks import add_task_arguments, positive_int, specs_for, task_arguments
+from gem_core.cli_support import CliError, whole_number
+from gem_core.dataset_rows import add_task_arguments, task_arguments
+from gem_core.tasks import specs_for
 
 AGENT_NAME = "gem_env"
 
@@ -98,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gem-core make-dataset verl``."""
     add_task_arguments(parser)
     parser.add_argument("--out", required=True, help="parquet file to write")
-    parser.add_argument("--max-turn-tokens", type=positive_int, default=None, help="max tokens per response (default: rollout.response_length)")
+    parser.add_argument("--max-turn-tokens", type=whole_number(1), default=None, help="max tokens per response (default: rollout.response_length)")
     parser.add_argument("--split", default="train", help="extra_info.split (default train)")
 
 

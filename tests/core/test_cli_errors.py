@@ -85,7 +85,7 @@ TABLE = [
     ),
     (
         ["make-dataset", "openrlhf", "--env", GTN, "--n", "2", "--max-turns", "-1", "--out", "{tmp}/rows.jsonl"],
-        "gem-core make-dataset openrlhf: error: argument --max-turns: must be an integer >= 1, got '-1'",
+        "gem-core make-dataset openrlhf: error: argument --max-turns: expected a number >= 1, got -1",
     ),
     # more bad ids, numbers, flags and files
     (["play", GTN, "--num-envs", "100000000000000"], "gem-core play: error: argument --num-envs: expected a number in 1..1000000, got 100000000000000"),
@@ -122,11 +122,11 @@ TABLE = [
     (["make-dataset", "openrlhf", "--env", GTN, "--n", "2", "--out", "{tmp}"], "gem-core: error: --out {tmp}: is a directory; name a file to write"),
     (
         ["make-dataset", "openrlhf", "--env", GTN, "--n", "2", "--max-context-tokens", "0", "--out", "{tmp}/rows.jsonl"],
-        "gem-core make-dataset openrlhf: error: argument --max-context-tokens: must be an integer >= 1, got '0'",
+        "gem-core make-dataset openrlhf: error: argument --max-context-tokens: expected a number >= 1, got 0",
     ),
     (
         ["make-dataset", "verl", "--env", GTN, "--n", "-5", "--out", "{tmp}/x.parquet"],
-        "gem-core make-dataset verl: error: argument --n: must be an integer >= 1, got '-5'",
+        "gem-core make-dataset verl: error: argument --n: expected a number >= 1, got -5",
     ),
     (["make-dataset", "trainerx", "--env", GTN], None),  # the choices depend on the plugins installed: checked below
     (

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("registry", "wrappers", "grading"),  # L2
     ("vector",),  # L3: the ray mode is named by its entry point, not imported
     ("ray", "rollout"),  # L4: the only place that imports ray is gem_core.ray
-    ("tasks", "batch", "plugins"),  # L5
+    ("tasks", "dataset_rows", "batch", "plugins"),  # L5
     ("envs",),  # L6
     ("__init__", "eval", "train", "testing", "serve"),  # L7: the package's face (it registers envs/) and the jobs
     ("cli",),  # L8: the gem-core command

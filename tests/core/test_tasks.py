@@ -64,7 +64,7 @@ def test_make_task_env_wraps_tools(tmp_path, monkeypatch):
 def test_shared_dataset_arguments_parse_and_validate():
     import argparse
 
-    from gem_core.tasks import add_task_arguments, task_arguments
+    from gem_core.dataset_rows import add_task_arguments, task_arguments
 
     parser = argparse.ArgumentParser()
     add_task_arguments(parser)

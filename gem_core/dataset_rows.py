@@ -1,0 +1,132 @@
+"""What every ``gem-core make-dataset TRAINER`` shares: the options, the rows of task specs, one JSONL writer.
+
+A trainer's dataset is one row per episode, each row a :class:`~gem_core.tasks.TaskSpec` in the trainer's
+own format. A plugin says only how one spec becomes one row (``row_of(spec, env)``: the env is made from
+the spec, to reset for the first message, and shared by the rows of one env id, kwargs and tools) and how
+its options are worded; :class:`JsonlDataset` does the rest: the options, checking them, the rows, writing
+the file whole or not at all, and the line printed after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gem_core.cli_support import whole_number
+from gem_core.core import Env
+from gem_core.registry import spec as registered_spec
+from gem_core.tasks import TaskSpec, parse_env_kwargs, specs_for
+from gem_core.tools.factory import parse_tools
+
+#: One row of a trainer's dataset from a spec and an env made from it (reset it for the first message).
+RowOf = Callable[[TaskSpec, Env], Mapping[str, Any]]
+
+
+def task_rows(specs: Iterable[TaskSpec], row_of: RowOf) -> Iterator[Mapping[str, Any]]:
+    """``row_of(spec, env)`` for each spec; an env is made once per env id, kwargs and tools (unknown
+    ids, kwargs and tools fail there, before that row) and closed at the end."""
+    envs: dict[tuple, Env] = {}
+    try:
+        for spec in specs:
+            key = (spec.env_id, json.dumps(spec.env_kwargs, sort_keys=True), spec.tools)
+            if key not in envs:
+                envs[key] = spec.make_env()
+            yield row_of(spec, envs[key])
+    finally:
+        for env in envs.values():
+            env.close()
+
+
+def env_rows(env_id: str, n: int, row_of: RowOf, *, seed_start: int = 0, **fields: Any) -> Iterator[Mapping[str, Any]]:
+    """The rows of ``n`` episodes of ``env_id``, seeds ``seed_start ..``; ``fields``: the other TaskSpec
+    fields. An unknown id fails here, before any row is made."""
+    env_id = registered_spec(env_id).id
+    return task_rows(specs_for(env_id, n, seed_start=seed_start, **fields), row_of)
+
+
+def write_jsonl(out: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write ``rows`` as JSON lines; returns how many. The file appears whole or not at all (written
+    beside it, then renamed); its directory must exist (it is not created)."""
+    path = Path(out)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = 0
+    try:
+        with temporary.open("w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return count
+
+
+# -- the options -------------------------------------------------------------------------------------
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every ``gem-core make-dataset TRAINER`` shares: which env, how many rows, from which seed."""
+    parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
+    parser.add_argument("--n", type=whole_number(1), required=True, help="rows to write (one episode each)")
+    parser.add_argument("--seed-start", type=whole_number(0), default=0, help="seed of the first row (default 0); row i gets seed-start + i")
+    parser.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 20}'")
+    parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
+    parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
+    parser.add_argument("--system-prompt", default=None, help="system message of every episode")
+
+
+def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """``(env_kwargs, tools)`` from the parsed shared options, validated (clear ValueErrors)."""
+    return parse_env_kwargs(args.env_kwargs), parse_tools(args.tools)
+
+
+def row_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The TaskSpec fields and ``seed_start`` from the options of a :class:`JsonlDataset` (validated:
+    clear ValueErrors)."""
+    env_kwargs, tools = task_arguments(args)
+    return {
+        "seed_start": args.seed_start, "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
+        "max_turn_tokens": args.max_turn_tokens, "max_context_tokens": args.max_context_tokens, "system_prompt": args.system_prompt,
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JsonlDataset:
+    """One trainer's JSONL dataset: ``row_of`` makes a row; the rest is the same for every trainer.
+
+    ``out_help``, ``turn_tokens_help``, ``context_tokens_help``: the options' help, in the trainer's words
+    (where its own defaults come from). ``next_step(out)``: what to pass the trainer, printed after
+    ``wrote N rows to OUT`` (``unit``: what the trainer calls a row)."""
+
+    row_of: RowOf
+    out_help: str
+    turn_tokens_help: str
+    context_tokens_help: str
+    next_step: Callable[[str], str]
+    unit: str = "rows"
+
+    def rows(self, env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator[Mapping[str, Any]]:
+        """Rows for ``n`` episodes of ``env_id``; ``fields``: the other :class:`~gem_core.tasks.TaskSpec` fields."""
+        return env_rows(env_id, n, self.row_of, seed_start=seed_start, **fields)
+
+    def write(self, out: str | os.PathLike, env_id: str, n: int, **kwargs: Any) -> int:
+        """Write the rows to the JSONL file ``out`` (whole or not at all); returns the number of rows."""
+        return write_jsonl(out, self.rows(env_id, n, **kwargs))
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The options of ``gem-core make-dataset TRAINER``: the shared ones, ``--out`` and the token limits."""
+        add_task_arguments(parser)
+        parser.add_argument("--out", required=True, help=self.out_help)
+        parser.add_argument("--max-turn-tokens", type=whole_number(1), default=None, help=self.turn_tokens_help)
+        parser.add_argument("--max-context-tokens", type=whole_number(1), default=None, help=self.context_tokens_help)
+
+    def main(self, args: argparse.Namespace) -> int:
+        """Run ``gem-core make-dataset TRAINER`` with parsed ``args``."""
+        count = self.write(args.out, args.env, args.n, **row_fields(args))
+        print(f"wrote {count} {self.unit} to {args.out}  ({self.next_step(args.out)})")
+        return 0
