@@ -21,7 +21,7 @@ from typing import Any
 
 from gem_core.core import Env, model_message
 from gem_core.registry import make
-from gem_core.rollout import RunConfig
+from gem_core.rollout import RunConfig, row_config
 from gem_core.tools.factory import make_tool, parse_tools
 from gem_core.wrappers import ToolEnvWrapper
 
@@ -106,9 +106,7 @@ class TaskSpec:
         """The runner's :class:`~gem_core.rollout.RunConfig` for this episode: ``params`` (a
         :class:`~gem_core.rollout.SamplingParams`) with this spec's ``max_turn_tokens`` as ``max_tokens`` when
         set, its ``max_turns`` and ``max_context_tokens``; ``config``: the other RunConfig fields."""
-        if self.max_turn_tokens is not None:
-            params = params.replace(max_tokens=self.max_turn_tokens)
-        return RunConfig(params=params, max_turns=self.max_turns, max_context_tokens=self.max_context_tokens, **config)
+        return row_config(self, RunConfig(params=params, **config))
 
     # -- storing -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

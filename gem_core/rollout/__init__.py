@@ -11,7 +11,7 @@ Trainer plugins implement :class:`Policy` around their engine. Nothing here impo
 transformers until a policy that needs them is built.
 """
 
-from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter
+from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter, strip_thinking
 from gem_core.rollout.engine import EnginePolicy, VLLMPolicy
 from gem_core.rollout.http import ModelRequestError, Retry
 from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
@@ -25,13 +25,18 @@ from gem_core.rollout.policy import (
     derive_seed,
     episode_of,
     request_id_for,
+    resolve_in_thread,
 )
 from gem_core.rollout.runner import (
     AsyncEnv,
     EpisodeSpec,
+    Row,
     RunConfig,
     ThreadedEnv,
     VectorEnvSlots,
+    as_async_env,
+    play_row,
+    row_config,
     run_episode,
     run_episodes,
     run_episodes_sync,
@@ -55,6 +60,7 @@ __all__ = [
     "Policy",
     "RandomPolicy",
     "Retry",
+    "Row",
     "RunConfig",
     "SamplingParams",
     "ScriptedPolicy",
@@ -65,12 +71,17 @@ __all__ = [
     "Turn",
     "TurnSample",
     "VectorEnvSlots",
+    "as_async_env",
     "cached_formatter",
     "derive_seed",
     "episode_of",
+    "play_row",
     "request_id_for",
+    "resolve_in_thread",
+    "row_config",
     "run_episode",
     "run_episodes",
     "run_episodes_sync",
     "scripted_logprob",
+    "strip_thinking",
 ]

@@ -478,6 +478,88 @@ def _require_text(observation: Any, where: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# One dataset row.
+# ------------------------------------------------------------------------------------------------
+
+
+class Row(Protocol):
+    """What :func:`play_row` needs of a dataset row: a :class:`gem_core.tasks.TaskSpec` (the row schema
+    sits above the runner, so the runner sees it through this shape)."""
+
+    env_id: str
+    seed: int | None
+    max_turns: int | None
+    max_turn_tokens: int | None
+    max_context_tokens: int | None
+
+    def make_env(self) -> Env: ...
+
+
+def row_config(row: Row, config: RunConfig, prompt_tokens: int | None = None, response_budget: int | None = None) -> RunConfig:
+    """The limits of one row's episode: the row's own ``max_turn_tokens``, ``max_turns`` and
+    ``max_context_tokens`` where it sets them, else ``config``'s (the trainer's defaults); then
+    ``response_budget`` (the trainer's room for everything after the first prompt of ``prompt_tokens``)
+    caps each response and the whole context at ``prompt_tokens + response_budget``."""
+    params = config.params if row.max_turn_tokens is None else config.params.replace(max_tokens=row.max_turn_tokens)
+    max_turns = row.max_turns if row.max_turns is not None else config.max_turns
+    max_context = row.max_context_tokens if row.max_context_tokens is not None else config.max_context_tokens
+    if response_budget is not None:
+        if prompt_tokens is None:
+            raise ValueError("a response budget needs the first prompt's length (prompt_tokens)")
+        params = params.replace(max_tokens=min(params.max_tokens, int(response_budget)))
+        budget = int(prompt_tokens) + int(response_budget)
+        max_context = budget if max_context is None else min(max_context, budget)
+    if max_context is not None:
+        max_context = max(max_context, 2)  # RunConfig's floor; a first prompt that does not fit ends the episode
+    return config.replace(params=params, max_turns=max_turns, max_context_tokens=max_context)
+
+
+async def play_row(
+    row: Row,
+    policy: Policy | ChatPolicy,
+    formatter: ChatFormatter,
+    config: RunConfig | None = None,
+    *,
+    response_budget: int | None = None,
+    env: Any = None,
+    episode_id: str | None = None,
+    group_id: str | None = None,
+) -> Trajectory:
+    """Play the episode one dataset row names, the way every trainer plugin does.
+
+    ``row``: a :class:`gem_core.tasks.TaskSpec`. Its env is made (``env``: one made from it, or an
+    :class:`AsyncEnv` over one, to use instead; the caller then closes it), reset with the row's seed, and
+    played by ``policy`` through ``formatter`` (built with the row's system prompt) under
+    :func:`row_config`: ``config`` holds the trainer's sampling and default limits, the row's own limits
+    win where set, and ``response_budget`` (e.g. verl's ``response_length``, TRL's
+    ``max_completion_length``) bounds everything the episode adds after its first prompt.
+    """
+    config = RunConfig() if config is None else config
+    own = env is None
+    made = row.make_env() if own else env
+    try:
+        aenv = as_async_env(made, config.executor, config.step_in_thread)
+        observation, info = await aenv.reset(seed=row.seed)
+        _require_text(observation, "reset")
+        prompt_tokens = None if response_budget is None else len(formatter.prompt_ids(model_message(observation, info)))
+        return await run_episode(
+            aenv,
+            policy,
+            formatter,
+            row_config(row, config, prompt_tokens, response_budget),
+            seed=row.seed,
+            observation=observation,
+            reset_info=info,
+            episode_id=episode_id,
+            group_id=group_id,
+            env_id=row.env_id,
+        )
+    finally:
+        if own:
+            made.close()
+
+
+# ------------------------------------------------------------------------------------------------
 # A batch of episodes.
 # ------------------------------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from oat.types import Transition
 
 from gem_core.batch import infra_metrics
 from gem_core.plugins import EnginePolicy, copy_params, sampling_from_vllm
-from gem_core.rollout import SamplingParams, Trajectory, cached_formatter, run_episode
+from gem_core.rollout import RunConfig, SamplingParams, Trajectory, cached_formatter, play_row
 from gem_core.tasks import TaskSpec
 
 #: The keys of every transition's ``info`` (numbers only: oat averages them over the batch).
@@ -147,11 +147,11 @@ async def play(specs: Sequence[TaskSpec], policy: Any, tokenizer: Any, params: S
     loop = asyncio.get_running_loop()
 
     async def one(index: int, spec: TaskSpec) -> Trajectory:
-        env = await loop.run_in_executor(None, spec.make_env)
+        env = await loop.run_in_executor(None, spec.make_env)  # made off the loop: a task env may load its data
         try:
             formatter = cached_formatter(tokenizer, system_prompt=spec.system_prompt)
             episode_id = episode_ids[index] if episode_ids else f"ep{index}"
-            return await run_episode(env, policy, formatter, spec.run_config(params), seed=spec.seed, episode_id=episode_id, env_id=spec.env_id)
+            return await play_row(spec, policy, formatter, RunConfig(params=params), env=env, episode_id=episode_id)
         finally:
             env.close()
 

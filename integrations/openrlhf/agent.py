@@ -4,7 +4,7 @@
 
 OpenRLHF loads this file by path (``_load_agent_executor``) and calls ``AgentExecutor().execute(...)``
 once per sample. :class:`AgentExecutor` is a subclass of OpenRLHF's ``MultiTurnAgentExecutor`` whose
-``execute`` plays the episode with gem_core's runner (:func:`gem_core.rollout.run_episode`) over
+``execute`` plays the episode with gem_core's runner (:func:`gem_core.rollout.play_row`) over
 OpenRLHF's engine (:class:`~gem_integrations.openrlhf.engine.OpenRLHFEnginePolicy`), and returns the
 dict OpenRLHF's own ``MultiTurnAgentExecutor.execute`` returns, so ``_process_response_into_experience``
 reads it unchanged. Working from the engine's token ids (never its text), each turn's end-of-turn
@@ -42,12 +42,13 @@ in every Ray worker) also ``gem_turn_rewards`` (one reward per turn) and ``gem_t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, cached_formatter, run_episode
+from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, cached_formatter, play_row
 from gem_core.tasks import TaskSpec
 from gem_integrations.openrlhf.engine import OpenRLHFEnginePolicy, gem_params
 
@@ -150,11 +151,8 @@ class AgentExecutor(MultiTurnAgentExecutor):
         spec = TaskSpec.from_json(label)
         formatter = formatter_for(hf_tokenizer, spec.system_prompt)
         config = run_config(spec, sampling_params, max_length)
-        policy = OpenRLHFEnginePolicy(llm_engine, sampling_params)
-        env = spec.make_env()
-        try:
-            trajectory = await run_episode(env, policy, formatter, config, seed=spec.seed, env_id=spec.env_id)
-        finally:
-            env.close()
+        # OpenRLHF's max_len caps the row's own limits: the row played is the one with the caps folded in
+        row = dataclasses.replace(spec, max_turn_tokens=config.params.max_tokens, max_context_tokens=config.max_context_tokens)
+        trajectory = await play_row(row, OpenRLHFEnginePolicy(llm_engine, sampling_params), formatter, config)
         with_logprobs = getattr(sampling_params, "logprobs", None) is not None
         return openrlhf_result(trajectory, prompt, label, images, with_logprobs, config.max_context_tokens)

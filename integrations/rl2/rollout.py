@@ -1,6 +1,6 @@
 """RL2's env contracts on gem_core's runner: each dataset row's episode (a :class:`gem_core.tasks.TaskSpec`
 in ``extra_info["gem_task"]``, written by ``gem-core make-dataset rl2``) is played by
-:func:`gem_core.rollout.run_episode`.
+:func:`gem_core.rollout.play_row`.
 
 Checked against real code: rl-square 0.0.2 from PyPI (``RL2/workers/rollout.py``: ``Rollout.rollout``
 calls ``await env.reset(extra_info)`` for rows without ``prompt``/``messages``, then per turn
@@ -55,7 +55,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from gem_core.core import Wrapper
 from gem_core.plugins import finish_reason
-from gem_core.rollout import ContextLimitExceeded, Generation, RunConfig, SamplingParams, Trajectory, cached_formatter, run_episode
+from gem_core.rollout import ContextLimitExceeded, Generation, RunConfig, SamplingParams, Trajectory, cached_formatter, play_row, row_config
 from gem_core.tasks import TaskSpec
 from gem_integrations.rl2 import metrics
 from gem_integrations.rl2.plugin_spec import PLUGIN
@@ -77,12 +77,6 @@ def task_spec(row: Mapping[str, Any]) -> TaskSpec:
     if label is None:
         raise ValueError(f"the RL2 row has no extra_info['{TASK_KEY}'] (write the dataset with `gem-core make-dataset rl2`); keys: {sorted(row)[:20]}")
     return TaskSpec.from_json(label)
-
-
-def run_config(spec: TaskSpec, params: SamplingParams) -> RunConfig:
-    """The runner's limits for one episode: the spec's ``max_turn_tokens`` over ``params.max_tokens``,
-    its ``max_turns`` and ``max_context_tokens``."""
-    return spec.run_config(params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -189,11 +183,7 @@ async def generate(config: Any, tokenizer: Any, router_url: str, sample: Any, *,
     )
     policy = SGLangRouterPolicy(router_url, {k: v for k, v in base.items() if k not in ("max_new_tokens",)}, post)
     formatter = cached_formatter(tokenizer, system_prompt=spec.system_prompt)
-    env = spec.make_env()
-    try:
-        trajectory = await run_episode(env, policy, formatter, run_config(spec, params), seed=spec.seed, env_id=spec.env_id)
-    finally:
-        env.close()
+    trajectory = await play_row(spec, policy, formatter, RunConfig(params=params))
     fill_sample(sample, trajectory, tokenizer)
 
 
@@ -391,15 +381,14 @@ async def reset(extra_info: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     spec = task_spec({"extra_info": extra_info})
     tokenizer = _tokenizer()
     formatter = cached_formatter(tokenizer, system_prompt=spec.system_prompt)
-    config = run_config(spec, _SETTINGS.params)
-    if config.max_context_tokens is None and _SETTINGS.max_context_tokens is not None:
-        config = config.replace(max_context_tokens=_SETTINGS.max_context_tokens)
+    # the settings' context limit is a default: a row's own wins (play_row's rule)
+    config = RunConfig(params=_SETTINGS.params, max_context_tokens=_SETTINGS.max_context_tokens, step_in_thread=False)
     rewards: list[float] = []
     episode = _Episode(_BridgePolicy(tokenizer), _Rewards(spec.make_env(), rewards), rewards, f"{spec.env_id} seed {spec.seed}")
 
     async def play() -> Trajectory:
         try:
-            return await run_episode(episode.env, episode.policy, formatter, config.replace(step_in_thread=False), seed=spec.seed, env_id=spec.env_id)
+            return await play_row(spec, episode.policy, formatter, config, env=episode.env)
         finally:
             episode.close()
 
@@ -410,7 +399,7 @@ async def reset(extra_info: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         episode.stop()
         raise
     if context is None:
-        raise ValueError(f"{spec.env_id} (seed {spec.seed}): the first message does not fit max_context_tokens={config.max_context_tokens}")
+        raise ValueError(f"{spec.env_id} (seed {spec.seed}): the first message does not fit max_context_tokens={row_config(spec, config).max_context_tokens}")
     episode.context = context
     key = uuid.uuid4().hex
     _EPISODES[key] = episode

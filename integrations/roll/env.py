@@ -66,7 +66,7 @@ import gem
 
 from gem_core.core import model_message
 from gem_core.errors import INFRA_ERROR, GemError, InvalidArgumentError, infra_error
-from gem_core.rollout.chat import strip_thinking
+from gem_core.rollout import strip_thinking
 from gem_core.tasks import TaskSpec
 
 ENV_TYPE = "gem-core"  # custom_envs.<tag>.env_type

@@ -58,12 +58,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gem_core.core import model_message
 from gem_core.plugins import EnginePolicy, PluginError
-from gem_core.rollout import ChatFormatter, Generation, HFPolicy, RunConfig, SamplingParams, Trajectory, cached_formatter, run_episode
-from gem_core.rollout.policy import resolve_in_thread
-from gem_core.rollout.runner import as_async_env
-from gem_core.tasks import TaskSpec
+from gem_core.rollout import Generation, HFPolicy, RunConfig, SamplingParams, Trajectory, cached_formatter, play_row, resolve_in_thread
 from gem_integrations.trl.dataset import task_of
 
 TURN_IDS = "gem_turn_ids"
@@ -445,40 +441,23 @@ class GemRollout:
 
     async def _episode(self, job: tuple, policy: Any, sampling: SamplingParams, max_completion_length: int) -> Trajectory:
         spec, formatter, episode_id, group_id = job
-        env = spec.make_env()
-        aenv = as_async_env(env, None, self.step_in_thread)
-        try:
-            observation, info = await aenv.reset(seed=spec.seed)
-            if not isinstance(observation, str):
-                raise TypeError(f"{spec.env_id} returned a {type(observation).__name__} observation; the TRL rollout needs text")
-            config = self.run_config(spec, formatter, model_message(observation, info), sampling, max_completion_length)
-            return await run_episode(
-                aenv,
-                policy,
-                formatter,
-                config,
-                seed=spec.seed,
-                observation=observation,
-                reset_info=info,
-                episode_id=episode_id,
-                group_id=group_id,
-                env_id=spec.env_id,
-            )
-        finally:
-            env.close()
+        return await play_row(
+            spec,
+            policy,
+            formatter,
+            self.run_config(sampling, max_completion_length),
+            response_budget=int(max_completion_length),
+            episode_id=episode_id,
+            group_id=group_id,
+        )
 
-    def run_config(self, spec: TaskSpec, formatter: ChatFormatter, first_message: str, sampling: SamplingParams, max_completion_length: int) -> RunConfig:
-        """The runner's limits for one episode (see the module docstring)."""
-        prompt_length = len(formatter.prompt_ids(first_message))
-        context = prompt_length + int(max_completion_length)
-        cap = spec.max_context_tokens or self.max_context_tokens
-        if cap is not None:
-            context = min(context, cap)
-        per_turn = spec.max_turn_tokens or self.max_turn_tokens or int(max_completion_length)
+    def run_config(self, sampling: SamplingParams, max_completion_length: int) -> RunConfig:
+        """The rollout's defaults for rows that leave a limit unset (see the module docstring); each response
+        and the whole completion stay within ``max_completion_length`` (:func:`gem_core.rollout.play_row`)."""
         return RunConfig(
-            params=sampling.replace(max_tokens=max(1, min(per_turn, int(max_completion_length)))),
-            max_turns=spec.max_turns or self.max_turns,
-            max_context_tokens=max(context, 2),
+            params=sampling.replace(max_tokens=self.max_turn_tokens or int(max_completion_length)),
+            max_turns=self.max_turns,
+            max_context_tokens=self.max_context_tokens,
             step_in_thread=self.step_in_thread,
         )
 

@@ -4,7 +4,7 @@ A dataset row is a :class:`gem_core.tasks.TaskSpec` in columns (``env_id``, ``en
 as JSON, ``env_tools``, ``max_turns``, ``max_turn_tokens`` (per response; default
 ``rollout.response_length``), ``max_context_tokens``, ``system_prompt``; ``gem-core make-dataset verl``
 writes them). The whole response (all turns and observations) is kept within ``rollout.response_length``.
-The loop makes the env, plays it with :func:`gem_core.rollout.run_episode` using verl's server manager as
+The loop makes the env, plays it with :func:`gem_core.rollout.play_row` using verl's server manager as
 the policy (:class:`VerlServerPolicy`, token in, token out), and returns the episode's sequence view: the
 prompt, every turn's response followed by the template/observation tokens (``response_mask`` 1 on model
 tokens, 0 on env tokens), the rollout logprobs, the rewards and each token's turn id.
@@ -40,11 +40,9 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from gem_core import model_message
 from gem_core.batch import sequence_batch
 from gem_core.plugins import EnginePolicy
-from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, Trajectory, cached_formatter, episode_of, run_episode
-from gem_core.rollout.runner import as_async_env
+from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, Trajectory, as_async_env, cached_formatter, episode_of, play_row
 from gem_core.tasks import TaskSpec
 
 from .advantage import INFRA_FIELD, TURN_IDS_FIELD, check_trainer_config
@@ -216,7 +214,7 @@ class GemEnvAgentLoop(AgentLoopBase):
         formatter = _LeftTruncatedPrompt(formatter, self.prompt_length, f"{spec.env_id} (seed {spec.seed})")
         policy = VerlServerPolicy(self.server_manager, sampling_params)
         params = SamplingParams(
-            max_tokens=min(spec.max_turn_tokens, self.response_length) if spec.max_turn_tokens else self.response_length,
+            max_tokens=self.response_length,
             temperature=float(sampling_params.get("temperature", 1.0)),
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=max(int(sampling_params.get("top_k", -1) or -1), 0),
@@ -224,22 +222,16 @@ class GemEnvAgentLoop(AgentLoopBase):
         env = self.make_env(spec)
         timed = _TimedEnv(env)
         try:
-            observation, reset_info = await timed.reset(seed=spec.seed)
             # The whole response (every turn and observation) must fit verl's response_length.
-            prompt_len = len(formatter.prompt_ids(model_message(observation, reset_info)))
-            budget = prompt_len + self.response_length
-            max_context = min(budget, spec.max_context_tokens) if spec.max_context_tokens else budget
-            trajectory = await run_episode(
-                timed,
+            trajectory = await play_row(
+                spec,
                 policy,
                 formatter,
-                RunConfig(params=params, max_turns=self.max_turns(spec), max_context_tokens=max_context),
-                seed=spec.seed,
-                observation=observation,
-                reset_info=reset_info,
+                RunConfig(params=params, max_turns=self.max_turns(spec)),
+                response_budget=self.response_length,
+                env=timed,
                 episode_id=_plain(row.get("episode_id")) or uuid4().hex,
                 group_id=str(_plain(row.get("uid")) or "") or None,
-                env_id=spec.env_id,
             )
         finally:
             env.close()

@@ -153,3 +153,15 @@ def test_no_modules_import_each_other_in_a_circle():
 
 def test_the_circle_check_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_plugins_use_the_runner_through_its_public_names():
+    """A trainer plugin plays rows with ``gem_core.rollout``'s public names (``play_row`` and the policies),
+    never a module inside it (the runner's private helpers may change)."""
+    inside = [
+        f"{path.relative_to(ROOT)}:{line}: {target}"
+        for path in sorted((ROOT / "integrations").rglob("*.py"))
+        for target, line in imports_of(path)
+        if target.startswith("gem_core.rollout.")
+    ]
+    assert inside == []

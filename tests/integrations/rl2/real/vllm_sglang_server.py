@@ -47,7 +47,7 @@ def reference(llm, body: dict) -> dict:
     from transformers import AutoTokenizer
 
     from gem_core.rollout import SamplingParams, VLLMPolicy, cached_formatter, run_episode
-    from gem_integrations.rl2.rollout import run_config, task_spec
+    from gem_integrations.rl2.rollout import task_spec
 
     tokenizer = AutoTokenizer.from_pretrained(body["model_dir"])
     policy = VLLMPolicy(llm, seed=0)
@@ -58,7 +58,7 @@ def reference(llm, body: dict) -> dict:
         env = spec.make_env()
         try:
             formatter = cached_formatter(tokenizer, system_prompt=spec.system_prompt)
-            t = await run_episode(env, policy, formatter, run_config(spec, params), seed=spec.seed, env_id=spec.env_id)
+            t = await run_episode(env, policy, formatter, spec.run_config(params), seed=spec.seed, env_id=spec.env_id)
         finally:
             env.close()
         s = t.as_sequence()
