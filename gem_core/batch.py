@@ -62,6 +62,45 @@ class TokenBatch:
     def __len__(self) -> int:
         return len(self.episode_ids)
 
+    def turn_slots(self) -> list[tuple[int, int]]:
+        """``(row, turn id)`` of every turn in the batch, row by row and turn by turn: the order of
+        :meth:`episode_rewards`' turns and of the values :meth:`per_token` takes. Infra-failed rows have none."""
+        slots = []
+        for row in range(len(self)):
+            ids = self.turn_ids[row]
+            slots.extend((row, int(turn)) for turn in np.unique(ids[ids != NO_TURN]))
+        return slots
+
+    def episode_rewards(self) -> tuple[list[list[float]], list[str | None]]:
+        """Each episode's per-turn rewards (the ragged input of every estimator in :mod:`gem_core.algo`),
+        in the batch's order, and each episode's group id. A sequence row is an episode; per-turn rows of one
+        episode are consecutive (the order :func:`turn_batch` writes them in)."""
+        episode_of_row, episode = [], -1
+        for row in range(len(self)):
+            if not self.per_turn or row == 0 or self.episode_ids[row] != self.episode_ids[row - 1]:
+                episode += 1
+            episode_of_row.append(episode)
+        rewards: dict[int, list[float]] = {}
+        groups: dict[int, str | None] = {}
+        for row, turn in self.turn_slots():
+            key = episode_of_row[row]
+            rewards.setdefault(key, []).append(float(self.token_rewards[row][self.turn_ids[row] == turn].sum()))
+            groups.setdefault(key, self.group_ids[row])
+        return list(rewards.values()), list(groups.values())
+
+    def per_token(self, turn_values: Sequence[float]) -> np.ndarray:
+        """(rows, length) float64: each model token holds its turn's value (``turn_values`` in the order of
+        :meth:`turn_slots`, e.g. an estimator's advantages of :meth:`episode_rewards`); 0 on the env's
+        tokens, on padding and on infra-failed rows."""
+        slots = self.turn_slots()
+        values = np.asarray(turn_values, dtype=np.float64).reshape(-1)
+        if values.shape[0] != len(slots):
+            raise ValueError(f"{values.shape[0]} turn values for a batch of {len(slots)} turns")
+        out = np.zeros(self.token_rewards.shape, dtype=np.float64)
+        for (row, turn), value in zip(slots, values):
+            out[row][self.turn_ids[row] == turn] = value
+        return out * (self.loss_mask != 0)
+
     def advantages(self, *, gamma: float = 1.0, eps: float = 1e-6, ddof: int = 0, group_by: Sequence[Any] | None = None) -> np.ndarray:
         """ReBN on this batch with its explicit turns (see :func:`gem_core.algo.rebn_token_level`)."""
         from gem_core.algo import rebn_token_level

@@ -3,8 +3,9 @@
 One update (:meth:`Trainer.update`) is::
 
     trajectories = run_episodes(specs, policy, formatter, run_config)     # gem_core.rollout
-    turn_advantages = estimator(per-episode turn rewards)                   # gem_core.algo: ReBN, ...
-    rows = training rows (per-turn samples, or one sequence per episode)    # gem_core.batch
+    batch = turn_batch(trajectories) or sequence_batch(trajectories)        # gem_core.batch, built once
+    advantages = estimator(batch.episode_rewards())                         # gem_core.algo: ReBN, ...
+    rows = training rows of the batch, each model token its turn's advantage (batch.per_token)
     loss = PPO-clipped policy gradient on the rows' model tokens (+ KL to a reference model)
     optimizer step (gradient clipping)
 
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from gem_core import algo
-from gem_core.batch import infra_metrics, sequence_batch, turn_batch
+from gem_core.batch import TokenBatch, infra_metrics, sequence_batch, turn_batch
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
 
@@ -208,31 +209,37 @@ def _check_int(config: TrainConfig, name: str, low: int) -> None:
 
 
 def turn_advantages(trajectories: Sequence[Trajectory], estimator: str, gamma: float, group_size: int = 1) -> list[list[float]]:
-    """Per-turn advantages of a batch (one list per trajectory), by ``estimator``.
-
-    rebn: A_t = (G_t - mean(G)) / (std(G) + eps) over every turn of the batch (population std, eps 1e-6);
-    reinforce: A_t = G_t; grpo / drgrpo / rloo: each turn gets its episode's advantage within its group.
-    """
+    """Per-turn advantages of a batch of trajectories (one list per trajectory), by ``estimator``
+    (:func:`estimate`)."""
     rewards = [t.rewards for t in trajectories]
-    groups = [t.group_id for t in trajectories]
-    if estimator == "rebn":
-        flat = algo.rebn(rewards, gamma=gamma, eps=1e-6, ddof=0)
-    elif estimator == "reinforce":
-        flat = algo.reinforce(rewards, gamma=gamma)
-    elif estimator == "grpo":
-        flat = algo.grpo(rewards, group_by=groups)
-    elif estimator == "drgrpo":
-        flat = algo.grpo(rewards, group_by=groups, scale_by_std=False)
-    elif estimator == "rloo":
-        flat = algo.rloo(rewards, group_by=groups)
-    else:
-        raise ValueError(f"unknown estimator {estimator!r}")
-    flat = np.asarray(flat, dtype=np.float64)
+    flat = estimate(rewards, [t.group_id for t in trajectories], estimator, gamma)
     out, start = [], 0
     for episode in rewards:
         out.append(flat[start : start + len(episode)].tolist())
         start += len(episode)
     return out
+
+
+def estimate(rewards: Sequence[Sequence[float]], groups: Sequence[Any], estimator: str, gamma: float) -> np.ndarray:
+    """One advantage per turn (flat, episodes in order) from each episode's per-turn rewards and group.
+
+    rebn: A_t = (G_t - mean(G)) / (std(G) + eps) over every turn of the batch (population std, eps 1e-6);
+    reinforce: A_t = G_t; grpo / drgrpo / rloo: each turn gets its episode's advantage within its group.
+    """
+    rewards = [list(episode) for episode in rewards]
+    if estimator == "rebn":
+        flat = algo.rebn(rewards, gamma=gamma, eps=1e-6, ddof=0)
+    elif estimator == "reinforce":
+        flat = algo.reinforce(rewards, gamma=gamma)
+    elif estimator == "grpo":
+        flat = algo.grpo(rewards, group_by=list(groups))
+    elif estimator == "drgrpo":
+        flat = algo.grpo(rewards, group_by=list(groups), scale_by_std=False)
+    elif estimator == "rloo":
+        flat = algo.rloo(rewards, group_by=list(groups))
+    else:
+        raise ValueError(f"unknown estimator {estimator!r}")
+    return np.asarray(flat, dtype=np.float64)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,25 +260,26 @@ class Rows:
 
 
 def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]], view: str, pad_id: int) -> Rows:
-    """The rows of one update, from the turn-aware batch (:mod:`gem_core.batch`).
+    """The rows of one update from trajectories and their per-turn advantages (one list per trajectory):
+    :func:`batch_of` the trajectories, then :func:`rows_of` the batch."""
+    usable = [(t, a) for t, a in zip(trajectories, advantages) if t.turns]
+    batch = batch_of([t for t, _ in usable], view)
+    return rows_of(batch, batch.per_token([value for _, values in usable for value in values]), pad_id)
 
-    ``turn``: one row per turn (the context at the turn's start, then its response), every response
-    token carrying its turn's advantage. ``sequence``: one row per episode (the first prompt, then
-    every response and observation); model tokens carry their turn's advantage (by the batch's turn
-    ids), environment tokens no loss.
-    """
+
+def batch_of(trajectories: Sequence[Trajectory], view: str) -> TokenBatch:
+    """The turn-aware batch of an update (:mod:`gem_core.batch`). ``turn``: one row per turn (the context
+    at the turn's start, then its response). ``sequence``: one row per episode (the first prompt, then
+    every response and observation; environment tokens carry no loss)."""
+    return turn_batch(trajectories) if view == "turn" else sequence_batch(trajectories)
+
+
+def rows_of(batch: TokenBatch, token_advantages: np.ndarray, pad_id: int) -> Rows:
+    """Padded training rows: each row's prompt then its response; every model token a target with its
+    advantage (``token_advantages``, (rows, length) as :meth:`TokenBatch.per_token` gives) and the
+    logprob the rollout sampled it with."""
     import torch
 
-    usable = [(t, a) for t, a in zip(trajectories, advantages) if t.turns]
-    batch = turn_batch([t for t, _ in usable]) if view == "turn" else sequence_batch([t for t, _ in usable])
-    per_row_advantage: list[np.ndarray] = []
-    if view == "turn":
-        flat = [value for _, values in usable for value in values]
-        per_row_advantage = [np.full(batch.response_ids.shape[1], value) for value in flat]
-    else:
-        for row, (_, values) in enumerate(usable):
-            table = np.asarray(values + [0.0])
-            per_row_advantage.append(table[batch.turn_ids[row]])  # turn id -1 (padding) reads the 0 at the end
     lengths = [len(p) + n for p, n in zip(batch.prompt_ids, batch.lengths)]
     width = max(lengths)
     count = len(batch)
@@ -292,7 +300,7 @@ def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
         model_tokens = batch.loss_mask[i, :n].astype(bool)
         positions = torch.arange(p - 1, p - 1 + n)[torch.from_numpy(model_tokens)]
         targets[i, positions] = torch.from_numpy(response[model_tokens])
-        adv[i, positions] = torch.from_numpy(per_row_advantage[i][:n][model_tokens]).float()
+        adv[i, positions] = torch.from_numpy(token_advantages[i, :n][model_tokens]).float()
         if batch.logprobs is not None:
             old[i, positions] = torch.from_numpy(batch.logprobs[i, :n][model_tokens]).float()
     return Rows(input_ids, attention, targets, adv, old)
@@ -664,8 +672,9 @@ class Trainer:
                 "rollout_seconds": round(rollout_seconds, 3),
                 "update_seconds": round(time.perf_counter() - started, 3),
             }
-        advantages = turn_advantages(trajectories, config.estimator, config.gamma, config.group_size)
-        rows = training_rows(trajectories, advantages, config.view, self.pad_id)
+        batch = batch_of(trajectories, config.view)  # the turn-aware batch, once: the advantages come from it
+        rewards, groups = batch.episode_rewards()
+        rows = rows_of(batch, batch.per_token(estimate(rewards, groups, config.estimator, config.gamma)), self.pad_id)
         loss, stats, grad_norm = self.optimize(rows)
         bound_heap()
         self.scheduler.step()

@@ -95,3 +95,29 @@ def test_run_episode_rejects_a_config_of_the_wrong_type():
 
     with pytest.raises(TypeError, match="RunConfig"):
         asyncio.run(run_episode(gem_core.make("game:GuessTheNumber-v0-easy"), RandomPolicy(10), None, {"max_turns": 3}))
+
+
+@pytest.mark.parametrize("pack", [sequence_batch, turn_batch])
+def test_the_batch_gives_the_estimators_their_input_and_paints_their_output_back(golden, pack):
+    """episode_rewards() is each episode's per-turn rewards (what an estimator takes), and per_token()
+    puts each turn's value on that turn's model tokens: ReBN through them equals the golden reference."""
+    from gem_core.algo import rebn
+
+    batch = pack(golden.trajectories)
+    rewards, groups = batch.episode_rewards()
+    assert rewards == [t.rewards for t in golden.trajectories if t.turns]
+    assert groups == [t.group_id for t in golden.trajectories if t.turns]
+    tokens = batch.per_token(rebn(rewards, gamma=golden.gamma, eps=golden.eps, ddof=golden.ddof))
+    np.testing.assert_allclose(tokens, batch.advantages(gamma=golden.gamma, eps=golden.eps, ddof=golden.ddof) * (batch.loss_mask != 0), rtol=0, atol=1e-9)
+    assert (tokens[batch.loss_mask == 0] == 0).all()
+    with pytest.raises(ValueError, match="turn values for a batch of"):
+        batch.per_token([0.0])
+
+
+def test_rows_with_one_episode_id_twice_are_two_episodes_in_the_sequence_view(golden):
+    """A sequence row is an episode even when two rows share an id (a reused episode id never merges two
+    episodes' returns)."""
+    first = golden.trajectories[0]
+    batch = sequence_batch([first, first])
+    rewards, _ = batch.episode_rewards()
+    assert rewards == [first.rewards, first.rewards]

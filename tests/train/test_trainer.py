@@ -408,14 +408,14 @@ def test_an_update_leaves_infra_failed_episodes_out_of_the_loss_and_the_statisti
         return trajectories
 
     seen: dict[str, list] = {}
-    original_advantages = trainer_module.turn_advantages
+    original_batch = trainer_module.batch_of
 
-    def recording_advantages(trajectories, *args, **kwargs):
+    def recording_batch(trajectories, *args, **kwargs):  # the update's one batch: loss and advantages
         seen["episodes"] = [t.episode_id for t in trajectories]
-        return original_advantages(trajectories, *args, **kwargs)
+        return original_batch(trajectories, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "rollout", rollout_with_a_dead_worker)
-    monkeypatch.setattr(trainer_module, "turn_advantages", recording_advantages)
+    monkeypatch.setattr(trainer_module, "batch_of", recording_batch)
     try:
         metrics = trainer.update()
     finally:
