@@ -152,7 +152,7 @@ def openenv(session: nox.Session) -> None:
     """gem-core envs served by OpenEnv's own server and played by its GenericEnvClient (sync and async) over
     a socket, and OpenEnv servers as `openenv:<url>` ids (tests/serve). No torch."""
     session.install("--no-deps", OPENENV)
-    # not dev: numba and nox are not needed here; pyarrow: verl's make-dataset (parquet) on an openenv: id
+    # not dev: nox is not needed here; pyarrow: verl's make-dataset (parquet) on an openenv: id
     session.install("-e", ".", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "pyarrow>=19", *OPENENV_LIGHT_DEPS)
     session.run(*PYTEST, "tests/serve", *session.posargs, env=_env())
 

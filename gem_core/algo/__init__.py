@@ -1,8 +1,10 @@
 """Advantage estimators for multi-turn RL: ReBN and the baselines it is compared with.
 
 Framework-neutral: numpy arrays in -> numpy out, torch tensors in -> torch out (torch is imported
-only when a tensor arrives). Everything is turn-level: returns are discounted over turns, not tokens,
-and `tokens` maps per-turn advantages onto a trainer's (batch, length) token tensors.
+only when a tensor arrives; the maths runs once, in float64 numpy). Everything is turn-level:
+returns are discounted over turns, not tokens, and `tokens` maps per-turn advantages onto a
+trainer's (batch, length) token tensors. The estimator reads top to bottom in `rebn.py`: `rebn`
+(returns, statistics, division), then `group_stats` (count, mean, std) and `standardise`.
 """
 
 from .baselines import grpo, reinforce, reinforce_batch_mean, rloo

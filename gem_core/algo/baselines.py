@@ -11,39 +11,41 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ._backend import Array, check_ddof, check_discount, check_eps, check_nonempty
-from .rebn import _per_turn_keys, apply_stats, compute_stats, group_codes
+from .rebn import group_codes, group_stats, standardise
 from .returns import as_turns, episode_layout, turn_returns
 
 
 def reinforce(rewards: Any, episode_ids: Any = None, *, gamma: float = 1.0) -> Array:
     """Vanilla multi-turn REINFORCE: A_t = G_t = r_t + gamma * G_{t+1} (no baseline, no normalisation)."""
     gamma = check_discount("gamma", gamma)
-    ops, flat, ids, like = as_turns(rewards, episode_ids)
-    check_nonempty(int(flat.shape[0]), "rewards")
-    return ops.out(turn_returns(ops, flat, episode_layout(ops, ids), gamma), like=like)
+    flat, ids, back = as_turns(rewards, episode_ids)
+    check_nonempty(flat.shape[0], "rewards")
+    return back(turn_returns(flat, episode_layout(ids), gamma))
 
 
 def reinforce_batch_mean(rewards: Any, episode_ids: Any = None, *, gamma: float = 1.0, group_by: Any = None) -> Array:
     """REINFORCE with a batch-mean baseline: A_t = G_t - mean(G), the mean over all turns of the batch (or group)."""
     gamma = check_discount("gamma", gamma)
-    ops, flat, ids, like = as_turns(rewards, episode_ids)
-    check_nonempty(int(flat.shape[0]), "rewards")
-    layout = episode_layout(ops, ids)
-    returns = turn_returns(ops, flat, layout, gamma)
-    codes, uniques = group_codes(_per_turn_keys(group_by, layout, ops), layout.num_turns)
-    stats, codes_b = compute_stats(ops, returns, codes, uniques, ddof=0)
-    return ops.out(apply_stats(ops, returns, codes_b, stats, eps=0.0, scale=False), like=like)
+    flat, ids, back = as_turns(rewards, episode_ids)
+    check_nonempty(flat.shape[0], "rewards")
+    layout = episode_layout(ids)
+    returns = turn_returns(flat, layout, gamma)
+    group, keys = group_codes(group_by, layout.num_episodes, "group_by")
+    stats = group_stats(returns, group[layout.row], keys, ddof=0)
+    return back(standardise(returns, group[layout.row], stats, eps=0.0, scale=False))
 
 
 def _episode_returns(rewards: Any, episode_ids: Any, group_by: Any) -> tuple[Any, ...]:
-    """Undiscounted episode returns R_e = sum_t r_t, plus what is needed to broadcast back to turns."""
-    ops, flat, ids, like = as_turns(rewards, episode_ids)
-    check_nonempty(int(flat.shape[0]), "rewards")
-    layout = episode_layout(ops, ids)
-    episode_return = ops.segment_sum(flat, layout.row, layout.num_episodes)
-    codes, uniques = (None, None) if group_by is None else group_codes(group_by, layout.num_episodes)
-    return ops, like, layout, episode_return, codes, uniques
+    """Undiscounted episode returns R_e = sum_t r_t, each episode's group, and the turns' episodes."""
+    flat, ids, back = as_turns(rewards, episode_ids)
+    check_nonempty(flat.shape[0], "rewards")
+    layout = episode_layout(ids)
+    episode_return = np.bincount(layout.row, weights=flat, minlength=layout.num_episodes)
+    group, keys = group_codes(group_by, layout.num_episodes, "group_by")
+    return episode_return, group, keys, layout.row, back
 
 
 def grpo(
@@ -60,12 +62,10 @@ def grpo(
     scale_by_std=False gives Dr.GRPO (A_e = R_e - mean_g(R)). ddof=1 (default) matches torch.std, as
     verl's GRPO does. Each turn gets its episode's A_e.
     """
-    eps = check_eps(eps)
-    ddof = check_ddof(ddof)
-    ops, like, layout, episode_return, codes, uniques = _episode_returns(rewards, episode_ids, group_by)
-    stats, codes_b = compute_stats(ops, episode_return, codes, uniques, ddof=ddof)
-    episode_advantage = apply_stats(ops, episode_return, codes_b, stats, eps=eps, scale=scale_by_std)
-    return ops.out(episode_advantage[layout.row], like=like)
+    eps, ddof = check_eps(eps), check_ddof(ddof)
+    episode_return, group, keys, turn_episode, back = _episode_returns(rewards, episode_ids, group_by)
+    stats = group_stats(episode_return, group, keys, ddof=ddof)
+    return back(standardise(episode_return, group, stats, eps=eps, scale=scale_by_std)[turn_episode])
 
 
 def rloo(rewards: Any, episode_ids: Any = None, *, group_by: Any = None) -> Array:
@@ -73,9 +73,8 @@ def rloo(rewards: Any, episode_ids: Any = None, *, group_by: Any = None) -> Arra
 
     R_e = sum_t r_t; each turn gets its episode's A_e; a group of one episode gets 0.
     """
-    ops, like, layout, episode_return, codes, uniques = _episode_returns(rewards, episode_ids, group_by)
-    stats, codes_b = compute_stats(ops, episode_return, codes, uniques, ddof=0)
-    n = stats.count[codes_b]
-    leave_one_out_scale = ops.where(n > 1, n / ops.clip_min(n - 1.0, 1.0), 0.0)
-    episode_advantage = leave_one_out_scale * (episode_return - stats.mean[codes_b])
-    return ops.out(episode_advantage[layout.row], like=like)
+    episode_return, group, keys, turn_episode, back = _episode_returns(rewards, episode_ids, group_by)
+    stats = group_stats(episode_return, group, keys, ddof=0)
+    n = stats.count[group]
+    leave_one_out_scale = np.where(n > 1, n / np.maximum(n - 1.0, 1.0), 0.0)
+    return back((leave_one_out_scale * (episode_return - stats.mean[group]))[turn_episode])

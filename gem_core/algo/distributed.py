@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, NumpyOps, TorchOps, is_torch
-
 
 def _dist() -> Any:
     import torch.distributed as dist
@@ -36,18 +34,16 @@ def is_distributed_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def all_reduce_sum(ops: NumpyOps | TorchOps, x: Array, process_group: Any = None) -> Array:
-    """Element-wise sum of `x` over all ranks; numpy in -> numpy out, torch in -> same device out."""
+def all_reduce_sum(x: np.ndarray, process_group: Any = None) -> np.ndarray:
+    """Element-wise float64 sum of `x` over all ranks (through the device NCCL needs, when it is NCCL)."""
     dist = _dist()
     import torch
 
-    tensor = x.clone() if is_torch(x) else torch.from_numpy(np.array(x, dtype=np.float64))
-    original_device = tensor.device
-    if dist.get_backend(process_group) == "nccl" and tensor.device.type != "cuda":
+    tensor = torch.from_numpy(np.array(x, dtype=np.float64))
+    if dist.get_backend(process_group) == "nccl":
         tensor = tensor.to(torch.device("cuda", torch.cuda.current_device()))
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=process_group)
-    tensor = tensor.to(original_device)
-    return tensor if is_torch(x) else tensor.numpy()
+    return tensor.cpu().numpy()
 
 
 def union_keys(local_keys: np.ndarray, process_group: Any = None) -> np.ndarray:

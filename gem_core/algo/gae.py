@@ -10,14 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, check_discount, check_finite, check_nonempty, is_torch
-from .returns import (
-    as_turns,
-    episode_layout,
-    flatten_episodes,
-    pad_turns,
-    reverse_discounted_sum,
-)
+from ._backend import Array, check_discount, check_finite, check_nonempty, to_numpy
+from .returns import as_turns, episode_layout, flatten_episodes, pad_turns, reverse_discounted_sum
 
 
 def turn_gae(
@@ -35,28 +29,27 @@ def turn_gae(
     last_values: per-episode bootstrap value after the last turn (for truncated episodes); default 0.
     Returns (advantages, returns = advantages + values), both flat and aligned with the turns.
     """
-    gamma = check_discount("gamma", gamma)
-    lam = check_discount("lam", lam)
+    gamma, lam = check_discount("gamma", gamma), check_discount("lam", lam)
     if episode_ids is None:
         values = flatten_episodes(values)[0]
-    ops, flat_rewards, ids, like = as_turns(rewards, episode_ids)
-    check_nonempty(int(flat_rewards.shape[0]), "rewards")
-    flat_values = ops.float64(values if is_torch(values) else np.asarray(values, dtype=np.float64), like=flat_rewards)
-    if tuple(flat_values.shape) != tuple(flat_rewards.shape):
-        raise ValueError(f"values must have one value per turn: {flat_rewards.shape[0]} rewards but shape {tuple(flat_values.shape)}")
-    check_finite(ops, flat_values, "values")
-    layout = episode_layout(ops, ids)
+    flat_rewards, ids, back = as_turns(rewards, episode_ids)
+    check_nonempty(flat_rewards.shape[0], "rewards")
+    flat_values = to_numpy(values, np.float64)
+    if flat_values.shape != flat_rewards.shape:
+        raise ValueError(f"values must have one value per turn: {flat_rewards.shape[0]} rewards but shape {flat_values.shape}")
+    check_finite(flat_values, "values")
+    layout = episode_layout(ids)
 
     # Column n_e of episode e's row holds its bootstrap value, so V_{t+1} is one shifted slice.
-    value_table = pad_turns(ops, flat_values, layout, extra_cols=1)
+    value_table = pad_turns(flat_values, layout, extra_cols=1)
     if last_values is not None:
-        bootstrap = ops.float64(last_values if is_torch(last_values) else np.asarray(last_values, dtype=np.float64), like=flat_rewards)
-        if tuple(bootstrap.shape) != (layout.num_episodes,):
-            raise ValueError(f"last_values must hold one value per episode: expected {layout.num_episodes}, got shape {tuple(bootstrap.shape)}")
-        check_finite(ops, bootstrap, "last_values")
-        value_table[ops.arange(layout.num_episodes, like=flat_rewards), layout.lengths] = bootstrap
-    reward_table = pad_turns(ops, flat_rewards, layout)
-    valid = pad_turns(ops, flat_rewards * 0.0 + 1.0, layout)  # 1 on real turns, 0 on padding
+        bootstrap = to_numpy(last_values, np.float64)
+        if bootstrap.shape != (layout.num_episodes,):
+            raise ValueError(f"last_values must hold one value per episode: expected {layout.num_episodes}, got shape {bootstrap.shape}")
+        check_finite(bootstrap, "last_values")
+        value_table[np.arange(layout.num_episodes), layout.lengths] = bootstrap
+    reward_table = pad_turns(flat_rewards, layout)
+    valid = pad_turns(np.ones_like(flat_rewards), layout)  # 1 on real turns, 0 on padding
     delta = (reward_table + gamma * value_table[:, 1:] - value_table[:, :-1]) * valid
-    advantage = reverse_discounted_sum(ops, delta, gamma * lam)[layout.row, layout.col]
-    return ops.out(advantage, like=like), ops.out(advantage + flat_values, like=like)
+    advantage = reverse_discounted_sum(delta, gamma * lam)[layout.row, layout.col]
+    return back(advantage), back(advantage + flat_values)

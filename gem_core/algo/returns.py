@@ -1,31 +1,20 @@
 """Per-turn discounted returns over episodes: G_t = r_t + gamma * G_{t+1}, over turns (not tokens).
 
 Episodes come either ragged (a list of per-turn reward lists) or flat (one reward per turn plus an
-episode id per turn). The flat turns are laid out in a padded (episodes, max_turns) table, and the
-reverse discounted sum runs as one vectorised step per turn column: a loop over at most the longest
-episode's turn count, never over episodes or tokens.
+episode id per turn). The turns are laid out in a zero-padded (episodes, max_turns) table and the
+return is summed backwards one turn column at a time: a loop over the longest episode's turns, never
+over episodes or tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ._backend import (
-    Array,
-    NumpyOps,
-    TorchOps,
-    check_discount,
-    check_finite,
-    check_nonempty,
-    is_torch,
-    ops_for,
-)
-
-Ops = NumpyOps | TorchOps
+from ._backend import Array, check_discount, check_finite, check_nonempty, is_torch, result_like, to_numpy
 
 
 @dataclass(frozen=True)
@@ -36,9 +25,9 @@ class EpisodeLayout:
     position in its episode is its order of appearance among that episode's turns.
     """
 
-    row: Array  # (num_turns,) episode index of each turn
-    col: Array  # (num_turns,) position of each turn within its episode
-    lengths: Array  # (num_episodes,) turns per episode
+    row: np.ndarray  # (num_turns,) episode index of each turn
+    col: np.ndarray  # (num_turns,) position of each turn within its episode
+    lengths: np.ndarray  # (num_episodes,) turns per episode
     num_episodes: int
     max_turns: int
 
@@ -61,95 +50,66 @@ def flatten_episodes(episodes: Sequence[Sequence[float]]) -> tuple[Array, Array]
 
         parts = [torch.as_tensor(episode).reshape(-1) for episode in episodes]
         flat = torch.cat(parts) if parts else torch.zeros(0)
-        ids = torch.repeat_interleave(torch.arange(len(lengths), device=flat.device), torch.tensor(lengths, device=flat.device))
-        return flat, ids
+        return flat, torch.repeat_interleave(torch.arange(len(lengths), device=flat.device), torch.tensor(lengths, device=flat.device))
     parts = [np.asarray(episode, dtype=np.float64).reshape(-1) for episode in episodes]
     flat = np.concatenate(parts) if parts else np.zeros(0)
-    ids = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    return flat, ids
+    return flat, np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
 
 
-def as_turns(rewards: Any, episode_ids: Any, what: str = "rewards") -> tuple[Ops, Array, Array, Array]:
-    """Normalise the two input forms to (ops, flat float64 rewards, episode ids, like).
-
-    `like` is the caller's array whose backend/dtype the result should take.
-    """
+def as_turns(rewards: Any, episode_ids: Any, what: str = "rewards") -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], Array]]:
+    """Both input forms -> (flat float64 rewards, int64 episode ids, how to give results back)."""
     if episode_ids is None:
         rewards, episode_ids = flatten_episodes(rewards)
-    ops = ops_for(rewards, episode_ids)
-    anchor = rewards if is_torch(rewards) else (episode_ids if is_torch(episode_ids) else None)
-    flat = ops.float64(rewards if is_torch(rewards) else np.asarray(rewards, dtype=np.float64), like=anchor)
-    like = rewards if is_torch(rewards) else flat
+    flat = to_numpy(rewards, np.float64)
+    back = result_like(rewards if is_torch(rewards) else flat, episode_ids)
     if flat.ndim != 1:
         raise ValueError(f"{what} must be 1-D (one value per turn) when episode_ids is given; got shape {tuple(flat.shape)}")
-    episode_ids = _as_id_array(ops, episode_ids, like=flat)
-    if episode_ids.shape[0] != flat.shape[0]:
-        raise ValueError(f"episode_ids must have one id per turn: {flat.shape[0]} {what} but {episode_ids.shape[0]} ids")
-    check_finite(ops, flat, what)
-    return ops, flat, episode_ids, like
-
-
-def _as_id_array(ops: Ops, ids: Any, like: Array) -> Array:
-    """Episode ids as an int64 array on the backend; non-numeric ids (e.g. strings) are ranked first."""
-    if is_torch(ids):
-        return ids.reshape(-1).to(device=like.device)
-    ids = np.asarray(ids)
+    ids = to_numpy(episode_ids).reshape(-1) if is_torch(episode_ids) else np.asarray(episode_ids)
     if ids.ndim != 1:
         raise ValueError(f"episode_ids must be 1-D, got shape {ids.shape}")
+    if ids.shape[0] != flat.shape[0]:
+        raise ValueError(f"episode_ids must have one id per turn: {flat.shape[0]} {what} but {ids.shape[0]} ids")
     if not np.issubdtype(ids.dtype, np.integer):
-        ids = np.unique(ids, return_inverse=True)[1].reshape(-1)  # rank order == sorted-id order
-    return ops.int64(ids, like=like)
+        ids = np.unique(ids, return_inverse=True)[1].reshape(-1)  # e.g. strings: rank order == sorted-id order
+    check_finite(flat, what)
+    return flat, ids.astype(np.int64, copy=False), back
 
 
-def episode_layout(ops: Ops, episode_ids: Array) -> EpisodeLayout:
-    """Row (episode) and column (turn position) of each flat turn, without a Python loop over turns."""
+def episode_layout(episode_ids: np.ndarray) -> EpisodeLayout:
+    """Row (episode, in sorted-id order) and column (turn position) of each flat turn."""
     n = int(episode_ids.shape[0])
-    if n == 0:
-        empty = ops.int64(np.zeros(0, dtype=np.int64), like=episode_ids)
-        return EpisodeLayout(empty, empty, empty, 0, 0)
-    already_sorted = ops.is_sorted(episode_ids)
-    order = None if already_sorted else ops.argsort_stable(episode_ids)  # stable: keeps turn order
-    sorted_ids = episode_ids if order is None else episode_ids[order]
-    first_of_episode = ops.concat([sorted_ids[:1] == sorted_ids[:1], sorted_ids[1:] != sorted_ids[:-1]])
-    starts = ops.flatnonzero(first_of_episode)
-    row = ops.cumsum(ops.int64(first_of_episode, like=episode_ids)) - 1
-    col = ops.arange(n, like=episode_ids) - starts[row]
-    lengths = ops.concat([starts[1:], ops.int64([n], like=episode_ids)]) - starts
-    if order is not None:  # scatter positions back to the caller's turn order
-        row_out = ops.zeros((n,), like=row, dtype=row.dtype)
-        col_out = ops.zeros((n,), like=col, dtype=col.dtype)
-        row_out[order] = row
-        col_out[order] = col
-        row, col = row_out, col_out
-    return EpisodeLayout(row, col, lengths, int(starts.shape[0]), ops.max_int(lengths))
+    order = np.argsort(episode_ids, kind="stable")  # stable: keeps each episode's turn order
+    sorted_ids = episode_ids[order]
+    first_of_episode = np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]) if n else np.zeros(0, bool)
+    starts = np.flatnonzero(first_of_episode)
+    row, col = np.empty(n, np.int64), np.empty(n, np.int64)
+    row[order] = np.cumsum(first_of_episode) - 1
+    col[order] = np.arange(n) - starts[row[order]]
+    lengths = np.diff(np.append(starts, n))
+    return EpisodeLayout(row, col, lengths, len(starts), int(lengths.max(initial=0)))
 
 
-def pad_turns(ops: Ops, values: Array, layout: EpisodeLayout, extra_cols: int = 0) -> Array:
+def pad_turns(values: np.ndarray, layout: EpisodeLayout, extra_cols: int = 0) -> np.ndarray:
     """Flat per-turn values -> a zero-padded (num_episodes, max_turns + extra_cols) table."""
-    table = ops.zeros((layout.num_episodes, layout.max_turns + extra_cols), like=values, dtype=values.dtype)
+    table = np.zeros((layout.num_episodes, layout.max_turns + extra_cols))
     table[layout.row, layout.col] = values
     return table
 
 
-def reverse_discounted_sum(ops: Ops, table: Array, discount: float) -> Array:
-    """out[:, t] = table[:, t] + discount * out[:, t + 1], one vectorised step per column.
-
-    Rows are zero-padded after their last valid entry, so padding never leaks into valid turns.
-    """
-    out = ops.zeros(tuple(table.shape), like=table, dtype=table.dtype)
-    running = ops.zeros((table.shape[0],), like=table, dtype=table.dtype)
-    for t in range(table.shape[1] - 1, -1, -1):
+def reverse_discounted_sum(table: np.ndarray, discount: float) -> np.ndarray:
+    """out[:, t] = table[:, t] + discount * out[:, t + 1]: rows zero-padded after their last entry, so
+    padding never leaks into a valid turn."""
+    out = np.zeros_like(table)
+    running = np.zeros(table.shape[0])
+    for t in reversed(range(table.shape[1])):
         running = table[:, t] + discount * running
         out[:, t] = running
     return out
 
 
-def turn_returns(ops: Ops, rewards: Array, layout: EpisodeLayout, gamma: float) -> Array:
-    """Flat per-turn discounted returns for flat float64 rewards in `layout` (internal building block)."""
-    if layout.num_turns == 0:
-        return rewards * 0.0
-    table = reverse_discounted_sum(ops, pad_turns(ops, rewards, layout), gamma)
-    return table[layout.row, layout.col]
+def turn_returns(rewards: np.ndarray, layout: EpisodeLayout, gamma: float) -> np.ndarray:
+    """Flat per-turn discounted returns of flat per-turn rewards laid out by `layout`."""
+    return reverse_discounted_sum(pad_turns(rewards, layout), gamma)[layout.row, layout.col]
 
 
 def discounted_returns(rewards: Any, episode_ids: Any = None, *, gamma: float = 1.0) -> Array:
@@ -160,6 +120,6 @@ def discounted_returns(rewards: Any, episode_ids: Any = None, *, gamma: float = 
     float64 numpy out; torch in -> torch out in the rewards' floating dtype.
     """
     gamma = check_discount("gamma", gamma)
-    ops, flat, ids, like = as_turns(rewards, episode_ids)
-    check_nonempty(int(flat.shape[0]), "rewards")
-    return ops.out(turn_returns(ops, flat, episode_layout(ops, ids), gamma), like=like)
+    flat, ids, back = as_turns(rewards, episode_ids)
+    check_nonempty(flat.shape[0], "rewards")
+    return back(turn_returns(flat, episode_layout(ids), gamma))

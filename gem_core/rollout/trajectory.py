@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from gem_core.algo import discounted_returns
+
 TRUNCATION_REASONS = ("context_limit", "max_turns", "abort", "env_error", "infra_error", "env")
 
 #: ``Trajectory.infra_error`` of an episode whose request the engine aborted.
@@ -166,15 +168,9 @@ class Trajectory:
         return self.terminated or self.truncated
 
     def returns(self, gamma: float = 1.0) -> list[float]:
-        """Per-turn discounted returns over turns: ``G_t = r_t + gamma * G_{t+1}``."""
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-        out = [0.0] * len(self.turns)
-        running = 0.0
-        for t in range(len(self.turns) - 1, -1, -1):
-            running = self.turns[t].reward + gamma * running
-            out[t] = running
-        return out
+        """Per-turn discounted returns over turns: ``G_t = r_t + gamma * G_{t+1}`` (:func:`gem_core.algo.discounted_returns`)."""
+        rewards = [turn.reward for turn in self.turns]
+        return discounted_returns([rewards], gamma=gamma).tolist() if rewards else []
 
     # -- token views ----------------------------------------------------------------------------------
     def full_ids(self) -> list[int]:

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gem_core.algo.tokens as tokens_module
 from gem_core.algo._backend import encode_keys
 from gem_core.algo import (
     discounted_returns,
@@ -98,16 +97,9 @@ def token_batch(seed: int, rows: int = 24, length: int = 40) -> tuple[np.ndarray
     return rewards, mask, keys
 
 
-@pytest.fixture(params=[True, False], ids=["cpu-via-numpy", "generic-torch"])
-def torch_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Run token-level tests through both torch paths (the generic one is what CUDA tensors take)."""
-    monkeypatch.setattr(tokens_module, "CPU_TENSORS_VIA_NUMPY", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("ddof", [0, 1])
-def test_token_level_numpy_and_torch_agree(torch_path: bool, seed: int, ddof: int) -> None:
+def test_token_level_numpy_and_torch_agree(seed: int, ddof: int) -> None:
     rewards, mask, keys = token_batch(seed)
     expected_adv, expected_ret = rebn_token_level(rewards, mask, keys, gamma=0.9, ddof=ddof, return_returns=True)
     for dtype, mask_dtype in (
@@ -133,7 +125,7 @@ def test_token_level_numpy_and_torch_agree(torch_path: bool, seed: int, ddof: in
         np.testing.assert_allclose(returns.float().numpy(), reference[1], atol=tolerance * 10, rtol=tolerance)
 
 
-def test_token_level_matches_flat_rebn_on_random_batches(torch_path: bool) -> None:
+def test_token_level_matches_flat_rebn_on_random_batches() -> None:
     rewards, mask, keys = token_batch(5)
     ids = turn_ids_from_mask(mask)
     num_turns = ids.max(axis=1) + 1
@@ -148,7 +140,7 @@ def test_token_level_matches_flat_rebn_on_random_batches(torch_path: bool) -> No
     assert (out.numpy()[mask == 0] == 0).all()
 
 
-def test_token_level_explicit_ids_and_rows_as_turns_in_torch(torch_path: bool) -> None:
+def test_token_level_explicit_ids_and_rows_as_turns_in_torch() -> None:
     rewards, mask, keys = token_batch(7)
     ids = turn_ids_from_mask(mask)
     expected = rebn_token_level(rewards, mask, keys, gamma=0.9)
@@ -160,7 +152,7 @@ def test_token_level_explicit_ids_and_rows_as_turns_in_torch(torch_path: bool) -
     np.testing.assert_allclose(out[:, 0].numpy(), [0.6468, 0.8366, 1.0475, -0.1968, -1.2724, -1.0615], atol=5e-5)
 
 
-def test_token_level_torch_errors(torch_path: bool) -> None:
+def test_token_level_torch_errors() -> None:
     rewards, mask, _ = token_batch(2)
     rewards[0, 3] = np.nan
     with pytest.raises(ValueError, match="must be finite"):

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from gem_core.algo import discounted_returns, flatten_episodes
-from gem_core.algo._backend import NUMPY
 from gem_core.algo.returns import episode_layout
 
 GOLDEN_EPISODES = [[0, 0, 1], [0.5, -0.1], [0]]
@@ -40,7 +39,7 @@ def test_string_episode_ids() -> None:
 
 
 def test_episode_layout_rows_and_columns() -> None:
-    layout = episode_layout(NUMPY, np.array([5, 2, 5, 2, 2]))
+    layout = episode_layout(np.array([5, 2, 5, 2, 2]))
     np.testing.assert_array_equal(layout.row, [1, 0, 1, 0, 0])  # episode 2 is row 0 (sorted ids)
     np.testing.assert_array_equal(layout.col, [0, 0, 1, 1, 2])
     np.testing.assert_array_equal(layout.lengths, [3, 2])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gem_core.algo import (
-    _kernels,
     broadcast_turns_to_tokens,
     discounted_returns,
     normalization_stats,
@@ -39,17 +40,6 @@ def golden_batch() -> np.ndarray:
 
 
 EPISODES = [[0.0, 1.0], [0.5, -0.1], [0.3], [2.0]]
-
-
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
-def token_passes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs on both token paths: numba's compiled passes and plain numpy."""
-    if request.param == "compiled":
-        if _kernels.kernels() is None:
-            pytest.skip("numba is not installed (the `fast` extra)")
-    else:
-        monkeypatch.setattr(_kernels, "_KERNELS", None)
-    return request.param
 
 
 def test_turn_ids_from_mask() -> None:
@@ -198,3 +188,41 @@ def test_rows_as_turns_view_reproduces_the_golden_values() -> None:
         np.testing.assert_allclose(advantages[:, 1], golden, atol=5e-5)
         np.testing.assert_array_equal(advantages[:, 0], 0.0)
         np.testing.assert_allclose(returns[:, 2], [0.81, 0.9, 1.0, 0.41, -0.1, 0.0], atol=1e-12)
+
+
+@st.composite
+def token_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random masks (rows with no turn, one-token runs, whole-row runs) and sparse rewards from a row's first turn on."""
+    batch, length = draw(st.integers(1, 9)), draw(st.integers(1, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    mask = rng.random((batch, length)) < draw(st.sampled_from([0.2, 0.5, 0.9, 1.0]))
+    mask[rng.integers(0, batch)] = True  # at least one turn in the batch
+    rewards = np.where(rng.random((batch, length)) < 0.3, rng.normal(size=(batch, length)), 0.0)
+    first = np.where(mask.any(axis=1), mask.argmax(axis=1), length)
+    rewards[np.arange(length)[None, :] < first[:, None]] = 0.0  # nothing before a row's first turn
+    return rewards, mask, rng.integers(0, 3, batch)
+
+
+@settings(max_examples=150, deadline=None)
+@given(token_batches(), st.sampled_from([0.0, 0.9, 1.0]), st.booleans(), st.sampled_from([bool, np.uint8, np.int64, np.float32]))
+def test_token_level_equals_a_token_by_token_walk(data, gamma, grouped, mask_dtype) -> None:
+    """Against a plain walk over the tokens: a turn starts at each run of the mask and takes every reward
+    up to the next run; per-turn `rebn` on those turns, painted on each run's tokens."""
+    rewards, mask, groups = data
+    episodes, keys, turn_of = [], [], np.full(mask.shape, -1)
+    for row in range(mask.shape[0]):
+        turns: list[float] = []
+        for col in range(mask.shape[1]):
+            if mask[row, col] and (col == 0 or not mask[row, col - 1]):
+                turns.append(0.0)
+            if turns:
+                turns[-1] += rewards[row, col]
+                turn_of[row, col] = sum(len(e) for e in episodes) + len(turns) - 1
+        if turns:
+            episodes.append(turns)
+            keys.append(groups[row])
+    per_turn = rebn(episodes, gamma=gamma, group_by=keys if grouped else None)
+    per_turn_returns = discounted_returns(episodes, gamma=gamma)
+    advantages, returns = rebn_token_level(rewards, mask.astype(mask_dtype), groups if grouped else None, gamma=gamma, return_returns=True)
+    np.testing.assert_allclose(advantages, np.where(mask, per_turn[turn_of], 0.0), atol=1e-9)
+    np.testing.assert_allclose(returns, np.where(mask, per_turn_returns[turn_of], 0.0), atol=1e-12)
