@@ -84,7 +84,8 @@ def _submit(cluster, rows, prefix: str = "golden") -> list[str]:
     batch = tu.get_tensordict(batch_dict)
     tu.assign_non_tensor_data(batch, "global_steps", 1)
     tq.kv_batch_put(keys=uids, partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1} for _ in uids])
-    ray.get(cluster["worker"].generate_sequences.remote(batch), timeout=120)
+    # a hang guard, not a speed check: a few seconds alone, but over 120 s once on a CI machine at load 7
+    ray.get(cluster["worker"].generate_sequences.remote(batch), timeout=400)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         tags = tq.kv_list(partition_id="train").get("train", {})
