@@ -656,18 +656,21 @@ class Trainer:
         infra = infra_metrics(trajectories)
         # episodes the infrastructure failed say nothing about the policy: out of the loss and the statistics
         trajectories = [t for t in trajectories if t.infra_error is None and t.turns]
+        played = {
+            "success_rate": episodes.success_rate,
+            "mean_return": episodes.mean_return,
+            "mean_turns": episodes.mean_turns,
+            "turns_when_solved": episodes.turns_when_solved,
+            "malformed_rate": episodes.malformed_rate,
+            "illegal_rate": episodes.illegal_rate,
+            "infra_failed_episodes": infra["gem/infra_failed_episodes"],
+        }
         if not trajectories:
             self.step += 1
             self.log(f"update {self.step}: every episode failed for infrastructure reasons; no optimizer step")
             return {
                 "step": self.step,
-                "success_rate": episodes.success_rate,
-                "mean_return": episodes.mean_return,
-                "mean_turns": episodes.mean_turns,
-                "turns_when_solved": episodes.turns_when_solved,
-                "malformed_rate": episodes.malformed_rate,
-                "illegal_rate": episodes.illegal_rate,
-                "infra_failed_episodes": infra["gem/infra_failed_episodes"],
+                **played,
                 "skipped": True,
                 "rollout_seconds": round(rollout_seconds, 3),
                 "update_seconds": round(time.perf_counter() - started, 3),
@@ -681,13 +684,7 @@ class Trainer:
         self.step += 1
         return {
             "step": self.step,
-            "success_rate": episodes.success_rate,
-            "mean_return": episodes.mean_return,
-            "mean_turns": episodes.mean_turns,
-            "turns_when_solved": episodes.turns_when_solved,
-            "malformed_rate": episodes.malformed_rate,
-            "illegal_rate": episodes.illegal_rate,
-            "infra_failed_episodes": infra["gem/infra_failed_episodes"],
+            **played,
             "loss": loss,
             "grad_norm": grad_norm,
             **stats,
