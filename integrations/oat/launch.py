@@ -5,7 +5,7 @@
     gem-core oat train <the same arguments>
 
 oat's own arguments (``PPOArgs``, parsed by oat's ``get_default_args``) plus :class:`GemArgs`'
-``--gem-*``; :func:`~gem_integrations.oat.learner.rebn_args` sets the ReBN options, then oat's
+``--gem-*``; :func:`~gem_integrations.oat.advantage.rebn_args` sets the ReBN options, then oat's
 ``default_args_validation``, ``get_program`` and launchpad run :class:`GemLearner` and :class:`GemActor`
 as oat's own ``run_*`` scripts do. oat 0.2.x is checked first (the plugin base).
 """
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 def build_args(argv: Sequence[str]) -> object:
     """oat's and the GEM actor's arguments from ``argv``, with the ReBN settings applied."""
     from gem_integrations.oat.args import GemArgs
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
     from oat.args import default_args_validation, get_default_args
 
     saved = sys.argv
@@ -46,8 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     PLUGIN.check_version()
     args = build_args(list(sys.argv[1:] if argv is None else argv))
     import launchpad as lp
-    from gem_integrations.oat.actor import GemActor
-    from gem_integrations.oat.learner import GemLearner
+    from gem_integrations.oat.rollout import GemActor
+    from gem_integrations.oat.advantage import GemLearner
     from oat.interface import get_program
 
     program, local_resources = get_program(args, GemLearner, GemActor)

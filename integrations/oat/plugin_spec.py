@@ -1,8 +1,8 @@
 """The oat plugin's descriptor for gem_core's plugin base (the ``gem_core.plugins`` entry point).
 
 Importing it imports neither oat nor torch. oat has no advantage registry and needs no patch: ReBN is
-oat's own ``PPOMultiTurnLearner`` with the settings of :func:`gem_integrations.oat.learner.rebn_args`
-(the launcher applies them), and the actor is a subclass (:class:`gem_integrations.oat.actor.GemActor`).
+oat's own ``PPOMultiTurnLearner`` with the settings of :func:`gem_integrations.oat.advantage.rebn_args`
+(the launcher applies them), and the actor is a subclass (:class:`gem_integrations.oat.rollout.GemActor`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """gem-core for OpenRLHF 0.11.x (``pip install -e '.[openrlhf]'``; OpenRLHF itself is installed as its
 docs say, or ``--no-deps`` plus its light deps on CPU).
 
-* ``agent.py``: the agent file for ``--train.agent_func_path`` (``gem-core openrlhf agent-path`` prints
+* ``rollout.py``: the agent file for ``--train.agent_func_path`` (``gem-core openrlhf agent-path`` prints
   its path): OpenRLHF's ``MultiTurnAgentExecutor`` playing each GEM episode with gem_core's runner.
-* ``rebn``: the ``rebn`` advantage estimator, a patch of ``RemoteExperienceMaker`` (``plugin_spec.PLUGIN``,
+* ``advantage``: the ``rebn`` advantage estimator, a patch of ``RemoteExperienceMaker`` (``plugin_spec.PLUGIN``,
   the ``gem_core.plugins`` entry point) armed in every Ray worker by the launcher
   ``gem-core openrlhf train ...`` / ``python -m gem_integrations.openrlhf.train_ppo_ray ...``.
 * ``dataset``: ``gem-core make-dataset openrlhf --env ID --out prompts.jsonl``.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 def agent_path() -> str:
     """Absolute path of the agent file, for ``--train.agent_func_path``."""
-    return str(Path(__file__).resolve().with_name("agent.py"))
+    return str(Path(__file__).resolve().with_name("rollout.py"))
 
 
 __all__ = ["agent_path"]

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from gem_core.plugins import Patch, TrainerPlugin, cancel_when_imported, waiting_for_import, when_imported
-from gem_integrations.openrlhf import rebn
+from gem_integrations.openrlhf import advantage
 
 TARGET_MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
 
@@ -31,8 +31,8 @@ PLUGIN = TrainerPlugin(
     distribution="openrlhf",
     supported=">=0.11,<0.12",
     module="openrlhf",
-    estimators=(rebn.ESTIMATOR,),
-    patches=(Patch(f"{TARGET_MODULE}:RemoteExperienceMaker", "compute_advantages_and_returns", rebn.make_compute_advantages),),
+    estimators=(advantage.ESTIMATOR,),
+    patches=(Patch(f"{TARGET_MODULE}:RemoteExperienceMaker", "compute_advantages_and_returns", advantage.make_compute_advantages),),
     dataset="gem_integrations.openrlhf.dataset",
     commands="gem_integrations.openrlhf.commands",
     description="OpenRLHF 0.11: the GEM agent file (--train.agent_func_path) and rebn through the gem-core openrlhf train launcher",

@@ -1,6 +1,6 @@
 """gem-core for ROLL (alibaba/ROLL; not on PyPI, and PyPI's ``roll`` is an unrelated package).
 
-* :mod:`.env`: :class:`~gem_integrations.roll.env.GemCoreEnv`, any gem-core env id behind gem-llm's
+* :mod:`.rollout`: :class:`~gem_integrations.roll.rollout.GemCoreEnv`, any gem-core env id behind gem-llm's
   ``Env`` interface as ROLL's env managers call it, registered as ``env_type: gem-core`` in the ``gem``
   registry (gem-llm 0.0.4, ROLL's pin); the module docstring says why registration and what ROLL reads.
 * :mod:`.env_manager`: the ``env_manager_cls`` to name in ROLL's YAML: importing it registers the env
@@ -13,7 +13,7 @@
   ``step_reinforce`` with ``reward_normalization: {grouping: batch, method: mean_std}``
   (``examples/roll/``).
 
-Nothing here but :mod:`.pipeline` imports ROLL; :mod:`.env` imports ``gem`` (gem-llm).
+Nothing here but :mod:`.pipeline` imports ROLL; :mod:`.rollout` imports ``gem`` (gem-llm).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 
 ROLL's ``EnvironmentWorker`` imports ``env_manager_cls`` by its dotted path
 (``roll.utils.import_utils.safe_import_class``) in the process that then calls ``gem.make``; importing
-this module there registers ``gem-core`` (:func:`gem_integrations.roll.env.register`, idempotent).
+this module there registers ``gem-core`` (:func:`gem_integrations.roll.rollout.register`, idempotent).
 ``StepEnvManager``, ``StepConcatEnvManager``, ``TrajEnvManager`` and ``VLTrajEnvManager`` are ROLL's
 classes themselves, looked up when asked for (the same objects, not subclasses: nothing of ROLL's
 rollout changes). The step managers give ``step_reinforce`` its per-step samples; ``StepConcatEnvManager``
@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from gem_integrations.roll.env import register
+from gem_integrations.roll.rollout import register
 
 register()
 

@@ -15,7 +15,7 @@ per-sample mask ahead of its reward normalisation (``get_agentic_response_level_
 sample), so the whole group goes; with ``group_size > 1`` the failed episode's siblings go with it.
 
 A rollout failed when the env metrics ROLL's ``formulate_rollouts`` put in ``meta_info["metrics"]``
-hold ``env/<tag>/infra_error`` > 0: :class:`gem_integrations.roll.env.GemCoreEnv` sets that step
+hold ``env/<tag>/infra_error`` > 0: :class:`gem_integrations.roll.rollout.GemCoreEnv` sets that step
 metric (aggregated with ``max``) when gem-core's ``info["infra_error"]`` reports a failure.
 
 Counting: besides ROLL's ``scheduler/group_filter_count`` (groups), the number of failed episodes is

@@ -3,7 +3,7 @@
 ROLL is not installable from PyPI (its checkout is put on ``PYTHONPATH``), so the version checked is
 that of what the bridge plugs into: gem-llm, the ``gem`` registry ROLL pins (``requirements_common.txt``:
 ``gem-llm==0.0.4``). :meth:`~gem_core.plugins.TrainerPlugin.install` checks it and registers the
-``gem-core`` env (:func:`gem_integrations.roll.env.register`); no patch: ROLL's advantage code runs as
+``gem-core`` env (:func:`gem_integrations.roll.rollout.register`); no patch: ROLL's advantage code runs as
 it is (``adv_estimator: step_reinforce``). Importing this module imports neither ROLL nor gem.
 """
 
@@ -13,7 +13,7 @@ from gem_core.plugins import TrainerPlugin
 
 
 def _register() -> None:
-    from gem_integrations.roll.env import register
+    from gem_integrations.roll.rollout import register
 
     register()
 

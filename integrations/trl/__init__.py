@@ -11,7 +11,7 @@
 * ``rollout``: :class:`GemRollout`, TRL's ``rollout_func``: each prompt's episode played by gem_core's
   runner with TRL's generation (the model's ``generate``, or TRL's vLLM client/colocated engine), returned
   as one completion with ``env_mask`` and per-token turn ids; :func:`episode_return`, the reward function.
-* ``trainer``: :class:`GemGRPOTrainer`, ``GRPOTrainer`` with ReBN as (B, T) advantages.
+* ``advantage``: :class:`GemGRPOTrainer`, ``GRPOTrainer`` with ReBN as (B, T) advantages.
 * ``dataset``: :func:`make_dataset` (a ``datasets.Dataset``), ``gem-core make-dataset trl`` (JSONL).
 * ``environment_factory``: a gem-core id as the env class of ``GRPOTrainer(environment_factory=...)``
   (typed tool methods), :func:`environment_dataset`, :func:`close_environments`.
@@ -40,8 +40,8 @@ __all__ = [
 
 _WHERE = {
     "PLUGIN": "plugin_spec",
-    "GemGRPOTrainer": "trainer",
-    "rebn_advantages": "trainer",
+    "GemGRPOTrainer": "advantage",
+    "rebn_advantages": "advantage",
     "GemRollout": "rollout",
     "TRLGeneratePolicy": "rollout",
     "TRLVLLMPolicy": "rollout",

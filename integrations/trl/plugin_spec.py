@@ -2,7 +2,7 @@
 
 Importing it imports neither TRL nor torch: the ``gem-core`` command reads it to add
 ``make-dataset trl``. TRL has no advantage registry and nothing in TRL is patched: ReBN comes with a
-``GRPOTrainer`` subclass (:class:`gem_integrations.trl.trainer.GemGRPOTrainer`) that overrides TRL's
+``GRPOTrainer`` subclass (:class:`gem_integrations.trl.advantage.GemGRPOTrainer`) that overrides TRL's
 private ``_generate_and_score_completions``, so the versions it was read against are pinned here and
 checked when the subclass is built (:meth:`~gem_core.plugins.TrainerPlugin.check_version`).
 """

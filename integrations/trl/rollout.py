@@ -16,7 +16,7 @@ What :class:`GemRollout` returns, one entry per prompt:
 * ``prompt_ids``, ``completion_ids``, ``logprobs`` (0.0 on env tokens; ``None`` for the whole batch
   when the policy reports none), ``env_mask``;
 * ``gem_turn_ids`` (each completion token's turn, -1 on none), ``gem_turn_rewards`` (one reward per
-  turn), which :class:`~gem_integrations.trl.trainer.GemGRPOTrainer` turns into ReBN advantages;
+  turn), which :class:`~gem_integrations.trl.advantage.GemGRPOTrainer` turns into ReBN advantages;
 * ``gem_return`` (the episode's return: :func:`episode_return` hands it to TRL as the reward),
   ``gem_success``, ``gem_num_turns``, ``gem_truncation`` (``""`` or the reason), ``gem_episode_id``,
   ``gem_group_id`` (TRL's prompt group: the global row index // ``num_generations``), ``gem_env_id``,
@@ -542,7 +542,7 @@ def episode_return(
     prompts: Any = None, completions: Any = None, gem_return: Sequence[float] | None = None, gem_infra_error: Sequence[str] | None = None, **kwargs: Any
 ) -> list[float | None]:
     """A TRL reward function: each completion's episode return (the sum of its turns' rewards), which TRL
-    logs as the reward; :class:`~gem_integrations.trl.trainer.GemGRPOTrainer` replaces TRL's advantages from
+    logs as the reward; :class:`~gem_integrations.trl.advantage.GemGRPOTrainer` replaces TRL's advantages from
     it with ReBN over the turns, a plain ``GRPOTrainer`` uses it for its group advantages. None for an
     episode the infrastructure failed: TRL leaves such a completion out of its reward statistics and
     baselines and gives it advantage 0."""

@@ -36,14 +36,14 @@ __all__ = [
 ]
 
 _WHERE = {
-    "AGENT_NAME": "agent_loop",
+    "AGENT_NAME": "rollout",
     "PLUGIN": "plugin_spec",
     "TURN_IDS_FIELD": "advantage",
     "batch_turn_ids": "advantage",
     "check_trainer_config": "advantage",
-    "GemAgentLoopOutput": "agent_loop",
-    "GemEnvAgentLoop": "agent_loop",
-    "VerlServerPolicy": "agent_loop",
+    "GemAgentLoopOutput": "rollout",
+    "GemEnvAgentLoop": "rollout",
+    "VerlServerPolicy": "rollout",
     "compute_gem_reinforce_advantage": "advantage",
     "compute_rebn_advantage": "advantage",
     "register_estimators": "advantage",

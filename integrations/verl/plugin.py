@@ -53,7 +53,7 @@ def load() -> list[str]:
     except Exception as exc:  # keep the agent loop even if the estimators fail, and the reverse
         ERRORS["advantage"] = repr(exc)
     try:
-        from .agent_loop import AGENT_NAME
+        from .rollout import AGENT_NAME
 
         if AGENT_NAME not in LOADED:
             LOADED.append(AGENT_NAME)

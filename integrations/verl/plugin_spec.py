@@ -39,7 +39,7 @@ def _wrap_trainer_init(original: Any) -> Any:
 
 
 def _register() -> None:
-    from . import agent_loop  # noqa: F401  (its @register adds gem_env to verl's agent-loop registry)
+    from . import rollout  # noqa: F401  (its @register adds gem_env to verl's agent-loop registry)
     from .advantage import register_estimators
 
     register_estimators()

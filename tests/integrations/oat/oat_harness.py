@@ -40,7 +40,7 @@ class _HandBack:
 
 def make_actor(tokenizer: Any, specs: list, *, max_tokens: int) -> Any:
     """A GemActor as oat's ``ActorBase.__init__`` and ``init`` leave it, with a vLLM-faithful LLM."""
-    from gem_integrations.oat.actor import GemActor, TaskCycle
+    from gem_integrations.oat.rollout import GemActor, TaskCycle
 
     args = gem_args(generate_max_length=max_tokens, gem_episodes_per_step=len(specs))
     actor = GemActor(ipc_server=None, vllm_args={}, args=args)  # oat's own __init__
@@ -80,7 +80,7 @@ class _Strategy:
 
 def make_learner(args: Any, world_size: int = 1) -> Any:
     """A GemLearner with the attributes PPOMultiTurnLearner's methods read (oat's __init__ launches DeepSpeed)."""
-    from gem_integrations.oat.learner import GemLearner
+    from gem_integrations.oat.advantage import GemLearner
 
     learner = GemLearner.__new__(GemLearner)
     learner.args = args

@@ -14,7 +14,7 @@ def two_device_worker(rank: int, out: str, port: int, rewards: list) -> None:
     import torch.distributed as dist
 
     from gem_core.testing import build_test_tokenizer
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
     from oat_harness import gem_args, learner_advantages, make_learner
     from test_oat import _synthetic
 

@@ -111,7 +111,7 @@ def _by_input(episodes):
 
 
 def test_learner_gives_rebn(played, reference, tokenizer):
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
 
     _, episodes = played
     n = sum(len(e) for e in episodes)
@@ -132,7 +132,7 @@ def test_learner_gives_rebn(played, reference, tokenizer):
 
 
 def test_rebn_args_refuses_a_critic():
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
 
     with pytest.raises(ValueError, match="no critic"):
         rebn_args(gem_args(critic_type="ppo"))
@@ -169,7 +169,7 @@ def _synthetic(episodes_rewards, tokenizer):
 
 
 def test_design_golden_values_single_device(tokenizer):
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
 
     episodes = _synthetic(DESIGN_EPISODES, tokenizer)
     learner = make_learner(rebn_args(gem_args(rollout_batch_size_per_device=6, tis_c=None), gamma=0.9))
@@ -181,7 +181,7 @@ def test_design_golden_values_single_device(tokenizer):
 def test_normalised_after_subsampling(tokenizer):
     """oat keeps rollout_batch_size_per_device transitions at random, then whitens those: the statistics
     are the kept turns' (ReBN's stats option with the kept subset); GemLearner's option uses all turns."""
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
 
     rewards = [[0.0, 0.0, 1.0], [0.5, -0.1], [0.0], [1.0, 0.2, -0.3, 0.4]]
     episodes = _synthetic(rewards, tokenizer)
@@ -257,7 +257,7 @@ def test_the_launcher_takes_oats_arguments_plus_env_ids(monkeypatch):
 def test_equal_returns_give_zero_advantages_not_nan(tokenizer):
     """oat's whitening takes sqrt(E[x^2] - mean^2) in float32: five equal returns of 0.7 make it negative
     and every advantage NaN. GemLearner whitens with the core's normalisation: 0, as rebn gives."""
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
 
     rewards = [[0.7]] * 5
     assert rebn(rewards, gamma=0.9, ddof=0, eps=OAT_EPS).tolist() == [0.0] * 5
@@ -291,7 +291,7 @@ def test_infra_failed_episodes_are_dropped_from_the_batch_and_counted(reference,
     the start, not an infra failure) is dropped too: oat's step reads every episode's last transition."""
     from oat.algorithms.ppo_multiturn import MultiTurnFeedbackCollector
 
-    from gem_integrations.oat.learner import rebn_args
+    from gem_integrations.oat.advantage import rebn_args
 
     trajectories = reference.trajectories
     assert trajectories[0].num_turns >= 2 and trajectories[2].num_turns >= 1

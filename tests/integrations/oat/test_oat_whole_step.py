@@ -128,7 +128,7 @@ def _actor(args, tokenizer, tmp_path, monkeypatch):
     import oat.actors.base as actor_base
     import vllm
 
-    from gem_integrations.oat.actor import GemActor
+    from gem_integrations.oat.rollout import GemActor
 
     llm = VLLMFaithfulLLM(VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=args.max_model_len or 8192))
     monkeypatch.setattr(vllm, "LLM", lambda **_: llm, raising=False)
@@ -155,7 +155,7 @@ def _learner(args, tokenizer, actor, model_dir):
     from oat.utils.ops import masked_mean, masked_sum
 
     from gem_core.testing.models import build_tiny_model
-    from gem_integrations.oat.learner import GemLearner
+    from gem_integrations.oat.advantage import GemLearner
 
     if not (Path(model_dir) / "config.json").exists():
         build_tiny_model(len(tokenizer)).save_pretrained(model_dir)

@@ -14,7 +14,7 @@ from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
 from gem_core.algo import rebn
 from gem_core.testing.golden import GOLDEN_DDOF, GOLDEN_EPS, GOLDEN_GAMMA, GOLDEN_MAX_CONTEXT_TOKENS
-from gem_integrations.openrlhf import rebn as patch
+from gem_integrations.openrlhf import advantage as patch
 
 ORIGINAL = RemoteExperienceMaker.compute_advantages_and_returns
 OTHER_ESTIMATORS = ["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"]

@@ -10,7 +10,7 @@ import pytest
 
 from gem_core.algo import rebn
 from gem_integrations.roll import ROLL_REBN, rebn_settings
-from gem_integrations.roll.env import ENV_TYPE
+from gem_integrations.roll.rollout import ENV_TYPE
 from gem_integrations.roll.plugin_spec import PLUGIN
 
 yaml = pytest.importorskip("yaml")

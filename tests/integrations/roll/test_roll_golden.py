@@ -9,7 +9,7 @@ import numpy as np
 
 from gem_core.algo import rebn
 from gem_integrations.roll import rebn_settings
-from gem_integrations.roll.env import ENV_TYPE
+from gem_integrations.roll.rollout import ENV_TYPE
 
 
 def play_like_roll(episode, trajectory, tokenizer, max_steps=100):

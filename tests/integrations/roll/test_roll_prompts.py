@@ -14,7 +14,7 @@ import gem
 import pytest
 import roll_rules
 
-from gem_integrations.roll.env import ENV_TYPE
+from gem_integrations.roll.rollout import ENV_TYPE
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "roll" / "gem_core_rebn.yaml"
 

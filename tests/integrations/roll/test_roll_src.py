@@ -59,7 +59,7 @@ from roll.pipeline.agentic.utils import agentic_compute_advantage, compute_disco
 from roll.utils.functionals import expand_to_token_level  # noqa: E402
 from roll.utils.import_utils import safe_import_class  # noqa: E402
 
-from gem_integrations.roll.env import ENV_TYPE  # noqa: E402
+from gem_integrations.roll.rollout import ENV_TYPE  # noqa: E402
 from gem_integrations.roll.group_filter import METRIC  # noqa: E402
 
 MANAGER_CLS = "gem_integrations.roll.env_manager.StepEnvManager"

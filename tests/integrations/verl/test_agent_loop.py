@@ -151,7 +151,7 @@ def test_episode_of_request_ids_is_the_sticky_key():
 def _agent_loop(worker, manager):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-    from gem_integrations.verl.agent_loop import GemEnvAgentLoop
+    from gem_integrations.verl.rollout import GemEnvAgentLoop
 
     return GemEnvAgentLoop(
         trainer_config=DictConfigWrap(worker.config),
@@ -205,7 +205,7 @@ def test_shortened_response_is_length_not_stop(model_dir):
 
     from gem_core.rollout import SamplingParams
     from gem_core.testing.golden import golden_formatter
-    from gem_integrations.verl.agent_loop import VerlServerPolicy
+    from gem_integrations.verl.rollout import VerlServerPolicy
 
     server = FaithfulVerlServer(f"{model_dir}/tokenizer", prompt_length=256, response_length=256)
     formatter = golden_formatter(server.engine.tokenizer)

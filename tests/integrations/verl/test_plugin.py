@@ -45,7 +45,7 @@ def test_fresh_process_import_verl_registers_everything():
     assert found == {
         "plugin_imported": True,
         "estimators": ["gem_reinforce", "rebn"],
-        "agent_loop": {"_target_": "gem_integrations.verl.agent_loop.GemEnvAgentLoop"},
+        "agent_loop": {"_target_": "gem_integrations.verl.rollout.GemEnvAgentLoop"},
         "errors": {},
         "trainer_imported": False,  # the trainer patches wait for verl's driver to import it
     }

@@ -82,7 +82,7 @@ def test_readme_oat_commands_one_step_on_the_real_model_and_real_vllm(model_dir,
     from gem_core.cli import main as gem_core_main
     from gem_core.plugins import sampling_from_vllm
     from gem_core.rollout import VLLMPolicy
-    from gem_integrations.oat.actor import GemActor, play
+    from gem_integrations.oat.rollout import GemActor, play
     from gem_integrations.oat.dataset import read_specs
     from gem_integrations.oat.launch import build_args
 

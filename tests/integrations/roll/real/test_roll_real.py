@@ -53,7 +53,7 @@ from gem_core.algo import rebn
 from gem_core.rollout import RunConfig, SamplingParams, VLLMPolicy, cached_formatter, play_row
 from gem_core.tasks import TaskSpec
 from gem_integrations.roll import rebn_settings
-from gem_integrations.roll.env import ENV_TYPE
+from gem_integrations.roll.rollout import ENV_TYPE
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "roll" / "gem_core_rebn.yaml"
 ENV = "game:GuessTheNumber-v0-random"

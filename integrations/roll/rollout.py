@@ -70,7 +70,7 @@ from gem_core.rollout import strip_thinking
 from gem_core.tasks import TaskSpec
 
 ENV_TYPE = "gem-core"  # custom_envs.<tag>.env_type
-ENTRY_POINT = "gem_integrations.roll.env:GemCoreEnv"
+ENTRY_POINT = "gem_integrations.roll.rollout:GemCoreEnv"
 CONFIG_KEYS = ("env", "env_kwargs", "tools", "max_turns", "strip_thinking", "suffix")
 SUFFIX_MODES = ("observation", "info")  # where gem-core's info["suffix"] goes (module docstring)
 _ROLL_KEYS = {
