@@ -27,6 +27,7 @@ from gem_core.cli_support import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USA
 from gem_core.errors import GemError, InvalidArgumentError, UnknownEnvError
 from gem_core.parsing import boxed, last_boxed
 from gem_core.vector.make import MAX_NUM_ENVS
+from gem_core.wrappers import EpisodeStatistics, EpisodeTotals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -502,58 +503,45 @@ def run_batch(env_id: str, policy: str, num_envs: int, episodes: int, seed: int,
     import numpy as np
 
     method = "sample_random_action" if policy == "random" else "oracle_action"
-    vec = gem_core.make_vec(env_id, num_envs, vectorization_mode=vector)
+    vec = gem_core.make_vec(env_id, num_envs, vectorization_mode=vector, wrappers=(EpisodeStatistics,))
     progress = _progress_bar(episodes, env_id, show_progress)
-    returns: list[float] = []
-    lengths: list[int] = []
-    successes = format_errored = truncations = 0
-    ep_return = np.zeros(num_envs)
-    ep_length = np.zeros(num_envs, dtype=np.int64)
-    ep_format_error = np.zeros(num_envs, dtype=bool)
+    finished: list[dict] = []  # each ended episode's info["episode"], in the order they end
     resets_next = np.zeros(num_envs, dtype=bool)  # envs that ended last step: this step resets them
     steps = 0
     try:
         vec.reset(seed=seed)
         started = time.perf_counter()  # after the first reset, which may load lazy data (word lists)
-        while len(returns) < episodes:
+        while len(finished) < episodes:
             actions = _policy_actions(vec, method, resets_next)
-            _, rewards, terminated, truncated, infos = vec.step(actions)
+            _, _, terminated, truncated, infos = vec.step(actions)
             ended = np.logical_or(terminated, truncated)
             autoreset = np.fromiter((bool(info.get("autoreset", False)) for info in infos), bool, num_envs)
             turn = ~(resets_next | autoreset)  # an autoreset step is a reset, not a turn
-            format_error = np.fromiter((bool(info.get("format_error", False)) for info in infos), bool, num_envs)
             steps += int(turn.sum())
-            ep_return += np.where(turn, rewards, 0.0)
-            ep_length += turn
-            ep_format_error |= turn & format_error
             for i in np.flatnonzero(turn & ended):
-                if len(returns) < episodes:
-                    returns.append(float(ep_return[i]))
-                    lengths.append(int(ep_length[i]))
-                    successes += bool(infos[i].get("success", False))
-                    format_errored += bool(ep_format_error[i])
-                    truncations += bool(truncated[i]) and not bool(terminated[i])
+                if len(finished) < episodes:
+                    finished.append(infos[i]["episode"])
                     if progress is not None:
                         progress.update(1)
-                ep_return[i], ep_length[i], ep_format_error[i] = 0.0, 0, False
             resets_next = ended
         seconds = time.perf_counter() - started
     finally:
         if progress is not None:
             progress.close()
         vec.close()
+    totals = EpisodeTotals.of(finished)
     return BatchSummary(
         env_id=env_id,
         policy=policy,
         num_envs=num_envs,
         vector=vector,
         seed=seed,
-        episodes=len(returns),
-        mean_return=float(np.mean(returns)),
-        success_rate=successes / len(returns),
-        mean_length=float(np.mean(lengths)),
-        format_error_rate=format_errored / len(returns),
-        truncation_rate=truncations / len(returns),
+        episodes=totals.episodes,
+        mean_return=totals.mean_return,
+        success_rate=totals.success_rate,
+        mean_length=totals.mean_length,
+        format_error_rate=totals.format_error_rate,
+        truncation_rate=totals.truncation_rate,
         steps=steps,
         seconds=seconds,
     )

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gem_core.eval.results import EpisodeResult
+from gem_core.wrappers import EpisodeTotals
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 ALL = "all"
@@ -54,13 +55,14 @@ class EnvSummary:
     @classmethod
     def of(cls, env_id: str, results: Sequence[EpisodeResult]) -> EnvSummary:
         n = len(results)
+        totals = EpisodeTotals.of({"return": r.return_, "length": r.turns, "success": r.success} for r in results)
         return cls(
             env_id=env_id,
             episodes=n,
-            successes=sum(bool(r.success) for r in results),
+            successes=totals.successes,
             errors=sum(r.error is not None for r in results),
-            mean_return=sum(r.return_ for r in results) / n if n else 0.0,
-            mean_turns=sum(r.turns for r in results) / n if n else 0.0,
+            mean_return=totals.mean_return,
+            mean_turns=totals.mean_length,
             tool_calls_per_episode=sum(r.tool_calls for r in results) / n if n else 0.0,
         )
 

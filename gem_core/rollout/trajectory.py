@@ -167,6 +167,22 @@ class Trajectory:
     def done(self) -> bool:
         return self.terminated or self.truncated
 
+    @property
+    def success(self) -> bool:
+        """The env's ``info["success"]`` on the last turn (False without turns)."""
+        return bool(self.turns) and bool(self.turns[-1].info.get("success", False))
+
+    def episode_summary(self) -> dict[str, Any]:
+        """This episode in the ``info["episode"]`` format that :class:`gem_core.wrappers.EpisodeTotals` sums."""
+        return {
+            "return": self.episode_return,
+            "length": self.num_turns,
+            "success": self.success,
+            "format_errors": sum(bool(turn.info.get("format_error")) for turn in self.turns),
+            "invalid_actions": sum(bool(turn.info.get("invalid_action")) for turn in self.turns),
+            "truncated": self.truncated and not self.terminated,
+        }
+
     def returns(self, gamma: float = 1.0) -> list[float]:
         """Per-turn discounted returns over turns: ``G_t = r_t + gamma * G_{t+1}`` (:func:`gem_core.algo.discounted_returns`)."""
         rewards = [turn.reward for turn in self.turns]

@@ -39,6 +39,7 @@ from gem_core import algo
 from gem_core.batch import TokenBatch, infra_metrics, sequence_batch, turn_batch
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
+from gem_core.wrappers import EpisodeTotals
 
 ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
 ROLLOUT_ENGINES = ("auto", "hf", "vllm")
@@ -519,20 +520,15 @@ class EpisodeStats:
 
     @classmethod
     def of(cls, trajectories: Sequence[Trajectory]) -> EpisodeStats:
-        solved = [t for t in trajectories if _solved(t)]
-        turns = [turn for t in trajectories for turn in t.turns]
+        totals = EpisodeTotals.of(t.episode_summary() for t in trajectories)
         return cls(
-            success_rate=len(solved) / max(len(trajectories), 1),
-            mean_return=float(np.mean([t.episode_return for t in trajectories])) if trajectories else 0.0,
-            mean_turns=float(np.mean([t.num_turns for t in trajectories])) if trajectories else 0.0,
-            turns_when_solved=float(np.mean([t.num_turns for t in solved])) if solved else None,
-            malformed_rate=sum(bool(turn.info.get("format_error")) for turn in turns) / max(len(turns), 1),
-            illegal_rate=sum(bool(turn.info.get("invalid_action")) for turn in turns) / max(len(turns), 1),
+            success_rate=totals.success_rate,
+            mean_return=totals.mean_return,
+            mean_turns=totals.mean_length,
+            turns_when_solved=totals.length_when_solved,
+            malformed_rate=totals.format_error_turn_rate,
+            illegal_rate=totals.invalid_action_turn_rate,
         )
-
-
-def _solved(trajectory: Trajectory) -> bool:
-    return bool(trajectory.turns) and bool(trajectory.turns[-1].info.get("success", False))
 
 
 class Trainer:

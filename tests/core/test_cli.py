@@ -271,13 +271,15 @@ class ScriptedVectorEnv:
 def scripted_vector(monkeypatch):
     made: dict[str, Any] = {"moves_when_done": True}
 
-    def fake_make_vec(env_id, num_envs, vectorization_mode="sync", **_):
+    def fake_make_vec(env_id, num_envs, vectorization_mode="sync", wrappers=(), **_):
         # env 0: one-turn wins (first turn a format error); env 1: three-turn truncations
         moves = made["moves_when_done"]
         envs = [
             FixedLengthEnv(1, win=True, format_error_on_first=True, moves_when_done=moves),
             FixedLengthEnv(3, win=False, moves_when_done=moves),
         ]
+        for wrapper in wrappers:  # what the command asks of make_vec (the episode statistics) is applied
+            envs = [wrapper(env) for env in envs]
         made.update(env_id=env_id, num_envs=num_envs, mode=vectorization_mode, vec=ScriptedVectorEnv(envs[:num_envs]))
         return made["vec"]
 

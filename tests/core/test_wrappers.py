@@ -10,7 +10,7 @@ import pytest
 import gem_core
 from gem_core.core import Env, Wrapper
 from gem_core.errors import ResetNeeded
-from gem_core.wrappers import EpisodeStatistics, HistoryWrapper, TimeLimit
+from gem_core.wrappers import EpisodeStatistics, EpisodeTotals, HistoryWrapper, TimeLimit
 
 GTN = "game:GuessTheNumber-v0-hard"
 GTN_EASY = "game:GuessTheNumber-v0-easy"
@@ -202,7 +202,8 @@ def test_episode_statistics_counts_the_episode():
     obs, reward, terminated, truncated, info = env.step("done")
     assert terminated and not truncated
     episode = info["episode"]
-    assert set(episode) == {"return", "length", "success", "time", "format_errors", "invalid_actions"}
+    assert set(episode) == {"return", "length", "success", "time", "format_errors", "invalid_actions", "truncated"}
+    assert episode["truncated"] is False
     assert episode["return"] == pytest.approx(0.25 - 0.1 + 0.0 + 0.0 + 1.0)
     assert isinstance(episode["return"], float)
     assert episode["length"] == 5 and episode["success"] is True
@@ -219,7 +220,7 @@ def test_episode_statistics_on_truncation_and_reset_starts_over():
     env.step("a")
     info = env.step("bad")[4]
     assert info["episode"]["success"] is False and info["episode"]["length"] == 3
-    assert info["episode"]["return"] == pytest.approx(0.4)
+    assert info["episode"]["return"] == pytest.approx(0.4) and info["episode"]["truncated"] is True
     env.reset()
     info = env.step("done")[4]
     assert info["episode"]["length"] == 1 and info["episode"]["return"] == 1.0
@@ -409,3 +410,34 @@ def test_wrappers_inside_a_vector_env(mode):
         assert len(episodes) == 2 and all(1 <= e["length"] <= 4 for e in episodes)
     finally:
         vec.close()
+
+
+def test_episode_totals_sum_the_summaries():
+    summaries = [
+        {"return": 1.0, "length": 2, "success": True, "format_errors": 1, "invalid_actions": 0, "truncated": False},
+        {"return": -0.5, "length": 4, "success": False, "format_errors": 0, "invalid_actions": 2, "truncated": True},
+        {"return": 0.5, "length": 3, "success": True},  # the flags absent: zero
+    ]
+    totals = EpisodeTotals.of(summaries)
+    assert totals.episodes == 3 and totals.successes == 2 and totals.success_rate == pytest.approx(2 / 3)
+    assert totals.mean_return == pytest.approx(1.0 / 3) and totals.mean_length == pytest.approx(3.0)
+    assert totals.length_when_solved == pytest.approx(2.5) and totals.turns == 9
+    assert totals.format_error_turn_rate == pytest.approx(1 / 9) and totals.invalid_action_turn_rate == pytest.approx(2 / 9)
+    assert totals.format_error_rate == pytest.approx(1 / 3) and totals.truncation_rate == pytest.approx(1 / 3)
+    empty = EpisodeTotals.of([])
+    assert (empty.episodes, empty.success_rate, empty.mean_return, empty.length_when_solved, empty.format_error_turn_rate) == (0, 0.0, 0.0, None, 0.0)
+
+
+def test_a_trajectory_summary_is_the_wrappers():
+    """The trainer's statistics (from trajectories) and `gem-core play`'s (from the wrapper) count alike."""
+    from gem_core.rollout import Trajectory, Turn
+
+    env = EpisodeStatistics(ScriptEnv())
+    env.reset()
+    turns = []
+    for index, action in enumerate(["a", "bad", "illegal", "done"]):
+        _, reward, terminated, truncated, info = env.step(action)
+        turns.append(Turn(index, 0, [], None, [], float(reward), terminated, truncated, info=info))
+    trajectory = Trajectory(episode_id="e", prompt_ids=[], turns=turns, terminated=True)
+    wrapper_summary = {k: v for k, v in info["episode"].items() if k != "time"}
+    assert trajectory.episode_summary() == wrapper_summary
