@@ -16,7 +16,7 @@ from gem.envs.registration import ENV_REGISTRY
 import gem_core
 from gem_core.errors import GemError
 from gem_integrations.roll import ROLL_REBN, rebn_settings
-from gem_integrations.roll import env as bridge
+from gem_integrations.roll import rollout as bridge
 from gem_integrations.roll import env_manager
 
 # Keys ROLL's TrajEnvManager.reset/step write into its history entries (info is merged into them).
