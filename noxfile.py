@@ -77,8 +77,8 @@ def _constraints(session: nox.Session, *pins: str) -> str:
 
 @nox.session
 def core(session: nox.Session) -> None:
-    """gem_core with its dev, torch, hf, search, mcp, train, tasks and rg extras: every test except the trainer plugins'."""
-    session.install("-e", ".[dev,torch,hf,search,mcp,train,tasks,rg]")
+    """gem_core with its dev, torch, hf, search, mcp, train, tasks, rg and vision extras: every test except the trainer plugins'."""
+    session.install("-e", ".[dev,torch,hf,search,mcp,train,tasks,rg,vision]")
     session.run(*PYTEST, *CORE_TESTS, *session.posargs, env=_env())
 
 
@@ -98,7 +98,7 @@ def core_py(session: nox.Session) -> None:
     torch 2.13.0 has a local CPU wheel only for 3.11; elsewhere pip would pull the CUDA build (GBs).
     The interpreters are pyenv's: .ci/run exposes them as python3.10 / python3.12.
     """
-    session.install("-e", ".[dev,hf,search,mcp,tasks,rg]")
+    session.install("-e", ".[dev,hf,search,mcp,tasks,rg,vision]")
     session.run(*PYTEST, *CORE_TESTS, *session.posargs, env=_env())
 
 

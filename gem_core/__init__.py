@@ -4,6 +4,7 @@
 """
 
 from gem_core.core import Env, Wrapper, model_message
+from gem_core.multimodal import MultimodalObservation
 from gem_core.errors import GemError, RegistrationError, ResetNeeded, UnknownEnvError, UnknownKwargError
 from gem_core.registry import EnvSpec, list_envs, make, register, register_alias, spec
 from gem_core.vector.make import make_vec
@@ -16,6 +17,7 @@ __all__ = [
     "Env",
     "EnvSpec",
     "GemError",
+    "MultimodalObservation",
     "RegistrationError",
     "ResetNeeded",
     "UnknownEnvError",

@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Generic, Protocol, SupportsFloat, TypeVar
 
 import numpy as np
 
+from gem_core.multimodal import MultimodalObservation
+
 ObsType = TypeVar("ObsType")
 ActType = TypeVar("ActType")
 
@@ -45,7 +47,7 @@ SUFFIX_KEY = "suffix"
 SUFFIX_SEPARATOR = "\n\n"
 
 
-def model_message(observation: str, info: Mapping[str, Any] | None) -> str:
+def model_message(observation: str | MultimodalObservation, info: Mapping[str, Any] | None) -> str | MultimodalObservation:
     """What the model is shown for an observation: the observation, then ``info["suffix"]``.
 
     GEM's convention: an env may keep the current board (or the word pattern, the words found, the
@@ -58,7 +60,12 @@ def model_message(observation: str, info: Mapping[str, Any] | None) -> str:
       it): unchanged, so the suffix is never shown twice;
     * otherwise the observation without its trailing newlines, a blank line (:data:`SUFFIX_SEPARATOR`),
       and the suffix without its leading and trailing newlines.
+
+    A :class:`~gem_core.multimodal.MultimodalObservation` gets the same rule on its text; its images stay.
     """
+    if isinstance(observation, MultimodalObservation):
+        text = model_message(observation.text, info)
+        return observation if text == observation.text else observation.with_text(text)
     if not isinstance(observation, str):
         raise TypeError(f"model_message needs a text observation, got {type(observation).__name__}")
     suffix = None if info is None else info.get(SUFFIX_KEY)

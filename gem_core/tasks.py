@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gem_core.core import Env, model_message
+from gem_core.multimodal import MultimodalObservation
 from gem_core.registry import make
 from gem_core.rollout import RunConfig, row_config
 from gem_core.tools.factory import make_tool, parse_tools
@@ -91,11 +92,22 @@ class TaskSpec:
     def first_message(self, env: Env | None = None) -> str:
         """What the model is shown first: the env reset with this seed, through :func:`gem_core.model_message`.
         ``env``: an env made from this spec to reuse (it is reset); default: a fresh one, closed after."""
+        message = self.first_observation(env)
+        if isinstance(message, MultimodalObservation):
+            raise TypeError(
+                f"{self.env_id} shows images; a text dataset cannot hold them: use first_observation() (text with <image> placeholders, and the images)"
+            )
+        return message
+
+    def first_observation(self, env: Env | None = None) -> str | MultimodalObservation:
+        """:meth:`first_message`, or for a vision env the :class:`~gem_core.multimodal.MultimodalObservation`
+        (``.text`` with one ``<image>`` per image, verl's prompt convention; ``.images`` for the row's
+        ``images`` column, e.g. as ``{"bytes": gem_core.multimodal.image_png_bytes(image)}``)."""
         own = env is None
         env = self.make_env() if own else env
         try:
             observation, info = env.reset(seed=self.seed)
-            if not isinstance(observation, str):
+            if not isinstance(observation, (str, MultimodalObservation)):
                 raise TypeError(f"{self.env_id} returned a {type(observation).__name__} observation; datasets need text")
             return model_message(observation, info)
         finally:

@@ -2,3 +2,4 @@
 
 from gem_core.envs import games  # noqa: F401  (registers game:* ids)
 from gem_core.envs import task_ids  # noqa: F401,E402  (registers math:*, eval:*, ... ids)
+from gem_core.envs import retail  # noqa: F401,E402  (registers multiagent:Retail-v0)

@@ -78,3 +78,14 @@ from gem_core.envs.reasoning_gym_env import RG_DATASETS  # noqa: E402  (a tuple 
 
 for _name in RG_DATASETS:
     register(f"rg:{_name}", "gem_core.envs.reasoning_gym_env:ReasoningGymEnv", name=_name, description=f"reasoning-gym's {_name}, scored by its own scorer")
+
+# -- vision: figures the env draws itself (Pillow: the vision extra), answered in \boxed{}
+_GEOMETRY = "gem_core.envs.geometry:GeometryEnv"
+register("vision:Geometry-v0", _GEOMETRY, description="a drawn figure (triangle, rectangle, circle, angles) and a question on its labels; one answer")
+register("vision:Geometry-v0-retry", _GEOMETRY, max_attempts=3, description="vision:Geometry-v0 with three attempts (feedback after a wrong answer)")
+
+# -- terminal: shell tasks in a persistent bash inside the bubblewrap sandbox (docs/terminal.md)
+register(
+    "terminal:Tasks-v0", "gem_core.envs.terminal.env:TerminalEnv",
+    description="shell tasks (terminal-bench style): commands in a sandboxed bash, a checker script decides",
+)  # fmt: skip

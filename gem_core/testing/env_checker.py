@@ -1,6 +1,6 @@
 """An env checker in the spirit of Gymnasium's ``check_env``: the API contract, and what the model sees.
 
-:func:`check_env` checks one env's contract (text observations, a ``str`` suffix, rewards and flags of
+:func:`check_env` checks one env's contract (text observations, or text with images, a ``str`` suffix, rewards and flags of
 the right types, bad actions answered not raised, seeded resets reproducible, ``get_state``/``set_state``
 round-trips). :func:`check_model_context` plays episodes through the real rollout runner and the
 chat template, and asserts at every turn that the state the next move needs
@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gem_core.core import Env, model_message
+from gem_core.multimodal import MultimodalObservation, observation_text
 from gem_core.rollout.chat import ChatFormatter
 from gem_core.rollout.policy import Generation, SamplingParams
 from gem_core.rollout.runner import RunConfig, run_episode
@@ -65,6 +66,7 @@ def check_model_context(
     seeds: Iterable[int] = (0,),
     max_turns: int = 12,
     oracle_every: int = 2,
+    formatter: ChatFormatter | None = None,
 ) -> int:
     """Play episodes on ``env`` through :func:`~gem_core.rollout.run_episode` with the chat template of
     ``tokenizer`` and assert that the model's context holds what the next move needs.
@@ -73,9 +75,10 @@ def check_model_context(
     otherwise, so boards change and rejected moves happen. At every turn it decodes the newest message
     of its context (the whole prompt at turn 0, the observation delta after that) and checks that
     ``env.state_text()`` (when the env has one) and :func:`~gem_core.model_message` of the last
-    observation are in it. Returns the number of turns checked.
+    observation are in it (its text, for an observation with images: pass a ``VLChatFormatter`` as
+    ``formatter``). Returns the number of turns checked.
     """
-    formatter = ChatFormatter(tokenizer)
+    formatter = ChatFormatter(tokenizer) if formatter is None else formatter
     checked = 0
     for seed in seeds:
         policy = _CheckingPolicy(env, formatter, oracle_every)
@@ -97,7 +100,7 @@ class _CheckingPolicy:
         self.previous_length = 0
         self.last_message: str | None = None
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "") -> Generation:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str = "", multi_modal_data: dict | None = None) -> Generation:
         newest = self.formatter.decode(prompt_ids[self.previous_length :])
         name = _name(self.env)
         state = self.env.state_text()
@@ -127,7 +130,7 @@ class _CheckingPolicy:
         def step(action: Any) -> Any:
             result = original(action)
             obs, _, terminated, truncated, info = result
-            policy.last_message = None if (terminated or truncated) else model_message(obs, info)
+            policy.last_message = None if (terminated or truncated) else observation_text(model_message(obs, info))
             return result
 
         env.step = step  # type: ignore[method-assign]
@@ -135,8 +138,8 @@ class _CheckingPolicy:
 
 
 def _check_reset(name: str, obs: Any, info: Any) -> None:
-    if not isinstance(obs, str):
-        raise EnvCheckError(f"{name}: reset returned a {type(obs).__name__} observation, not text")
+    if not isinstance(obs, (str, MultimodalObservation)):
+        raise EnvCheckError(f"{name}: reset returned a {type(obs).__name__} observation, not text (or a MultimodalObservation)")
     if not isinstance(info, dict):
         raise EnvCheckError(f"{name}: reset returned a {type(info).__name__} info, not a dict")
     if not isinstance(info.get("suffix", ""), str):

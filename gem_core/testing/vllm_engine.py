@@ -26,6 +26,14 @@ kinder than vLLM hides real defects, so the rules below are vLLM's (``vllm/v1/en
 :meth:`VLLMFaithfulEngine.generate_tokens` answers verl's server-manager call shape
 (``request_id, prompt_ids=..., sampling_params={dict}``) with the same rules; :class:`VLLMFaithfulLLM`
 is vLLM's offline ``LLM`` (a batch of prompts in one synchronous ``generate``, as oat's actor calls it).
+
+**Images** (vision-language models) come as vLLM takes them: a ``TokensPrompt`` dict
+``{"prompt_token_ids": [...], "multi_modal_data": {"image": PIL image or [PIL images]}}``, one image
+token in the prompt per image, which the engine expands to the count the model's processor gives (vLLM's
+prompt updates). As vLLM: modalities other than vLLM's are refused, fewer image tokens than images is an
+error. Stricter than vLLM (a test's typo is caught, never ignored): unknown prompt keys, images that are
+not PIL images, images for a text-only model. :class:`HFVisionModel` is the model for them: a Hugging Face
+VL model run greedily on the expanded prompt with the processor's ``pixel_values``.
 """
 
 from __future__ import annotations
@@ -36,7 +44,25 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gem_core.rollout.policies import scripted_logprob
+from gem_core.rollout.policies import cache_keyword, scripted_logprob
+
+#: The keys of vLLM's ``TokensPrompt`` (``vllm.inputs.TokensPrompt`` and its ``_PromptOptions``); the
+#: real-tier test checks this set against the installed vLLM.
+TOKENS_PROMPT_KEYS = frozenset(
+    {
+        "prompt_token_ids",
+        "prompt",
+        "token_type_ids",
+        "prompt_token_offsets",
+        "multi_modal_data",
+        "media_io_kwargs",
+        "mm_processor_kwargs",
+        "multi_modal_uuids",
+        "cache_salt",
+    }
+)
+#: The modalities vLLM's ``MultiModalDataParser`` knows (anything else: "Unsupported modality").
+VLLM_MODALITIES = ("audio", "image", "video", "vision_chunk")
 
 #: What a model that was not stopped writes after its end-of-turn token: a turn it made up.
 RUNAWAY_TEXT = "\n<|im_start|>user\nAnd then? Tell me more.<|im_end|>\n<|im_start|>assistant\nMore text."
@@ -139,12 +165,11 @@ class VLLMFaithfulEngine:
         self, prompt_token_ids: Sequence[int], sampling_params: Any, multi_modal_data: Any = None, request_id: str | None = None
     ) -> RequestOutput:
         """``generate(prompt_token_ids, sampling_params)`` answered as vLLM would."""
-        if multi_modal_data:
-            raise EngineError("this engine serves text only")
+        images = read_multi_modal_data(multi_modal_data)
         self._count += 1
         request_id = request_id or f"req-{self._count}"
         self.requests.append((list(prompt_token_ids), dataclasses.replace(sampling_params) if dataclasses.is_dataclass(sampling_params) else sampling_params))
-        return self._complete(list(prompt_token_ids), _read_params(sampling_params), request_id)
+        return self._complete(list(prompt_token_ids), _read_params(sampling_params), request_id, images)
 
     # -- verl server-manager call shape ----------------------------------------------------------------
     async def generate_tokens(self, request_id: str, *, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any], **_: Any) -> RequestOutput:
@@ -156,9 +181,11 @@ class VLLMFaithfulEngine:
         return self._complete(list(prompt_ids), params, request_id)
 
     # -- the rules -------------------------------------------------------------------------------------
-    def _complete(self, prompt: list[int], params: VLLMSamplingParams, request_id: str) -> RequestOutput:
+    def _complete(self, prompt: list[int], params: VLLMSamplingParams, request_id: str, images: list[Any] | None = None) -> RequestOutput:
         if params.n != 1:
             raise EngineError("this engine answers n=1 only")
+        if images:
+            prompt = self._expand_images(prompt, images)
         if len(prompt) >= self.max_model_len:
             raise EngineError(f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length of {self.max_model_len}.")
         room = self.max_model_len - len(prompt)
@@ -170,7 +197,7 @@ class VLLMFaithfulEngine:
         stops = set(params.stop_token_ids or ())
         ids: list[int] = []
         finish, stop_reason, stopped_on_token = "length", None, False
-        for token in self.model.stream(prompt):
+        for token in self.model.stream(prompt, images=images) if images else self.model.stream(prompt):
             ids.append(int(token))
             if len(ids) > params.min_tokens:  # vLLM masks stop tokens out of the first min_tokens
                 if not params.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id:
@@ -190,6 +217,103 @@ class VLLMFaithfulEngine:
             logprobs = [{t: Logprob(v, 1, self.tokenizer.decode([t]))} for t, v in zip(ids, values)]
             cumulative = float(sum(values))
         return RequestOutput(request_id, prompt, [CompletionOutput(0, text, ids, cumulative, logprobs, finish, stop_reason)])
+
+    def _expand_images(self, prompt: list[int], images: list[Any]) -> list[int]:
+        """vLLM's prompt update: the first image token per image replaced by that image's tokens."""
+        placeholder = getattr(self.model, "image_token_id", None)
+        if placeholder is None:
+            raise EngineError(f"{type(self.model).__name__} is not a multimodal model: it takes no images")
+        found = prompt.count(placeholder)
+        if found < len(images):
+            raise EngineError(
+                f"Expected there to be {len(images)} prompt updates corresponding to {len(images)} image items, but instead found {found} "
+                "prompt updates! This is likely because you forgot to include input placeholder tokens (e.g., `<image>`) in the prompt."
+            )
+        out: list[int] = []
+        remaining = iter(images)
+        image = next(remaining, None)
+        for token in prompt:
+            if token == placeholder and image is not None:
+                out.extend(self.model.image_tokens(image))
+                image = next(remaining, None)
+            else:
+                out.append(token)
+        return out
+
+
+def read_multi_modal_data(data: Any) -> list[Any] | None:
+    """The images of a request's ``multi_modal_data`` as vLLM parses it (one item or a list per modality),
+    refused with one :class:`EngineError` line where vLLM would refuse it or this engine cannot serve it."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise EngineError(f"multi_modal_data must be a dict of modality -> items, got {type(data).__name__}")
+    for key in data:
+        if key not in VLLM_MODALITIES:
+            raise EngineError(f"Unsupported modality: {key}")
+        if key != "image":
+            raise EngineError(f"this engine serves images only, not {key}")
+    items = data.get("image")
+    if items is None:
+        return None
+    from PIL import Image
+
+    items = [items] if isinstance(items, Image.Image) else items
+    if not isinstance(items, (list, tuple)):
+        raise EngineError(f"multi_modal_data['image'] must be a PIL image or a list of them, got {type(items).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, Image.Image):
+            raise EngineError(f"multi_modal_data['image'][{i}] must be a PIL image, got {type(item).__name__}")
+    return [item if item.mode == "RGB" else item.convert("RGB") for item in items]  # vLLM converts to RGB too
+
+
+def read_tokens_prompt(prompt: Any) -> tuple[list[int], list[Any] | None]:
+    """A ``TokensPrompt`` dict as vLLM reads it: (token ids, images or None)."""
+    if not isinstance(prompt, Mapping) or "prompt_token_ids" not in prompt:
+        raise EngineError("this engine takes token prompts only")
+    unknown = sorted(set(prompt) - TOKENS_PROMPT_KEYS)
+    if unknown:
+        raise EngineError(f"unknown TokensPrompt keys {unknown}; vLLM's are {sorted(TOKENS_PROMPT_KEYS)}")
+    ids = prompt["prompt_token_ids"]
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise EngineError("Token prompt should be a list of integers")
+    return [int(t) for t in ids], read_multi_modal_data(prompt.get("multi_modal_data"))
+
+
+class HFVisionModel:
+    """A Hugging Face vision-language model (e.g. :func:`gem_core.testing.vision.build_tiny_vl_model`'s)
+    as the engine's model: greedy tokens, the first forward pass with the processor's ``pixel_values``
+    for the request's images. ``calls`` records per request the prompt's image-token count and the
+    ``pixel_values`` shape (None when no image came), so tests see that the images reached the model."""
+
+    def __init__(self, model: Any, processor: Any):
+        self.model = model.eval()
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.image_token_id = int(self.tokenizer.convert_tokens_to_ids(processor.image_token))
+        self.calls: list[tuple[int, tuple[int, ...] | None]] = []
+
+    def image_tokens(self, image: Any) -> list[int]:
+        """What the processor expands one image token to, for ``image``."""
+        out = self.processor(text=[self.processor.image_token], images=[image], add_special_tokens=False)
+        return [int(t) for t in out["input_ids"][0]]
+
+    def stream(self, prompt_token_ids: Sequence[int], images: Sequence[Any] | None = None) -> Any:
+        import torch
+
+        ids = torch.tensor([list(prompt_token_ids)], dtype=torch.long)
+        inputs: dict[str, Any] = {"input_ids": ids}
+        if images:
+            inputs["pixel_values"] = self.processor.image_processor(list(images), return_tensors="pt")["pixel_values"]
+        self.calls.append((int((ids == self.image_token_id).sum()), tuple(inputs["pixel_values"].shape) if images else None))
+        past, name = None, cache_keyword(self.model)
+        with torch.inference_mode():
+            while True:
+                out = self.model(**inputs, **{name: past}, use_cache=True)
+                past = getattr(out, name)
+                token = int(out.logits[0, -1].argmax())
+                yield token
+                inputs = {"input_ids": torch.tensor([[token]], dtype=torch.long)}
 
 
 class VLLMFaithfulLLM:
@@ -211,11 +335,12 @@ class VLLMFaithfulLLM:
     ) -> list[RequestOutput]:
         if prompt_token_ids is not None:
             batch = [list(p) for p in prompt_token_ids]
+            images: list[Any] = [None] * len(batch)
         else:
             items = prompts if isinstance(prompts, (list, tuple)) else [prompts]
-            if any(not isinstance(p, Mapping) or "prompt_token_ids" not in p for p in items):
-                raise EngineError("this engine takes token prompts only")
-            batch = [list(p["prompt_token_ids"]) for p in items]
+            read = [read_tokens_prompt(p) for p in items]
+            batch = [ids for ids, _ in read]
+            images = [mm for _, mm in read]
         params = (
             sampling_params
             if isinstance(sampling_params, (list, tuple))
@@ -225,11 +350,11 @@ class VLLMFaithfulLLM:
             raise EngineError(f"{len(params)} sampling params for {len(batch)} prompts")
         self.calls.append(len(batch))
         out = []
-        for ids, p in zip(batch, params):
+        for ids, p, mm in zip(batch, params, images):
             self.engine._count += 1
             request_id = str(self.engine._count)
             self.engine.requests.append((ids, dataclasses.replace(p) if dataclasses.is_dataclass(p) else p))
-            out.append(self.engine._complete(ids, _read_params(p), request_id))
+            out.append(self.engine._complete(ids, _read_params(p), request_id, mm))
         return out
 
 

@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "params", "parsing", "utils", "cli_support", "algo", "models"),  # L0: no other gem_core module
-    ("core", "tools"),  # L1: the Env API; tools and the tool factory
+    (
+        "core",
+        "tools",
+        "multimodal",
+        "multiagent",
+    ),  # L1: the Env API (multimodal: observations with images; multiagent: several agents); tools and the tool factory
     ("registry", "wrappers", "grading"),  # L2
     ("vector",),  # L3: the ray mode is named by its entry point, not imported
     ("ray", "rollout"),  # L4: the only place that imports ray is gem_core.ray

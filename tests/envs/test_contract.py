@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import gem_core
 from gem_core.envs.games.base import TextGame
+from gem_core.multimodal import MAX_IMAGE_SIDE, MAX_IMAGES, MultimodalObservation, observation_text
 from gem_core.testing.task_data import generic_test_ids
 
 # Built-in ids only: other test modules register throw-away envs, which must not leak in here.
@@ -50,10 +51,17 @@ _fragments = st.sampled_from(
 actions = st.one_of(st.text(max_size=60), st.lists(st.one_of(_fragments, st.text(max_size=8)), max_size=8).map("".join))
 
 
+def _check_obs(obs) -> None:
+    """Text, or text with a bounded number of bounded images (vision envs)."""
+    assert isinstance(obs, (str, MultimodalObservation))
+    if isinstance(obs, MultimodalObservation):
+        assert len(obs.images) <= MAX_IMAGES and all(max(image.size) <= MAX_IMAGE_SIDE for image in obs.images)
+
+
 def _check_step(result, max_turns: int, turn: int) -> bool:
     assert isinstance(result, tuple) and len(result) == 5
     obs, reward, terminated, truncated, info = result
-    assert isinstance(obs, str)
+    _check_obs(obs)
     assert isinstance(reward, float) and math.isfinite(reward)
     assert isinstance(terminated, bool) and isinstance(truncated, bool)
     assert not (terminated and truncated), "a time limit truncates; it does not also terminate"
@@ -67,7 +75,8 @@ def _check_step(result, max_turns: int, turn: int) -> bool:
 def test_arbitrary_actions_never_raise(env_id, seed, script):
     env = gem_core.make(env_id)
     obs, info = env.reset(seed=seed)
-    assert isinstance(obs, str) and obs and isinstance(info, dict)
+    _check_obs(obs)
+    assert observation_text(obs) and isinstance(info, dict)
     max_turns = env.unwrapped.max_turns
     for turn in range(1, max_turns + 1):
         done = _check_step(env.step(script[(turn - 1) % len(script)]), max_turns, turn)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import gem_core
+from gem_core.multimodal import MultimodalObservation, observation_text
 from gem_core.testing.env_checker import EnvCheckError, check_env, check_model_context
 from gem_core.testing.task_data import generic_test_ids
 
@@ -34,8 +35,14 @@ def test_contract(env_id):
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_model_sees_the_state(env_id, tokenizer):
     env = gem_core.make(env_id)
+    formatter = None
+    if env_id.startswith("vision:"):  # pictures: the tiny VL model's processor renders them
+        from gem_core.rollout import VLChatFormatter
+        from gem_core.testing.vision import build_tiny_vl_processor
+
+        formatter = VLChatFormatter(build_tiny_vl_processor())
     try:
-        turns = check_model_context(env, tokenizer, seeds=(0, 1), max_turns=6)
+        turns = check_model_context(env, tokenizer, seeds=(0, 1), max_turns=6, formatter=formatter)
     finally:
         env.close()
     assert turns >= 2
@@ -93,7 +100,13 @@ def test_the_first_dataset_prompt_shows_the_state(env_id):
         state = env.state_text()
     finally:
         env.close()
-    message = spec.first_message()
+    first = spec.first_observation()
+    if isinstance(observation, MultimodalObservation):  # a vision env: the row's text part, and the same images
+        assert first.images == observation.images
+        observation = observation.text
+    else:
+        assert spec.first_message() == first
+    message = observation_text(first)
     assert observation in message
     if state is not None:
         assert state in message

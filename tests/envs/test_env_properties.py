@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import gem_core
 from gem_core.core import MAX_OBSERVATION_CHARS, model_message
 from gem_core.errors import InvalidArgumentError, UnknownKwargError
+from gem_core.multimodal import MAX_IMAGE_SIDE, MAX_IMAGES, MultimodalObservation, observation_text
 from gem_core.params import Param
 from gem_core.parsing import ECHO_CHARS
 from gem_core.registry import accepted_kwargs
@@ -119,10 +120,12 @@ def actions(env: gem_core.Env) -> st.SearchStrategy[Any]:
 def _check_message(env_id: str, observation: Any, info: dict[str, Any], *, question: bool = False) -> None:
     """``question``: a reset message of an env whose prompt is a dataset's question (math, code, QA, rg):
     its length is the data's, not the env's, so only the type is checked."""
-    assert isinstance(observation, str), env_id
+    assert isinstance(observation, (str, MultimodalObservation)), env_id
+    if isinstance(observation, MultimodalObservation):  # vision envs: bounded images, the text as any other
+        assert len(observation.images) <= MAX_IMAGES and all(max(image.size) <= MAX_IMAGE_SIDE for image in observation.images), env_id
     if question:
         return
-    message = model_message(observation, info)
+    message = observation_text(model_message(observation, info))
     assert len(message) <= MAX_OBSERVATION_CHARS, f"{env_id}: {len(message)} characters: {message[:200]!r}"
 
 

@@ -58,3 +58,38 @@ def test_the_vllm_policy_without_a_model_or_without_vllm_is_one_line(tmp_path, c
         assert main(["eval", EASY, "--policy", "vllm", "--model", str(tmp_path / "none"), "--episodes", "1"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "cannot load a tokenizer from" in err
+
+
+def test_a_vision_language_model_gets_its_processor_or_one_line(tmp_path, capsys):
+    """A model directory with an image processor (the tiny LLaVA of gem_core.testing.vision): `--policy vllm`
+    renders with its processor (VLChatFormatter, images through); `--policy hf` (text only) refuses in one line."""
+    pytest.importorskip("PIL")
+    from gem_core.eval.policies import _formatter
+    from gem_core.rollout import VLChatFormatter
+    from gem_core.testing.vision import save_tiny_vl
+
+    vl_dir = save_tiny_vl(tmp_path / "tiny-vl")
+    capsys.readouterr()  # transformers' progress bar while saving
+    assert isinstance(_formatter(vl_dir, None), VLChatFormatter)
+    assert main(["eval", "vision:Geometry-v0", "--policy", "hf", "--model", vl_dir, "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "vision-language model: use --policy vllm" in err
+
+
+def test_the_meter_passes_images_through_and_keeps_a_text_call_as_it_was():
+    import asyncio
+
+    from gem_core.eval.policies import EpisodeMeter, _MeteredTokens
+    from gem_core.rollout import Generation, SamplingParams
+
+    calls = []
+
+    class Engine:
+        async def generate(self, prompt_ids, params, *, request_id="", **images):
+            calls.append(images)
+            return Generation([1], None, "stop", text="x")
+
+    metered = _MeteredTokens(EpisodeMeter(Engine()))
+    asyncio.run(metered.generate([5, 6], SamplingParams(), request_id="r"))
+    asyncio.run(metered.generate([5, 6], SamplingParams(), request_id="r", multi_modal_data={"image": ["img"]}))
+    assert calls == [{}, {"multi_modal_data": {"image": ["img"]}}]

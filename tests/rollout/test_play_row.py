@@ -125,3 +125,34 @@ def test_a_row_whose_env_shows_no_text_is_one_clear_error(tokenizer, policy):
     spec = TaskSpec(GTN, seed=0)
     with pytest.raises(TypeError, match="reset"):
         asyncio.run(play_row(spec, policy, ChatFormatter(tokenizer), env=Picture()))
+
+
+@pytest.mark.parametrize("env_id", ["terminal:Tasks-v0", "multiagent:Retail-v0"])
+def test_a_row_of_the_terminal_and_multi_agent_families_plays_to_success(tokenizer, env_id):
+    """Every trainer plugin plays its rows with play_row: a terminal task (a shell in the sandbox) and the
+    retail store (the scripted customer inside the env) play there like any env. The policy answers with
+    the oracle of a twin env made from the same row and stepped with the same actions."""
+    if env_id.startswith("terminal:"):
+        from gem_core.tools.sandbox.policy import SandboxUnavailable, require_bwrap
+
+        try:
+            require_bwrap()
+        except SandboxUnavailable as exc:
+            pytest.skip(str(exc))
+    spec = TaskSpec(env_id, seed=1, max_turn_tokens=512)
+    twin = spec.make_env()
+    twin.reset(seed=spec.seed)
+
+    def respond(_context: str) -> str:
+        action = twin.unwrapped.oracle_action()
+        twin.step(action)
+        return action
+
+    try:
+        config = RunConfig(params=SamplingParams(max_tokens=512))
+        trajectory = asyncio.run(play_row(spec, ScriptedPolicy(tokenizer, respond), ChatFormatter(tokenizer), config, episode_id="e"))
+    finally:
+        twin.close()
+    assert trajectory.env_id == env_id and trajectory.infra_error is None
+    assert trajectory.terminated and trajectory.success and trajectory.rewards[-1] == 1.0
+    assert trajectory.num_turns >= 2 and all(turn.response_ids for turn in trajectory.turns)

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from gem_core.errors import GemError
@@ -101,12 +102,14 @@ def kept_under_tmp() -> list[str]:
     return [d for d in python_dirs() if d.startswith(SANDBOX_TMP + "/")]
 
 
-def bwrap_argv(tmpfs_mb: int, userns_fd: int | None, info_fd: int | None = None) -> list[str]:
+def bwrap_argv(tmpfs_mb: int, userns_fd: int | None, info_fd: int | None = None, binds: Sequence[str] = ()) -> list[str]:
     """The bubblewrap command line that starts a worker: everything up to the ``--`` before Python.
 
     ``userns_fd``: a user namespace to join (the host is root, see :func:`user_namespace_as_root`);
     otherwise bwrap makes its own and maps the caller to :data:`SANDBOX_UID`. ``info_fd``: where bwrap
     writes the host pid of the sandbox's init (``{"child-pid": N, ...}``), so the host can end it.
+    ``binds``: more bwrap mount options (the Terminal env's own tmpfs and its supervisor's source),
+    placed before the root is remounted read-only.
     """
     tmpfs_bytes = str(tmpfs_mb * MIB)
     argv = [require_bwrap(), "--die-with-parent", "--new-session"]
@@ -137,6 +140,7 @@ def bwrap_argv(tmpfs_mb: int, userns_fd: int | None, info_fd: int | None = None)
                 argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", d, d]
     argv += ["--ro-bind", str(WORKER_SOURCE_DIR), WORKER_MOUNT]
+    argv += list(binds)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm"]
     argv += ["--mqueue", "/dev/mqueue", "--remount-ro", "/dev"]

@@ -1,0 +1,268 @@
+"""The host's end of one Terminal episode's sandbox: start it, send commands, run the checker, end it.
+
+The isolation is the Python tool's (:mod:`gem_core.tools.sandbox.policy`): the same bubblewrap command
+line (new user, pid, network, IPC, UTS and cgroup namespaces; a read-only ``/usr`` and interpreter; a
+size-capped private ``/tmp``; an empty environment), the same user namespace trick when the host is root
+(the agent is the host's ``nobody``), the same long-lived spawner thread for ``--die-with-parent`` and
+the same per-process reaper, which ends the sandbox if this process dies. The Terminal env adds a
+size-capped tmpfs at ``/app`` (the task's files, kept across shell restarts) and its supervisor's source,
+read-only. Inside, :mod:`supervisor` runs the shell and the checker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gem_core.tools.sandbox import host, policy
+
+APP = "/app"  # the task's directory inside the sandbox, and the shell's start directory
+SUPERVISOR_DIR = Path(__file__).resolve().parent
+SUPERVISOR_MOUNT = "/opt/gem-terminal"
+START_TIMEOUT_S = 30.0
+REPLY_MARGIN_S = 5.0  # on top of a command's time limit: the supervisor's own kill and reply
+SHELL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": APP, "TMPDIR": "/tmp", "TERM": "dumb", "PWD": APP}
+
+
+@dataclass(frozen=True)
+class ShellLimits:
+    """Per-process rlimits of the shell and everything it starts, and the sizes of its writable places."""
+
+    memory_mb: int = 1024
+    max_processes: int = 32
+    max_file_mb: int = 16
+    max_open_files: int = 256
+    cpu_seconds: int = 30
+    app_mb: int = 64  # the /app tmpfs
+    tmp_mb: int = 64  # the /tmp and /dev/shm tmpfs
+
+    def rlimits(self, extra_processes: int) -> dict[str, int]:
+        return {
+            "RLIMIT_AS": self.memory_mb * policy.MIB,
+            "RLIMIT_NPROC": self.max_processes + extra_processes,
+            "RLIMIT_FSIZE": self.max_file_mb * policy.MIB,
+            "RLIMIT_NOFILE": self.max_open_files,
+            "RLIMIT_CORE": 0,
+            "RLIMIT_CPU": self.cpu_seconds,
+        }
+
+
+@dataclass
+class CommandResult:
+    """One command (or the checker): ``lost`` means the sandbox itself is gone (the agent may have
+    killed its supervisor, or it missed its deadline): the episode cannot go on."""
+
+    output: str = ""
+    exit_code: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    shell_exited: bool = False
+    restarted: bool = False
+    lost: str | None = None
+    infra_error: str | None = None  # the sandbox could not start: not the agent's doing
+
+
+class ShellSandbox:
+    """One bubblewrap sandbox with the task's files in ``/app`` and a persistent shell in it.
+
+    ``files``: ``(relative path, text, mode)`` triples written into ``/app`` at start.
+    """
+
+    def __init__(self, files: list[tuple[str, str, int]], limits: ShellLimits = ShellLimits(), output_bytes: int = 4096):
+        self.files, self.limits, self.output_bytes = files, limits, output_bytes
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.init_pidfd: int | None = None
+        self.tag = ""
+        self._finalizer: weakref.finalize | None = None
+
+    # -- start-up
+    def start(self) -> ShellSandbox:
+        """Start the sandbox and wait for its supervisor's greeting (:class:`SandboxUnavailable` when it
+        cannot start)."""
+        root = os.geteuid() == 0
+        self.tag = host.owner.worker_tag()  # the reaper ends whatever carries it once this process is gone
+        config = {
+            "app": APP,
+            "agent_uid": policy.SANDBOX_UID if root else None,
+            # The uid's own count: bwrap's init and the supervisor share it when the host is not root.
+            "limits": self.limits.rlimits(extra_processes=0 if root else 2),
+            "output_bytes": self.output_bytes,
+            "env": SHELL_ENV,
+            "files": self.files,
+            "owner": self.tag,
+        }
+        info_r, info_w = os.pipe()
+        ns_fd = helper = None
+        pass_fds: tuple[int, ...] = (info_w,)
+        try:
+            if root:
+                helper, ns_fd = policy.user_namespace_as_root()
+                pass_fds = (ns_fd, info_w)
+            binds = ["--ro-bind", str(SUPERVISOR_DIR), SUPERVISOR_MOUNT, "--size", str(self.limits.app_mb * policy.MIB), "--perms", "0755", "--tmpfs", APP]
+            argv = [*policy.bwrap_argv(self.limits.tmp_mb, ns_fd, info_w, binds=binds), sys.executable, "-I", "-S", f"{SUPERVISOR_MOUNT}/supervisor.py"]
+            argv.append(json.dumps(config))
+            self.proc = host.spawner.popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                pass_fds=pass_fds,
+                start_new_session=True,  # one killpg ends bwrap and what is in its group
+                cwd="/",
+            )
+        finally:
+            host.close_fds([info_w])
+            if ns_fd is not None:
+                os.close(ns_fd)
+            if helper is not None:
+                helper.stdin.close()  # type: ignore[union-attr]
+                helper.wait()
+        self._finalizer = weakref.finalize(self, _kill, self.proc, [None])
+        os.set_blocking(self.proc.stdout.fileno(), False)  # type: ignore[union-attr]
+        self._buffer = b""
+        hello = self._reply(time.monotonic() + START_TIMEOUT_S)
+        self._find_init(info_r)
+        if hello is None:
+            stderr = b""
+            if self.proc.poll() is not None:
+                stderr = self.proc.stderr.read() or b""  # type: ignore[union-attr]
+            self.close()
+            raise policy.SandboxUnavailable(f"the terminal sandbox did not start: {stderr.decode(errors='replace').strip()[:300]!r}")
+        self.proc.stderr.close()  # type: ignore[union-attr]
+        return self
+
+    def _find_init(self, info_r: int) -> None:
+        """bwrap's ``--info-fd`` names the sandbox's init: keep a pidfd, to end its namespace for sure."""
+        try:
+            data = b""
+            while chunk := os.read(info_r, 4096):
+                data += chunk
+            pid = int(json.loads(data)["child-pid"])
+            pidfd = os.pidfd_open(pid)
+        except (ValueError, KeyError, TypeError, OSError):
+            return
+        finally:
+            os.close(info_r)
+        if host.carries(pid, self.tag):
+            self.init_pidfd = pidfd
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _kill, self.proc, [pidfd])
+        else:
+            os.close(pidfd)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- talking
+    def _reply(self, deadline: float) -> dict[str, Any] | None:
+        """The supervisor's next JSON line, or None when it is gone or late."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not host.wait_readable(fd, remaining):
+                return None
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | str:
+        """One request; the reply, or why the sandbox is lost (it is then closed)."""
+        if not self.alive:
+            self.close()
+            return "the sandbox is gone"
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            self.close()
+            return "the sandbox's supervisor is gone"
+        reply = self._reply(time.monotonic() + timeout + REPLY_MARGIN_S)
+        if reply is None:
+            why = "the sandbox's supervisor died" if not self.alive else "the sandbox's supervisor did not answer in time"
+            self.close()
+            return why
+        return reply
+
+    def run(self, command: str, timeout: float) -> CommandResult:
+        """Run ``command`` in the episode's shell with a wall-clock limit of ``timeout`` seconds."""
+        reply = self._call({"op": "run", "command": command, "timeout": timeout}, timeout)
+        if isinstance(reply, str):
+            return CommandResult(lost=reply)
+        return CommandResult(**reply)
+
+    def check(self, script: str, timeout: float) -> CommandResult:
+        """Kill what the agent left running, then run ``script`` with ``bash -c`` in ``/app``."""
+        reply = self._call({"op": "check", "script": script, "timeout": timeout}, timeout)
+        if isinstance(reply, str):
+            return CommandResult(lost=reply)
+        return CommandResult(output=reply["output"], exit_code=reply["exit_code"], timed_out=reply["timed_out"])
+
+    # -- ending
+    def close(self) -> None:
+        """End every process of the sandbox and wait until they are gone. Safe to call twice."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self.init_pidfd = None
+        if self.proc is not None:
+            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                try:
+                    if stream is not None:
+                        stream.close()
+                except OSError:
+                    pass
+
+
+def _kill(proc: subprocess.Popen[bytes], init_pidfd: list[int | None]) -> None:
+    """SIGKILL bwrap's group, bwrap and the sandbox's init (whose death ends its pid namespace); wait."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.kill()
+        except OSError:
+            pass
+    pidfd = init_pidfd[0]
+    if pidfd is not None:
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=host.KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        pass
+    if pidfd is not None:
+        host.wait_readable(pidfd, host.KILL_WAIT_S)
+        os.close(pidfd)
+
+
+def cpu_seconds_for(timeout: float) -> int:
+    """RLIMIT_CPU for a command time limit: the Python tool's rule (the limit rounded up, plus one)."""
+    return math.ceil(timeout) + 1
