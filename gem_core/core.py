@@ -124,13 +124,10 @@ def seed_generator(generator: np.random.Generator | None, seed: int) -> np.rando
     return generator
 
 
-class Env(Generic[ObsType, ActType]):
-    """A multi-turn text environment.
-
-    Subclasses implement ``reset`` (calling ``super().reset(seed=seed)`` first, which seeds
-    ``self.np_random``) and ``step``. They may override ``get_state``/``set_state`` for speed; the
-    default snapshots the instance's attributes with ``copy.deepcopy``, RNG included.
-    """
+class SeededState:
+    """What every env owns, a single-agent :class:`Env` or a :class:`gem_core.multiagent.MultiAgentEnv`: its
+    spec, its declared kwargs, its own RNG (seeded by ``reset``), and a state snapshot (``get_state``/
+    ``set_state``/``clone``; the default deep-copies the instance's attributes, RNG included)."""
 
     metadata: dict[str, Any] = {}
     spec: Spec | None = None
@@ -142,30 +139,11 @@ class Env(Generic[ObsType, ActType]):
     _np_random: np.random.Generator | None = None
     _np_random_seed: int | None = None
 
-    # -- the API ---------------------------------------------------------------------------------
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[ObsType, dict[str, Any]]:
-        """Start a new episode. A seed reseeds this env's own RNG; ``None`` keeps the current stream."""
+    def _reseed(self, seed: int | None) -> None:
+        """A seed reseeds this env's own RNG; ``None`` keeps the current stream (what ``reset`` does first)."""
         if seed is not None:
             self._np_random = seed_generator(self._np_random, seed)
             self._np_random_seed = int(seed)
-        if type(self).reset is Env.reset:
-            raise NotImplementedError(f"{type(self).__name__} must implement reset()")
-        return None  # type: ignore[return-value]  # subclasses return (obs, info) after calling this
-
-    def step(self, action: ActType) -> StepResult:
-        """Apply one action. Bad actions never raise: they are penalised and explained in obs/info."""
-        raise NotImplementedError(f"{type(self).__name__} must implement step()")
-
-    def state_text(self) -> str | None:
-        """The part of the current state that the next move needs and that can change during the
-        episode (a board, a word pattern, the words still to find), as the env shows it to the model;
-        ``None`` when every observation already says all of it (e.g. feedback on the last guess). The
-        env checker asserts that this text reaches the model's context after reset and every step."""
-        return None
-
-    def sample_random_action(self) -> ActType:
-        """A random action that is well formed for the current state (used by tests and benchmarks)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement sample_random_action()")
 
     def close(self) -> None:
         """Release resources (processes, sockets). Safe to call twice."""
@@ -196,13 +174,51 @@ class Env(Generic[ObsType, ActType]):
         """Restore a snapshot taken by ``get_state``; the snapshot itself is not aliased."""
         self.__dict__.update(copy.deepcopy(state))
 
-    def clone(self) -> Env:
+    def clone(self) -> Any:
         """An independent copy of this env in its current state."""
         new = copy.copy(self)
         new.__dict__ = {}
         new.__dict__.update({k: v for k, v in self.__dict__.items() if k in _NOT_STATE})
         new.set_state(self.get_state())
         return new
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Env(SeededState, Generic[ObsType, ActType]):
+    """A multi-turn text environment.
+
+    Subclasses implement ``reset`` (calling ``super().reset(seed=seed)`` first, which seeds
+    ``self.np_random``) and ``step``. They may override ``get_state``/``set_state`` for speed; the
+    default snapshots the instance's attributes with ``copy.deepcopy``, RNG included.
+    """
+
+    # -- the API ---------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[ObsType, dict[str, Any]]:
+        """Start a new episode. A seed reseeds this env's own RNG; ``None`` keeps the current stream."""
+        self._reseed(seed)
+        if type(self).reset is Env.reset:
+            raise NotImplementedError(f"{type(self).__name__} must implement reset()")
+        return None  # type: ignore[return-value]  # subclasses return (obs, info) after calling this
+
+    def step(self, action: ActType) -> StepResult:
+        """Apply one action. Bad actions never raise: they are penalised and explained in obs/info."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    def state_text(self) -> str | None:
+        """The part of the current state that the next move needs and that can change during the
+        episode (a board, a word pattern, the words still to find), as the env shows it to the model;
+        ``None`` when every observation already says all of it (e.g. feedback on the last guess). The
+        env checker asserts that this text reaches the model's context after reset and every step."""
+        return None
+
+    def sample_random_action(self) -> ActType:
+        """A random action that is well formed for the current state (used by tests and benchmarks)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement sample_random_action()")
 
     def spawn(self, n: int, *, same_state: bool = True, seeds: list[int] | None = None) -> list[Env]:
         """``n`` independent envs, for a group of episodes.
@@ -230,12 +246,6 @@ class Env(Generic[ObsType, ActType]):
     def unwrapped(self) -> Env:
         """The innermost env under any wrappers."""
         return self
-
-    def __enter__(self) -> Env:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __str__(self) -> str:
         return f"<{type(self).__name__}{'<' + self.spec.id + '>' if self.spec else ''}>"

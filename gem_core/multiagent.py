@@ -23,13 +23,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gem_core.core import Env, Spec, seed_generator
+from gem_core.core import Env, SeededState
 from gem_core.errors import INFRA_ERROR, GemError, ResetNeeded
 
 MultiStepResult = tuple[dict[str, str], dict[str, float], bool, bool, dict[str, Any]]
 
 
-class MultiAgentEnv:
+class MultiAgentEnv(SeededState):
     """Base class of multi-agent text envs.
 
     Subclasses set ``agents`` and implement ``reset`` (calling ``super().reset(seed=seed)`` first, which
@@ -41,18 +41,10 @@ class MultiAgentEnv:
 
     agents: tuple[str, ...] = ()
     max_turns: int = 0
-    metadata: dict[str, Any] = {}
-    spec: Spec | None = None
-    params: ClassVar[dict[str, Any]] = {}
-
-    _np_random: np.random.Generator | None = None
-    _np_random_seed: int | None = None
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, str], dict[str, Any]]:
         """Start an episode; a seed reseeds this env's RNG. Returns the first text of each agent and info."""
-        if seed is not None:
-            self._np_random = seed_generator(self._np_random, seed)
-            self._np_random_seed = int(seed)
+        self._reseed(seed)
         return {}, {}
 
     @property
@@ -71,41 +63,6 @@ class MultiAgentEnv:
     def default_simulators(self) -> dict[str, Simulator]:
         """The simulators :class:`AgentView` uses for agents it is not given one for (e.g. a scripted user)."""
         return {}
-
-    def close(self) -> None:
-        """Release resources. Safe to call twice."""
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        if self._np_random is None:
-            self._np_random = np.random.default_rng()
-        return self._np_random
-
-    @np_random.setter
-    def np_random(self, value: np.random.Generator) -> None:
-        self._np_random = value
-
-    @property
-    def np_random_seed(self) -> int | None:
-        return self._np_random_seed
-
-    def get_state(self) -> Any:
-        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "spec"})
-
-    def set_state(self, state: Any) -> None:
-        self.__dict__.update(copy.deepcopy(state))
-
-    def clone(self) -> MultiAgentEnv:
-        new = copy.copy(self)
-        new.__dict__ = {k: v for k, v in self.__dict__.items() if k == "spec"}
-        new.set_state(self.get_state())
-        return new
-
-    def __enter__(self) -> MultiAgentEnv:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 # ------------------------------------------------------------------------------------------------
