@@ -16,9 +16,8 @@ from sandbox_support import require_bwrap  # noqa: E402
 import gem_core  # noqa: E402
 from gem_core.core import MAX_OBSERVATION_CHARS, model_message  # noqa: E402
 from gem_core.envs.terminal.env import MAX_COMMAND_CHARS, TerminalEnv, parse_action  # noqa: E402
-from gem_core.envs.terminal.shell import ShellSandbox  # noqa: E402
+from gem_core.envs.terminal.shell import ShellSandbox, living_sandbox_processes  # noqa: E402
 from gem_core.envs.terminal.tasks import TASK_NAMES, TASKS  # noqa: E402
-from gem_core.tools.sandbox import reaper  # noqa: E402
 
 ENV_ID = "terminal:Tasks-v0"
 
@@ -33,15 +32,8 @@ def bash(command: str) -> str:
 
 
 def sandbox_processes() -> list[int]:
-    """Living processes of this test process's sandboxes."""
-    return reaper.find_processes(reaper.owner_tag(*_owner()) + "/")
-
-
-def _owner() -> tuple[str, int, str]:
-    from gem_core.tools.sandbox.host import owner
-
-    owner.tag()
-    return owner.label, owner._pid, owner.nonce
+    """Living processes of this test process's terminal sandboxes (not the Python tool's pool workers)."""
+    return living_sandbox_processes()
 
 
 def make(task: str, **kwargs) -> TerminalEnv:

@@ -26,7 +26,7 @@ from sandbox_support import require_bwrap  # noqa: E402
 
 import gem_core  # noqa: E402
 from gem_core.core import MAX_OBSERVATION_CHARS  # noqa: E402
-from gem_core.tools.sandbox import reaper  # noqa: E402
+from gem_core.envs.terminal.shell import living_sandbox_processes  # noqa: E402
 
 TIMEOUT = 2.0
 LIMIT = TIMEOUT + 3.0
@@ -192,10 +192,8 @@ def host():
 
 
 def sandbox_processes() -> list[int]:
-    from gem_core.tools.sandbox.host import owner
-
-    owner.tag()
-    return reaper.find_processes(reaper.owner_tag(owner.label, owner._pid, owner.nonce) + "/")
+    """Living processes of this test process's terminal sandboxes (not the Python tool's pool workers)."""
+    return living_sandbox_processes()
 
 
 def step(env, command: str):

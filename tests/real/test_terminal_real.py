@@ -19,8 +19,7 @@ from sandbox_support import require_bwrap  # noqa: E402
 import gem_core  # noqa: E402
 from gem_core.core import MAX_OBSERVATION_CHARS  # noqa: E402
 from gem_core.rollout import ChatFormatter, RunConfig, SamplingParams, VLLMPolicy, run_episodes  # noqa: E402
-from gem_core.tools.sandbox import reaper  # noqa: E402
-from gem_core.tools.sandbox.host import owner  # noqa: E402
+from gem_core.envs.terminal.shell import living_sandbox_processes  # noqa: E402
 
 pytest.importorskip("vllm")
 
@@ -29,8 +28,7 @@ STEP_REWARDS = {0.0, -0.1, 1.0, 0.9}
 
 
 def _sandbox_processes() -> list[int]:
-    owner.tag()
-    return reaper.find_processes(reaper.owner_tag(owner.label, owner._pid, owner.nonce) + "/")
+    return living_sandbox_processes()
 
 
 def test_real_model_plays_two_terminal_episodes(llm, tokenizer):

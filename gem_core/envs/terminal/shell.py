@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gem_core.tools.sandbox import host, policy
+from gem_core.tools.sandbox import host, policy, reaper
 
 APP = "/app"  # the task's directory inside the sandbox, and the shell's start directory
 SUPERVISOR_DIR = Path(__file__).resolve().parent
@@ -266,3 +266,18 @@ def _kill(proc: subprocess.Popen[bytes], init_pidfd: list[int | None]) -> None:
 def cpu_seconds_for(timeout: float) -> int:
     """RLIMIT_CPU for a command time limit: the Python tool's rule (the limit rounded up, plus one)."""
     return math.ceil(timeout) + 1
+
+
+def living_sandbox_processes() -> list[int]:
+    """The processes of this process's terminal sandboxes still alive (bwrap, its init, the supervisor):
+    what ``close()`` ends. The Python tool's workers carry the same owner tag; they are not counted."""
+    owner_prefix = host.owner.tag() + "/"
+    marker = f"{SUPERVISOR_MOUNT}/supervisor.py".encode()
+    living = []
+    for pid in reaper.find_processes(owner_prefix):
+        try:
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                living.append(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return living
