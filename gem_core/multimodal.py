@@ -36,6 +36,14 @@ class InvalidImageError(GemError, ValueError):
     """An image an observation cannot carry (wrong type, undecodable, too large, too many)."""
 
 
+def require_pillow() -> None:
+    """One :class:`InvalidImageError` line when Pillow (the ``vision`` extra) is not installed."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError as exc:
+        raise InvalidImageError("images need Pillow: pip install -e '.[vision]'") from exc
+
+
 def check_image(image: Any, index: int = 0) -> Any:
     """``image`` as an RGB ``PIL.Image.Image``; ``bytes`` are decoded (PNG, JPEG, ... as Pillow reads them).
     Anything else, or an image too large or corrupt, is one :class:`InvalidImageError` line."""

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from gem_core.core import Env
 from gem_core.errors import ResetNeeded
-from gem_core.multimodal import IMAGE_PLACEHOLDER, MultimodalObservation
+from gem_core.multimodal import IMAGE_PLACEHOLDER, MultimodalObservation, require_pillow
 from gem_core.params import Param
 from gem_core.parsing import echo, last_boxed
 
@@ -43,6 +43,7 @@ class GeometryEnv(Env):
     format_error_reward = 0.0
 
     def __init__(self, max_attempts: int = 1, image_size: int = 256, kind: str = "any"):
+        require_pillow()  # the figures are drawn with Pillow: without it, one line when the env is made
         self.max_attempts = int(max_attempts)
         self.image_size = int(image_size)
         self.kinds = KINDS if kind == "any" else (kind,)

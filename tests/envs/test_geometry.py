@@ -96,3 +96,13 @@ def test_list_and_eval_run_it(tmp_path, capsys):
 
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 and all(row["success"] and row["error"] is None for row in rows)
+
+
+def test_without_pillow_making_the_env_is_one_line(monkeypatch):
+    import sys
+
+    from gem_core.multimodal import InvalidImageError
+
+    monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL fails, as without the vision extra
+    with pytest.raises(InvalidImageError, match=r"pip install -e '\.\[vision\]'"):
+        gem_core.make("vision:Geometry-v0")
