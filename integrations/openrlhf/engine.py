@@ -7,6 +7,12 @@ that a gem_core policy through :class:`gem_core.plugins.EnginePolicy`: each turn
 of OpenRLHF's sampling params with gem_core's ``max_tokens`` and the chat template's stop tokens, and
 the answer is read from its ``token_ids`` (which keep the stop token), never from its ``text`` (which
 vLLM returns without it unless ``include_stop_str_in_output``, and without special tokens by default).
+
+Vision-language models: a context with images goes as OpenRLHF's own executor sends it,
+``multi_modal_data={"image": [PIL images]}`` (the context's images in order), with each image's run of
+processor-expanded image tokens cut to one (:func:`gem_core.rollout.engine.collapse_image_tokens`): what
+OpenRLHF's ``generate`` makes of the prompt itself with ``--data.max_images_per_prompt`` (its
+``dedup_media_tokens``), done here too so that vLLM never expands an image twice without that flag.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from gem_core.plugins import EnginePolicy, copy_params, sampling_from_vllm
-from gem_core.rollout import SamplingParams
+from gem_core.rollout import SamplingParams, collapse_image_tokens
 
 
 gem_params = sampling_from_vllm  # gem_core sampling params from OpenRLHF's vllm.SamplingParams (gem_core.plugins)
@@ -23,12 +29,19 @@ own_params = copy_params  # the trainer's vllm.SamplingParams copied per turn (g
 
 class OpenRLHFEnginePolicy(EnginePolicy):
     """A gem_core policy over OpenRLHF's ``llm_engine``; ``base_params``: the rollout's sampling params
-    (kept as they are: logprobs, min_tokens, skip_special_tokens, ...; only the copy per turn changes)."""
+    (kept as they are: logprobs, min_tokens, skip_special_tokens, ...; only the copy per turn changes).
+    ``image_token_id``: the token the model's processor expands per image (a
+    :class:`~gem_core.rollout.VLChatFormatter`'s); needed only for contexts with images."""
 
-    def __init__(self, engine: Any, base_params: Any):
+    def __init__(self, engine: Any, base_params: Any, image_token_id: int | None = None):
         self.engine = engine
         self.base_params = base_params
+        self.image_token_id = image_token_id
 
-    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:
+    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str, multi_modal_data: dict[str, Any] | None = None) -> Any:
         turn_params = own_params(self.base_params, self.vllm_params(params))
-        return await self.engine.generate(prompt_ids, turn_params, multi_modal_data=None)
+        if multi_modal_data:
+            if self.image_token_id is None:
+                raise ValueError("OpenRLHFEnginePolicy got images but knows no image token: pass image_token_id= (the VLChatFormatter's)")
+            prompt_ids = collapse_image_tokens(prompt_ids, self.image_token_id)
+        return await self.engine.generate(prompt_ids, turn_params, multi_modal_data=multi_modal_data or None)

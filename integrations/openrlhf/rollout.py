@@ -38,17 +38,34 @@ with the same keys on every sample, ``gem_episode_length``, ``gem_success``, ``g
 ``gem_context_limit`` and ``gem_infra_failed``; when ``GEM_OPENRLHF_TURNS=1`` (the ``gem-core openrlhf train`` launcher sets it
 in every Ray worker) also ``gem_turn_rewards`` (one reward per turn) and ``gem_turn_spans`` (each turn's
 ``[start, end)`` in the sequence, flattened), which the ``rebn`` patch reads as the explicit turns.
+
+Vision envs (observations with images, e.g. ``vision:Geometry-v0``) need a vision-language model:
+OpenRLHF then hands the agent the model's ``AutoProcessor`` as ``hf_tokenizer`` (its ``get_tokenizer``
+does so for a model whose config has a ``vision_config``), and the episode is rendered by a
+:class:`gem_core.rollout.VLChatFormatter` over it (the images expanded by the processor itself, as
+OpenRLHF's ``process_prompt_with_images`` does). Every engine call carries the context's images as
+``multi_modal_data={"image": [...]}`` (:class:`~gem_integrations.openrlhf.engine.OpenRLHFEnginePolicy`),
+and the result's ``mm_train_inputs`` holds the processor's tensors for all of the sequence's images
+(``pixel_values``, ``image_grid_thw``, ...: the keys OpenRLHF's own executor keeps), which OpenRLHF's
+VLM actor forward takes with the sequence; ``images`` echoes the row's, as OpenRLHF's executor does.
+The images are the env's own (the row's ``images`` column, written by ``gem-core make-dataset
+openrlhf``, are for OpenRLHF's dataset and logs). A sample with no generated turn carries no images (its
+image tokens dropped, as OpenRLHF drops images that do not fit): it has no action, so no loss. A row
+with images and a text model is one clear error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, cached_formatter, play_row
+from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, VLChatFormatter, cached_formatter, play_row
 from gem_core.tasks import TaskSpec
 from gem_integrations.openrlhf.engine import OpenRLHFEnginePolicy, gem_params
 
@@ -60,10 +77,49 @@ INFRA_FAILED_KEY = "gem_infra_failed"
 LOG_KEYS = ("gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit", INFRA_FAILED_KEY)
 
 
+def is_processor(hf_tokenizer: Any) -> bool:
+    """Whether OpenRLHF handed over a vision-language model's processor (OpenRLHF's own test)."""
+    return hasattr(hf_tokenizer, "image_processor")
+
+
+_VL_FORMATTERS: OrderedDict[tuple, VLChatFormatter] = OrderedDict()
+_VL_LOCK = threading.Lock()
+_VL_CACHE_SIZE = 8
+
+
 def formatter_for(tokenizer: Any, system_prompt: str | None = None) -> ChatFormatter:
-    """The :class:`ChatFormatter` for (tokenizer, system prompt), built once per process
-    (:func:`gem_core.rollout.cached_formatter`: OpenRLHF sends a fresh tokenizer copy with every Ray call)."""
-    return cached_formatter(tokenizer, system_prompt=system_prompt)
+    """The :class:`ChatFormatter` for (tokenizer, system prompt), or for a processor the
+    :class:`VLChatFormatter`, built once per process (OpenRLHF sends a fresh copy with every Ray call, so a
+    named one is keyed by its name, chat template and size, as :func:`gem_core.rollout.cached_formatter` does)."""
+    if not is_processor(tokenizer):
+        return cached_formatter(tokenizer, system_prompt=system_prompt)
+    inner = tokenizer.tokenizer
+    name = getattr(inner, "name_or_path", None)
+    key = (name, getattr(tokenizer, "chat_template", None), len(inner), system_prompt) if name else (id(tokenizer), system_prompt)
+    with _VL_LOCK:
+        formatter = _VL_FORMATTERS.get(key)
+        if formatter is None or (not name and formatter.processor is not tokenizer):
+            formatter = VLChatFormatter(tokenizer, system_prompt=system_prompt)
+        _VL_FORMATTERS[key] = formatter
+        _VL_FORMATTERS.move_to_end(key)
+        while len(_VL_FORMATTERS) > _VL_CACHE_SIZE:
+            _VL_FORMATTERS.popitem(last=False)
+        return formatter
+
+
+def mm_train_inputs(formatter: VLChatFormatter, images: Sequence[Any], tokens: Sequence[int]) -> dict[str, Any] | None:
+    """The formatter's processor's tensors for ``images`` (OpenRLHF's ``process_prompt_with_images`` over one image
+    token per image: the multimodal keys it keeps, in image order), checked against the image tokens of
+    the sequence ``tokens`` (a mismatch would fail in the actor forward, far from its cause)."""
+    if not images:
+        return None
+    from openrlhf.utils.vlm_utils import process_prompt_with_images  # needs Pillow: imported for images only, as OpenRLHF does
+
+    ids, inputs, _ = process_prompt_with_images(formatter.processor, formatter.image_token * len(images), list(images))
+    expected, found = ids.count(formatter.image_token_id), list(tokens).count(formatter.image_token_id)
+    if expected != found:
+        raise ValueError(f"the sequence has {found} image tokens but the processor gives {expected} for its {len(images)} images")
+    return inputs
 
 
 def run_config(spec: TaskSpec, sampling_params: Any, max_length: int) -> RunConfig:
@@ -84,18 +140,26 @@ def _env_int(name: str) -> int | None:
     return value
 
 
-def openrlhf_result(trajectory: Trajectory, prompt: Any, label: Any, images: Any, with_logprobs: bool, max_length: int) -> dict[str, Any]:
+def openrlhf_result(
+    trajectory: Trajectory, prompt: Any, label: Any, images: Any, with_logprobs: bool, max_length: int, formatter: Any = None
+) -> dict[str, Any]:
     """The dict OpenRLHF's ``MultiTurnAgentExecutor.execute`` returns, from the runner's trajectory (an
-    infra-failed episode: no action range, no reward, no turns; see the module docstring)."""
+    infra-failed episode: no action range, no reward, no turns; see the module docstring). ``formatter``
+    (a :class:`VLChatFormatter`): for a trajectory with images, its ``mm_train_inputs``."""
     sequence = trajectory.as_sequence()
     tokens = list(sequence.prompt_ids) + list(sequence.response_ids)
+    mm_inputs = None
+    if trajectory.images and not trajectory.turns:  # no action, no loss: the sample goes without its images
+        tokens = [t for t in tokens if t != formatter.image_token_id]
+    elif trajectory.images:
+        mm_inputs = mm_train_inputs(formatter, trajectory.images, tokens)
     infra_failed = trajectory.infra_error is not None
     spans = [] if infra_failed else [(turn.context_len, turn.context_len + len(turn.response_ids)) for turn in trajectory.turns]
     logprobs = None
     if with_logprobs:
         if trajectory.turns and sequence.logprobs is None:
             raise ValueError("the engine returned no logprobs although the sampling params ask for them")
-        logprobs = [0.0] * len(sequence.prompt_ids) + list(sequence.logprobs or [])
+        logprobs = [0.0] * (len(tokens) - len(sequence.response_ids)) + list(sequence.logprobs or [])
     if not trajectory.turns:  # the first message alone does not fit: nothing was generated
         tokens = tokens[:max_length]
         logprobs = None if logprobs is None else logprobs[:max_length]
@@ -117,7 +181,7 @@ def openrlhf_result(trajectory: Trajectory, prompt: Any, label: Any, images: Any
         "prompt": prompt,
         "label": label,
         "images": images,
-        "mm_train_inputs": None,
+        "mm_train_inputs": mm_inputs,
         "reward": total,
         "scores": total,
         "observation_tokens": tokens,
@@ -146,13 +210,18 @@ class AgentExecutor(MultiTurnAgentExecutor):
         super().__init__(GemAgentInstance)
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
-        if images:
-            raise ValueError("the GEM agent serves text envs only; this sample has images")
+        vision = is_processor(hf_tokenizer)
+        if images and not vision:
+            raise ValueError(
+                "this row has images but OpenRLHF loaded a text tokenizer: train a vision-language model (one whose config has a "
+                "vision_config, so OpenRLHF loads its AutoProcessor) with --data.max_images_per_prompt N"
+            )
         spec = TaskSpec.from_json(label)
         formatter = formatter_for(hf_tokenizer, spec.system_prompt)
         config = run_config(spec, sampling_params, max_length)
         # OpenRLHF's max_len caps the row's own limits: the row played is the one with the caps folded in
         row = dataclasses.replace(spec, max_turn_tokens=config.params.max_tokens, max_context_tokens=config.max_context_tokens)
-        trajectory = await play_row(row, OpenRLHFEnginePolicy(llm_engine, sampling_params), formatter, config)
+        policy = OpenRLHFEnginePolicy(llm_engine, sampling_params, getattr(formatter, "image_token_id", None))
+        trajectory = await play_row(row, policy, formatter, config)
         with_logprobs = getattr(sampling_params, "logprobs", None) is not None
-        return openrlhf_result(trajectory, prompt, label, images, with_logprobs, config.max_context_tokens)
+        return openrlhf_result(trajectory, prompt, label, images, with_logprobs, config.max_context_tokens, formatter)
