@@ -7,6 +7,12 @@ it, and the env columns that loop reads (``env_id``, ``env_seed``, ``env_kwargs`
 ``prompt`` holds the model's real first message for that seed (:meth:`~gem_core.tasks.TaskSpec.first_message`: the
 observation and its suffix; verl filters and logs prompts by it); the agent loop resets the env with
 the same seed and builds its own prompt tokens.
+
+A vision env's row (its first observation carries images, e.g. ``vision:Geometry-v0``) is in verl's
+multimodal form: the prompt's text holds one ``<image>`` per image, and an ``images`` column holds them in
+that order as ``{"bytes": <PNG>}`` (what verl's ``RLHFDataset`` reads with its default
+``data.image_key=images``; it needs the model's processor). The agent loop itself takes the images from
+the env, reset with the row's seed. A text env's rows have no ``images`` column.
 Imports no verl: only gem_core and pyarrow.
 """
 
@@ -20,6 +26,7 @@ from typing import Any
 
 from gem_core.cli_support import CliError, whole_number
 from gem_core.dataset_rows import add_task_arguments, task_arguments
+from gem_core.multimodal import MultimodalObservation, image_png_bytes
 from gem_core.tasks import specs_for
 
 AGENT_NAME = "gem_env"
@@ -53,20 +60,23 @@ def dataset_rows(
     rows = []
     try:
         for i, spec in enumerate(specs):
-            text = spec.first_message(env) if observation_prompt else f"{env_id} (seed {spec.seed})"
+            first = spec.first_observation(env) if observation_prompt else f"{env_id} (seed {spec.seed})"
+            images = first.images if isinstance(first, MultimodalObservation) else ()
+            text = first.text if isinstance(first, MultimodalObservation) else first
             messages = [{"role": "user", "content": text}]
             if spec.system_prompt:
                 messages.insert(0, {"role": "system", "content": spec.system_prompt})
-            rows.append(
-                {
-                    "data_source": env_id,
-                    "prompt": messages,
-                    "agent_name": AGENT_NAME,
-                    **spec.to_columns(),
-                    "reward_model": {"style": "env", "ground_truth": ""},
-                    "extra_info": {"index": i, "split": split, "env_seed": spec.seed},
-                }
-            )
+            row = {
+                "data_source": env_id,
+                "prompt": messages,
+                "agent_name": AGENT_NAME,
+                **spec.to_columns(),
+                "reward_model": {"style": "env", "ground_truth": ""},
+                "extra_info": {"index": i, "split": split, "env_seed": spec.seed},
+            }
+            if images:  # verl's multimodal row: one <image> in the text per image, in this order
+                row["images"] = [{"bytes": image_png_bytes(image)} for image in images]
+            rows.append(row)
     finally:
         env.close()
     return rows

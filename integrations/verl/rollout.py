@@ -25,6 +25,17 @@ The legacy trainer (``use_v1=False``) keeps only a scalar per row, and a reward 
 or skip the per-turn scores: with the gem estimators both are refused
 (:func:`~gem_integrations.verl.advantage.check_trainer_config`).
 
+Images (vision-language models): when verl hands the loop a multimodal processor (``actor_rollout_ref.model.path``
+names a VL model verl supports), the loop renders through :class:`~gem_core.rollout.VLChatFormatter` over
+it, the processor's chat template for every row (as verl's own VL token builder does), so an env whose
+observations carry images (``vision:Geometry-v0``) is played with each image expanded by the processor.
+Every request sends the context's images as ``image_data`` (:class:`VerlServerPolicy`), and the output
+carries them as ``multi_modal_data={"images": [...]}``, from which verl builds the actor's
+``multi_modal_inputs`` (``pixel_values``, ...). The images come from the env (reset with the row's seed),
+not from the row's ``images`` column (which verl's dataset reads for its own filtering and logging). A
+text model (no processor) with an env that shows images is one clear error; a multimodal first prompt
+over ``rollout.prompt_length`` is an error too (verl's rule: image tokens cannot be cut).
+
 Metrics (verl's ``AgentLoopMetrics``): ``generate_sequences`` is the time spent waiting for the server,
 ``tool_calls`` the time spent in the env's steps (tool calls included), summed over the episode.
 """
@@ -32,6 +43,7 @@ Metrics (verl's ``AgentLoopMetrics``): ``generate_sequences`` is the time spent 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -41,8 +53,21 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from gem_core.batch import sequence_batch
+from gem_core.multimodal import MultimodalObservation, observation_images
 from gem_core.plugins import EnginePolicy
-from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, Trajectory, as_async_env, cached_formatter, episode_of, play_row
+from gem_core.rollout import (
+    ChatFormatter,
+    Generation,
+    RunConfig,
+    SamplingParams,
+    Trajectory,
+    VLChatFormatter,
+    as_async_env,
+    cached_formatter,
+    collapse_image_tokens,
+    episode_of,
+    play_row,
+)
 from gem_core.tasks import TaskSpec
 
 from .advantage import INFRA_FIELD, TURN_IDS_FIELD, check_trainer_config
@@ -93,11 +118,19 @@ class VerlServerPolicy(EnginePolicy):
     ``stop_reason="completed"`` (``vllm_async_server.generate``), and verl's server lowers ``max_tokens``
     to what is left of ``max_model_len``. So a completed response that does not end on one of the
     request's stop tokens was cut by a length limit, the requested one or the server's: ``"length"``.
+
+    Images: a request with ``multi_modal_data={"image": [...]}`` (the runner's form) goes to verl's
+    server manager with the images as ``image_data`` and each run of ``image_token_id`` (the processor's
+    image token, :attr:`~gem_core.rollout.VLChatFormatter.image_token_id`) cut to one token: vLLM's form,
+    which the engine expands per image itself. verl's vLLM server makes that cut only for Qwen2-VL-family
+    processors (``qwen2_5_vl_dedup_image_tokens``); for those it changes nothing, for others it keeps the
+    image tokens from being expanded twice.
     """
 
-    def __init__(self, server_manager: Any, base_sampling_params: Mapping[str, Any] | None = None):
+    def __init__(self, server_manager: Any, base_sampling_params: Mapping[str, Any] | None = None, image_token_id: int | None = None):
         self.server_manager = server_manager
         self.base_sampling_params = dict(base_sampling_params or {})
+        self.image_token_id = image_token_id
         self.num_preempted = -1
         self.generate_seconds = 0.0
         self.extra_fields: dict[str, Any] = {}
@@ -106,13 +139,21 @@ class VerlServerPolicy(EnginePolicy):
         """verl/vLLM sampling params for one turn."""
         return self.vllm_params(params, self.base_sampling_params)
 
-    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Any:
+    async def request(self, prompt_ids: list[int], params: SamplingParams, request_id: str, multi_modal_data: dict[str, Any] | None = None) -> Any:
+        images = list((multi_modal_data or {}).get("image") or ())
+        media: dict[str, Any] = {}
+        if images:
+            if self.image_token_id is None:
+                raise ValueError("VerlServerPolicy got images but knows no image token: pass image_token_id= (the VLChatFormatter's)")
+            prompt_ids = collapse_image_tokens(prompt_ids, self.image_token_id)
+            media["image_data"] = images
         started = time.perf_counter()
         try:
             return await self.server_manager.generate(
                 request_id=episode_of(request_id) if request_id else uuid4().hex,
                 prompt_ids=list(prompt_ids),
                 sampling_params=self.sampling_params(params),
+                **media,
             )
         finally:
             self.generate_seconds += time.perf_counter() - started
@@ -136,25 +177,35 @@ class VerlServerPolicy(EnginePolicy):
 
 
 class _TimedEnv:
-    """The runner's async env, with the time spent in ``step`` summed (verl's ``tool_calls`` metric)."""
+    """The runner's async env, with the time spent in ``step`` summed (verl's ``tool_calls`` metric).
+    ``no_images``: the error to raise when an observation carries images (the model is text-only)."""
 
-    def __init__(self, env: Any):
+    def __init__(self, env: Any, no_images: str | None = None):
         self.inner = as_async_env(env)
         self.step_seconds = 0.0
+        self.no_images = no_images
+
+    def _check(self, observation: Any) -> None:
+        if self.no_images and observation_images(observation):
+            raise ValueError(self.no_images)
 
     @property
     def env_id(self) -> str | None:
         return getattr(self.inner, "env_id", None)
 
     async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        return await self.inner.reset(seed=seed, options=options)
+        observation, info = await self.inner.reset(seed=seed, options=options)
+        self._check(observation)
+        return observation, info
 
     async def step(self, action: str) -> Any:
         started = time.perf_counter()
         try:
-            return await self.inner.step(action)
+            step = await self.inner.step(action)
         finally:
             self.step_seconds += time.perf_counter() - started
+        self._check(step[0])
+        return step
 
 
 class _LeftTruncatedPrompt:
@@ -167,10 +218,16 @@ class _LeftTruncatedPrompt:
         self._label = label
         self._last: tuple[str, list[int]] | None = None
 
-    def prompt_ids(self, observation: str) -> list[int]:
+    def prompt_ids(self, observation: Any) -> list[int]:
         if self._last is not None and self._last[0] == observation:
             return list(self._last[1])
         ids = self._formatter.prompt_ids(observation)
+        if len(ids) > self._limit and isinstance(observation, MultimodalObservation):
+            # verl's rule (AgentLoopBase.ct_build_initial_tokens): cutting image tokens would misalign the images
+            raise ValueError(
+                f"{self._label}: a prompt with images of {len(ids)} tokens exceeds rollout.prompt_length={self._limit}; "
+                "image tokens cannot be cut: raise rollout.prompt_length or make the images smaller"
+            )
         if len(ids) > self._limit:
             logger.warning("%s: prompt of %d tokens exceeds rollout.prompt_length=%d; left-truncating.", self._label, len(ids), self._limit)
             ids = ids[-self._limit :]
@@ -207,12 +264,27 @@ class GemEnvAgentLoop(AgentLoopBase):
             value = self.rollout_config.multi_turn.get("max_assistant_turns") if "multi_turn" in self.rollout_config else None
         return int(value) if value else None
 
+    def formatter(self, spec: TaskSpec) -> ChatFormatter:
+        """The row's chat formatter: over verl's multimodal processor when it gave one (a VL model), else
+        over the tokenizer."""
+        kwargs = self.apply_chat_template_kwargs or {}
+        if _is_multimodal(self.processor):
+            return _vl_formatter(self.processor, spec.system_prompt, kwargs)
+        return cached_formatter(self.tokenizer, system_prompt=spec.system_prompt, chat_template_kwargs=kwargs)
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         row = kwargs
         spec = TaskSpec.from_columns(row)
-        formatter = cached_formatter(self.tokenizer, system_prompt=spec.system_prompt, chat_template_kwargs=self.apply_chat_template_kwargs or {})
-        formatter = _LeftTruncatedPrompt(formatter, self.prompt_length, f"{spec.env_id} (seed {spec.seed})")
-        policy = VerlServerPolicy(self.server_manager, sampling_params)
+        inner = self.formatter(spec)
+        formatter = _LeftTruncatedPrompt(inner, self.prompt_length, f"{spec.env_id} (seed {spec.seed})")
+        policy = VerlServerPolicy(self.server_manager, sampling_params, image_token_id=getattr(inner, "image_token_id", None))
+        no_images = None
+        if not isinstance(inner, VLChatFormatter):
+            no_images = (
+                f"gem_env: {spec.env_id} shows images, but verl gave the agent loop no multimodal processor "
+                "(actor_rollout_ref.model.path is a text model, or one whose processor verl does not support): "
+                "use a vision-language model verl supports (e.g. Qwen2.5-VL)"
+            )
         params = SamplingParams(
             max_tokens=self.response_length,
             temperature=float(sampling_params.get("temperature", 1.0)),
@@ -220,7 +292,7 @@ class GemEnvAgentLoop(AgentLoopBase):
             top_k=max(int(sampling_params.get("top_k", -1) or -1), 0),
         )
         env = self.make_env(spec)
-        timed = _TimedEnv(env)
+        timed = _TimedEnv(env, no_images)
         try:
             # The whole response (every turn and observation) must fit verl's response_length.
             trajectory = await play_row(
@@ -252,6 +324,8 @@ class GemEnvAgentLoop(AgentLoopBase):
         failure = trajectory.infra_error or ""
         if failure:
             extra["gem_infra_error"] = failure
+        # verl's key ("images"): it builds the actor's multi_modal_inputs from them; text rows leave the field unset
+        media = {"multi_modal_data": {"images": list(trajectory.images)}} if trajectory.images else {}
         if not trajectory.turns:  # ended before the first response: one masked token, no reward
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             # the same fields as every other row of the batch: verl concatenates them
@@ -268,6 +342,7 @@ class GemEnvAgentLoop(AgentLoopBase):
                 token_rewards=[0.0],
                 turn_ids=[-1],
                 infra_error=failure,
+                **media,
             )
         # gem_core's sequence view; an infra-failed episode's row keeps its tokens but carries no loss
         # (mask 0), no turn (-1) and no reward, so it is out of the loss and out of ReBN's statistics
@@ -286,7 +361,30 @@ class GemEnvAgentLoop(AgentLoopBase):
             token_rewards=row.token_rewards[0, :n].tolist(),
             turn_ids=row.turn_ids[0, :n].tolist(),
             infra_error=failure,
+            **media,
         )
+
+
+def _is_multimodal(processor: Any) -> bool:
+    """verl's test for a multimodal processor (``continuous_token_wiring._is_multimodal_processor``)."""
+    return processor is not None and getattr(processor, "image_processor", None) is not None
+
+
+_VL_FORMATTERS: dict[tuple, VLChatFormatter] = {}
+
+
+def _vl_formatter(processor: Any, system_prompt: str | None, chat_template_kwargs: Mapping[str, Any]) -> VLChatFormatter:
+    """A :class:`VLChatFormatter` built once per (processor, system prompt, template kwargs): verl builds an
+    agent loop per sample, and building a formatter probes the chat template. A worker keeps one
+    processor, so the processor's identity is the key (checked: a new object at a reused id is rebuilt)."""
+    kwargs = dict(chat_template_kwargs)
+    key = (id(processor), system_prompt, json.dumps(kwargs, sort_keys=True, default=str))
+    formatter = _VL_FORMATTERS.get(key)
+    if formatter is None or formatter.processor is not processor:
+        if len(_VL_FORMATTERS) >= 64:
+            _VL_FORMATTERS.clear()
+        formatter = _VL_FORMATTERS[key] = VLChatFormatter(processor, system_prompt=system_prompt, chat_template_kwargs=kwargs)
+    return formatter
 
 
 def _plain(value: Any) -> Any:

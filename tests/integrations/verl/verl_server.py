@@ -18,6 +18,12 @@ the requests whose prompt holds a marker, from a given call on, and the server a
 an aborted vLLM request (what was generated so far, ``stop_reason="aborted"``). verl's client sends each
 turn under a fresh request id, so the prompt, not the id, names the episode.
 
+Images: ``image_data`` (verl's list of PIL images) is handled as verl's vLLM server does: the prompt's
+image-token runs cut only for a Qwen2-VL-family processor (verl's own ``qwen2_5_vl_dedup_image_tokens``),
+then ``{"prompt_token_ids": ..., "multi_modal_data": {"image": image_data}}`` to the engine, which expands
+each image token as vLLM does. ``model``: a vision-language engine model
+(:class:`~gem_core.testing.vllm_engine.HFVisionModel`) instead of the scripted text one.
+
 Underneath is gem_core's :class:`~gem_core.testing.vllm_engine.VLLMFaithfulEngine` (vLLM's request
 semantics) over the golden scenario's :class:`~gem_core.testing.vllm_engine.ScriptedModel`, a model that
 keeps writing past its end-of-turn token unless a stop token stops it.
@@ -47,6 +53,7 @@ class FaithfulVerlServer:
         max_model_len: int | None = None,
         global_steps: int = 1,
         respond: Callable[[str], str] | None = None,
+        model: Any = None,
     ):
         from transformers import AutoTokenizer
 
@@ -59,7 +66,9 @@ class FaithfulVerlServer:
         self.prompt_length = int(prompt_length)
         self.response_length = int(response_length)
         self.max_model_len = int(max_model_len or prompt_length + response_length)
-        self.engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, respond or golden_respond), max_model_len=self.max_model_len)
+        self.processor = getattr(model, "processor", None)
+        model = model if model is not None else ScriptedModel(tokenizer, respond or golden_respond)
+        self.engine = VLLMFaithfulEngine(model, max_model_len=self.max_model_len)
         self.global_steps = global_steps
         self.calls: list[dict[str, Any]] = []
 
@@ -76,9 +85,12 @@ class FaithfulVerlServer:
         kv_transfer_params: Any = None,
     ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
+        from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens
 
         sampling_params = dict(sampling_params)
-        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params), "image_data": image_data})
+        if video_data is not None or audio_data is not None:
+            raise ValueError("this stand-in serves images only")
         max_possible_tokens = self.max_model_len - len(prompt_ids)
         if max_possible_tokens < 1:
             raise ValueError(f"Prompt length ({len(prompt_ids)}) leaves no room to generate within the model's maximum context length ({self.max_model_len})")
@@ -96,7 +108,11 @@ class FaithfulVerlServer:
 
         if self._aborts(prompt_ids):
             self.engine.aborted.add(request_id)
-        final = await self.engine.generate_tokens(request_id, prompt_ids=list(prompt_ids), sampling_params=sampling_params)
+        if image_data is not None:  # verl's vLLM server: TokensPrompt(prompt_token_ids, multi_modal_data={"image": image_data})
+            prompt_ids = qwen2_5_vl_dedup_image_tokens(list(prompt_ids), self.processor)
+            final = await self.engine.generate(list(prompt_ids), sampling_params, multi_modal_data={"image": image_data}, request_id=request_id)
+        else:
+            final = await self.engine.generate_tokens(request_id, prompt_ids=list(prompt_ids), sampling_params=sampling_params)
         extra_fields = {"global_steps": self.global_steps}
         if not final.outputs:
             return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra_fields)
