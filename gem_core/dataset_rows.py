@@ -19,6 +19,8 @@ from typing import Any
 
 from gem_core.cli_support import whole_number
 from gem_core.core import Env
+from gem_core.errors import InvalidArgumentError
+from gem_core.multimodal import observation_images
 from gem_core.registry import spec as registered_spec
 from gem_core.tasks import TaskSpec, parse_env_kwargs, specs_for
 from gem_core.tools.factory import parse_tools
@@ -101,7 +103,8 @@ class JsonlDataset:
 
     ``out_help``, ``turn_tokens_help``, ``context_tokens_help``: the options' help, in the trainer's words
     (where its own defaults come from). ``next_step(out)``: what to pass the trainer, printed after
-    ``wrote N rows to OUT`` (``unit``: what the trainer calls a row)."""
+    ``wrote N rows to OUT`` (``unit``: what the trainer calls a row). ``images``: whether the plugin's rows
+    and rollout carry images; without, an env that shows images is refused in one line before a row is written."""
 
     row_of: RowOf
     out_help: str
@@ -109,9 +112,16 @@ class JsonlDataset:
     context_tokens_help: str
     next_step: Callable[[str], str]
     unit: str = "rows"
+    images: bool = False
 
     def rows(self, env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> Iterator[Mapping[str, Any]]:
         """Rows for ``n`` episodes of ``env_id``; ``fields``: the other :class:`~gem_core.tasks.TaskSpec` fields."""
+        if not self.images and n > 0:
+            first = next(iter(specs_for(env_id, 1, seed_start=seed_start, **fields)))
+            if observation_images(first.first_observation()):
+                raise InvalidArgumentError(
+                    f"{env_id} shows images, and this trainer's plugin plays text envs only (make-dataset verl or openrlhf carry images)"
+                )
         return env_rows(env_id, n, self.row_of, seed_start=seed_start, **fields)
 
     def write(self, out: str | os.PathLike, env_id: str, n: int, **kwargs: Any) -> int:

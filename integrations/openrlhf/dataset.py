@@ -46,5 +46,6 @@ DATASET = JsonlDataset(
     context_tokens_help="max tokens of the whole episode (default: --data.max_len)",
     next_step=lambda out: "--data.input_key prompt --data.label_key label",
     unit="prompts",
+    images=True,  # an images column OpenRLHF's PromptDataset reads (--data.image_key images)
 )
 rows, write_dataset, add_arguments, main = DATASET.rows, DATASET.write, DATASET.add_arguments, DATASET.main

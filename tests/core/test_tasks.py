@@ -117,3 +117,24 @@ def test_first_message_is_what_the_runner_shows():
         run_episode(spec.make_env(), ScriptedPolicy(tokenizer, lambda c: "\\boxed{r 0 0}"), ChatFormatter(tokenizer), RunConfig(max_turns=1), seed=2)
     )
     assert trajectory.initial_message == spec.first_message()
+
+
+def test_a_text_only_jsonl_dataset_refuses_an_env_that_shows_images_in_one_line(tmp_path, capsys):
+    """TRL, RL2 and oat play text envs only: their make-dataset refuses a vision env before writing a row
+    (it would fail at the first rollout otherwise); a dataset whose rows carry images (OpenRLHF's) takes it."""
+    pytest.importorskip("PIL")
+    from gem_core.cli import main
+    from gem_core.dataset_rows import JsonlDataset
+    from gem_core.errors import InvalidArgumentError
+
+    def dataset(images: bool) -> JsonlDataset:
+        return JsonlDataset(lambda spec, env: {"seed": spec.seed}, "out", "turn", "context", lambda out: "", images=images)
+
+    with pytest.raises(InvalidArgumentError, match="shows images, and this trainer's plugin plays text envs only"):
+        list(dataset(False).rows("vision:Geometry-v0", 2))
+    assert [row["seed"] for row in dataset(True).rows("vision:Geometry-v0", 2)] == [0, 1]
+    assert [row["seed"] for row in dataset(False).rows("game:GuessTheNumber-v0-easy", 2)] == [0, 1]
+    out = tmp_path / "rows.jsonl"
+    assert main(["make-dataset", "rl2", "--env", "vision:Geometry-v0", "--n", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
