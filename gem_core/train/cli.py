@@ -7,6 +7,9 @@ import argparse
 from typing import Any, TextIO
 
 from gem_core.cli_support import CliError, os_error_text, real_number, whole_number
+from gem_core.errors import GemError
+from gem_core.multimodal import observation_images
+from gem_core.registry import make
 
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
 DESCRIPTION = (
@@ -111,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     except ValueError as exc:
         raise ValueError(f"--env-kwargs: {exc}") from None
     check_kwargs(env_spec, env_kwargs)  # bad kwargs fail here, before the run directory is written
+    _refuse_images(args.env, env_kwargs)
     return TrainConfig(
         env_id=args.env,
         env_kwargs=env_kwargs,
@@ -146,6 +150,19 @@ def config_from_args(args: argparse.Namespace) -> Any:
         checkpoint_every=args.checkpoint_every,
         tensorboard=args.tensorboard,
     )
+
+
+def _refuse_images(env_id: str, env_kwargs: dict) -> None:
+    """The trainer trains text models: an env that shows images is one line here, not a traceback mid-rollout."""
+    env = make(env_id, **env_kwargs)
+    try:
+        observation, _ = env.reset(seed=0)
+    except (GemError, OSError):  # an env that cannot start here says so where the trainer makes it, as before
+        return
+    finally:
+        env.close()
+    if observation_images(observation):
+        raise ValueError(f"{env_id} shows images; gem-core train trains text models (a vision env plays in gem-core eval --policy vllm)")
 
 
 def main(args: argparse.Namespace, out: TextIO) -> int:

@@ -277,6 +277,7 @@ def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
         (["--micro-batch-tokens", "0"], "--micro-batch-tokens"),
         (["--rollout-engine", "sglang"], "--rollout-engine"),
         (["--rollout-engine", "vllm", "--steps", "1"], "vllm"),
+        (["--env", "vision:Geometry-v0", "--model", "tiny"], "gem-core train trains text models"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
@@ -288,6 +289,8 @@ def test_bad_arguments_get_one_clear_line(argv, message, tmp_path, capsys):
         pytest.skip("tensorboard is installed")
     if argv[:2] == ["--rollout-engine", "vllm"] and importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed")
+    if "vision:Geometry-v0" in argv and importlib.util.find_spec("PIL") is None:
+        pytest.skip("Pillow (the vision extra) is not installed")
     code = main(["train", "--out", str(tmp_path / "r"), "--no-progress", *argv])
     err = capsys.readouterr().err
     assert code == 2
