@@ -264,7 +264,7 @@ def test_make_dataset_that_fails_midway_leaves_no_file(workdir, capsys, monkeypa
     from gem_core.tasks import TaskSpec
 
     calls = {"n": 0}
-    original = TaskSpec.first_message
+    original = TaskSpec.first_observation  # each row's first message (first_message reads it too)
 
     def failing(self, env=None):
         calls["n"] += 1
@@ -272,7 +272,7 @@ def test_make_dataset_that_fails_midway_leaves_no_file(workdir, capsys, monkeypa
             raise ValueError("row 3 cannot be made")
         return original(self, env)
 
-    monkeypatch.setattr(TaskSpec, "first_message", failing)
+    monkeypatch.setattr(TaskSpec, "first_observation", failing)
     code, _, err = run_main(["make-dataset", "openrlhf", "--env", GTN, "--n", "5", "--out", "rows.jsonl"], capsys)
     assert_one_line(code, err, "gem-core: error: row 3 cannot be made")
     assert files_under(workdir) == ["corpus.jsonl"]
