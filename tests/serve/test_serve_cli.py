@@ -41,6 +41,8 @@ def test_serve_runs_until_a_signal_then_stops_cleanly(stop):
             rf"serving {re.escape(GUESS)} at (http://127\.0\.0\.1:\d+) \(OpenEnv: GenericEnvClient\(base_url=\.\.\.\), WebSocket /ws\)\n", line
         )
         assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        auth = proc.stdout.readline()  # read here: communicate() below reads past this file object's buffer
+        assert auth == "auth: none, listening on 127.0.0.1 (this machine only); off loopback a token (--token or GEM_SERVE_TOKEN) is required\n"
         actions = guesses(2)
         with GenericEnvClient(base_url=match.group(1)).sync() as client:
             played = [record(client.reset(seed=2))]
@@ -89,7 +91,20 @@ BAD = [
     ),
     (["serve", GUESS, "--tools", "shell"], "gem-core: error: serve: unknown env tool(s) ['shell']; known: python, search"),
     (["serve", GUESS, GUESS], "gem-core: error: serve: env_ids=['game:GuessTheNumber-v0', 'game:GuessTheNumber-v0'] is not allowed: expected distinct env ids"),
-    (["serve", GUESS, "--host", "192.0.2.1", "--port", "0"], "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address"),
+    (["serve", GUESS, "--host", "192.0.2.1", "--port", "0", "--insecure"], "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address"),
+    (
+        ["serve", GUESS, "--host", "0.0.0.0", "--port", "0"],
+        "gem-core: error: serve: 0.0.0.0 is reachable from other machines, and anyone who reaches the port plays (and runs code in) "
+        "the served envs: give a token (--token, or the GEM_SERVE_TOKEN environment variable) or pass --insecure",
+    ),
+    (
+        ["serve", GUESS, "--host", "0.0.0.0", "--port", "0", "--token", "short"],
+        "gem-core: error: serve: a token is at least 16 printable characters without spaces (e.g. from: openssl rand -hex 24)",
+    ),
+    (["serve", GUESS, "--max-action-chars", "0"], "gem-core serve: error: argument --max-action-chars: expected a number in 1..16777216, got 0"),
+    (["serve", GUESS, "--max-connections", "1"], "gem-core serve: error: argument --max-connections: expected a number in 2..1000000, got 1"),
+    (["serve", GUESS, "--header-timeout", "-1"], "gem-core serve: error: argument --header-timeout: expected a number of seconds > 0, got -1"),
+    (["serve", GUESS, "--body-timeout", "never"], "gem-core serve: error: argument --body-timeout: expected a number of seconds, got 'never'"),
 ]
 
 
@@ -111,3 +126,9 @@ def test_a_port_in_use_is_one_line(capsys):
         port = taken.getsockname()[1]
         code, err = run_main(["serve", GUESS, "--port", str(port)], capsys)
     assert (code, err) == (2, f"gem-core: error: cannot listen on 127.0.0.1:{port}: Address already in use\n")
+
+
+def test_the_token_comes_from_the_environment_too(capsys, monkeypatch):
+    monkeypatch.setenv("GEM_SERVE_TOKEN", "0123456789abcdef0123")  # the auth check passes: the bind is what fails
+    code, err = run_main(["serve", GUESS, "--host", "192.0.2.1", "--port", "0"], capsys)
+    assert (code, err) == (2, "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address\n")
