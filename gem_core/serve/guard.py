@@ -191,8 +191,18 @@ class ServeGuard:
             await self._http(scope, receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
-        else:  # lifespan
+        else:  # lifespan: the server's loop starts here
+            asyncio.get_running_loop().set_exception_handler(self._loop_exception)
             await self.app(scope, receive, send)
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The loop's own errors as one line each, rate-limited (asyncio's default prints a traceback; out of
+        file descriptors, its accept loop retries every second)."""
+        error = context.get("exception")
+        detail = context.get("message", "error in the event loop").split("\n", 1)[0]
+        if error is not None:
+            detail += f": {type(error).__name__}: {error}"
+        self.events.note("server", detail)
 
     # -- checks common to both ---------------------------------------------------------------------
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from openenv.core.generic_client import GenericEnvClient
@@ -132,3 +133,46 @@ def test_the_token_comes_from_the_environment_too(capsys, monkeypatch):
     monkeypatch.setenv("GEM_SERVE_TOKEN", "0123456789abcdef0123")  # the auth check passes: the bind is what fails
     code, err = run_main(["serve", GUESS, "--host", "192.0.2.1", "--port", "0"], capsys)
     assert (code, err) == (2, "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address\n")
+
+
+def test_at_a_low_fd_limit_silent_connections_neither_starve_clients_nor_flood_the_log():
+    """Before: at the fd limit new clients timed out and the accept loop logged EMFILE in a tight loop (80 MB in
+    10 s). Now the connection cap stays under the limit and a silent connection is closed after its deadline."""
+    import resource
+
+    def low_fds() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = subprocess.Popen(
+        [*_script(), "serve", GUESS, "--port", "0", "--header-timeout", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=low_fds
+    )
+    silent: list[socket.socket] = []
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline()).group(1)
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(400):  # more than the process may open
+            try:
+                silent.append(socket.create_connection((host, int(port)), timeout=30))
+            except OSError:
+                pass
+        played = None
+        for _ in range(60):  # hang guard: the kept ones are closed after 1 s, then a client gets in
+            try:
+                with GenericEnvClient(base_url=url).sync() as client:
+                    played = record(client.reset(seed=2))
+                break
+            except Exception:
+                time.sleep(0.5)
+        assert played == play_local(GUESS, 2, [])[0]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for sock in silent:
+            sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err
+    assert len(err) < 5000, err[-2000:]  # a few rate-limited lines, not a flood (a burst may still meet EMFILE once: one line)
+    assert "connection refused" in err and "slow client" in err
