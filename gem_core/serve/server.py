@@ -210,7 +210,9 @@ class EnvServer:
             GemAction,
             GemObservation,
             env_name=env_id,
-            concurrency_config=ConcurrencyConfig(max_concurrent_envs=self.max_sessions, session_timeout=self.idle_timeout),
+            # no OpenEnv reaper: it counts a long step as idle time and closes the env under it; the guard closes a
+            # WebSocket idle between messages, and OpenEnv then ends its session (no session outlives its connection)
+            concurrency_config=ConcurrencyConfig(max_concurrent_envs=self.max_sessions, session_timeout=None),
             state_cls=GemState,
         )
 

@@ -39,7 +39,16 @@ class SlowGuess(GuessTheNumber):
         return super().step(action)
 
 
+class VerySlowGuess(GuessTheNumber):
+    """GuessTheNumber whose step takes 6 s: longer than an idle timeout, and than OpenEnv's reaper's 5 s tick."""
+
+    def step(self, action: Any) -> Any:
+        time.sleep(6)
+        return super().step(action)
+
+
 gem_core.register(SLOW, SlowGuess, override=True)
+gem_core.register("test:VerySlowGuess-v0", VerySlowGuess, override=True)
 
 
 def ws_url(server: EnvServer) -> str:
@@ -123,6 +132,17 @@ def test_idle_websockets_are_closed_by_default_with_their_envs():
         assert wait_for(lambda: server.open_envs == 0)
         with GenericEnvClient(base_url=server.url()).sync() as client:  # the slots are free
             assert client.reset(seed=0).done is False
+
+
+def test_a_step_longer_than_the_idle_timeout_is_not_idle_time():
+    """Idle is the time between a client's messages, not a step's own time (OpenEnv's reaper closed the env
+    under a long step: the next request found it closed)."""
+    with serve("test:VerySlowGuess-v0", idle_timeout=1) as server:
+        with GenericEnvClient(base_url=server.url(), message_timeout_s=60).sync() as client:
+            client.reset(seed=1)
+            client.step({"action": "\\boxed{1}"})
+            assert client.reset(seed=2).done is False  # the same session, its env still open
+        assert server.events.counts["idle"] == 0
 
 
 # -- 4. slow and silent connections, the connection cap, rate-limited log lines --------------------------
