@@ -137,3 +137,14 @@ def test_unclosed_blocks_are_not_commands(opened: str) -> None:
     from gem_core.envs.terminal.env import parse_action
 
     assert parse_action(opened * 1000)[0] == "error"
+
+
+_OLD_USER_TURN = re.compile(r"<\|im_start\|>(?:user|tool)\n(.*?)<\|im_end\|>", re.DOTALL)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "user\n", "tool\n", "assistant\n", "user", "x", "\n"]), max_size=14).map("".join))
+def test_the_golden_policy_reads_the_same_user_turns(text: str) -> None:
+    from gem_core.testing.golden import _user_turns
+
+    assert _user_turns(text) == _OLD_USER_TURN.findall(text)
