@@ -185,6 +185,22 @@ def test_silent_and_trickling_connections_are_closed_and_logged_once(caplog):
             assert client.reset(seed=0).done is False
 
 
+def test_a_body_that_trickles_is_answered_408():
+    with serve(GUESS, body_timeout=0.5) as server:
+        host, port = server.url().removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        sock.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # hang guard: the socket's 30 s timeout
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert server.events.counts["slow client"] == 1
+
+
 def test_connections_past_the_cap_are_closed_at_once():
     with serve(GUESS, max_connections=8, header_timeout=60) as server:
         host, port = server.url().removeprefix("http://").split(":")
