@@ -161,10 +161,12 @@ def openenv(session: nox.Session) -> None:
 
 @nox.session
 def bench_openenv(session: nox.Session) -> None:
-    """Steps/s of a served game over OpenEnv's socket (1 and 64 clients) against in-process play. Not default."""
+    """Steps/s of a served game over OpenEnv's socket (1 and 64 clients) against in-process play, then 64 honest
+    clients' latency with and without hostile ones (benchmarks/serve_under_attack.py). Not default."""
     session.install("--no-deps", OPENENV)
     session.install("-e", ".", *OPENENV_LIGHT_DEPS)
     session.run("python", "benchmarks/openenv_serving.py", *session.posargs, env=_env())
+    session.run("python", "benchmarks/serve_under_attack.py", env=_env())
 
 
 @nox.session

@@ -83,7 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=whole_number(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--topk", type=whole_number(1), default=3, help="passages per query when a request gives no topk")
 
-    from gem_core.serve import DEFAULT_MAX_SESSIONS, MAX_SESSIONS_LIMIT  # constants only; openenv is imported when serving
+    from gem_core.serve import (  # constants only; openenv is imported when serving
+        DEFAULT_BODY_TIMEOUT,
+        DEFAULT_HEADER_TIMEOUT,
+        DEFAULT_IDLE_TIMEOUT,
+        DEFAULT_MAX_ACTION_CHARS,
+        DEFAULT_MAX_CONNECTIONS,
+        DEFAULT_MAX_SESSIONS,
+        MAX_SESSIONS_LIMIT,
+        TOKEN_ENV,
+    )
 
     served = commands.add_parser(
         "serve",
@@ -95,15 +104,49 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     served.add_argument("env_ids", nargs="+", metavar="ENV_ID", help="ids from `gem-core list`, e.g. game:GuessTheNumber-v0")
-    served.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    served.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only; any other needs --token or --insecure)"
+    )
     served.add_argument("--port", type=whole_number(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
+    served.add_argument(
+        "--token",
+        default=None,
+        help=f"the token every client must send as 'Authorization: Bearer TOKEN' (default: ${TOKEN_ENV}, else none); needed off loopback",
+    )
+    served.add_argument("--insecure", action="store_true", help="serve off loopback without a token: anyone who reaches the port plays (and runs code)")
+    served.add_argument(
+        "--max-action-chars",
+        type=whole_number(1, 16 * 1024 * 1024),
+        default=DEFAULT_MAX_ACTION_CHARS,
+        help=f"the longest action a step takes (default {DEFAULT_MAX_ACTION_CHARS}); a longer one is one error line, the session kept",
+    )
+    served.add_argument(
+        "--max-connections",
+        type=whole_number(2, 1_000_000),
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"open connections kept at most (default {DEFAULT_MAX_CONNECTIONS}, fewer under a low file-descriptor limit); the next is closed",
+    )
+    served.add_argument(
+        "--header-timeout",
+        type=seconds,
+        default=DEFAULT_HEADER_TIMEOUT,
+        help=f"seconds a connection has to send a request's headers (default {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    served.add_argument(
+        "--body-timeout", type=seconds, default=DEFAULT_BODY_TIMEOUT, help=f"seconds an HTTP request has to send its body (default {DEFAULT_BODY_TIMEOUT:g})"
+    )
     served.add_argument(
         "--max-sessions",
         type=whole_number(1, MAX_SESSIONS_LIMIT),
         default=DEFAULT_MAX_SESSIONS,
         help=f"sessions each id holds at once (default {DEFAULT_MAX_SESSIONS}); the next one is refused with CAPACITY_REACHED",
     )
-    served.add_argument("--idle-timeout", type=seconds, default=None, help="close a session idle this many seconds (default: never)")
+    served.add_argument(
+        "--idle-timeout",
+        type=seconds,
+        default=DEFAULT_IDLE_TIMEOUT,
+        help=f"close a WebSocket session (and its env) with no message for this many seconds (default {DEFAULT_IDLE_TIMEOUT:g})",
+    )
     served.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs for every id, e.g. '{\"max_turns\": 20}'")
     served.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
 
@@ -309,7 +352,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     """``gem-core serve``: env ids over OpenEnv's protocol until Ctrl-C or SIGTERM, then a clean stop."""
     import signal
 
-    from gem_core.serve import require_openenv
+    from gem_core.serve import TOKEN_ENV, require_openenv
     from gem_core.tasks import parse_env_kwargs
 
     try:
@@ -327,6 +370,12 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         tools=args.tools or None,
         max_sessions=args.max_sessions,
         idle_timeout=args.idle_timeout,
+        token=args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None),
+        insecure=args.insecure,
+        max_action_chars=args.max_action_chars,
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
     )
     try:
         server.start()
@@ -334,6 +383,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(str(err)) from None
     for env_id in args.env_ids:
         print(f"serving {env_id} at {server.url(env_id)} (OpenEnv: GenericEnvClient(base_url=...), WebSocket /ws)", file=out, flush=True)
+    print(server.security_line(), file=out, flush=True)
 
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt

@@ -4,12 +4,18 @@ A move is the content of the last ``\\boxed{...}`` (GEM's format). Other LaTeX b
 are not moves. Whatever an env quotes back from an action goes through :func:`echo`, so an
 observation never grows with the action: a 10 MB answer is quoted as its first
 :data:`ECHO_CHARS` characters and its length.
+
+Tagged blocks (``<bash>...</bash>``, ``<answer>``, ``<tool_call>``...) and fenced blocks (```` ```python ````)
+are found by :func:`find_tagged` / :func:`all_tagged` and :func:`find_fenced` / :func:`all_fenced`, in time
+linear in the text (a ``(.*?)`` regex is quadratic on hostile text): every action parser uses them.
 """
 
 from __future__ import annotations
 
 import re
 import reprlib
+from collections.abc import Collection
+from typing import NamedTuple
 
 BOX_MARKER = "\\boxed"
 
@@ -103,3 +109,76 @@ def echo_bare(value: object) -> str:
     :data:`ECHO_CHARS` characters, else :func:`echo` of it (quoted prefix and length)."""
     text = str(value)
     return text if len(text) <= ECHO_CHARS else echo(text)
+
+
+# -- tagged and fenced blocks, in linear time ------------------------------------------------------
+# ``re.compile(r"<tag>(.*?)</tag>", re.DOTALL)`` is quadratic on text with many opening tags and no closing
+# one: the regex engine tries every opening tag and scans to the end from each (1 MB of "<bash>" took
+# minutes, holding the GIL). These helpers find the same matches as those regexes with ``str.find``: each
+# character is looked at a bounded number of times, whatever the text.
+
+
+class Block(NamedTuple):
+    """One block found in text: its body, the span of the whole block (tags or fences included), and
+    for a fenced block the word after the opening fence ("" when there is none)."""
+
+    body: str
+    start: int
+    end: int
+    lang: str = ""
+
+
+def find_tagged(text: str, open_tag: str, close_tag: str, start: int = 0) -> Block | None:
+    """The first ``open_tag ... close_tag`` block at or after ``start``: what
+    ``re.compile(re.escape(open_tag) + "(.*?)" + re.escape(close_tag), re.DOTALL).search(text, start)`` finds."""
+    opened = text.find(open_tag, start)
+    if opened < 0:
+        return None
+    body_start = opened + len(open_tag)
+    closed = text.find(close_tag, body_start)
+    if closed < 0:  # no closing tag after the first opening one: none after any later one either
+        return None
+    return Block(text[body_start:closed], opened, closed + len(close_tag))
+
+
+def all_tagged(text: str, open_tag: str, close_tag: str) -> list[Block]:
+    """Every ``open_tag ... close_tag`` block, left to right, not overlapping: the regex's ``finditer``."""
+    found: list[Block] = []
+    position = 0
+    while (block := find_tagged(text, open_tag, close_tag, position)) is not None:
+        found.append(block)
+        position = block.end
+    return found
+
+
+FENCE = "```"
+# What follows an opening fence up to its newline: spaces, one word, spaces. It always matches (maybe empty)
+# at its first try, without backtracking, so checking a fence costs the length of its header line.
+_FENCE_HEADER = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)[ \t]*").match
+
+
+def find_fenced(text: str, langs: Collection[str] | None = None, start: int = 0) -> Block | None:
+    """The first fenced block (```` ```lang\\n ... ``` ````) at or after ``start`` whose word after the opening
+    fence is in ``langs`` ("" for a bare fence; ``None``: any word of letters, digits, ``_+-``). The same
+    match as ``re.compile(r"```[ \\t]*(LANGS)[ \\t]*\\n(.*?)```", re.DOTALL).search(text, start)``."""
+    position = start
+    while (opened := text.find(FENCE, position)) >= 0:
+        header = _FENCE_HEADER(text, opened + len(FENCE))
+        newline = header.end()
+        if newline < len(text) and text[newline] == "\n" and (langs is None or header[1] in langs):
+            closed = text.find(FENCE, newline + 1)
+            if closed < 0:  # no fence after this one's header: no later fence can open a block either
+                return None
+            return Block(text[newline + 1 : closed], opened, closed + len(FENCE), header[1])
+        position = opened + 1  # "````py" opens at its second backtick
+    return None
+
+
+def all_fenced(text: str, langs: Collection[str] | None = None) -> list[Block]:
+    """Every fenced block (see :func:`find_fenced`), left to right, not overlapping: the regex's ``finditer``."""
+    found: list[Block] = []
+    position = 0
+    while (block := find_fenced(text, langs, position)) is not None:
+        found.append(block)
+        position = block.end
+    return found

@@ -11,13 +11,11 @@ name works too. At most ``max_tests`` cases run (the ones with the longest input
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gem_core.parsing import echo
+from gem_core.parsing import all_fenced, echo
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 #: Code longer than this is not run (format error).
 MAX_CODE_CHARS = 100_000
 
@@ -41,10 +39,8 @@ def last_code_block(text: Any) -> str | None:
     """The body of the last fenced block (```python, ```py, ``` ...) in ``text``, or None."""
     if not isinstance(text, str) or "```" not in text:
         return None
-    blocks = _FENCE.findall(text)
-    if not blocks:
-        return None
-    return blocks[-1][1]
+    blocks = all_fenced(text)  # linear in the text (a (.*?) regex is quadratic on hostile text)
+    return blocks[-1].body if blocks else None
 
 
 def parse_tests(tests: Any) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from gem_core.parsing import all_tagged
+
 MAX_ANSWER_CHARS = 2000
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -65,6 +66,6 @@ def last_answer_tag(text: Any) -> str | None:
     start = text.rfind("<answer>")
     end = text.find("</answer>", start)
     if end < 0:
-        found = _ANSWER_TAG.findall(text)
-        return found[-1] if found else None
+        found = all_tagged(text, "<answer>", "</answer>")  # linear (a (.*?) regex is quadratic here)
+        return found[-1].body if found else None
     return text[start + len("<answer>") : end]

@@ -28,7 +28,20 @@ _LAZY = {
     "OpenEnvEnv": "gem_core.serve.remote",
 }
 
-__all__ = ["DEFAULT_MAX_SESSIONS", "MAX_SESSIONS_LIMIT", "OPENENV_VERSION", "OpenEnvUnavailable", "require_openenv", *_LAZY]
+__all__ = [
+    "DEFAULT_BODY_TIMEOUT",
+    "DEFAULT_HEADER_TIMEOUT",
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_ACTION_CHARS",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_SESSIONS",
+    "MAX_SESSIONS_LIMIT",
+    "TOKEN_ENV",
+    "OPENENV_VERSION",
+    "OpenEnvUnavailable",
+    "require_openenv",
+    *_LAZY,
+]
 
 #: The openenv release this package is built and tested against (its server classes and client).
 OPENENV_VERSION = "0.10.0"
@@ -36,6 +49,18 @@ OPENENV_VERSION = "0.10.0"
 DEFAULT_MAX_SESSIONS = 64
 #: The most sessions one id may be asked to hold (each has an env and a thread).
 MAX_SESSIONS_LIMIT = 4096
+#: Seconds a WebSocket session may go without a message before it is closed, env and sandbox with it.
+DEFAULT_IDLE_TIMEOUT = 300.0
+#: The longest action (characters) a step takes; a longer one is refused with one line, the session kept.
+DEFAULT_MAX_ACTION_CHARS = 262_144
+#: Open connections (WebSockets included) the server keeps; the next one is closed at once.
+DEFAULT_MAX_CONNECTIONS = 512
+#: Seconds a connection has to send a whole request's headers (and the WebSocket handshake).
+DEFAULT_HEADER_TIMEOUT = 10.0
+#: Seconds an HTTP request has to send its whole body.
+DEFAULT_BODY_TIMEOUT = 30.0
+#: The environment variable ``gem-core serve`` reads its token from when ``--token`` is not given.
+TOKEN_ENV = "GEM_SERVE_TOKEN"
 
 
 class OpenEnvUnavailable(GemError, ImportError):

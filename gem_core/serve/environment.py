@@ -136,7 +136,7 @@ class GemEnvironment(Environment[GemAction, GemObservation, GemState]):
         self._check_open()
         if not self._started or self._state.done:
             raise ResetNeeded(
-                f"{self.env_id}: step before reset (each WebSocket session, /ws, has its own env; an HTTP /step has none)"
+                f"{self.env_id}: step before reset (each WebSocket session, /ws, has its own env; an HTTP /step has none{self._idle_note()})"
                 if not self._started
                 else f"{self.env_id}: the episode has ended; reset to start another"
             )
@@ -171,6 +171,11 @@ class GemEnvironment(Environment[GemAction, GemObservation, GemState]):
     @property
     def closed(self) -> bool:
         return self._closed_reason is not None
+
+    def _idle_note(self) -> str:
+        if self._idle_timeout is None:
+            return ""
+        return f"; a connection with no message for {self._idle_timeout:g} s is closed, and a client that reconnects gets a new session"
 
     def _check_open(self) -> None:
         self._last_request = time.monotonic()

@@ -16,6 +16,7 @@ policy's.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -32,6 +33,7 @@ except ImportError:
 from gem_core.core import Env
 from gem_core.errors import INFRA_ERROR, GemError, ResetNeeded
 from gem_core.params import Param
+from gem_core.serve import TOKEN_ENV
 
 #: gem-core's own served observation (gem_core.serve.environment.GemObservation) carries these fields.
 _GEM_FIELDS = frozenset({"observation", "info", "terminated", "truncated"})
@@ -48,10 +50,18 @@ def http_url(url: str) -> str:
     return "https://" + ws[6:] if ws.startswith("wss://") else "http://" + ws[5:]
 
 
+def auth_headers() -> dict[str, str]:
+    """``Authorization: Bearer $GEM_SERVE_TOKEN`` when that variable is set (a ``gem-core serve`` off loopback
+    asks for it), else nothing: the token stays out of env kwargs and dataset rows."""
+    token = os.environ.get(TOKEN_ENV)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def fetch_schema(url: str, timeout: float) -> dict[str, Any]:
     """The server's ``GET /schema`` (OpenEnv's action, observation and state JSON schemas)."""
     try:
-        with urllib.request.urlopen(f"{http_url(url)}/schema", timeout=timeout) as response:
+        request = urllib.request.Request(f"{http_url(url)}/schema", headers=auth_headers())
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", None) or err
@@ -142,7 +152,7 @@ class OpenEnvEnv(Env[str, str]):
     # -- helpers ---------------------------------------------------------------------------------
     def _session(self) -> Any:
         if self._client is None:
-            client = GenericEnvClient(base_url=self.url, message_timeout_s=self.timeout).sync()
+            client = GenericEnvClient(base_url=self.url, message_timeout_s=self.timeout, headers=auth_headers() or None).sync()
             client.connect()
             self._client = client
         return self._client

@@ -5,15 +5,22 @@
         ...
 
 Each WebSocket session (``/ws``) gets its own env; ``reset`` takes ``seed`` and ``options``. The session
-count is bounded (``max_sessions``, per id: OpenEnv answers the next one ``CAPACITY_REACHED``), idle
-sessions are closed by OpenEnv's reaper after ``idle_timeout`` seconds (it looks every
-``max(idle_timeout / 4, 5)`` s), and :meth:`EnvServer.stop` ends every session and closes every env.
-Several ids are served side by side, each under ``/<env id>`` (its base URL: :meth:`EnvServer.url`).
+count is bounded (``max_sessions``, per id: OpenEnv answers the next one ``CAPACITY_REACHED``), a WebSocket
+with no message for ``idle_timeout`` seconds is closed with its session, and :meth:`EnvServer.stop` ends every
+session and closes every env. Several ids are served side by side, each under ``/<env id>`` (its base URL:
+:meth:`EnvServer.url`).
+
+In front of OpenEnv's app stands :class:`~gem_core.serve.guard.ServeGuard` (the token, bounded reads, the
+MCP session API off, clear errors) and uvicorn runs a guarded h11 protocol (a deadline for each request's
+headers, a cap on open connections): docs/openenv.md's threat model says what each bounds.
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
+import logging
+import resource
 import socket
 import threading
 import time
@@ -35,14 +42,46 @@ except ImportError:
 from gem_core.errors import GemError, InvalidArgumentError
 from gem_core.params import Param, invalid
 from gem_core.registry import check_kwargs, spec
-from gem_core.serve import DEFAULT_MAX_SESSIONS, MAX_SESSIONS_LIMIT
+from gem_core.serve import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_ACTION_CHARS,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_SESSIONS,
+    MAX_SESSIONS_LIMIT,
+)
 from gem_core.serve.environment import GemAction, GemEnvironment, GemObservation, GemState
+from gem_core.serve.guard import EventLog, RepeatFilter, ServeGuard, guarded_http_protocol
 from gem_core.tasks import make_task_env
 from gem_core.tools.factory import parse_tools
 
 _MAX_SESSIONS = Param(int, low=1, high=MAX_SESSIONS_LIMIT)
 _IDLE_TIMEOUT = Param(float, above=0, none="sessions never time out")
 _PORT = Param(int, low=0, high=65535)
+_MAX_ACTION_CHARS = Param(int, low=1, high=16 * 1024 * 1024)
+_MAX_CONNECTIONS = Param(int, low=2, high=1_000_000)
+_READ_TIMEOUT = Param(float, above=0)
+#: WebSocket pings: a peer that answers none within the timeout is closed (uvicorn's defaults, pinned).
+WS_PING_INTERVAL_S = 20.0
+WS_PING_TIMEOUT_S = 20.0
+#: The largest WebSocket frame uvicorn reads; a larger one closes the connection with 1009 (its default, pinned).
+WS_MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: File descriptors kept free of connections for the envs (sandboxes, pipes) and the server itself.
+_FD_RESERVE = 128
+_LOGGERS_FILTERED = ("uvicorn.error", "asyncio")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 #: How long ``stop`` lets sessions end before uvicorn cancels them.
 GRACEFUL_SHUTDOWN_S = 5.0
 
@@ -67,7 +106,13 @@ class EnvServer:
         env_kwargs: Mapping[str, Any] | None = None,
         tools: str | Sequence[str] | None = None,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout: float | None = None,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        token: str | None = None,
+        insecure: bool = False,
+        max_action_chars: int = DEFAULT_MAX_ACTION_CHARS,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT,
     ):
         ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
         if not ids or not all(isinstance(i, str) for i in ids):
@@ -77,6 +122,35 @@ class EnvServer:
         _MAX_SESSIONS.check("max_sessions", max_sessions, "serve")
         _IDLE_TIMEOUT.check("idle_timeout", idle_timeout, "serve")
         _PORT.check("port", port, "serve")
+        _MAX_ACTION_CHARS.check("max_action_chars", max_action_chars, "serve")
+        _MAX_CONNECTIONS.check("max_connections", max_connections, "serve")
+        _READ_TIMEOUT.check("header_timeout", header_timeout, "serve")
+        _READ_TIMEOUT.check("body_timeout", body_timeout, "serve")
+        if not isinstance(host, str) or not host:
+            raise invalid("host", host, "an address of this machine, e.g. 127.0.0.1", "serve", wrong_type=True)
+        if token is not None and (not isinstance(token, str) or len(token) < 16 or not token.isprintable() or " " in token):
+            raise InvalidArgumentError(
+                "serve: a token is at least 16 printable characters without spaces (e.g. from: openssl rand -hex 24)", name="token", value="(hidden)"
+            )
+        if not is_loopback(host) and token is None and not insecure:
+            raise InvalidArgumentError(
+                f"serve: {host} is reachable from other machines, and anyone who reaches the port plays (and runs code in) "
+                "the served envs: give a token (--token, or the GEM_SERVE_TOKEN environment variable) or pass --insecure",
+                name="host",
+                value=host,
+            )
+        self.token = token
+        self.insecure = bool(insecure)
+        self.max_action_chars = int(max_action_chars)
+        self.header_timeout = float(header_timeout)
+        self.body_timeout = float(body_timeout)
+        soft_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        fd_room = max(16, soft_fds - _FD_RESERVE) if soft_fds != resource.RLIM_INFINITY else max_connections
+        #: Open connections kept at most: ``max_connections``, or fewer when the fd limit is lower.
+        self.max_connections = min(int(max_connections), fd_room)
+        #: What the guard refused or closed, by kind (the log has one line per kind per 10 s).
+        self.events = EventLog()
+        self._log_filter = RepeatFilter()
         if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
             raise invalid("env_kwargs", env_kwargs, "a mapping of make() kwargs", "serve", wrong_type=True)
         self.env_kwargs = dict(env_kwargs or {})
@@ -136,7 +210,9 @@ class EnvServer:
             GemAction,
             GemObservation,
             env_name=env_id,
-            concurrency_config=ConcurrencyConfig(max_concurrent_envs=self.max_sessions, session_timeout=self.idle_timeout),
+            # no OpenEnv reaper: it counts a long step as idle time and closes the env under it; the guard closes a
+            # WebSocket idle between messages, and OpenEnv then ends its session (no session outlives its connection)
+            concurrency_config=ConcurrencyConfig(max_concurrent_envs=self.max_sessions, session_timeout=None),
             state_cls=GemState,
         )
 
@@ -147,7 +223,17 @@ class EnvServer:
         app.add_exception_handler(GemError, gem_error)
         return app
 
-    def _build_app(self) -> FastAPI:
+    def _build_app(self) -> ServeGuard:
+        return ServeGuard(
+            self._openenv_apps(),
+            events=self.events,
+            token=self.token,
+            max_action_chars=self.max_action_chars,
+            idle_timeout=self.idle_timeout,
+            body_timeout=self.body_timeout,
+        )
+
+    def _openenv_apps(self) -> FastAPI:
         apps = {env_id: self._openenv_app(env_id) for env_id in self.env_ids}
         if len(apps) == 1:
             return next(iter(apps.values()))
@@ -208,7 +294,17 @@ class EnvServer:
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             backlog=2048,
+            http=guarded_http_protocol(header_timeout=self.header_timeout, max_connections=self.max_connections, events=self.events),
+            ws="websockets-sansio",
+            ws_max_size=WS_MAX_FRAME_BYTES,
+            ws_ping_interval=WS_PING_INTERVAL_S,
+            ws_ping_timeout=WS_PING_TIMEOUT_S,
+            limit_concurrency=self.max_connections,
+            timeout_keep_alive=5,
+            h11_max_incomplete_event_size=16 * 1024,
         )
+        for name in _LOGGERS_FILTERED:  # uvicorn's and asyncio's own warnings: one line per kind per 10 s
+            logging.getLogger(name).addFilter(self._log_filter)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="gem-core-serve", daemon=True)
         self._thread.start()
@@ -237,6 +333,17 @@ class EnvServer:
             env.close()
         if self._socket is not None:
             self._socket.close()
+        for name in _LOGGERS_FILTERED:
+            logging.getLogger(name).removeFilter(self._log_filter)
+
+    def security_line(self) -> str:
+        """One line saying who may use the server: what ``gem-core serve`` prints at start."""
+        where = f"{self.host} (this machine only)" if is_loopback(self.host) else f"{self.host} (reachable from other machines)"
+        if self.token is not None:
+            return f"auth: a token is required on {where}: clients send the header 'Authorization: Bearer TOKEN'"
+        if is_loopback(self.host):
+            return f"auth: none, listening on {where}; off loopback a token (--token or GEM_SERVE_TOKEN) is required"
+        return f"auth: NONE (--insecure) on {where}: anyone who reaches the port plays the envs and runs what they run"
 
     def run_forever(self) -> None:
         """Serve until interrupted (Ctrl-C), then stop cleanly: ``gem-core serve``."""
@@ -256,7 +363,8 @@ class EnvServer:
 def serve(env_ids: str | Sequence[str], **kwargs: Any) -> EnvServer:
     """Serve ``env_ids`` over OpenEnv's protocol (a started :class:`EnvServer`; use it as a context manager
     or call ``stop()``). ``kwargs``: ``host``, ``port`` (0: a free one), ``env_kwargs``, ``tools``,
-    ``max_sessions`` (per id), ``idle_timeout`` (seconds)."""
+    ``max_sessions`` (per id), ``idle_timeout`` (seconds; None: never), ``token`` (needed off loopback unless
+    ``insecure``), ``max_action_chars``, ``max_connections``, ``header_timeout``, ``body_timeout``."""
     return EnvServer(env_ids, **kwargs).start()
 
 

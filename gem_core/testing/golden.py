@@ -99,16 +99,34 @@ def tool_episodes() -> tuple[GoldenEpisode, ...]:
 # The scripted policy.
 # ------------------------------------------------------------------------------------------------
 
-_USER_TURN = re.compile(r"<\|im_start\|>(?:user|tool)\n(.*?)<\|im_end\|>", re.DOTALL)
+_TURN_START, _TURN_END = "<|im_start|>", "<|im_end|>"
 _GTN_RANGE = re.compile(r"Guess the number between (-?\d+) and (-?\d+)")
 _GTN_HINT = re.compile(r"you guessed (-?\d+), and the target number is (higher|lower) than")
 _MM_SETUP = re.compile(r"A secret code of (\d+) digits is hidden\. Each digit is between 1 and (\d+)")
 _MM_FEEDBACK = re.compile(r"you guessed ([\d ]+): (\d+) black peg\(s\) and (\d+) white peg\(s\)")
 
 
+def _user_turns(context: str) -> list[str]:
+    """The bodies of the user and tool turns of a ChatML context, in order: what
+    ``re.findall(r"<\\|im_start\\|>(?:user|tool)\\n(.*?)<\\|im_end\\|>", context, re.DOTALL)`` finds, in linear time."""
+    turns: list[str] = []
+    position = 0
+    while (start := context.find(_TURN_START, position)) >= 0:
+        body = start + len(_TURN_START) + len("user\n")
+        if context[start + len(_TURN_START) : body] not in ("user\n", "tool\n"):
+            position = start + 1
+            continue
+        end = context.find(_TURN_END, body)
+        if end < 0:  # no end after this turn's start: none after a later one either
+            break
+        turns.append(context[body:end])
+        position = end + len(_TURN_END)
+    return turns
+
+
 def golden_respond(context: str) -> str:
     """The scenario's policy: a pure function of the decoded context (only the user turns are read)."""
-    observations = "\n".join(_USER_TURN.findall(context))
+    observations = "\n".join(_user_turns(context))
     if "You are playing Guess The Number" in observations:
         return _guess_the_number(observations)
     if "You are playing Mastermind" in observations:

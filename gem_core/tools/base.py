@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from gem_core.parsing import Block
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -65,8 +67,21 @@ class Tool(ABC):
         self.close()
 
 
+def tool_call(tool: str, *blocks: Block | None) -> ToolCall | None:
+    """The block of ``blocks`` (each found by :mod:`gem_core.parsing`, in linear time) that starts first in the
+    action, as a :class:`ToolCall`; ``None`` when none was found."""
+    found = [block for block in blocks if block is not None]
+    if not found:
+        return None
+    first = min(found, key=lambda block: block.start)
+    return ToolCall(tool=tool, payload=first.body, start=first.start, end=first.end)
+
+
 def first_match(patterns: list[re.Pattern[str]], action: str, tool: str) -> ToolCall | None:
-    """The match of any of ``patterns`` that starts first in ``action``, as a :class:`ToolCall`."""
+    """The match of any of ``patterns`` that starts first in ``action``, as a :class:`ToolCall`.
+
+    For a tool's own patterns; a ``(.*?)`` pattern is quadratic on text with many opening tags and no
+    closing one (the shipped tools use :func:`tool_call` with :mod:`gem_core.parsing`'s linear finders)."""
     best: re.Match[str] | None = None
     for pattern in patterns:
         match = pattern.search(action)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import shlex
 import threading
 import time
@@ -25,11 +24,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from gem_core.errors import GemError
-from gem_core.tools.base import Tool, ToolCall, ToolResult, first_match
+from gem_core.parsing import find_tagged
+from gem_core.tools.base import Tool, ToolCall, ToolResult, tool_call
 
 logger = logging.getLogger(__name__)
 
-_CALL_PATTERN = [re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)]
+_CALL_TAGS = ("<tool_call>", "</tool_call>")
 
 
 class MCPError(GemError, RuntimeError):
@@ -272,7 +272,7 @@ class MCPTool(Tool):
         return "\n".join(lines)
 
     def find_call(self, action: str) -> ToolCall | None:
-        return first_match(_CALL_PATTERN, action, self.name)
+        return tool_call(self.name, find_tagged(action, *_CALL_TAGS))
 
     def run(self, call: ToolCall) -> ToolResult:
         try:

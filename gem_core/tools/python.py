@@ -6,12 +6,12 @@ processes of its own. The sandbox names are re-exported here for existing import
 
 from __future__ import annotations
 
-import re
 import signal
 from typing import Any
 
 from gem_core.errors import INFRA_ERROR
-from gem_core.tools.base import Tool, ToolCall, ToolResult, first_match
+from gem_core.parsing import find_fenced, find_tagged
+from gem_core.tools.base import Tool, ToolCall, ToolResult, tool_call
 from gem_core.tools.sandbox import (
     BWRAP_PACKAGE,
     DEFAULT_PRELOAD,
@@ -43,10 +43,8 @@ __all__ = [
     "require_bwrap",
 ]
 
-_PYTHON_PATTERNS = [
-    re.compile(r"<python>(.*?)</python>", re.DOTALL),
-    re.compile(r"```[ \t]*(?:python|py)[ \t]*\n(.*?)```", re.DOTALL),
-]
+_PYTHON_TAGS = ("<python>", "</python>")
+_PYTHON_FENCES = frozenset({"python", "py"})
 
 
 class PythonTool(Tool):
@@ -81,7 +79,7 @@ class PythonTool(Tool):
         )
 
     def find_call(self, action: str) -> ToolCall | None:
-        return first_match(_PYTHON_PATTERNS, action, self.name)
+        return tool_call(self.name, find_tagged(action, *_PYTHON_TAGS), find_fenced(action, _PYTHON_FENCES))
 
     def run(self, call: ToolCall) -> ToolResult:
         code = call.payload.strip("\n")

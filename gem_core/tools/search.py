@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import urllib.error
 import urllib.parse
@@ -36,7 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gem_core.errors import GemError
-from gem_core.tools.base import Tool, ToolCall, ToolResult, first_match
+from gem_core.parsing import find_tagged
+from gem_core.tools.base import Tool, ToolCall, ToolResult, tool_call
 from gem_core.utils.http_server import BusyHTTPServer
 
 logger = logging.getLogger(__name__)
@@ -355,7 +355,7 @@ def _decode_request(raw: bytes, content_type: str) -> tuple[dict[str, Any] | Non
 
 # -- the tool --------------------------------------------------------------------------------------
 
-_SEARCH_PATTERN = [re.compile(r"<search>(.*?)</search>", re.DOTALL)]
+_SEARCH_TAGS = ("<search>", "</search>")
 
 
 class SearchTool(Tool):
@@ -395,7 +395,7 @@ class SearchTool(Tool):
         )
 
     def find_call(self, action: str) -> ToolCall | None:
-        return first_match(_SEARCH_PATTERN, action, self.name)
+        return tool_call(self.name, find_tagged(action, *_SEARCH_TAGS))
 
     def run(self, call: ToolCall) -> ToolResult:
         query = " ".join(call.payload.split())

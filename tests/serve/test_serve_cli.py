@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from openenv.core.generic_client import GenericEnvClient
@@ -41,6 +42,8 @@ def test_serve_runs_until_a_signal_then_stops_cleanly(stop):
             rf"serving {re.escape(GUESS)} at (http://127\.0\.0\.1:\d+) \(OpenEnv: GenericEnvClient\(base_url=\.\.\.\), WebSocket /ws\)\n", line
         )
         assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        auth = proc.stdout.readline()  # read here: communicate() below reads past this file object's buffer
+        assert auth == "auth: none, listening on 127.0.0.1 (this machine only); off loopback a token (--token or GEM_SERVE_TOKEN) is required\n"
         actions = guesses(2)
         with GenericEnvClient(base_url=match.group(1)).sync() as client:
             played = [record(client.reset(seed=2))]
@@ -89,7 +92,20 @@ BAD = [
     ),
     (["serve", GUESS, "--tools", "shell"], "gem-core: error: serve: unknown env tool(s) ['shell']; known: python, search"),
     (["serve", GUESS, GUESS], "gem-core: error: serve: env_ids=['game:GuessTheNumber-v0', 'game:GuessTheNumber-v0'] is not allowed: expected distinct env ids"),
-    (["serve", GUESS, "--host", "192.0.2.1", "--port", "0"], "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address"),
+    (["serve", GUESS, "--host", "192.0.2.1", "--port", "0", "--insecure"], "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address"),
+    (
+        ["serve", GUESS, "--host", "0.0.0.0", "--port", "0"],
+        "gem-core: error: serve: 0.0.0.0 is reachable from other machines, and anyone who reaches the port plays (and runs code in) "
+        "the served envs: give a token (--token, or the GEM_SERVE_TOKEN environment variable) or pass --insecure",
+    ),
+    (
+        ["serve", GUESS, "--host", "0.0.0.0", "--port", "0", "--token", "short"],
+        "gem-core: error: serve: a token is at least 16 printable characters without spaces (e.g. from: openssl rand -hex 24)",
+    ),
+    (["serve", GUESS, "--max-action-chars", "0"], "gem-core serve: error: argument --max-action-chars: expected a number in 1..16777216, got 0"),
+    (["serve", GUESS, "--max-connections", "1"], "gem-core serve: error: argument --max-connections: expected a number in 2..1000000, got 1"),
+    (["serve", GUESS, "--header-timeout", "-1"], "gem-core serve: error: argument --header-timeout: expected a number of seconds > 0, got -1"),
+    (["serve", GUESS, "--body-timeout", "never"], "gem-core serve: error: argument --body-timeout: expected a number of seconds, got 'never'"),
 ]
 
 
@@ -111,3 +127,52 @@ def test_a_port_in_use_is_one_line(capsys):
         port = taken.getsockname()[1]
         code, err = run_main(["serve", GUESS, "--port", str(port)], capsys)
     assert (code, err) == (2, f"gem-core: error: cannot listen on 127.0.0.1:{port}: Address already in use\n")
+
+
+def test_the_token_comes_from_the_environment_too(capsys, monkeypatch):
+    monkeypatch.setenv("GEM_SERVE_TOKEN", "0123456789abcdef0123")  # the auth check passes: the bind is what fails
+    code, err = run_main(["serve", GUESS, "--host", "192.0.2.1", "--port", "0"], capsys)
+    assert (code, err) == (2, "gem-core: error: cannot listen on 192.0.2.1:0: Cannot assign requested address\n")
+
+
+def test_at_a_low_fd_limit_silent_connections_neither_starve_clients_nor_flood_the_log():
+    """Before: at the fd limit new clients timed out and the accept loop logged EMFILE in a tight loop (80 MB in
+    10 s). Now the connection cap stays under the limit and a silent connection is closed after its deadline."""
+    import resource
+
+    def low_fds() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = subprocess.Popen(
+        [*_script(), "serve", GUESS, "--port", "0", "--header-timeout", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=low_fds
+    )
+    silent: list[socket.socket] = []
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline()).group(1)
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(400):  # more than the process may open
+            try:
+                silent.append(socket.create_connection((host, int(port)), timeout=30))
+            except OSError:
+                pass
+        played = None
+        for _ in range(60):  # hang guard: the kept ones are closed after 1 s, then a client gets in
+            try:
+                with GenericEnvClient(base_url=url).sync() as client:
+                    played = record(client.reset(seed=2))
+                break
+            except Exception:
+                time.sleep(0.5)
+        assert played == play_local(GUESS, 2, [])[0]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for sock in silent:
+            sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err
+    assert len(err) < 5000, err[-2000:]  # a few rate-limited lines, not a flood (a burst may still meet EMFILE once: one line)
+    assert "connection refused" in err and "slow client" in err

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from gem_core.errors import InvalidArgumentError, ResetNeeded
 from gem_core.multiagent import AgentView, MultiAgentEnv, MultiStepResult, Simulator
 from gem_core.params import Param, check_args
-from gem_core.parsing import echo
+from gem_core.parsing import echo, find_tagged
 from gem_core.envs.retail.db import CANCEL_REASONS, TOOLS, ToolError, generate_db, pick, run_tool
 from gem_core.envs.retail.tasks import TASK_KINDS, RetailTask, expected_db, generate_task
 
@@ -38,7 +37,7 @@ STOP = "###STOP###"
 #: Longest message passed between the agents, and longest tool result: every observation stays bounded.
 MAX_MESSAGE_CHARS = 2000
 MAX_TOOL_CHARS = 4000
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_CALL = ("<tool_call>", "</tool_call>")  # found by gem_core.parsing.find_tagged, in linear time
 
 
 def tool_call(name: str, **arguments: Any) -> str:
@@ -146,16 +145,16 @@ class RetailEnv(MultiAgentEnv):
             self._current = USER
             return {USER: _bounded(action.strip())}, 0.0, False, info
         info["tool_turn"] = True
-        match = _CALL.search(action, opened)
+        match = find_tagged(action, *_CALL, start=opened)
         if match is None:
             info["format_error"] = True
             return {ASSISTANT: _response("error: the <tool_call> is not closed with </tool_call>")}, self.format_penalty, False, info
         try:
-            request = json.loads(match.group(1))
+            request = json.loads(match.body)
         except (json.JSONDecodeError, RecursionError) as exc:
             info["format_error"] = True
             detail = f"{exc.msg} at position {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-            return {ASSISTANT: _response(f"error: the tool call is not valid JSON ({detail}): {echo(match.group(1))}")}, self.format_penalty, False, info
+            return {ASSISTANT: _response(f"error: the tool call is not valid JSON ({detail}): {echo(match.body)}")}, self.format_penalty, False, info
         arguments = request.get("arguments", {}) if isinstance(request, dict) else None
         if not isinstance(request, dict) or not isinstance(request.get("name"), str) or not isinstance(arguments, dict):
             info["format_error"] = True

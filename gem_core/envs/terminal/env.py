@@ -26,21 +26,21 @@ without a sandbox.
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any, ClassVar
 
 from gem_core.core import Env
 from gem_core.errors import INFRA_ERROR, ResetNeeded
 from gem_core.params import Param
-from gem_core.parsing import echo
+from gem_core.parsing import all_fenced, all_tagged, echo
 from gem_core.tools.sandbox.policy import SandboxUnavailable, require_bwrap
 from gem_core.envs.terminal.shell import APP, CommandResult, ShellLimits, ShellSandbox, cpu_seconds_for
 from gem_core.envs.terminal.tasks import BY_NAME, TASK_NAMES, TASKS, TerminalTask
 
 MAX_COMMAND_CHARS = 16_384
-# ```bash / ```sh / ```shell / ```console fences, or <bash>...</bash>; the last one is the command.
-_FENCE = re.compile(r"```[ \t]*(?:bash|sh|shell|console)?[ \t]*\n(.*?)```", re.DOTALL)
-_TAG = re.compile(r"<bash>(.*?)</bash>", re.DOTALL)
+# ```bash / ```sh / ```shell / ```console (or bare ```) fences, or <bash>...</bash>; the last one is the command.
+# Found in linear time (gem_core.parsing): a (.*?) regex froze a server for seconds on hostile text.
+_FENCE_LANGS = frozenset({"", "bash", "sh", "shell", "console"})
+_TAG = ("<bash>", "</bash>")
 _SUBMIT = frozenset({"submit", "done", "<submit/>", "<submit>", "exit 0 # submit"})
 RANDOM_COMMANDS = ("ls", "ls -la", "pwd", "cat *.txt | head -n 5", "wc -l *", "find . -maxdepth 2 | sort", "echo hello", "true", "false")
 RANDOM_SUBMIT = 0.25  # how often the random policy submits: its episodes end in a few turns
@@ -54,7 +54,7 @@ def parse_action(action: Any) -> tuple[str, str | None]:
         return "error", f"was not text ({type(action).__name__})"
     if action.strip().lower() in _SUBMIT:
         return "submit", None
-    blocks = _FENCE.findall(action) or _TAG.findall(action)
+    blocks = [block.body for block in all_fenced(action, _FENCE_LANGS) or all_tagged(action, *_TAG)]
     if not blocks:
         return "error", "had no ```bash code block"
     command = blocks[-1].strip()

@@ -1,0 +1,429 @@
+"""What stands between OpenEnv's app and a hostile or careless client: bounds on every read, and one line each.
+
+* :class:`ServeGuard` (an ASGI app wrapped around OpenEnv's ``create_app``): the token, a bounded HTTP body
+  (size and time), the HTTP MCP session API turned off (sessions are made by a WebSocket and end with it),
+  WebSocket messages checked before OpenEnv reads them (size, JSON object, numbers, the action's length:
+  a clear error and the session kept), an idle WebSocket closed, a client gone mid-step one log line.
+* :func:`guarded_http_protocol`: uvicorn's h11 protocol with a deadline for each request's headers (a silent
+  or trickling connection is closed) and a cap on open connections (the next one is closed at once, so the
+  process never reaches its file-descriptor limit).
+* :class:`EventLog`: one log line per kind of event, at most one per interval, with a count of the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qs
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOGGER = logging.getLogger("gem_core.serve")
+#: The longest integer (in digits) a message may hold: a seed is far shorter; Python refuses over 4300.
+MAX_NUMBER_DIGITS = 64
+#: Room for the message around the action (type, data, JSON escapes are counted in the action's own length).
+MESSAGE_OVERHEAD_CHARS = 65_536
+#: How long a WebSocket that the server closed waits for the client's close frame.
+CLOSE_WAIT_S = 5.0
+
+
+class EventLog:
+    """Counts events by kind and logs one line per kind at most every ``interval`` seconds (with how many
+    were not logged since), so that a flood of bad clients cannot flood the log."""
+
+    def __init__(self, logger: logging.Logger = LOGGER, interval: float = 10.0):
+        self.logger = logger
+        self.interval = interval
+        self.counts: Counter[str] = Counter()
+        self._last: dict[str, float] = {}
+        self._unlogged: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def note(self, kind: str, detail: str) -> None:
+        """One more ``kind`` event; logged now unless a line of that kind was logged in the last interval."""
+        with self._lock:
+            self.counts[kind] += 1
+            now = time.monotonic()
+            if now - self._last.get(kind, -self.interval) < self.interval:
+                self._unlogged[kind] += 1
+                return
+            self._last[kind] = now
+            unlogged, self._unlogged[kind] = self._unlogged[kind], 0
+        more = f" (and {unlogged} more since the last such line)" if unlogged else ""
+        self.logger.warning("gem-core serve: %s: %s%s", kind, detail, more)
+
+
+class RepeatFilter(logging.Filter):
+    """A logging filter that lets one record per (logger, message template) through every ``interval`` seconds:
+    uvicorn's and asyncio's own warnings (an accept loop out of file descriptors) become one line, not a flood."""
+
+    def __init__(self, interval: float = 10.0):
+        super().__init__()
+        self.interval = interval
+        self._last: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -self.interval) < self.interval:
+                return False
+            self._last[key] = now
+        return True
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
+def guarded_http_protocol(*, header_timeout: float, max_connections: int, events: EventLog) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, plus: a connection must send a whole request's headers within ``header_timeout``
+    seconds of opening (or of its last response), else it is closed; past ``max_connections`` open
+    connections (WebSockets included) a new one is closed at once."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                events.note("connection refused", f"{len(self.connections) - 1} connections are open, the cap is {max_connections} (--max-connections)")
+                transport.abort()
+                return
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_overdue)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_overdue(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or now a WebSocket
+                return
+            waiting = self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+            if waiting:  # no request, or a request's headers still incomplete: silent or trickling
+                events.note(
+                    "slow client", f"closed {self.client[0] if self.client else 'a connection'}: no complete request headers within {header_timeout:g} s"
+                )
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers have the same deadline (uvicorn's keep-alive timer stops at a byte)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+def _error_frame(message: str, code: str) -> str:
+    """A WebSocket error reply in OpenEnv's own shape (its client raises it as ``Server error: MESSAGE``)."""
+    return json.dumps({"type": "error", "data": {"message": message, "code": code}})
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_NUMBER_DIGITS:
+        raise _TooManyDigits(len(text.lstrip("-")))
+    return int(text)
+
+
+class _TooManyDigits(ValueError):
+    def __init__(self, digits: int):
+        super().__init__(digits)
+        self.digits = digits
+
+
+class ServeGuard:
+    """The ASGI app uvicorn runs: checks each request and WebSocket message, then hands it to ``app`` (OpenEnv's).
+
+    ``token``: required on every request but ``GET /health``, as ``Authorization: Bearer TOKEN``.
+    ``max_action_chars``: the longest action a step takes (a WebSocket message or an HTTP body is bounded by it).
+    ``idle_timeout``: a WebSocket with no message for this long is closed (its session and env with it);
+    ``None``: never. ``body_timeout``: the seconds an HTTP body has to arrive whole.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        events: EventLog,
+        token: str | None,
+        max_action_chars: int,
+        idle_timeout: float | None,
+        body_timeout: float,
+    ):
+        self.app = app
+        self.events = events
+        self._token = None if token is None else token.encode()
+        self.max_action_chars = max_action_chars
+        self.max_message_chars = max_action_chars + MESSAGE_OVERHEAD_CHARS
+        self.max_body_bytes = 4 * max_action_chars + MESSAGE_OVERHEAD_CHARS  # UTF-8: at most 4 bytes a character
+        self.idle_timeout = idle_timeout
+        self.body_timeout = body_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:  # lifespan: the server's loop starts here
+            asyncio.get_running_loop().set_exception_handler(self._loop_exception)
+            await self.app(scope, receive, send)
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The loop's own errors as one line each, rate-limited (asyncio's default prints a traceback; out of
+        file descriptors, its accept loop retries every second)."""
+        error = context.get("exception")
+        detail = context.get("message", "error in the event loop").split("\n", 1)[0]
+        if error is not None:
+            detail += f": {type(error).__name__}: {error}"
+        self.events.note("server", detail)
+
+    # -- checks common to both ---------------------------------------------------------------------
+    def _refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """(status, one line) when the request is refused before OpenEnv sees it; None when it may go on."""
+        path = scope.get("path", "")
+        if self._token is not None and not (scope["type"] == "http" and path.endswith("/health")):
+            given = b""
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization" and value[:7].lower() == b"bearer ":
+                    given = value[7:].strip()
+            if not hmac.compare_digest(given, self._token):
+                self.events.note("unauthorized", f"{_client(scope)} {path}: no valid token")
+                return 401, "this server needs a token: send the header 'Authorization: Bearer TOKEN' (GenericEnvClient(base_url, headers={...}))"
+        if path.endswith("/mcp"):
+            self.events.note("refused", f"{_client(scope)} {path}: the MCP endpoints are off")
+            return 403, (
+                "gem-core serve turns off OpenEnv's MCP endpoints (/mcp): a session is made by a WebSocket (/ws) and "
+                "ends with it, so no client can hold or close another's; play over /ws"
+            )
+        if scope["type"] == "websocket" and "session_id" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
+            self.events.note("refused", f"{_client(scope)} {path}: asked to attach to a session by id")
+            return 403, "a WebSocket cannot attach to a session by id here: each connection (/ws) gets its own session"
+        return None
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = self._refusal(scope)
+        if refused is not None:
+            await _reply(send, *refused)
+            return
+        length = dict(scope.get("headers", ())).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            self.events.note("body too large", f"{_client(scope)} {scope['path']}: {int(length)} bytes")
+            await _reply(send, 413, f"the request body has {int(length)} bytes; this server takes at most {self.max_body_bytes}")
+            return
+        body = bytearray()
+        deadline = time.monotonic() + self.body_timeout
+        while True:  # the whole body first, bounded in size and time, then OpenEnv reads it from memory
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
+            except asyncio.TimeoutError:
+                self.events.note("slow client", f"{_client(scope)} {scope['path']}: the body did not arrive within {self.body_timeout:g} s")
+                await _reply(send, 408, f"the request body did not arrive within {self.body_timeout:g} s")
+                return
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                self.events.note("body too large", f"{_client(scope)} {scope['path']}: over {self.max_body_bytes} bytes")
+                await _reply(send, 413, f"the request body is over {self.max_body_bytes} bytes, the most this server takes")
+                return
+            if not message.get("more_body", False):
+                break
+        problem = _json_problem(bytes(body)) if body else None
+        if problem is not None:
+            self.events.note("bad message", f"{_client(scope)} {scope['path']}: {problem}")
+            await _reply(send, 400, problem)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            try:
+                await send(message)
+            except OSError:  # the client went away before the answer: nothing to tell it
+                self.events.note("client gone", f"{_client(scope)} {scope['path']}: left before the response")
+
+        try:
+            await self.app(scope, replay, tracked_send)
+        except Exception as err:  # one line in the log, one line to the client; never an ASGI traceback
+            self.events.note("error", f"{scope['method']} {scope['path']}: {type(err).__name__}: {err}")
+            if not started:
+                await _reply(send, 500, f"{type(err).__name__}: {err}")
+
+    # -- WebSocket ---------------------------------------------------------------------------------
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = self._refusal(scope)
+        if refused is not None:
+            await receive()  # websocket.connect
+            status, line = refused
+            if "websocket.http.response" in scope.get("extensions", {}):  # the reason reaches the client as the HTTP answer
+                await send({"type": "websocket.http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "websocket.http.response.body", "body": json.dumps({"detail": line}).encode()})
+            else:
+                await send({"type": "websocket.close", "code": 1008, "reason": line[:120]})
+            return
+        connection = _WebSocketGuard(self, scope, receive, send)
+        try:
+            await self.app(scope, connection.receive, connection.send)
+        except Exception as err:
+            self.events.note("error", f"WebSocket {scope['path']}: {type(err).__name__}: {err}")
+        finally:
+            connection.drop()
+
+    def check_message(self, text: str) -> str | None:
+        """Why a WebSocket message is refused (one line), or None when OpenEnv may read it."""
+        if len(text) > self.max_message_chars:
+            return (
+                f"the message has {len(text)} characters; this server takes at most {self.max_message_chars} "
+                f"(an action of at most {self.max_action_chars}: --max-action-chars)"
+            )
+        try:
+            message = json.loads(text, parse_int=_bounded_int)
+        except (_TooManyDigits, RecursionError) as err:
+            return _parse_problem(err)
+        except ValueError as err:
+            return f"the message is not JSON: {err}"
+        if not isinstance(message, dict):
+            return f'a message is a JSON object {{"type": "reset"|"step"|"state"|"close", "data": {{...}}}}, got a JSON {_json_kind(message)}'
+        kind = message.get("type")
+        if kind == "mcp":
+            return "MCP messages are off on gem-core serve (its envs take text actions): send reset, step, state or close"
+        data = message.get("data")
+        if kind == "step" and isinstance(data, dict) and isinstance(data.get("action"), str) and len(data["action"]) > self.max_action_chars:
+            return f"the action has {len(data['action'])} characters; this server takes at most {self.max_action_chars} (--max-action-chars)"
+        return None
+
+
+def _parse_problem(err: BaseException) -> str:
+    if isinstance(err, _TooManyDigits):
+        return f"a number in the message has {err.digits} digits; at most {MAX_NUMBER_DIGITS} are taken (a seed is an integer from 0)"
+    return "the message is nested too deeply to be a message"
+
+
+def _json_problem(body: bytes) -> str | None:
+    """Why an HTTP JSON body is refused before FastAPI parses it (a number too long for Python's int parser,
+    nesting deeper than its recursion limit), or None (other bad JSON is FastAPI's to answer)."""
+    try:
+        json.loads(body, parse_int=_bounded_int)
+    except (_TooManyDigits, RecursionError) as err:
+        return _parse_problem(err)
+    except ValueError:
+        return None
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+async def _reply(send: Send, status: int, line: str) -> None:
+    body = json.dumps({"detail": line}).encode()
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+    except OSError:
+        pass
+
+
+class _WebSocketGuard:
+    """One WebSocket connection's receive and send, as OpenEnv's endpoint sees them."""
+
+    def __init__(self, guard: ServeGuard, scope: Scope, receive: Receive, send: Send):
+        self.guard = guard
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self._pending: asyncio.Future[Message] | None = None
+        self._closed_by_us = False
+        self._gone = False
+
+    async def send(self, message: Message) -> None:
+        if self._gone or self._closed_by_us:
+            return  # the answer to a client that left, or OpenEnv's close after ours: nowhere to go
+        try:
+            await self._send(message)
+        except OSError:  # uvicorn's ClientDisconnected: the client left mid-step; its session ends at the next read
+            self._gone = True
+            self.guard.events.note("client gone", f"{_client(self.scope)} left before its answer was sent")
+
+    async def receive(self) -> Message:
+        while True:
+            message = await self._next()
+            if message["type"] != "websocket.receive":
+                return message
+            text = message.get("text")
+            if text is None:
+                problem = "send text frames (JSON messages), not binary ones"
+            else:
+                problem = self.guard.check_message(text)
+            if problem is None:
+                return message
+            self.guard.events.note("bad message", f"{_client(self.scope)}: {problem}")
+            await self.send({"type": "websocket.send", "text": _error_frame(problem, "VALIDATION_ERROR")})
+            if self._gone:
+                return {"type": "websocket.disconnect", "code": 1006}
+
+    async def _next(self) -> Message:
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._receive())
+        try:
+            done, _ = await asyncio.wait({self._pending}, timeout=self.guard.idle_timeout)
+        except asyncio.CancelledError:
+            self.drop()
+            raise
+        if not done:
+            timeout = self.guard.idle_timeout
+            self.guard.events.note("idle", f"closed {_client(self.scope)}: no message for {timeout:g} s (--idle-timeout)")
+            await self.send(
+                {"type": "websocket.send", "text": _error_frame(f"closing: no message for {timeout:g} s, the server's idle timeout", "SESSION_ERROR")}
+            )
+            await self.send({"type": "websocket.close", "code": 1001, "reason": "idle timeout"})
+            self._closed_by_us = True
+            await asyncio.wait({self._pending}, timeout=CLOSE_WAIT_S)
+            self.drop()
+            return {"type": "websocket.disconnect", "code": 1001}
+        message = self._pending.result()
+        self._pending = None
+        return message
+
+    def drop(self) -> None:
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
+        self._pending = None
