@@ -4,6 +4,8 @@ shell and keep the files, state replays, and no sandbox process outlives its env
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -198,3 +200,35 @@ def test_sandbox_refuses_to_start_without_bwrap(monkeypatch):
         gem_core.make(ENV_ID)
     with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
         ShellSandbox([]).start()
+
+
+def test_control_characters_reach_observations_escaped():
+    env = make("count-errors")
+    try:
+        # a terminal title, the clipboard (OSC 52), a cleared screen, a bell, a NUL, a C1 CSI
+        obs = env.step(bash("printf 'a\\033]0;title\\007b\\033]52;c;ZXZpbA==\\007c\\033[2Jd\\000e\\302\\233f\\tg\\n'"))[0]
+    finally:
+        env.close()
+    assert not any(ord(ch) < 32 and ch not in "\n\t" or 0x7F <= ord(ch) <= 0x9F for ch in obs), repr(obs)
+    assert "a\\x1b]0;title\\x07b" in obs and "d\\x00e" in obs and "\\x9bf\tg" in obs, repr(obs)
+
+
+def test_an_interpreter_path_with_dotdot_starts_the_sandboxes(tmp_path):
+    """``/tmp/x/../../venv/bin/python``: a directory the sandbox does not have (its /tmp is its own) on the
+    way; the sandbox binds resolved directories, and the interpreter it starts must be one of them."""
+    dotted = os.path.join(tmp_path, os.path.relpath(os.path.abspath(sys.executable), tmp_path))
+    assert ".." in dotted and os.path.exists(dotted)
+    code = (
+        "import gem_core\n"
+        "from gem_core.tools.sandbox import PythonSandbox\n"
+        "env = gem_core.make('terminal:Tasks-v0', task='count-errors')\n"
+        "env.reset(seed=0)\n"
+        "print(env.step('```bash\\necho $((6 * 7))\\n```')[0])\n"
+        "env.close()\n"
+        "sandbox = PythonSandbox()\n"
+        "print(sandbox.run('print(6 * 7)').stdout)\n"
+        "sandbox.close()\n"
+    )
+    done = subprocess.run([dotted, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("42\n") == 2, done.stdout + done.stderr[-2000:]
