@@ -5,7 +5,6 @@ shell and keep the files, state replays, and no sandbox process outlives its env
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -213,22 +212,23 @@ def test_control_characters_reach_observations_escaped():
     assert "a\\x1b]0;title\\x07b" in obs and "d\\x00e" in obs and "\\x9bf\tg" in obs, repr(obs)
 
 
-def test_an_interpreter_path_with_dotdot_starts_the_sandboxes(tmp_path):
-    """``/tmp/x/../../venv/bin/python``: a directory the sandbox does not have (its /tmp is its own) on the
-    way; the sandbox binds resolved directories, and the interpreter it starts must be one of them."""
+def test_an_interpreter_path_with_dotdot_starts_the_sandboxes(tmp_path, monkeypatch):
+    """``/tmp/x/../../venv/bin/python`` (Python 3.10 keeps such a path in sys.executable): a directory the
+    sandbox does not have (its /tmp is its own) on the way. The sandbox binds resolved directories, and
+    the interpreter it starts must be one of them: the Terminal env's and the Python tool's."""
+    from gem_core.tools.sandbox import PythonSandbox
+
     dotted = os.path.join(tmp_path, os.path.relpath(os.path.abspath(sys.executable), tmp_path))
-    assert ".." in dotted and os.path.exists(dotted)
-    code = (
-        "import gem_core\n"
-        "from gem_core.tools.sandbox import PythonSandbox\n"
-        "env = gem_core.make('terminal:Tasks-v0', task='count-errors')\n"
-        "env.reset(seed=0)\n"
-        "print(env.step('```bash\\necho $((6 * 7))\\n```')[0])\n"
-        "env.close()\n"
-        "sandbox = PythonSandbox()\n"
-        "print(sandbox.run('print(6 * 7)').stdout)\n"
-        "sandbox.close()\n"
-    )
-    done = subprocess.run([dotted, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("42\n") == 2, done.stdout + done.stderr[-2000:]
+    assert ".." in dotted and os.path.samefile(dotted, sys.executable)
+    monkeypatch.setattr(sys, "executable", dotted)
+    env = make("count-errors")
+    try:
+        obs, _reward, terminated, _truncated, info = env.step(bash("echo $((6 * 7))"))
+    finally:
+        env.close()
+    assert obs == "42\n[exit code: 0]" and not terminated, (obs, info)
+    sandbox = PythonSandbox(workers=1, tmpfs_mb=63)  # a pool of its own, started with the dotted path
+    try:
+        assert sandbox.run("print(6 * 7)").stdout == "42\n"
+    finally:
+        sandbox.close()
