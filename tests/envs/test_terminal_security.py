@@ -164,6 +164,11 @@ def _(obs, info, host):
     assert "KILLED HOST" not in obs
 
 
+@attack("signal the supervisor (pid 1)", "for s in INT TERM HUP USR1 SEGV STOP KILL; do kill -$s 1; done; echo sent")
+def _(obs, info, host):
+    assert "sent" in obs  # and the next command still runs: the supervisor took none of them
+
+
 @attack("kill every process it can", "kill -9 -1; echo end")
 def _(obs, info, host):
     # The agent's own shell dies; its supervisor is out of reach (root host) or the episode ends.
