@@ -4,6 +4,7 @@ shell and keep the files, state replays, and no sandbox process outlives its env
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -198,3 +199,36 @@ def test_sandbox_refuses_to_start_without_bwrap(monkeypatch):
         gem_core.make(ENV_ID)
     with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
         ShellSandbox([]).start()
+
+
+def test_control_characters_reach_observations_escaped():
+    env = make("count-errors")
+    try:
+        # a terminal title, the clipboard (OSC 52), a cleared screen, a bell, a NUL, a C1 CSI
+        obs = env.step(bash("printf 'a\\033]0;title\\007b\\033]52;c;ZXZpbA==\\007c\\033[2Jd\\000e\\302\\233f\\tg\\n'"))[0]
+    finally:
+        env.close()
+    assert not any(ord(ch) < 32 and ch not in "\n\t" or 0x7F <= ord(ch) <= 0x9F for ch in obs), repr(obs)
+    assert "a\\x1b]0;title\\x07b" in obs and "d\\x00e" in obs and "\\x9bf\tg" in obs, repr(obs)
+
+
+def test_an_interpreter_path_with_dotdot_starts_the_sandboxes(tmp_path, monkeypatch):
+    """``/tmp/x/../../venv/bin/python`` (Python 3.10 keeps such a path in sys.executable): a directory the
+    sandbox does not have (its /tmp is its own) on the way. The sandbox binds resolved directories, and
+    the interpreter it starts must be one of them: the Terminal env's and the Python tool's."""
+    from gem_core.tools.sandbox import PythonSandbox
+
+    dotted = os.path.join(tmp_path, os.path.relpath(os.path.abspath(sys.executable), tmp_path))
+    assert ".." in dotted and os.path.samefile(dotted, sys.executable)
+    monkeypatch.setattr(sys, "executable", dotted)
+    env = make("count-errors")
+    try:
+        obs, _reward, terminated, _truncated, info = env.step(bash("echo $((6 * 7))"))
+    finally:
+        env.close()
+    assert obs == "42\n[exit code: 0]" and not terminated, (obs, info)
+    sandbox = PythonSandbox(workers=1, tmpfs_mb=63)  # a pool of its own, started with the dotted path
+    try:
+        assert sandbox.run("print(6 * 7)").stdout == "42\n"
+    finally:
+        sandbox.close()

@@ -2,19 +2,31 @@
 Python tool's held-out set (tests/tools/test_python_security.py, whose canaries and loopback servers
 this module reuses).
 
-Every command runs with a 2 s limit and must come back within 5 s with a readable observation; no
-canary (a host file's content, a host environment variable) may appear in any observation; the host's
-files, servers and processes are checked from outside; afterwards the env still runs a command, and
-once it is closed none of its sandbox's processes is left.
+Every command runs with a 5 s limit and must come back with a readable observation (a hang guard of
+ten times that: the machine may be loaded); no canary (a host file's content, a host environment
+variable) may appear in any observation; the host's files, servers and processes are checked from
+outside; afterwards the env still runs a command, and once it is closed none of its sandbox's
+processes is left.
+
+Then the reward itself (issue 49): a hostile model that answers for the sandbox's supervisor, traces
+its pid 1 or the checker, or reads their memory, must still score 0, with the host running as root
+and as an unprivileged user (``terminal_attack_child.py``, started under ``setpriv``); and the limits
+of a sandbox hold for all its processes together: nothing runs between commands, memory and files are
+counted across processes, the status pipe cannot grow the supervisor.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import shutil
+import site
+import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,9 +40,10 @@ import gem_core  # noqa: E402
 from gem_core.core import MAX_OBSERVATION_CHARS  # noqa: E402
 from gem_core.envs.terminal.shell import living_sandbox_processes  # noqa: E402
 
-TIMEOUT = 2.0
-LIMIT = TIMEOUT + 3.0
+TIMEOUT = 5.0  # room for a loaded machine: the contract is that the limit kills, not how fast it comes
+HANG_GUARD = 10 * (TIMEOUT + 5.0)  # the env's own margin is 5 s over the limit
 REPO = Path(__file__).resolve().parents[2]
+ATTACK_CHILD = Path(__file__).resolve().parent / "terminal_attack_child.py"
 
 
 @dataclass
@@ -38,14 +51,15 @@ class Attack:
     name: str
     command: str
     check: Callable[[str, dict, Host], None]
+    env_kwargs: dict = field(default_factory=dict)
 
 
 ATTACKS: list[Attack] = []
 
 
-def attack(name: str, command: str):
+def attack(name: str, command: str, **env_kwargs):
     def register(check):
-        ATTACKS.append(Attack(name, command, check))
+        ATTACKS.append(Attack(name, command, check, env_kwargs))
         return check
 
     return register
@@ -86,6 +100,7 @@ def _(obs, info, host):
 @attack(
     "fill the disk: a huge file, then many files",
     "head -c 200M /dev/zero > big; echo big $?; for i in 1 2 3 4 5 6 7 8; do head -c 15M /dev/zero > f$i || break; done; df -m /app | tail -n 1",
+    disk_mb=24,  # ENOSPC after 24 MB written, not 64: the same contract with less I/O on a loaded machine
 )
 def _(obs, info, host):
     assert "File too large" in obs and "No space left on device" in obs
@@ -149,6 +164,11 @@ def _(obs, info, host):
     assert "KILLED HOST" not in obs
 
 
+@attack("signal the supervisor (pid 1)", "for s in INT TERM HUP USR1 SEGV STOP KILL; do kill -$s 1; done; echo sent")
+def _(obs, info, host):
+    assert "sent" in obs  # and the next command still runs: the supervisor took none of them
+
+
 @attack("kill every process it can", "kill -9 -1; echo end")
 def _(obs, info, host):
     # The agent's own shell dies; its supervisor is out of reach (root host) or the episode ends.
@@ -180,9 +200,15 @@ def _(obs, info, host):
     assert int(obs.split()[0]) <= 8
 
 
-@attack("read the supervisor's memory", "for p in /proc/[0-9]*; do head -c 1 $p/mem > /dev/null 2>&1 && echo OPENED $p; done; echo end")
+@attack(
+    "read the supervisor's memory",
+    # One byte at the first mapped address of each process (offset 0 is never mapped: it reads nothing anywhere).
+    'for p in /proc/[0-9]*; do a=$(head -n 1 $p/maps 2>/dev/null | cut -d- -f1); [ -n "$a" ] || continue; '
+    '[ "$(dd if=$p/mem bs=1 skip=$((16#$a)) count=1 status=none 2>/dev/null | wc -c)" = 1 ] && echo READ $p; done; echo end',
+)
 def _(obs, info, host):
-    assert "OPENED /proc/2" not in obs and "OPENED /proc/1\n" not in obs
+    assert "READ /proc/" in obs  # the agent's own processes: the attack does read mapped memory
+    assert "READ /proc/1\n" not in obs  # not the supervisor's (the sandbox's pid 1)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +226,7 @@ def sandbox_processes() -> list[int]:
 def step(env, command: str):
     started = time.monotonic()
     obs, reward, terminated, truncated, info = env.step(f"```bash\n{command}\n```")
-    assert time.monotonic() - started < LIMIT
+    assert time.monotonic() - started < HANG_GUARD
     assert SECRET not in obs and FILE_SECRET not in obs, obs[:500]
     assert len(obs) <= MAX_OBSERVATION_CHARS
     return obs, reward, terminated, truncated, info
@@ -208,7 +234,7 @@ def step(env, command: str):
 
 @pytest.mark.parametrize("hostile", ATTACKS, ids=[a.name for a in ATTACKS])
 def test_hostile_command_is_contained(host, hostile):
-    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=TIMEOUT)  # made while the canary is set
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=TIMEOUT, **hostile.env_kwargs)  # made while the canary is set
     env.reset(seed=0)
     try:
         obs, _reward, terminated, _truncated, info = step(env, host.fill(hostile.command))
@@ -229,7 +255,11 @@ def test_at_least_20_hostile_commands():
 def test_background_processes_die_with_the_episode(host):
     env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=TIMEOUT)
     env.reset(seed=0)
-    step(env, "setsid nohup sleep 1000 > /dev/null 2>&1 & (while :; do sleep 0.1; done &) ; disown -a; echo started")
+    # (the command waits until the daemon is `sleep 1000`: between commands the agent's processes are stopped where they are)
+    step(
+        env,
+        "setsid nohup sleep 1000 > /dev/null 2>&1 & until grep -qs 1000 /proc/$!/cmdline; do :; done; (while :; do sleep 0.1; done &) ; disown -a; echo started",
+    )
     assert sandbox_processes()  # bwrap, the sandbox's init, the supervisor
     assert [pid for pid in _host_pids() if b"sleep\x001000" in _cmdline(pid)]  # the daemon runs
     # The checker runs only after the agent's processes are gone; the end of the episode ends the sandbox.
@@ -247,3 +277,207 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+# -- the reward cannot be forged (issue 49) -----------------------------------------------------------
+
+FORGING = ["forge-reply", "forge-extra-key", "ptrace-pid-1", "read-memory", "checker-exit-zero", "python-tool-ptrace"]
+UNPRIVILEGED = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def _child_command(unprivileged: bool) -> tuple[list[str], dict[str, str]]:
+    """How to start terminal_attack_child.py: as this process's user, or as ``nobody`` through setpriv
+    (this process must be root), with an interpreter and a gem_core that user can reach."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()])}
+    if not unprivileged:
+        return [sys.executable, str(ATTACK_CHILD)], env
+    if os.geteuid() != 0:
+        pytest.skip("this test process is not root: the attacks above already ran as an unprivileged user")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed: cannot start the env as an unprivileged user")
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    reasons = []
+    # This interpreter, or the system's one of the same version (a virtualenv under /root is out of nobody's reach).
+    for python in dict.fromkeys([sys.executable, f"/usr/bin/{version}", f"/usr/local/bin/{version}"]):
+        probe = subprocess.run(
+            [*UNPRIVILEGED, "env", "-i", *(f"{k}={v}" for k, v in env.items()), python, "-c", "import gem_core"], capture_output=True, text=True
+        )
+        if probe.returncode == 0:
+            return [*UNPRIVILEGED, "env", "-i", *(f"{k}={v}" for k, v in env.items()), python, str(ATTACK_CHILD)], env
+        reasons.append(f"{python}: {probe.stderr.strip()[-120:]}")
+    pytest.skip(f"no interpreter that nobody can run imports this checkout's gem_core ({'; '.join(reasons)})")
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["host-user", "unprivileged-host"])
+def forging(request):
+    require_bwrap()
+    if platform.machine() != "x86_64":
+        pytest.skip("the ptrace attack programs set x86_64 registers")
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("the attack programs run with the sandbox's /usr/bin/python3, which this machine lacks")
+    argv, env = _child_command(request.param)
+    done = subprocess.run([*argv, *FORGING], capture_output=True, text=True, env=env, cwd="/tmp", timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("name", FORGING)
+def test_the_reward_cannot_be_forged(forging, name):
+    result = forging[name]
+    transcript = "\n---\n".join(result["observations"])
+    assert result["exception"] is None, result["exception"]  # never a crash from the model's output
+    assert all(reward <= 0 for reward in result["rewards"]) and not result["success"], transcript
+    assert "ATTACHED" not in transcript and "FORCED" not in transcript, transcript
+    assert "READ-MEMORY 1\n" not in transcript, transcript
+    if name == "read-memory":
+        assert "READ-MEMORY 2" in transcript  # the agent's own shell: the program does read a mapped address
+    if name == "python-tool-ptrace":
+        assert transcript.count("refused 1\n") == 2  # bwrap's init, from a snippet and from a test case
+
+
+def test_a_malformed_reply_is_an_infra_error_not_an_exception():
+    """The host checks every reply: an unknown key, a wrong type, a reply too long are each one clear
+    infra error, in info, with reward 0 (a stand-in supervisor sends them)."""
+    from gem_core.envs.terminal.shell import CHECK_REPLY, RUN_REPLY, ShellSandbox, validate_reply
+    from gem_core.errors import INFRA_ERROR
+
+    good = {"output": "", "exit_code": 0, "timed_out": False, "shell_exited": False, "truncated": False, "restarted": False, "limit": None}
+    assert validate_reply(good, RUN_REPLY) is None
+    assert "unknown" in validate_reply({**good, "evil": 1}, RUN_REPLY)
+    assert "exit_code" in validate_reply({**good, "exit_code": "0"}, RUN_REPLY)
+    assert "timed_out" in validate_reply({**good, "timed_out": 0}, RUN_REPLY)
+    assert validate_reply([good], RUN_REPLY) is not None and validate_reply({"output": "", "exit_code": True, "timed_out": False}, CHECK_REPLY)
+    replies = [  # as Python expressions, for the stand-in's command line
+        repr(json.dumps({**good, "evil": 1})),
+        repr(json.dumps({"output": "", "exit_code": 0, "timed_out": "no"})),
+        "'x' * (1 << 21)",
+        repr("[1, 2]"),
+    ]
+    for reply in replies:
+        env = gem_core.make("terminal:Tasks-v0", task="count-errors")
+        env.reset(seed=0)
+        sandbox = ShellSandbox([], output_bytes=env.max_output_bytes)
+        script = f"import sys\nsys.stdin.readline()\nsys.stdout.write({reply} + '\\n')\nsys.stdout.flush()\nsys.stdin.readline()\n"
+        sandbox.proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        os.set_blocking(sandbox.proc.stdout.fileno(), False)
+        sandbox._buffer = b""
+        env._sandbox, env.commands, env._replayed = sandbox, ["true"], 1
+        try:
+            obs, reward, terminated, _truncated, info = env.step("submit" if "no" in reply else "```bash\ntrue\n```")
+        finally:
+            env.close()
+            sandbox.proc.wait(timeout=60)
+        assert reward == 0.0 and terminated and not info["success"], (reply[:80], obs)
+        assert "invalid reply" in info[INFRA_ERROR], info
+
+
+# -- limits per sandbox, not per process -------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _supervisor_pid(env) -> int:
+    return env._sandbox.init_pid
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid in _host_pids():
+        fields = _stat_fields(pid)
+        if fields:
+            children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum((int(f[11]) + int(f[12])) / ticks for f in map(_stat_fields, pids) if f)
+
+
+def test_nothing_of_the_agent_runs_between_commands(host):
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=TIMEOUT)
+    env.reset(seed=0)
+    try:
+        burners = "(while :; do :; done) & (while :; do (while :; do :; done) & sleep 0.05; kill $! 2> /dev/null; done) & echo started"
+        assert "started" in step(env, burners)[0]
+        agent = _descendants(_supervisor_pid(env))
+        assert len(agent) >= 3  # the shell and both burners
+        before = _cpu_seconds(agent)
+        for _ in range(10):  # whenever we look, while no command runs: every process of the agent's is stopped
+            states = {pid: _stat_fields(pid)[0] for pid in _descendants(_supervisor_pid(env)) if _stat_fields(pid)}
+            assert set(states.values()) <= {b"T", b"t", b"Z"}, states
+            time.sleep(0.1)
+        used = _cpu_seconds(agent) - before
+        assert used < 0.05, f"the agent's processes used {used:.2f} CPU-seconds while no command ran"
+        obs = step(env, "jobs -r")[0]  # and they go on with the next command
+        assert obs.count("Running") == 2, obs
+    finally:
+        env.close()
+
+
+def test_memory_is_counted_across_the_sandboxs_processes(host):
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("the allocating processes are the sandbox's /usr/bin/python3, which this machine lacks")
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=60.0, memory_mb=256)
+    env.reset(seed=0)
+    try:
+        six = "for i in 1 2 3 4 5 6; do python3 -c 'import time; b = b\"x\" * (200 << 20); time.sleep(120)' & done; wait; echo ALL-DONE"
+        obs, reward, terminated, _truncated, info = step(env, six)
+        assert info["limit"] == "memory" and not info["timed_out"] and reward == env.timeout_reward and not terminated, obs
+        assert "256 MB of memory together" in obs and "ALL-DONE" not in obs
+        assert "42\n" in step(env, "echo $((6 * 7))")[0]
+    finally:
+        env.close()
+
+
+def test_files_are_capped_per_tmpfs(host):
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=60.0, disk_mb=1)
+    env.reset(seed=0)
+    cap = env.limits.max_inodes
+    try:
+        obs, _reward, terminated, _truncated, info = step(env, f"for i in $(seq {cap + 2000}); do {{ : > f$i; }} 2> /dev/null || break; done; ls | wc -l")
+        if info.get("limit") == "files":  # counted (a host that is not root): the episode ends
+            assert terminated and "files" in obs
+        else:  # capped by the tmpfs itself (a root host)
+            assert int(obs.splitlines()[-2]) <= cap, obs
+    finally:
+        env.close()
+
+
+def test_the_status_pipe_cannot_grow_the_supervisor(host):
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=60.0)
+    env.reset(seed=0)
+    try:
+        step(env, "true")
+        status = Path(f"/proc/{_supervisor_pid(env)}/status")
+        rss = lambda: int(next(line for line in status.read_text().splitlines() if line.startswith("VmRSS:")).split()[1])  # noqa: E731
+        before = rss()
+        # 16 MiB without a newline to bash's saved copy of the status descriptor, which eval's commands reach
+        obs = step(env, "x=$(printf '%01024d' 0); for i in $(seq 16384); do printf %s \"$x\" >&11; done; echo written")[0]
+        assert "written" in obs, obs
+        grown = (rss() - before) / 1024
+        assert grown < 4, f"the supervisor grew by {grown:.1f} MiB"
+    finally:
+        env.close()
+
+
+def test_pid_1s_command_line_shows_no_host_path(host):
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=TIMEOUT)
+    env.reset(seed=0)
+    try:
+        obs = step(env, "tr '\\0' ' ' < /proc/1/cmdline; echo; cat /proc/1/environ > /dev/null && echo ENVIRON")[0]
+    finally:
+        env.close()
+    assert "gem-terminal-supervisor" in obs
+    for secret in (str(REPO), sys.prefix, "gem-sandbox-owner", "ENVIRON"):
+        assert secret not in obs, obs

@@ -44,8 +44,16 @@ _TAG = ("<bash>", "</bash>")
 _SUBMIT = frozenset({"submit", "done", "<submit/>", "<submit>", "exit 0 # submit"})
 RANDOM_COMMANDS = ("ls", "ls -la", "pwd", "cat *.txt | head -n 5", "wc -l *", "find . -maxdepth 2 | sort", "echo hello", "true", "false")
 RANDOM_SUBMIT = 0.25  # how often the random policy submits: its episodes end in a few turns
+# Control characters other than newline and tab (C0, DEL, C1): a terminal would act on them (a title, the
+# clipboard through OSC 52, a cleared screen). Observations show them escaped, as \x1b.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 ACTION_HELP = "Reply with exactly one shell command in a ```bash code block (for example ```bash\nls -la\n```), or with submit when the task is done."
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab escaped (``\\x1b``)."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 def parse_action(action: Any) -> tuple[str, str | None]:
@@ -179,11 +187,23 @@ class TerminalEnv(Env):
         if result.lost is not None:
             if result.infra_error is not None:
                 info[INFRA_ERROR] = result.infra_error
-                return "The sandbox could not be started; the episode ends.", 0.0, True
+                return f"The sandbox failed ({result.lost}); the episode ends.", 0.0, True
             info["sandbox_lost"] = result.lost
             return f"The sandbox is gone ({result.lost}); the episode ends.", self.timeout_reward, True
-        info.update(exit_code=result.exit_code, timed_out=result.timed_out, truncated=result.truncated)
-        body = result.output if result.output.endswith("\n") or not result.output else result.output + "\n"
+        info.update(exit_code=result.exit_code, timed_out=result.timed_out, truncated=result.truncated, limit=result.limit)
+        output = printable(result.output)
+        body = output if output.endswith("\n") or not output else output + "\n"
+        if result.limit == "files":
+            self._close_sandbox()
+            note = f"[the sandbox holds more than {self.limits.max_inodes} files in one place; the episode ends]"
+            info["sandbox_lost"] = "too many files"
+            return body + note, self.timeout_reward, True
+        if result.limit == "memory":
+            note = (
+                f"[the command's processes used more than {self.limits.memory_mb} MB of memory together and were killed, "
+                f"with every process it started; the next command starts a new shell in {APP} (files are kept)]"
+            )
+            return body + note, self.timeout_reward, False
         if result.timed_out:
             note = (
                 f"[the command ran past {self.command_timeout:g} seconds and was killed, with every process it started; "
@@ -212,7 +232,9 @@ class TerminalEnv(Env):
         result = sandbox.check(self.task.check, self.check_timeout)
         self._close_sandbox()
         success = result.exit_code == 0 and result.lost is None
-        extra.update(checked=True, checker_exit_code=result.exit_code, checker_output=echo(result.output))
+        if result.infra_error is not None:
+            extra[INFRA_ERROR] = result.infra_error
+        extra.update(checked=True, checker_exit_code=result.exit_code, checker_output=echo(printable(result.output)))
         return ("The task is solved: the checker passed." if success else "The task is not solved: the checker failed."), success, extra
 
     def _live_sandbox(self) -> ShellSandbox | None:

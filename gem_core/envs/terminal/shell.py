@@ -6,7 +6,10 @@ size-capped private ``/tmp``; an empty environment), the same user namespace tri
 (the agent is the host's ``nobody``), the same long-lived spawner thread for ``--die-with-parent`` and
 the same per-process reaper, which ends the sandbox if this process dies. The Terminal env adds a
 size-capped tmpfs at ``/app`` (the task's files, kept across shell restarts) and its supervisor's source,
-read-only. Inside, :mod:`supervisor` runs the shell and the checker.
+read-only. Inside, :mod:`supervisor` runs as the sandbox's pid 1 and runs the shell and the checker.
+
+Every reply from the sandbox is checked here (:func:`validate_reply`: its keys, their types, its size):
+one that is not what the supervisor sends is an infrastructure error, never an exception.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -45,6 +47,11 @@ class ShellLimits:
     app_mb: int = 64  # the /app tmpfs
     tmp_mb: int = 64  # the /tmp and /dev/shm tmpfs
 
+    @property
+    def max_inodes(self) -> int:
+        """Files (and directories) on each writable tmpfs: 256 per MiB of its size, at least 4096."""
+        return max(4096, 256 * max(self.app_mb, self.tmp_mb))
+
     def rlimits(self, extra_processes: int) -> dict[str, int]:
         return {
             "RLIMIT_AS": self.memory_mb * policy.MIB,
@@ -67,8 +74,37 @@ class CommandResult:
     truncated: bool = False
     shell_exited: bool = False
     restarted: bool = False
+    limit: str | None = None  # "memory" or "files": the sandbox's processes together went over a limit
     lost: str | None = None
-    infra_error: str | None = None  # the sandbox could not start: not the agent's doing
+    infra_error: str | None = None  # the sandbox could not start or broke its protocol: not the agent's doing
+
+
+MAX_REPLY_BYTES_OVER_OUTPUT = 64 * 1024  # a reply's JSON beyond its output's own escaped size
+# What each supervisor reply must hold: key -> the types its value may have (and nothing else).
+_INT_OR_NONE = (int, type(None))
+RUN_REPLY = {
+    "output": (str,), "exit_code": _INT_OR_NONE, "timed_out": (bool,), "shell_exited": (bool,),
+    "truncated": (bool,), "restarted": (bool,), "limit": (str, type(None)),
+}  # fmt: skip
+CHECK_REPLY = {"output": (str,), "exit_code": _INT_OR_NONE, "timed_out": (bool,)}
+HELLO_REPLY = {"op": (str,), "pid": (int,)}
+LIMITS = frozenset({"memory", "files"})
+
+
+def validate_reply(reply: Any, schema: dict[str, tuple[type, ...]]) -> str | None:
+    """Why ``reply`` is not a reply of ``schema``'s shape, or None when it is."""
+    if not isinstance(reply, dict):
+        return f"a {type(reply).__name__}, not an object"
+    if set(reply) != set(schema):
+        unknown, missing = sorted(set(reply) - set(schema)), sorted(set(schema) - set(reply))
+        return f"keys {unknown} unknown, {missing} missing"[:200]
+    for key, types in schema.items():
+        value = reply[key]
+        if not isinstance(value, types) or (bool in types) != isinstance(value, bool):
+            return f"{key!r} is a {type(value).__name__}"
+    if reply.get("limit") is not None and reply["limit"] not in LIMITS:
+        return "an unknown limit"
+    return None
 
 
 class ShellSandbox:
@@ -81,6 +117,7 @@ class ShellSandbox:
         self.files, self.limits, self.output_bytes = files, limits, output_bytes
         self.proc: subprocess.Popen[bytes] | None = None
         self.init_pidfd: int | None = None
+        self.init_pid: int | None = None  # the supervisor's host pid (the sandbox's pid 1), once known
         self.tag = ""
         self._finalizer: weakref.finalize | None = None
 
@@ -93,8 +130,11 @@ class ShellSandbox:
         config = {
             "app": APP,
             "agent_uid": policy.SANDBOX_UID if root else None,
-            # The uid's own count: bwrap's init and the supervisor share it when the host is not root.
-            "limits": self.limits.rlimits(extra_processes=0 if root else 2),
+            # The uid's own count: the supervisor shares it when the host is not root.
+            "limits": self.limits.rlimits(extra_processes=0 if root else 1),
+            "memory_mb": self.limits.memory_mb,
+            "max_inodes": self.limits.max_inodes,
+            "confine": f"{policy.WORKER_MOUNT}/confine.py",
             "output_bytes": self.output_bytes,
             "env": SHELL_ENV,
             "files": self.files,
@@ -108,7 +148,8 @@ class ShellSandbox:
                 helper, ns_fd = policy.user_namespace_as_root()
                 pass_fds = (ns_fd, info_w)
             binds = ["--ro-bind", str(SUPERVISOR_DIR), SUPERVISOR_MOUNT, "--size", str(self.limits.app_mb * policy.MIB), "--perms", "0755", "--tmpfs", APP]
-            argv = [*policy.bwrap_argv(self.limits.tmp_mb, ns_fd, info_w, binds=binds), sys.executable, "-I", "-S", f"{SUPERVISOR_MOUNT}/supervisor.py"]
+            argv = [*policy.bwrap_argv(self.limits.tmp_mb, ns_fd, info_w, binds=binds, as_pid_1=True), policy.sandbox_python(), "-I", "-S"]
+            argv.append(f"{SUPERVISOR_MOUNT}/supervisor.py")
             argv.append(json.dumps(config))
             self.proc = host.spawner.popen(
                 argv,
@@ -132,6 +173,8 @@ class ShellSandbox:
         self._buffer = b""
         hello = self._reply(time.monotonic() + START_TIMEOUT_S)
         self._find_init(info_r)
+        if isinstance(hello, str) or validate_reply(hello, HELLO_REPLY) is not None:
+            hello = None
         if hello is None:
             stderr = b""
             if self.proc.poll() is not None:
@@ -142,7 +185,8 @@ class ShellSandbox:
         return self
 
     def _find_init(self, info_r: int) -> None:
-        """bwrap's ``--info-fd`` names the sandbox's init: keep a pidfd, to end its namespace for sure."""
+        """bwrap's ``--info-fd`` names the sandbox's init (the supervisor): keep a pidfd, to end its namespace
+        for sure. It is ours when its parent is our bwrap (its command line is blanked)."""
         try:
             data = b""
             while chunk := os.read(info_r, 4096):
@@ -153,8 +197,8 @@ class ShellSandbox:
             return
         finally:
             os.close(info_r)
-        if host.carries(pid, self.tag):
-            self.init_pidfd = pidfd
+        if self.proc is not None and _parent_of(pid) == self.proc.pid:
+            self.init_pidfd, self.init_pid = pidfd, pid
             if self._finalizer is not None:
                 self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _kill, self.proc, [pidfd])
@@ -166,11 +210,15 @@ class ShellSandbox:
         return self.proc is not None and self.proc.poll() is None
 
     # -- talking
-    def _reply(self, deadline: float) -> dict[str, Any] | None:
-        """The supervisor's next JSON line, or None when it is gone or late."""
+    def _reply(self, deadline: float) -> Any:
+        """The supervisor's next JSON line (any JSON value), None when it is gone or late, or why it is
+        not a reply (a string: too long, not JSON)."""
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
+        most = 6 * self.output_bytes + MAX_REPLY_BYTES_OVER_OUTPUT  # JSON's \uXXXX is 6 bytes per byte at worst
         while b"\n" not in self._buffer:
+            if len(self._buffer) > most:
+                return f"a reply over {most} bytes"
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not host.wait_readable(fd, remaining):
                 return None
@@ -184,13 +232,15 @@ class ShellSandbox:
                 return None
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
+        if len(line) > most or self._buffer:  # one reply per request: more is not the supervisor's
+            return f"a reply over {most} bytes" if len(line) > most else "more than one reply"
         try:
             return json.loads(line)
         except ValueError:
-            return None
+            return "not JSON"
 
-    def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | str:
-        """One request; the reply, or why the sandbox is lost (it is then closed)."""
+    def _call(self, request: dict[str, Any], timeout: float, schema: dict[str, tuple[type, ...]]) -> dict[str, Any] | CommandResult:
+        """One request; the reply, or a CommandResult saying why the sandbox is lost (it is then closed)."""
         if not self.alive:
             self.close()
             return "the sandbox is gone"
@@ -199,27 +249,27 @@ class ShellSandbox:
             self.proc.stdin.flush()  # type: ignore[union-attr]
         except (OSError, ValueError):
             self.close()
-            return "the sandbox's supervisor is gone"
+            return CommandResult(lost="the sandbox's supervisor is gone")
         reply = self._reply(time.monotonic() + timeout + REPLY_MARGIN_S)
         if reply is None:
             why = "the sandbox's supervisor died" if not self.alive else "the sandbox's supervisor did not answer in time"
             self.close()
-            return why
+            return CommandResult(lost=why)
+        invalid = reply if isinstance(reply, str) else validate_reply(reply, schema)
+        if invalid is not None:
+            self.close()
+            return CommandResult(lost="the sandbox broke its protocol", infra_error=f"the terminal sandbox sent an invalid reply ({invalid})")
         return reply
 
     def run(self, command: str, timeout: float) -> CommandResult:
         """Run ``command`` in the episode's shell with a wall-clock limit of ``timeout`` seconds."""
-        reply = self._call({"op": "run", "command": command, "timeout": timeout}, timeout)
-        if isinstance(reply, str):
-            return CommandResult(lost=reply)
-        return CommandResult(**reply)
+        reply = self._call({"op": "run", "command": command, "timeout": timeout}, timeout, RUN_REPLY)
+        return reply if isinstance(reply, CommandResult) else CommandResult(**reply)
 
     def check(self, script: str, timeout: float) -> CommandResult:
         """Kill what the agent left running, then run ``script`` with ``bash -c`` in ``/app``."""
-        reply = self._call({"op": "check", "script": script, "timeout": timeout}, timeout)
-        if isinstance(reply, str):
-            return CommandResult(lost=reply)
-        return CommandResult(output=reply["output"], exit_code=reply["exit_code"], timed_out=reply["timed_out"])
+        reply = self._call({"op": "check", "script": script, "timeout": timeout}, timeout, CHECK_REPLY)
+        return reply if isinstance(reply, CommandResult) else CommandResult(**reply)
 
     # -- ending
     def close(self) -> None:
@@ -268,9 +318,17 @@ def cpu_seconds_for(timeout: float) -> int:
     return math.ceil(timeout) + 1
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def living_sandbox_processes() -> list[int]:
-    """The processes of this process's terminal sandboxes still alive (bwrap, its init, the supervisor):
-    what ``close()`` ends. The Python tool's workers carry the same owner tag; they are not counted."""
+    """The processes of this process's terminal sandboxes still alive (bwrap, and the supervisor, its
+    child, whose command line is blanked): what ``close()`` ends. The Python tool's workers carry the
+    same owner tag; they are not counted."""
     owner_prefix = host.owner.tag() + "/"
     marker = f"{SUPERVISOR_MOUNT}/supervisor.py".encode()
     living = []
@@ -280,4 +338,8 @@ def living_sandbox_processes() -> list[int]:
                 living.append(pid)
         except OSError:  # gone meanwhile
             pass
+    bwraps = set(living)
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _parent_of(int(name)) in bwraps:
+            living.append(int(name))
     return living

@@ -3,7 +3,9 @@ instruction the agent reads, a checker script (bash, run in ``/app`` after the e
 solved) and a reference solution (commands that solve it, used by the oracle policy and the tests).
 
 The agent never sees the checker: it runs after the agent's processes are gone. Checkers that judge a
-script the agent wrote run it on inputs of their own, so a hard-coded answer does not pass. The tests
+script the agent wrote run it on inputs of their own, so a hard-coded answer does not pass, and run it
+only through ``agent`` (``agent bash script.sh``): that confines it (see ``supervisor.py``), so it cannot
+trace, write into or signal the checker's own processes. The tests
 assert, for every task, that the reference solution passes and that the untouched files fail.
 """
 
@@ -68,7 +70,7 @@ TASKS: tuple[TerminalTask, ...] = (
             "sum.sh": ('#!/bin/bash\ntotal=0\nwhile read -r n; do\n  total=$((total + n)\ndone < "$1"\necho "$total"\n', EXECUTABLE),
             "numbers.txt": "10\n20\n12\n",
         },
-        check='printf "1\\n2\\n3\\n100\\n" > /tmp/n.txt && [ "$(bash sum.sh /tmp/n.txt)" = "106" ] && [ "$(bash sum.sh numbers.txt)" = "42" ]',
+        check='printf "1\\n2\\n3\\n100\\n" > /tmp/n.txt && [ "$(agent bash sum.sh /tmp/n.txt)" = "106" ] && [ "$(agent bash sum.sh numbers.txt)" = "42" ]',
         solution=("sed -i 's/total=$((total + n)$/total=$((total + n))/' sum.sh", "bash sum.sh numbers.txt"),
     ),
     TerminalTask(
@@ -120,7 +122,7 @@ TASKS: tuple[TerminalTask, ...] = (
         name="fix-permissions",
         instruction="Make /app/run.sh executable by its owner, and make /app/secret.txt readable and writable by its owner only (mode 600).",
         files={"run.sh": ("#!/bin/bash\necho running\n", PUBLIC), "secret.txt": ("token=abc\n", 0o666)},
-        check='[ -x run.sh ] && [ "$(stat -c %a secret.txt)" = 600 ] && [ "$(./run.sh)" = running ]',
+        check='[ -x run.sh ] && [ "$(stat -c %a secret.txt)" = 600 ] && [ "$(agent ./run.sh)" = running ]',
         solution=("chmod u+x run.sh && chmod 600 secret.txt",),
     ),
     TerminalTask(
@@ -132,7 +134,7 @@ TASKS: tuple[TerminalTask, ...] = (
         check=(
             'want() { for i in $(seq "$1"); do if (( i % 15 == 0 )); then echo FizzBuzz; elif (( i % 3 == 0 )); then echo Fizz; '
             'elif (( i % 5 == 0 )); then echo Buzz; else echo "$i"; fi; done; }\n'
-            'for n in 1 7 15 31; do [ "$(bash fizzbuzz.sh "$n")" = "$(want "$n")" ] || exit 1; done'
+            'for n in 1 7 15 31; do [ "$(agent bash fizzbuzz.sh "$n")" = "$(want "$n")" ] || exit 1; done'
         ),
         solution=(
             "printf '%s\\n' 'for i in $(seq \"$1\"); do' '  if (( i % 15 == 0 )); then echo FizzBuzz' "

@@ -198,7 +198,7 @@ class WorkerProcess:
             else:
                 config.update(nproc_base=2)  # bwrap's init and the manager share the snippet's uid
             script = f"{policy.WORKER_MOUNT}/{WORKER_SCRIPT}"
-            argv = [*policy.bwrap_argv(spec.tmpfs_mb, ns_fd, info_w), sys.executable, "-I", script]
+            argv = [*policy.bwrap_argv(spec.tmpfs_mb, ns_fd, info_w), policy.sandbox_python(), "-I", script]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         argv.append(json.dumps(config))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

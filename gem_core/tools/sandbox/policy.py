@@ -84,10 +84,20 @@ def require_bwrap() -> str:
     return path
 
 
+def sandbox_python() -> str:
+    """The interpreter the sandbox starts: ``sys.executable`` with its directory resolved (a path such as
+    ``repro/../.venv/bin/python`` names no directory inside the sandbox, where only the resolved
+    prefixes are bound), its own name kept (a virtualenv's ``python`` is a link that must stay one)."""
+    executable = sys.executable or "python3"
+    return os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(executable))), os.path.basename(executable))
+
+
 def python_dirs() -> list[str]:
     """The directories the sandboxed interpreter needs: its prefixes, outside /usr, outermost only."""
     candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     candidates.add(str(Path(os.path.realpath(sys.executable)).parent.parent))
+    candidates.add(os.path.dirname(os.path.dirname(sandbox_python())))
+    candidates = {os.path.abspath(p) for p in candidates}  # no `..` (bwrap cannot bind such a path)
     dirs = sorted({os.path.realpath(p) for p in candidates} | candidates)
     dirs = [d for d in dirs if not (d == "/usr" or d.startswith("/usr/")) and os.path.isdir(d)]
     outer: list[str] = []
@@ -102,17 +112,20 @@ def kept_under_tmp() -> list[str]:
     return [d for d in python_dirs() if d.startswith(SANDBOX_TMP + "/")]
 
 
-def bwrap_argv(tmpfs_mb: int, userns_fd: int | None, info_fd: int | None = None, binds: Sequence[str] = ()) -> list[str]:
+def bwrap_argv(tmpfs_mb: int, userns_fd: int | None, info_fd: int | None = None, binds: Sequence[str] = (), as_pid_1: bool = False) -> list[str]:
     """The bubblewrap command line that starts a worker: everything up to the ``--`` before Python.
 
     ``userns_fd``: a user namespace to join (the host is root, see :func:`user_namespace_as_root`);
     otherwise bwrap makes its own and maps the caller to :data:`SANDBOX_UID`. ``info_fd``: where bwrap
     writes the host pid of the sandbox's init (``{"child-pid": N, ...}``), so the host can end it.
     ``binds``: more bwrap mount options (the Terminal env's own tmpfs and its supervisor's source),
-    placed before the root is remounted read-only.
+    placed before the root is remounted read-only. ``as_pid_1``: the program is the sandbox's pid 1 (no
+    bwrap init holding the host's descriptors beside it; it must reap orphans itself).
     """
     tmpfs_bytes = str(tmpfs_mb * MIB)
     argv = [require_bwrap(), "--die-with-parent", "--new-session"]
+    if as_pid_1:
+        argv += ["--as-pid-1"]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
     if userns_fd is not None:
@@ -139,7 +152,8 @@ def bwrap_argv(tmpfs_mb: int, userns_fd: int | None, info_fd: int | None = None,
                 made.add(str(parent))
                 argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", d, d]
-    argv += ["--ro-bind", str(WORKER_SOURCE_DIR), WORKER_MOUNT]
+    # /opt traversable by every uid: the agent's code is confined by WORKER_MOUNT's confine.py.
+    argv += ["--perms", "0755", "--dir", str(Path(WORKER_MOUNT).parent), "--ro-bind", str(WORKER_SOURCE_DIR), WORKER_MOUNT]
     argv += list(binds)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm"]

@@ -41,6 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("_gem_sandbox_protocol", os.path.join(HERE, "protocol.py"))
 protocol = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(protocol)
+_spec = importlib.util.spec_from_file_location("_gem_sandbox_confine", os.path.join(HERE, "confine.py"))
+confinement = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(confinement)
 
 CONFIG = json.loads(sys.argv[1])
 SANDBOXED = CONFIG["sandboxed"]  # inside bwrap's pid namespace: /proc lists only the sandbox's processes
@@ -98,6 +101,10 @@ def child_main():
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != MANAGER_PID:
             os._exit(1)
+        if SANDBOXED:
+            # Out of reach of the manager and bwrap's init (whose fd 0 is the host's control socket):
+            # no ptrace, /proc/PID/mem or signal across the domain, whatever the uids (confine.py).
+            confinement.confine()
         os.chdir(WORKDIR)
         clear_keyrings()
         reseed_numpy()
@@ -283,6 +290,8 @@ def run_case(code, stdin, limit_s, cap, workdir):
             for fd, target in ((stdin_fd, 0), (w_out, 1), (w_err, 2)):
                 os.dup2(fd, target)
             os.closerange(REQ_FD, MAXFD)  # the harness's report and status pipes must not reach it
+            if SANDBOXED:
+                confinement.confine()  # a domain inside the harness's: the case cannot trace or signal the harness
             cpu = math.ceil(limit_s) + 1
             set_limit(resource.RLIMIT_CPU, cpu, cpu + 1)
             exit_code = run_snippet(code)
