@@ -26,6 +26,7 @@ without a sandbox.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, ClassVar
 
 from gem_core.core import Env
