@@ -388,3 +388,25 @@ def test_a_group_left_with_one_played_episode_gets_no_advantage(responses, infra
     rows = [row for b in got for row in b.advantages]
     assert float(rows[0].abs().sum()) == 0.0 and float(rows[1].abs().sum()) == 0.0
     assert torch.isfinite(torch.cat([r.reshape(-1) for r in rows])).all()
+
+
+def test_an_infra_failure_outside_the_launcher_warns_once(executor, tokenizer, golden, monkeypatch, caplog):
+    """Plain ``openrlhf.cli.train_ppo_ray`` (no GEM_OPENRLHF_TURNS): the advantage patch is not armed, so
+    OpenRLHF's group baselines would count the failed sample's 0: the agent file says so, once."""
+    import logging
+
+    from conftest import faithful_engine, run_executor
+
+    from gem_core.testing.golden import GOLDEN_PARAMS
+    from gem_integrations.openrlhf import rollout
+
+    monkeypatch.delenv(rollout.TURNS_ENV, raising=False)
+    monkeypatch.setattr(rollout, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger=rollout.__name__):
+        for _ in range(2):
+            engine = faithful_engine(tokenizer)
+            engine.aborted = {"req-2"}
+            response, _ = run_executor(executor, tokenizer, golden.episodes[1], engine=engine, max_turn_tokens=GOLDEN_PARAMS.max_tokens)
+            assert response["extra_logs"][rollout.INFRA_FAILED_KEY] == 1.0
+    warnings = [r.getMessage() for r in caplog.records if "not started by `gem-core openrlhf train`" in r.getMessage()]
+    assert len(warnings) == 1 and "rloo" in warnings[0]
