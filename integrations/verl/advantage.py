@@ -34,7 +34,8 @@ their keys (:func:`failed_rows`) while verl's step runs; the second patch,
 step's estimator call), hands verl's estimator the healthy rows alone and gives the failed rows
 advantages and returns 0. Every estimator in verl's registry then gives each healthy row what it would
 have given had the failed episode never been played (group statistics, leave-one-out, batch whitening,
-GPG's batch factor alike); verl's own singleton rules apply to a group left with one row.
+GPG's batch factor alike); verl's own singleton rules apply to a group left with one row (GRPO: mean 0,
+std 1; RLOO: the score itself), except where verl refuses a group of one (``grpo_passk``): that row gets 0.
 
 Fallback (documented, not silent): a batch without turn ids (rows from another agent loop, or the
 estimator called directly) has its turns found as the runs of 1s in ``response_mask``; the wrapper
@@ -319,6 +320,23 @@ def wrap_compute_advantage(original: Any) -> Any:
     return _compute_advantage
 
 
+#: verl estimators that refuse a uid group of one row (``grpo_passk``: "Pass@k requires at least 2 samples
+#: per group"): a group its failed rows leave with one healthy row gets 0 there, not a crashed step.
+NEEDS_TWO_PER_GROUP = ("grpo_passk",)
+
+
+def _without_lone_survivors(keep: np.ndarray, dead: np.ndarray, uids: Any) -> np.ndarray:
+    """``keep`` less the rows that are the only healthy row of a uid group that lost rows to failures."""
+    if uids is None:
+        return keep
+    uids = [str(u) for u in uids]
+    healthy: dict[str, int] = {}
+    lost = {uids[i] for i in np.flatnonzero(dead)}
+    for i in keep:
+        healthy[uids[i]] = healthy.get(uids[i], 0) + 1
+    return np.asarray([i for i in keep if not (uids[i] in lost and healthy[uids[i]] == 1)], dtype=np.int64)
+
+
 def wrap_multi_trajectory_advantage(original: Any) -> Any:
     """verl's ``compute_advantage_for_multi_trajectories(data, batch_keys, adv_estimator, ...)`` (the v1
     step's estimator call) run on the healthy rows alone when :func:`failed_rows` marks some of
@@ -337,6 +355,9 @@ def wrap_multi_trajectory_advantage(original: Any) -> Any:
         if not dead.any():
             return original(data, batch_keys, *args, **kwargs)
         keep = np.flatnonzero(~dead)
+        estimator = kwargs.get("adv_estimator", args[0] if args else None)
+        if str(getattr(estimator, "value", estimator)) in NEEDS_TWO_PER_GROUP:
+            keep = _without_lone_survivors(keep, dead, data.non_tensor_batch.get("uid"))
         shape = tuple(data.batch["token_level_rewards"].shape)
         advantages = torch.zeros(shape, dtype=torch.float32)
         returns = torch.zeros(shape, dtype=torch.float32)

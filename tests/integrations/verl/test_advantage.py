@@ -342,3 +342,23 @@ def test_every_row_failed_gives_zero_advantages():
     with failed_rows(keys):
         out = trainer_base.compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator="grpo", config=OmegaConf.create({}))
     assert out.batch["advantages"].abs().sum().item() == 0.0 and out.batch["returns"].abs().sum().item() == 0.0
+
+
+def test_grpo_passk_group_left_with_one_row_gets_zero_not_a_crash():
+    """verl's grpo_passk refuses a uid group of one row; a group of 2 whose other sample's sandbox died
+    gives its survivor 0 instead of stopping the step; the other group is verl's own result."""
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories as verls_own
+
+    from gem_integrations.verl.advantage import failed_rows
+
+    data, keys = _infra_batch("grpo_passk")
+    data.non_tensor_batch["uid"] = np.array(["g0", "g0", "g1", "g1", "g2", "g2", "g2", "g2"], dtype=object)
+    keys = ["g0_0_0", "g0_1_0", "g1_0_0", "g1_1_0", "g2_0_0", "g2_1_0", "g2_2_0", "g2_3_0"]
+    config = OmegaConf.create({"gamma": 1.0, "lam": 1.0, "adv_estimator": "grpo_passk", "norm_adv_by_std_in_grpo": True})
+    with failed_rows({"g1_1_0"}):  # row 3: g1 keeps row 2 alone
+        out = trainer_base.compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator="grpo_passk", config=config)
+    assert out.batch["advantages"][2:4].abs().sum().item() == 0.0
+    rows = [0, 1, 4, 5, 6, 7]
+    expected = verls_own(data.select_idxs(rows), batch_keys=[keys[i] for i in rows], adv_estimator="grpo_passk", config=config)
+    torch.testing.assert_close(out.batch["advantages"][rows], expected.batch["advantages"])
