@@ -20,7 +20,10 @@ that follow it) and -1 on padding; each turn's reward sits on its last model tok
 Episodes the infrastructure failed (``Trajectory.infra_error``: an engine abort, a dead sandbox or env
 worker; DESIGN.md contract 8) keep their rows, so a trainer's batch keeps its shape, but carry nothing:
 ``loss_mask`` 0, ``turn_ids`` -1, rewards 0 (the estimators leave them out of their statistics), and
-``infra_failed`` marks them; :func:`infra_metrics` counts them.
+``infra_failed`` marks them; :func:`infra_metrics` counts them. A trainer's own group estimators (GRPO,
+RLOO, group_norm...) must not see them either, or their 0 enters the group's baseline: a trainer that groups
+rows by uid can be handed the healthy rows alone; one that groups by position (``reshape(-1, n)``: OpenRLHF,
+RL2) takes each group's healthy rows from :func:`healthy_groups`.
 """
 
 from __future__ import annotations
@@ -154,6 +157,25 @@ def infra_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     and ``gem/infra_failed_fraction`` of the batch."""
     failed = sum(t.infra_error is not None for t in trajectories)
     return {"gem/infra_failed_episodes": float(failed), "gem/infra_failed_fraction": failed / max(len(trajectories), 1)}
+
+
+def healthy_groups(failed: Sequence[bool], group_size: int) -> dict[int, np.ndarray]:
+    """The rows each group keeps once its infra-failed rows are out, for a trainer that groups rows by
+    position (rows ``[g * n, (g + 1) * n)`` are prompt ``g``'s ``n = group_size`` samples, its estimator's
+    ``rewards.reshape(-1, n)``): ``{k: (groups, k) row indices}`` for every group that keeps ``k`` rows,
+    groups and rows in batch order. A group with no row left is absent. Running the trainer's own group
+    formula on each ``(groups, k)`` block (as ``reshape(-1, k)``) gives each healthy row the advantage it
+    would have had if the failed rows had never been played."""
+    failed = np.asarray(failed, dtype=bool).reshape(-1)
+    if group_size < 1 or failed.size % group_size:
+        raise ValueError(f"a batch of {failed.size} rows is not whole groups of {group_size}")
+    by_size: dict[int, list[np.ndarray]] = {}
+    for group in range(failed.size // group_size):
+        rows = np.arange(group * group_size, (group + 1) * group_size)
+        kept = rows[~failed[rows]]
+        if kept.size:
+            by_size.setdefault(int(kept.size), []).append(kept)
+    return {k: np.stack(groups) for k, groups in sorted(by_size.items())}
 
 
 def _pack(rows: list[tuple], owners: Sequence[Trajectory], episode_ids: list[str], pad_id: int, length: int | None, *, per_turn: bool) -> TokenBatch:

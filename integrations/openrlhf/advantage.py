@@ -28,12 +28,28 @@ What ``rebn`` computes, per batch (every experience the trainer collected in the
   ``info["gem/infra_failed_episodes"]``: the number of such episodes in the step's batch, the same value
   on every sample, so OpenRLHF's per-sample averaging of ``info`` logs the count itself.
 
+OpenRLHF's own estimators and infra failures: its group baselines (``rloo``, ``reinforce_baseline``,
+``dr_grpo``, ``group_norm``: ``rewards.reshape(-1, n_samples_per_prompt)``; ``flash_reinforce``: the batch
+mean) ignore the action mask, so a failed row's reward 0 would enter its group's baseline (three solved
+episodes and a dead sandbox: RLOO +0.333 each instead of 0). With failures in the batch, OpenRLHF's step
+runs as it is (length penalties, clipping, KL, returns, GAE, whitening) except for the baseline: the
+scalar reward it hands ``compute_reward`` for each sample is replaced (:func:`make_compute_reward`, a
+second patch, idle otherwise) by the same estimator's over the healthy rows alone
+(:func:`healthy_shaped_rewards`: each group's healthy rows, :func:`gem_core.batch.healthy_groups`, as a
+group of their own size). A group left with one healthy row gets 0 (OpenRLHF's formulas give NaN or 0
+for a group of one: nothing to compare it with). The failed rows get advantages and returns 0, and
+``group_reward_std`` is their group's over its healthy rows. ``gae`` and ``reinforce`` have no group
+baseline (their whitening counts action tokens only); their failed rows are zeroed too.
+
 Importing this module imports neither torch nor OpenRLHF.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 TURN_REWARDS_KEY = "gem_turn_rewards"
@@ -44,6 +60,11 @@ INFRA_COUNT_KEY = "gem/infra_failed_episodes"  # per batch, added here
 ESTIMATOR = "rebn"
 DEFAULT_EPS = 1e-6
 DEFAULT_DDOF = 0
+#: OpenRLHF's estimators whose baseline is over a prompt's group (``reshape(-1, n_samples_per_prompt)``).
+GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "dr_grpo", "group_norm")
+#: OpenRLHF's estimator whose baseline is the whole batch's mean reward.
+BATCH_MEAN_ESTIMATORS = ("flash_reinforce",)
+_SHAPED_REWARD: ContextVar[Callable[[Any, Any], Any] | None] = ContextVar("gem_openrlhf_shaped_reward", default=None)
 
 
 def make_compute_advantages(original: Any) -> Any:
@@ -52,14 +73,139 @@ def make_compute_advantages(original: Any) -> Any:
     @functools.wraps(original)
     def compute_advantages_and_returns(self: Any, experiences: list) -> list:
         count_infra_failures(experiences)
-        if self.strategy.args.algo.advantage.estimator == ESTIMATOR:
+        estimator = self.strategy.args.algo.advantage.estimator
+        if estimator == ESTIMATOR:
             return rebn_advantages_and_returns(self, experiences)
         for experience in experiences:  # not metrics: keep them out of OpenRLHF's logging
             for key in TURN_KEYS:
                 experience.info.pop(key, None)
-        return original(self, experiences)
+        failed = infra_failed_rows(experiences)
+        if failed is None or not any(bool(f.any()) for f in failed):
+            return original(self, experiences)
+        with healthy_baselines(experiences, failed, estimator, int(self.strategy.args.rollout.n_samples_per_prompt)):
+            out = original(self, experiences)
+        for experience, dead in zip(out, failed):
+            experience.advantages[dead] = 0
+            experience.returns[dead] = 0
+        return out
 
     return compute_advantages_and_returns
+
+
+def make_compute_reward(original: Any) -> Any:
+    """OpenRLHF's ``compute_reward(r, kl_coef, kl, action_mask=..., ...)`` as ``experience_maker`` calls it,
+    with ``r`` (a micro-batch's baseline-shaped rewards) replaced while :func:`healthy_baselines` is active;
+    OpenRLHF's own otherwise."""
+
+    @functools.wraps(original)
+    def compute_reward(r: Any, *args: Any, **kwargs: Any) -> Any:
+        replace = _SHAPED_REWARD.get()
+        if replace is not None:
+            r = replace(r, kwargs["action_mask"] if "action_mask" in kwargs else args[2])
+        return original(r, *args, **kwargs)
+
+    return compute_reward
+
+
+def infra_failed_rows(experiences: list) -> list | None:
+    """Per micro-batch, a bool tensor of its infra-failed samples (``info["gem_infra_failed"]``), or None
+    when no sample carries the flag (an agent file other than gem-core's)."""
+    import torch
+
+    flags = [e.info.get(INFRA_FAILED_KEY) for e in experiences]
+    if all(f is None for f in flags):
+        return None
+    return [torch.zeros(len(e.sequences), dtype=torch.bool) if f is None else torch.as_tensor(f).reshape(-1).bool().cpu() for e, f in zip(experiences, flags)]
+
+
+def healthy_shaped_rewards(rewards: Any, failed: Any, estimator: str, n_samples: int) -> Any:
+    """OpenRLHF's baseline for ``estimator`` over the healthy rows alone: ``rewards`` and ``failed`` in
+    OpenRLHF's prompt order (rows ``[g * n, (g + 1) * n)`` are prompt ``g``'s samples); each group's healthy
+    rows are shaped as a group of their own size with OpenRLHF's formula (``flash_reinforce``: minus the
+    mean of every healthy row). Failed rows, and a group's only healthy row, get 0. None for an estimator
+    with no baseline of rewards (``gae``, ``reinforce``)."""
+    import torch
+
+    from gem_core.batch import healthy_groups
+
+    shaped = torch.zeros_like(rewards)
+    if estimator in BATCH_MEAN_ESTIMATORS:
+        keep = ~failed
+        if bool(keep.any()):
+            shaped[keep] = rewards[keep] - rewards[keep].mean()
+        return shaped
+    if estimator not in GROUP_ESTIMATORS:
+        return None
+    for k, rows in healthy_groups(failed.tolist(), n_samples).items():
+        if k == 1:
+            continue
+        index = torch.as_tensor(rows)
+        group = rewards[index]  # (groups, k): OpenRLHF's reshape(-1, k)
+        if estimator == "rloo":
+            group = group - (group.sum(-1, keepdim=True) - group) / (k - 1)
+        elif estimator == "group_norm":
+            group = (group - group.mean(-1, keepdim=True)) / (group.std(-1, keepdim=True) + 1e-9)
+        else:  # reinforce_baseline, dr_grpo
+            group = group - group.mean(-1, keepdim=True)
+        shaped[index] = group
+    return shaped
+
+
+@contextmanager
+def healthy_baselines(experiences: list, failed: list, estimator: str, n_samples: int) -> Iterator[None]:
+    """While OpenRLHF's ``compute_advantages_and_returns`` runs: each micro-batch's call of
+    ``compute_reward`` gets :func:`healthy_shaped_rewards` of the rewards as OpenRLHF holds them then
+    (its length penalties applied), and each sample's ``group_reward_std`` becomes its group's over the
+    healthy rows (after OpenRLHF's step). Nothing replaced for an estimator without a baseline."""
+    import torch
+
+    from gem_core.batch import healthy_groups
+
+    rows = [len(e.index) for e in experiences]
+    positions = torch.tensor([int(i) for e in experiences for i in e.index])
+    dead = torch.zeros(len(positions), dtype=torch.bool)
+    dead[positions] = torch.cat(failed)
+    micro_batch = {}
+    cache: dict[str, Any] = {}
+
+    def per_micro_batch(values: Any) -> list:
+        return list(values[positions].split(rows))
+
+    def replace(reward: Any, action_mask: Any) -> Any:
+        if "shaped" not in cache:
+            for i, experience in enumerate(experiences):
+                micro_batch[id(experience.action_mask)] = i
+            raw = torch.cat([e.rewards for e in experiences])
+            ordered = torch.empty_like(raw)
+            ordered[positions] = raw
+            cache["rewards"] = ordered
+            cache["shaped"] = per_micro_batch(healthy_shaped_rewards(ordered, dead, estimator, n_samples))
+        i = micro_batch.get(id(action_mask))
+        if i is None:
+            raise RuntimeError("gem: OpenRLHF's compute_reward was called for a micro-batch not in this step; cannot leave infra-failed rows out")
+        return cache["shaped"][i].to(device=reward.device, dtype=reward.dtype)
+
+    if estimator not in GROUP_ESTIMATORS + BATCH_MEAN_ESTIMATORS:
+        yield
+        return
+    token = _SHAPED_REWARD.set(replace)
+    try:
+        yield
+    finally:
+        _SHAPED_REWARD.reset(token)
+    if "rewards" in cache and n_samples > 1 and all("group_reward_std" in e.info for e in experiences):
+        std = torch.zeros_like(cache["rewards"])
+        for k, group_rows in healthy_groups(dead.tolist(), n_samples).items():
+            if k > 1:
+                index = torch.as_tensor(group_rows)
+                std[index] = cache["rewards"][index].std(-1, keepdim=True).expand(-1, k)
+        groups = torch.arange(len(dead)) // n_samples
+        for g in torch.unique(groups[dead]).tolist():  # a failed row shows its group's healthy std
+            members = groups == g
+            healthy = members & ~dead
+            std[members] = std[healthy][0] if bool(healthy.any()) else 0.0
+        for experience, values in zip(experiences, per_micro_batch(std)):
+            experience.info["group_reward_std"] = values.to(experience.info["group_reward_std"].dtype)
 
 
 def count_infra_failures(experiences: list) -> None:

@@ -5,7 +5,8 @@ Importing it imports neither OpenRLHF nor torch: the ``gem-core`` command reads 
 :class:`gem_core.plugins.TrainerPlugin`: OpenRLHF 0.11.x, and the ``rebn`` estimator installed as one
 :class:`~gem_core.plugins.Patch` of ``RemoteExperienceMaker.compute_advantages_and_returns`` (OpenRLHF
 has no advantage registry; uninstalling puts the original back, and every other estimator runs the
-original unchanged).
+original unchanged, except that infra-failed rows are left out of its baselines through a second patch,
+of ``compute_reward`` as ``experience_maker`` imports it: see :mod:`gem_integrations.openrlhf.advantage`).
 
 :func:`setup_worker` is the Ray ``worker_process_setup_hook`` the launcher sets. It runs in every Ray
 worker, vLLM engine actors included, so it imports nothing: OpenRLHF keeps deepspeed out of its vLLM
@@ -32,7 +33,10 @@ PLUGIN = TrainerPlugin(
     supported=">=0.11,<0.12",
     module="openrlhf",
     estimators=(advantage.ESTIMATOR,),
-    patches=(Patch(f"{TARGET_MODULE}:RemoteExperienceMaker", "compute_advantages_and_returns", advantage.make_compute_advantages),),
+    patches=(
+        Patch(f"{TARGET_MODULE}:RemoteExperienceMaker", "compute_advantages_and_returns", advantage.make_compute_advantages),
+        Patch(TARGET_MODULE, "compute_reward", advantage.make_compute_reward),  # idle unless a step leaves infra-failed rows out
+    ),
     dataset="gem_integrations.openrlhf.dataset",
     commands="gem_integrations.openrlhf.commands",
     description="OpenRLHF 0.11: the GEM agent file (--train.agent_func_path) and rebn through the gem-core openrlhf train launcher",

@@ -29,7 +29,11 @@ An episode the infrastructure failed (``Trajectory.infra_error``: the engine abo
 step's ``info["infra_error"]`` reported a dead sandbox or env worker) is kept out of training: no action
 range (OpenRLHF's ``action_mask`` is all 0, so no loss), reward 0, and no turn rewards or spans (so the
 ``rebn`` patch counts none of its turns in the statistics); ``extra_logs["gem_infra_failed"]`` is 1.0 for
-it, 0.0 otherwise (OpenRLHF logs the batch's mean: the fraction of such episodes).
+it, 0.0 otherwise (OpenRLHF logs the batch's mean: the fraction of such episodes). Keeping it out of
+OpenRLHF's own group baselines (``rloo``, ``group_norm``, ...) is the advantage patch's work
+(:mod:`gem_integrations.openrlhf.advantage`), armed by the ``gem-core openrlhf train`` launcher; in a run
+that the launcher did not start (no ``GEM_OPENRLHF_TURNS=1``), the first such episode logs one warning
+saying so.
 
 The env is closed however the episode ends (done, truncated, an exception in the env or the engine,
 cancellation). ``truncated`` in the result is true when the episode was cut for length: its last
@@ -57,6 +61,7 @@ with images and a text model is one clear error.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -69,11 +74,14 @@ from gem_core.rollout import ChatFormatter, RunConfig, Trajectory, VLChatFormatt
 from gem_core.tasks import TaskSpec
 from gem_integrations.openrlhf.engine import OpenRLHFEnginePolicy, gem_params
 
+logger = logging.getLogger(__name__)
+
 TURNS_ENV = "GEM_OPENRLHF_TURNS"
 MAX_TURN_TOKENS_ENV = "GEM_OPENRLHF_MAX_TURN_TOKENS"
 TURN_REWARDS_KEY = "gem_turn_rewards"
 TURN_SPANS_KEY = "gem_turn_spans"
 INFRA_FAILED_KEY = "gem_infra_failed"
+_WARNED: set[str] = set()
 LOG_KEYS = ("gem_episode_length", "gem_success", "gem_truncated", "gem_context_limit", INFRA_FAILED_KEY)
 
 
@@ -154,6 +162,14 @@ def openrlhf_result(
     elif trajectory.images:
         mm_inputs = mm_train_inputs(formatter, trajectory.images, tokens)
     infra_failed = trajectory.infra_error is not None
+    if infra_failed and os.environ.get(TURNS_ENV) != "1" and "infra" not in _WARNED:
+        _WARNED.add("infra")
+        logger.warning(
+            "gem: the infrastructure failed a GEM episode (%s), but this run was not started by `gem-core openrlhf train`: "
+            "its sample carries no loss, but OpenRLHF's group baselines (rloo, group_norm, reinforce_baseline, dr_grpo, "
+            "flash_reinforce) count its reward 0. Launch with `gem-core openrlhf train` to leave it out.",
+            trajectory.infra_error,
+        )
     spans = [] if infra_failed else [(turn.context_len, turn.context_len + len(turn.response_ids)) for turn in trajectory.turns]
     logprobs = None
     if with_logprobs:

@@ -31,13 +31,22 @@ Infrastructure failures (DESIGN.md contract 8): before any estimator runs, every
 the infrastructure failed has no action token and no reward (0.0.2: the env module's reward marker,
 turned into that here by :func:`mask_infra_failed`; HEAD: the env module writes the episode so), so
 RL2's loss (its token counts come from ``action_mask``) and ReBN's statistics leave it out. RL2's own
-``reinforce`` (``+adv.rebn=false``) still counts its 0 reward in its group mean. The env module's
-counts (``gem/infra_failed_episodes``, ``gem/abandoned_episodes``) are logged with RL2's ``wandb.log``
+``reinforce`` (``+adv.rebn=false``) groups trajectories by position (``rewards.sum(-1).view(-1,
+responses_per_prompt)``) whatever the mask, so a failed trajectory's 0 would enter its group's mean and
+std (``global_norm``: the batch's): while RL2's function runs, its ``compute_reinforce_adv`` (a second
+patch, :func:`make_compute_reinforce_adv`, idle otherwise) runs RL2's own code on each group's healthy
+trajectories as a group of their own size (:func:`gem_core.batch.healthy_groups`; ``global_norm``: on
+every healthy trajectory), so each gets what it would have had without the failed ones; a failed
+trajectory, and a group's only healthy one (RL2's std of one value is NaN), get 0. ``gae`` has no group
+baseline (its whitening counts action tokens only). The env module's counts (``gem/infra_failed_episodes``, ``gem/abandoned_episodes``) are logged with RL2's ``wandb.log``
 at each step (:func:`log_metrics`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Callable
 
 import numpy as np
@@ -45,6 +54,7 @@ import numpy as np
 from gem_integrations.rl2 import metrics
 
 ESTIMATOR = "reinforce"  # the RL2 estimator whose advantages ReBN replaces
+_FAILED_TRAJECTORIES: ContextVar[np.ndarray | None] = ContextVar("gem_rl2_failed_trajectories", default=None)
 
 
 def _get(config: Any, name: str, default: Any) -> Any:
@@ -124,21 +134,71 @@ def rebn_advantages(
     return torch.from_numpy(out).to(torch.zeros(()).dtype)
 
 
-def mask_infra_failed(tensor_dict: dict, cu_seqs: Any) -> int:
+def mask_infra_failed(tensor_dict: dict, cu_seqs: Any) -> np.ndarray:
     """Every row of a trajectory whose rewards hold :data:`~gem_integrations.rl2.metrics.INFRA_REWARD`
     (rl-square 0.0.2's marker of an infra-failed episode) loses its actions and rewards (``action_mask``
-    and ``rewards`` 0), so no estimator, ReBN statistic or loss term sees it. Returns how many trajectories."""
+    and ``rewards`` 0), so no loss term, ReBN statistic or whitening sees it. Returns which trajectories
+    (one bool each, in ``cu_seqs`` order)."""
     import torch
 
     marked = torch.isnan(tensor_dict["rewards"]).any(-1)
     bounds = [int(b) for b in cu_seqs]
-    failed = 0
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    failed = np.zeros(max(len(bounds) - 1, 0), dtype=bool)
+    for trajectory, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         if bool(marked[start:end].any()):
             tensor_dict["action_mask"][start:end] = 0
             tensor_dict["rewards"][start:end] = 0
-            failed += 1
+            failed[trajectory] = True
     return failed
+
+
+@contextmanager
+def failed_trajectories(failed: np.ndarray) -> Iterator[None]:
+    """Mark the batch's infra-failed trajectories while the block runs (RL2's advantage step), for
+    :func:`make_compute_reinforce_adv`."""
+    token = _FAILED_TRAJECTORIES.set(np.asarray(failed, dtype=bool))
+    try:
+        yield
+    finally:
+        _FAILED_TRAJECTORIES.reset(token)
+
+
+def make_compute_reinforce_adv(original: Callable[..., Any]) -> Callable[..., Any]:
+    """RL2's ``compute_reinforce_adv(tensor_dict, responses_per_prompt, global_norm, norm_var)`` (one row
+    per trajectory) that, when :func:`failed_trajectories` marks some rows, runs RL2's own function on the
+    healthy rows alone: per group, as a group of the size it keeps (``global_norm``: all of them at once);
+    failed rows and a group's lone healthy row get 0. Nothing marked: RL2's function as it is."""
+
+    def compute_reinforce_adv(tensor_dict: dict, responses_per_prompt: int, global_norm: bool, norm_var: bool, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        from gem_core.batch import healthy_groups
+
+        failed = _FAILED_TRAJECTORIES.get()
+        if failed is None or not failed.any():
+            return original(tensor_dict, responses_per_prompt, global_norm, norm_var, *args, **kwargs)
+        mask = tensor_dict["action_mask"]
+        if mask.shape[0] != failed.size:
+            raise ValueError(f"gem: RL2 computes advantages over {mask.shape[0]} rows for {failed.size} trajectories; cannot leave the infra-failed ones out")
+        advantages = torch.zeros(mask.shape, dtype=torch.promote_types(tensor_dict["rewards"].dtype, mask.dtype))
+
+        def healthy(rows: np.ndarray, group_size: int, whole_batch: bool) -> None:
+            index = torch.as_tensor(rows.reshape(-1))
+            part = {key: value[index] for key, value in tensor_dict.items()}
+            advantages[index] = original(part, group_size, whole_batch, norm_var, *args, **kwargs)["advantages"].to(advantages.dtype)
+
+        if global_norm:
+            keep = np.flatnonzero(~failed)
+            if keep.size > 1:
+                healthy(keep, 1, True)
+        else:
+            for size, rows in healthy_groups(failed, int(responses_per_prompt)).items():
+                if size > 1:
+                    healthy(rows, size, False)
+        return {"advantages": advantages}
+
+    compute_reinforce_adv.__wrapped__ = original  # type: ignore[attr-defined]
+    return compute_reinforce_adv
 
 
 def log_metrics(step: int) -> dict[str, float]:
@@ -162,8 +222,8 @@ def make_compute_advantages(original: Callable[..., Any]) -> Callable[..., Any]:
             kl = config.actor.kl
             if float(_get(kl, "coef", 0.0)) > 0 and _get(kl, "type", None) == "advantage":
                 raise ValueError("ReBN with actor.kl.type=advantage is not supported (use kl.type=reward or loss)")
-        mask_infra_failed(tensor_dict, cu_seqs)
-        result = original(config, tensor_dict, cu_seqs, step)
+        with failed_trajectories(mask_infra_failed(tensor_dict, cu_seqs)):
+            result = original(config, tensor_dict, cu_seqs, step)
         if settings is not None:
             tensor_dict["advantages"] = rebn_advantages(tensor_dict, cu_seqs, **settings)
         log_metrics(step)

@@ -4,7 +4,9 @@ Importing it imports neither RL2 nor torch. :data:`PLUGIN`: rl-square 0.0.x (RL2
 says 0.0.2, so the version alone cannot tell the two apart; the env module exports both contracts and
 RL2 calls the one it knows), and ReBN installed as one :class:`~gem_core.plugins.Patch` of
 ``RL2.trainer.ppo.compute_advantages``, the name RL2's PPO trainer looks up when it computes
-advantages (:mod:`gem_integrations.rl2.advantage`). The launcher (``gem-core rl2 train``) installs it.
+advantages (:mod:`gem_integrations.rl2.advantage`), and a patch of ``RL2.utils.algorithms.compute_reinforce_adv``
+that leaves infra-failed trajectories out of RL2's own REINFORCE baseline. The launcher (``gem-core rl2
+train``) installs them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from gem_core.plugins import Patch, TrainerPlugin
 from gem_integrations.rl2 import advantage
 
 TARGET_MODULE = "RL2.trainer.ppo"
+ALGORITHMS_MODULE = "RL2.utils.algorithms"
 
 PLUGIN = TrainerPlugin(
     name="rl2",
@@ -20,7 +23,11 @@ PLUGIN = TrainerPlugin(
     supported=">=0.0.2,<0.1",
     module="RL2",
     estimators=(advantage.ESTIMATOR,),
-    patches=(Patch(TARGET_MODULE, "compute_advantages", advantage.make_compute_advantages),),
+    patches=(
+        Patch(TARGET_MODULE, "compute_advantages", advantage.make_compute_advantages),
+        # idle unless the step leaves infra-failed trajectories out of RL2's own REINFORCE baseline
+        Patch(ALGORITHMS_MODULE, "compute_reinforce_adv", advantage.make_compute_reinforce_adv),
+    ),
     dataset="gem_integrations.rl2.dataset",
     commands="gem_integrations.rl2.commands",
     description="RL2 (rl-square 0.0.2 / HEAD): the GEM env module (rollout.env_path) and ReBN over turns for adv.estimator=reinforce through the gem-core rl2 train launcher",

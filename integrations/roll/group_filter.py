@@ -24,6 +24,10 @@ added as :data:`METRIC` to the metrics of the next group let through (its first 
 ``reduce_metrics`` sums a key ending in ``@sum``. A group that ROLL later discards as too old
 (``async_generation_ratio``) takes its count with it.
 
+ROLL needs the filter configured: :func:`check_group_filter` refuses, in one line, a train env manager
+without it (the plugin's ``pipeline_cls`` calls it at start-up), since a failed episode's reward 0 would
+otherwise enter ROLL's batch mean and std.
+
 A dead pool fails every episode and ROLL would replay groups forever: after
 :attr:`InfraErrorGroupFilter.max_consecutive` groups dropped in a row the filter raises one
 :class:`~gem_core.errors.GemError` line instead (raised in ROLL's queue actor, it reaches the env
@@ -32,6 +36,7 @@ manager's ``put`` call).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -90,4 +95,25 @@ class InfraErrorGroupFilter:
         return False
 
 
-__all__ = ["FLAG", "METRIC", "InfraErrorGroupFilter", "infra_failed"]
+def check_group_filter(pipeline_config: Any) -> None:
+    """Refuse (one :class:`~gem_core.errors.GemError` line) a ROLL pipeline config whose
+    ``train_env_manager.group_filter_cls`` is not :class:`InfraErrorGroupFilter` or a subclass: without
+    it an episode the infrastructure failed trains with reward 0 and enters ROLL's batch mean and std."""
+    manager = getattr(pipeline_config, "train_env_manager", None)
+    path = getattr(manager, "group_filter_cls", None)
+    found: Any = path
+    if isinstance(path, str):
+        module, _, name = path.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError):
+            found = None
+    if not (isinstance(found, type) and issubclass(found, InfraErrorGroupFilter)):
+        raise GemError(
+            f"train_env_manager.group_filter_cls is {path!r}: gem-core's ROLL envs need "
+            "gem_integrations.roll.group_filter.InfraErrorGroupFilter (or a subclass) there, so that an episode the "
+            "infrastructure failed stays out of ROLL's batch statistics"
+        )
+
+
+__all__ = ["FLAG", "METRIC", "InfraErrorGroupFilter", "check_group_filter", "infra_failed"]

@@ -9,6 +9,9 @@ mean and std. At ROLL 8eb27cc, ``delete`` indexes ``data.batch`` with a boolean 
 ``BatchProxy.__getitem__`` (``remote_protocol.py``) refuses (``key in TensorDict`` with a tensor: "key must be a
 NestedKey"), so it raises whenever the count does not divide.
 
+At start-up it refuses, in one line, a train env manager without
+:class:`~gem_integrations.roll.group_filter.InfraErrorGroupFilter` (:func:`~gem_integrations.roll.group_filter.check_group_filter`).
+
 What changes: ``delete`` only, done with ``DataProto.select_idxs`` (what ROLL's own ``copy`` path uses) on a
 random subset of the same size ROLL would keep; the size rule is ROLL's own, read by growing a one-sample batch
 with ROLL's ``copy`` (it pads to exactly the divisor). ROLL's fallback to ``copy`` for a batch smaller than the
@@ -23,9 +26,15 @@ from typing import Any
 import numpy as np
 from roll.pipeline.agentic.agentic_pipeline import AgenticPipeline as RollAgenticPipeline
 
+from gem_integrations.roll.group_filter import check_group_filter
+
 
 class AgenticPipeline(RollAgenticPipeline):
     """ROLL's ``AgenticPipeline``; ``adjust_batch(mode="delete")`` drops the remainder through ``select_idxs``."""
+
+    def __init__(self, pipeline_config: Any, *args: Any, **kwargs: Any):
+        check_group_filter(pipeline_config)  # before ROLL starts its clusters
+        super().__init__(pipeline_config, *args, **kwargs)
 
     def adjust_batch(self, data: Any, mode: str = "copy") -> Any:
         """ROLL's ``adjust_batch``, except ``delete``: keeps a random ``len - len % divisor`` samples, each once."""

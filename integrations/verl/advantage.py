@@ -20,11 +20,22 @@ estimator gives them to :func:`gem_core.algo.rebn_token_level`. So verl's token-
 Rows that carry no turns (:func:`row_turn_ids`): verl's ``_balance_batch`` pads a batch that the
 data-parallel size or the PPO mini-batch does not divide with synthetic rows copied from row 0 (tag
 ``is_padding``, a one-token masked response, zero ``rm_scores``) that keep row 0's turn ids; they get
-none, so they add nothing to ReBN's statistics. Episodes the infrastructure failed (the engine aborted a
-request, a sandbox or env worker died: ``Trajectory.infra_error``, DESIGN.md contract 8) come from the
-loop with mask 0, zero rewards and turn ids -1, so they are out of the loss and the statistics too; the
-wrapper counts them in the step's metrics (``gem/infra_failed_episodes``, ``gem/infra_failed_fraction``;
-``gem/padding_rows`` counts verl's padding).
+none, so they add nothing to ReBN's statistics (``gem/padding_rows`` counts them).
+
+Episodes the infrastructure failed (the engine aborted a request, a sandbox or env worker died:
+``Trajectory.infra_error``, DESIGN.md contract 8) come from the loop with mask 0, zero rewards, turn ids
+-1 and their reason in :data:`INFRA_FIELD`. Mask 0 keeps them out of the loss, but verl's group
+estimators (GRPO, RLOO, OPO, GPG, ...) sum ``token_level_rewards`` per row and group rows by uid whatever
+the mask, so a failed row's 0 would enter its group's baseline (three solved episodes and a dead sandbox:
+GRPO +0.5 each instead of 0). So, for every estimator, the wrapper reads :data:`INFRA_FIELD`, counts the
+failures in the step's metrics (``gem/infra_failed_episodes``, ``gem/infra_failed_fraction``) and marks
+their keys (:func:`failed_rows`) while verl's step runs; the second patch,
+:func:`wrap_multi_trajectory_advantage` around verl's ``compute_advantage_for_multi_trajectories`` (the
+step's estimator call), hands verl's estimator the healthy rows alone and gives the failed rows
+advantages and returns 0. Every estimator in verl's registry then gives each healthy row what it would
+have given had the failed episode never been played (group statistics, leave-one-out, batch whitening,
+GPG's batch factor alike); verl's own singleton rules apply to a group left with one row (GRPO: mean 0,
+std 1; RLOO: the score itself), except where verl refuses a group of one (``grpo_passk``): that row gets 0.
 
 Fallback (documented, not silent): a batch without turn ids (rows from another agent loop, or the
 estimator called directly) has its turns found as the runs of 1s in ``response_mask``; the wrapper
@@ -56,6 +67,7 @@ INFRA_FIELD = "gem_infra_error"
 #: The tag verl's ``_balance_batch`` puts on the synthetic rows it pads a batch with.
 PADDING_TAG = "is_padding"
 _BATCH_TURN_IDS: ContextVar[Any] = ContextVar("gem_verl_batch_turn_ids", default=None)
+_FAILED_KEYS: ContextVar[frozenset[str]] = ContextVar("gem_verl_failed_keys", default=frozenset())
 
 REBN = "rebn"
 GEM_REINFORCE = "gem_reinforce"
@@ -247,52 +259,125 @@ def _rows(field: Any) -> list[Any]:
     return list(field.tolist()) if hasattr(field, "tolist") else list(field)
 
 
-def fetch_gem_fields(batch: Any) -> tuple[Any, dict[str, float]]:
-    """The turn ids of the TransferQueue rows ``batch`` (a ``KVBatchMeta``) names (:func:`row_turn_ids`,
-    padding rows left out by verl's ``is_padding`` tag) and the step's ``gem/*`` metrics: the episodes the
-    infrastructure failed (:data:`INFRA_FIELD`; padding rows, copies of row 0, not counted), the padding
-    rows left out. Turn ids are None when the rows carry none (another agent loop wrote them)."""
+def fetch_gem_fields(batch: Any, *, turn_ids: bool = True) -> tuple[Any, dict[str, float], frozenset[str]]:
+    """What the gem_env loop stored for the TransferQueue rows ``batch`` (a ``KVBatchMeta``) names: their
+    turn ids (:func:`row_turn_ids`, padding rows left out by verl's ``is_padding`` tag; None when the rows
+    carry none, or ``turn_ids=False``), the step's ``gem/*`` metrics and the keys of the episodes the
+    infrastructure failed (:data:`INFRA_FIELD`; padding rows, copies of row 0, neither counted nor marked:
+    they are verl's, under a uid of their own)."""
     import transfer_queue as tq
 
     tags = list(getattr(batch, "tags", None) or [{} for _ in batch.keys])
     padding = [bool((tag or {}).get(PADDING_TAG, False)) for tag in tags]
     real = len(padding) - sum(padding)
     metrics = {"gem/padding_rows": float(sum(padding))}
-    try:
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[TURN_IDS_FIELD, "response_mask"])
-        stored, masks = _rows(data[TURN_IDS_FIELD]), _rows(data["response_mask"])
-    except Exception as exc:  # rows written by another agent loop: no such field
-        logger.warning("gem: no %s in this batch (%s); rebn finds turns from response_mask runs", TURN_IDS_FIELD, exc)
-        turn_ids = None
-    else:
-        turn_ids, mismatched = row_turn_ids(stored, [len(m) for m in masks], padding)
-        metrics["gem/rows_without_turn_ids"] = float(mismatched)
+    ids = None
+    if turn_ids:
+        try:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[TURN_IDS_FIELD, "response_mask"])
+            stored, masks = _rows(data[TURN_IDS_FIELD]), _rows(data["response_mask"])
+        except Exception as exc:  # rows written by another agent loop: no such field
+            logger.warning("gem: no %s in this batch (%s); rebn finds turns from response_mask runs", TURN_IDS_FIELD, exc)
+        else:
+            ids, mismatched = row_turn_ids(stored, [len(m) for m in masks], padding)
+            metrics["gem/rows_without_turn_ids"] = float(mismatched)
     try:
         reasons = _rows(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[INFRA_FIELD])[INFRA_FIELD])
     except Exception:  # rows from another agent loop carry no flag
         reasons = [""] * len(padding)
-    failed = sum(1 for reason, is_padding in zip(reasons, padding) if reason and not is_padding)
-    metrics["gem/infra_failed_episodes"] = float(failed)
-    metrics["gem/infra_failed_fraction"] = failed / max(real, 1)
-    return turn_ids, metrics
+    failed = frozenset(key for key, reason, is_padding in zip(batch.keys, reasons, padding) if reason and not is_padding)
+    metrics["gem/infra_failed_episodes"] = float(len(failed))
+    metrics["gem/infra_failed_fraction"] = len(failed) / max(real, 1)
+    return ids, metrics, failed
+
+
+@contextmanager
+def failed_rows(keys: Any) -> Iterator[None]:
+    """Mark the TransferQueue ``keys`` of infra-failed episodes while the block runs (how
+    :func:`wrap_compute_advantage` tells :func:`wrap_multi_trajectory_advantage` which rows to leave out)."""
+    token = _FAILED_KEYS.set(frozenset(keys))
+    try:
+        yield
+    finally:
+        _FAILED_KEYS.reset(token)
 
 
 def wrap_compute_advantage(original: Any) -> Any:
-    """``PPOTrainer._compute_advantage`` that, for the gem estimators only, runs verl's own step with the
-    batch's explicit turn ids (:func:`fetch_gem_fields`, :func:`batch_turn_ids`) and adds the ``gem/*``
-    metrics to the step's. Other estimators: untouched."""
+    """``PPOTrainer._compute_advantage`` that runs verl's own step with the batch's infra-failed rows
+    marked (:func:`failed_rows`, for every estimator) and, for the gem estimators, its explicit turn ids
+    (:func:`batch_turn_ids`); the ``gem/*`` metrics join the step's (see :func:`fetch_gem_fields`)."""
 
     @functools.wraps(original)
     def _compute_advantage(self: Any, batch: Any, metrics: dict) -> Any:
-        if self.config.algorithm.adv_estimator not in ESTIMATORS:
-            return original(self, batch, metrics)
-        turn_ids, gem_metrics = fetch_gem_fields(batch)
+        gem_estimator = self.config.algorithm.adv_estimator in ESTIMATORS
+        turn_ids, gem_metrics, failed = fetch_gem_fields(batch, turn_ids=gem_estimator)
         metrics.update(gem_metrics)
-        metrics["gem/turn_ids_from_mask"] = float(turn_ids is None)
-        with batch_turn_ids(turn_ids):
+        if gem_estimator:
+            metrics["gem/turn_ids_from_mask"] = float(turn_ids is None)
+        with failed_rows(failed), batch_turn_ids(turn_ids):
             return original(self, batch, metrics)
 
     return _compute_advantage
+
+
+#: verl estimators that refuse a uid group of one row (``grpo_passk``: "Pass@k requires at least 2 samples
+#: per group"): a group its failed rows leave with one healthy row gets 0 there, not a crashed step.
+NEEDS_TWO_PER_GROUP = ("grpo_passk",)
+
+
+def _without_lone_survivors(keep: np.ndarray, dead: np.ndarray, uids: Any) -> np.ndarray:
+    """``keep`` less the rows that are the only healthy row of a uid group that lost rows to failures."""
+    if uids is None:
+        return keep
+    uids = [str(u) for u in uids]
+    healthy: dict[str, int] = {}
+    lost = {uids[i] for i in np.flatnonzero(dead)}
+    for i in keep:
+        healthy[uids[i]] = healthy.get(uids[i], 0) + 1
+    return np.asarray([i for i in keep if not (uids[i] in lost and healthy[uids[i]] == 1)], dtype=np.int64)
+
+
+def wrap_multi_trajectory_advantage(original: Any) -> Any:
+    """verl's ``compute_advantage_for_multi_trajectories(data, batch_keys, adv_estimator, ...)`` (the v1
+    step's estimator call) run on the healthy rows alone when :func:`failed_rows` marks some of
+    ``batch_keys``: the failed rows get advantages and returns 0 and are in no estimator's statistics, the
+    others get what verl's estimator gives the batch without them. Nothing marked: verl's call as it is."""
+
+    @functools.wraps(original)
+    def compute_advantage_for_multi_trajectories(data: Any, batch_keys: Sequence[str], *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        failed = _FAILED_KEYS.get()
+        keys = list(batch_keys)
+        if len(keys) != len(data):
+            raise ValueError(f"{len(keys)} batch keys for {len(data)} rows")
+        dead = np.asarray([key in failed for key in keys], dtype=bool)
+        if not dead.any():
+            return original(data, batch_keys, *args, **kwargs)
+        keep = np.flatnonzero(~dead)
+        estimator = kwargs.get("adv_estimator", args[0] if args else None)
+        if str(getattr(estimator, "value", estimator)) in NEEDS_TWO_PER_GROUP:
+            keep = _without_lone_survivors(keep, dead, data.non_tensor_batch.get("uid"))
+        shape = tuple(data.batch["token_level_rewards"].shape)
+        advantages = torch.zeros(shape, dtype=torch.float32)
+        returns = torch.zeros(shape, dtype=torch.float32)
+        if keep.size:
+            turn_ids = _BATCH_TURN_IDS.get()
+            with batch_turn_ids(None if turn_ids is None else turn_ids[torch.as_tensor(keep)]):
+                healthy = original(data.select_idxs(keep), [keys[i] for i in keep], *args, **kwargs)
+            if len(healthy) != keep.size:  # e.g. a reweighting step that resamples rows: cannot be put back
+                raise ValueError(f"verl's advantage step returned {len(healthy)} rows for {keep.size}; the infra-failed rows cannot be left out")
+            advantages = advantages.to(healthy.batch["advantages"].dtype)
+            returns = returns.to(healthy.batch["returns"].dtype)
+            index = torch.as_tensor(keep)
+            advantages[index] = healthy.batch["advantages"].to(advantages.device)
+            returns[index] = healthy.batch["returns"].to(returns.device)
+        device = data.batch["token_level_rewards"].device
+        data.batch["advantages"] = advantages.to(device)
+        data.batch["returns"] = returns.to(device)
+        return data
+
+    return compute_advantage_for_multi_trajectories
 
 
 def wrap_trainer_init(original: Any) -> Any:

@@ -7,13 +7,17 @@ installs it in every verl process. What it installs:
 * ``register``: the ``rebn``/``gem_reinforce`` estimators in verl's advantage registry and the
   ``gem_env`` agent loop in verl's agent-loop registry (verl has registries for both: no patch).
 * :data:`TURN_IDS_PATCH`: verl 0.9's v1 ``PPOTrainer._compute_advantage`` hands the gem estimators the
-  batch's explicit turn ids (:func:`gem_integrations.verl.advantage.wrap_compute_advantage`); every
-  other estimator runs verl's step unchanged.
+  batch's explicit turn ids and, for every estimator, marks and counts the episodes the infrastructure
+  failed (:func:`gem_integrations.verl.advantage.wrap_compute_advantage`).
+* :data:`INFRA_PATCH`: the step's ``compute_advantage_for_multi_trajectories`` runs verl's estimator on
+  the healthy rows alone, so no failed row enters a group's baseline
+  (:func:`gem_integrations.verl.advantage.wrap_multi_trajectory_advantage`); a batch without failures
+  runs verl's call unchanged.
 * :data:`CONFIG_PATCH`: ``PPOTrainer.__init__`` refuses configurations that would lose the per-turn
   rewards (legacy trainer, a reward model) at start-up
   (:func:`gem_integrations.verl.advantage.check_trainer_config`).
 
-Both patches revert exactly (:meth:`gem_core.plugins.TrainerPlugin.uninstall`).
+The patches revert exactly (:meth:`gem_core.plugins.TrainerPlugin.uninstall`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ def _wrap_compute_advantage(original: Any) -> Any:
     return wrap_compute_advantage(original)
 
 
+def _wrap_multi_trajectory_advantage(original: Any) -> Any:
+    from .advantage import wrap_multi_trajectory_advantage
+
+    return wrap_multi_trajectory_advantage(original)
+
+
 def _wrap_trainer_init(original: Any) -> Any:
     from .advantage import wrap_trainer_init
 
@@ -46,6 +56,7 @@ def _register() -> None:
 
 
 TURN_IDS_PATCH = Patch(f"{TRAINER_MODULE}:PPOTrainer", "_compute_advantage", _wrap_compute_advantage)
+INFRA_PATCH = Patch(TRAINER_MODULE, "compute_advantage_for_multi_trajectories", _wrap_multi_trajectory_advantage)
 CONFIG_PATCH = Patch(f"{TRAINER_MODULE}:PPOTrainer", "__init__", _wrap_trainer_init)
 
 PLUGIN = TrainerPlugin(
@@ -54,8 +65,8 @@ PLUGIN = TrainerPlugin(
     supported=">=0.9,<0.10",
     module="verl",
     estimators=("rebn", "gem_reinforce"),
-    patches=(TURN_IDS_PATCH, CONFIG_PATCH),
+    patches=(TURN_IDS_PATCH, INFRA_PATCH, CONFIG_PATCH),
     register=_register,
     dataset="gem_integrations.verl.dataset",
-    description="verl 0.9: rebn/gem_reinforce estimators, the gem_env agent loop, turn ids into the v1 trainer's advantage step",
+    description="verl 0.9: rebn/gem_reinforce estimators, the gem_env agent loop, turn ids and infra-failed rows into the v1 trainer's advantage step",
 )

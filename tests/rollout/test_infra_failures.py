@@ -113,3 +113,17 @@ def test_a_tool_whose_machinery_failed_reports_it_in_the_step_info():
     assert info[INFRA_ERROR] == "python sandbox: worker died"
     _, _, _, _, info = env.step("\\boxed{3}")
     assert INFRA_ERROR not in info
+
+
+def test_healthy_groups_keeps_each_groups_played_rows_by_size():
+    """Position-grouped batches (OpenRLHF's and RL2's ``reshape(-1, n)``): each group's rows without the
+    infra-failed ones, blocked by how many it keeps; a group with none left is absent."""
+    from gem_core.batch import healthy_groups
+
+    failed = [0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1]
+    groups = healthy_groups(failed, 4)
+    assert sorted(groups) == [1, 3, 4]
+    assert groups[3].tolist() == [[0, 1, 2]] and groups[4].tolist() == [[4, 5, 6, 7]] and groups[1].tolist() == [[9]]
+    assert healthy_groups([0, 1, 0, 1], 2)[1].tolist() == [[0], [2]]
+    with pytest.raises(ValueError, match="not whole groups of 4"):
+        healthy_groups([0, 0, 0], 4)

@@ -327,3 +327,86 @@ def test_the_infra_count_is_added_for_every_estimator_and_zero_without_failures(
     maker = make_maker(make_args(estimator="reinforce", gamma=1.0))
     batches = maker.compute_advantages_and_returns(make_experiences(responses, maker))
     assert torch.cat([b.info["gem/infra_failed_episodes"] for b in batches]).tolist() == [0.0] * len(responses)
+
+
+def _fixed_kl_and_values(batches):
+    """kl and values set by token position (right padding: the same on a sample's tokens whatever its
+    micro-batch), so a batch with and one without the failed rows hold the same numbers per sample."""
+    for batch in batches:
+        columns = torch.arange(batch.action_mask.shape[1], dtype=torch.float32)
+        batch.kl = (0.01 * (columns % 3)).expand_as(batch.action_mask) * batch.action_mask
+        batch.values = (0.1 * (columns % 5)).expand_as(batch.action_mask) * batch.action_mask
+    return batches
+
+
+@pytest.mark.parametrize("estimator", OTHER_ESTIMATORS)
+def test_infra_failed_rows_enter_no_baseline_of_openrlhfs_estimators(responses, infra_failed_response, estimator):
+    """Two prompts of 4 samples, each with 3 played episodes and one the infrastructure failed, through
+    OpenRLHF's own compute_advantages_and_returns as the plugin patches it: every played sample's
+    advantages and returns equal what OpenRLHF gives the 6 played samples alone as groups of 3 (RLOO,
+    group_norm, reinforce_baseline, dr_grpo: the group baseline; flash_reinforce: the batch mean; gae,
+    reinforce: the whitening), with the same group_reward_std; the failed samples get 0; the count is
+    logged."""
+    played = responses[:6]
+    batch = [*played[:3], infra_failed_response, *played[3:], infra_failed_response]
+    args = make_args(estimator=estimator, gamma=1.0, n_samples=4)
+    maker = make_maker(args, kl_coef=0.02)
+    got = maker.compute_advantages_and_returns(_fixed_kl_and_values(make_experiences(batch, maker)))
+
+    reference_args = make_args(estimator=estimator, gamma=1.0, n_samples=3)
+    reference = _fixed_kl_and_values(make_experiences(played, make_maker(reference_args)))
+    for experience in reference:
+        experience.info.pop("gem_turn_rewards")
+        experience.info.pop("gem_turn_spans")
+    expected = ORIGINAL(make_maker(reference_args, kl_coef=0.02), reference)
+
+    def per_sample(batches, name):
+        return [(row, mask.bool()) for b in batches for row, mask in zip(getattr(b, name), b.action_mask)]
+
+    failed_at = [3, 7]
+    for name in ("advantages", "returns"):
+        rows = per_sample(got, name)
+        for at in failed_at:
+            assert float(rows[at][0].abs().sum()) == 0.0 and int(rows[at][1].sum()) == 0
+        healthy = [row for i, row in enumerate(rows) if i not in failed_at]
+        for (have, mask), (want, want_mask) in zip(healthy, per_sample(expected, name)):
+            assert torch.equal(mask, want_mask[: len(mask)]) or torch.equal(mask[: len(want_mask)], want_mask)
+            torch.testing.assert_close(have[mask], want[want_mask], rtol=1e-6, atol=1e-6)
+    if estimator in ("rloo", "reinforce_baseline", "group_norm", "dr_grpo"):
+        stds = torch.cat([b.info["group_reward_std"] for b in got])
+        healthy_stds = [float(v) for i, v in enumerate(stds) if i not in failed_at]
+        assert healthy_stds == pytest.approx(torch.cat([b.info["group_reward_std"] for b in expected]).tolist(), abs=1e-6)
+    assert torch.cat([b.info["gem/infra_failed_episodes"] for b in got]).tolist() == [2.0] * len(batch)
+
+
+def test_a_group_left_with_one_played_episode_gets_no_advantage(responses, infra_failed_response):
+    """rloo over a group of 2 whose other sample failed: nothing to compare with, 0 (OpenRLHF's own
+    leave-one-out would divide by 0); the other group is OpenRLHF's."""
+    batch = [responses[0], infra_failed_response, responses[1], responses[2]]
+    maker = make_maker(make_args(estimator="rloo", gamma=1.0, n_samples=2))
+    got = maker.compute_advantages_and_returns(_fixed_kl_and_values(make_experiences(batch, maker)))
+    rows = [row for b in got for row in b.advantages]
+    assert float(rows[0].abs().sum()) == 0.0 and float(rows[1].abs().sum()) == 0.0
+    assert torch.isfinite(torch.cat([r.reshape(-1) for r in rows])).all()
+
+
+def test_an_infra_failure_outside_the_launcher_warns_once(executor, tokenizer, golden, monkeypatch, caplog):
+    """Plain ``openrlhf.cli.train_ppo_ray`` (no GEM_OPENRLHF_TURNS): the advantage patch is not armed, so
+    OpenRLHF's group baselines would count the failed sample's 0: the agent file says so, once."""
+    import logging
+
+    from conftest import faithful_engine, run_executor
+
+    from gem_core.testing.golden import GOLDEN_PARAMS
+    from gem_integrations.openrlhf import rollout
+
+    monkeypatch.delenv(rollout.TURNS_ENV, raising=False)
+    monkeypatch.setattr(rollout, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger=rollout.__name__):
+        for _ in range(2):
+            engine = faithful_engine(tokenizer)
+            engine.aborted = {"req-2"}
+            response, _ = run_executor(executor, tokenizer, golden.episodes[1], engine=engine, max_turn_tokens=GOLDEN_PARAMS.max_tokens)
+            assert response["extra_logs"][rollout.INFRA_FAILED_KEY] == 1.0
+    warnings = [r.getMessage() for r in caplog.records if "not started by `gem-core openrlhf train`" in r.getMessage()]
+    assert len(warnings) == 1 and "rloo" in warnings[0]

@@ -562,6 +562,73 @@ def test_marked_rows_never_reach_rl2_estimators(tokenizer):
         assert int(data["action_mask"][1].sum()) == 0 and torch.count_nonzero(data["advantages"][1]) == 0, adv
 
 
+def _two_prompt_batch(failed_marker: bool = True):
+    """Two prompts of 4 trajectories (one row each): prompt 0's three solved episodes and one the
+    infrastructure failed (0.0.2's NaN reward marker), prompt 1's three played (rewards 1, 0, 0.5) and one
+    failed. ``failed_marker=False``: the 6 played trajectories alone (prompts of 3)."""
+    rows = list(zip([3, 4, 2, 3, 4, 2, 3, 3], [1.0, 1.0, 1.0, None, 1.0, 0.0, None, 0.5]))
+    if not failed_marker:
+        rows = [row for row in rows if row[1] is not None]
+    lengths, rewards_of = [n for n, _ in rows], [r for _, r in rows]
+    mask = torch.zeros(len(rewards_of), 6, dtype=torch.long)
+    rewards = torch.zeros(mask.shape)
+    for row, (n, reward) in enumerate(zip(lengths, rewards_of)):
+        mask[row, 1 : 1 + n] = 1
+        rewards[row, n] = gem_metrics.INFRA_REWARD if reward is None else reward
+    return {
+        "states": torch.ones(mask.shape, dtype=torch.long),
+        "actions": mask.clone(),
+        "action_mask": mask,
+        "rewards": rewards,
+        "eos_mask": torch.zeros(mask.shape, dtype=torch.long),
+    }
+
+
+@pytest.mark.parametrize(("global_norm", "norm_var"), [(False, False), (False, True), (True, False), (True, True)])
+def test_infra_failed_trajectories_enter_no_reinforce_baseline(global_norm, norm_var):
+    """RL2's own REINFORCE (``+adv.rebn=false``) through RL2.trainer.ppo.compute_advantages as the plugin
+    patches it: every played trajectory gets what RL2 gives the 6 played ones alone as prompts of 3
+    (prompt 0's solved episodes: 0, not +0.25 or +0.5 from the dead sandbox's 0), the failed ones 0."""
+    from omegaconf import OmegaConf
+    from RL2.trainer import ppo
+    from RL2.utils.algorithms import compute_advantages as rl2s_own
+
+    from gem_integrations.rl2.plugin_spec import PLUGIN
+
+    adv = {"estimator": "reinforce", "rebn": False, "global_norm": global_norm, "norm_var": norm_var, "gamma": 1.0}
+    PLUGIN.install()
+    try:
+        data = _two_prompt_batch()
+        ppo.compute_advantages(OmegaConf.create({**adv, "responses_per_prompt": 4}), data, torch.arange(9), 1)
+    finally:
+        assert PLUGIN.uninstall() == []
+    expected = _two_prompt_batch(failed_marker=False)
+    rl2s_own(OmegaConf.create({**adv, "responses_per_prompt": 3}), expected, torch.arange(7), 1)
+    played = [0, 1, 2, 4, 5, 7]
+    assert torch.count_nonzero(data["advantages"][[3, 6]]) == 0 and int(data["action_mask"][[3, 6]].sum()) == 0
+    torch.testing.assert_close(data["advantages"][played], expected["advantages"], rtol=1e-6, atol=1e-6)
+    if not global_norm:
+        assert torch.count_nonzero(data["advantages"][:3]) == 0
+
+
+def test_a_prompt_left_with_one_played_trajectory_gets_no_advantage():
+    """RL2's std of one value is NaN: a group whose other trajectories failed gets 0, finite."""
+    from omegaconf import OmegaConf
+    from RL2.trainer import ppo
+
+    from gem_integrations.rl2.plugin_spec import PLUGIN
+
+    PLUGIN.install()
+    try:
+        data = _two_prompt_batch()
+        adv = {"estimator": "reinforce", "rebn": False, "global_norm": False, "norm_var": True, "gamma": 1.0, "responses_per_prompt": 2}
+        ppo.compute_advantages(OmegaConf.create(adv), data, torch.arange(9), 1)  # prompts of 2: (2, 3) and (6, 7) keep one
+    finally:
+        assert PLUGIN.uninstall() == []
+    assert torch.isfinite(data["advantages"]).all()
+    assert torch.count_nonzero(data["advantages"][[2, 3, 6, 7]]) == 0 and torch.count_nonzero(data["advantages"][[4, 5]]) > 0
+
+
 # -- RL2 HEAD's generate(config, tokenizer, router_url, sample): the contract as read from its source.
 
 

@@ -51,3 +51,22 @@ def test_a_dead_infrastructure_is_one_error_line_not_an_endless_replay():
     fresh.max_consecutive = 2
     for episode in range(10):  # a kept group in between resets the run
         assert fresh.filter(0, episode, [rollout(failed=float(episode % 2 == 0))]) is (episode % 2 == 0)
+
+
+def test_a_pipeline_without_the_filter_is_refused_in_one_line():
+    """Without InfraErrorGroupFilter a failed episode's reward 0 enters ROLL's batch mean and std: the
+    plugin's pipeline refuses such a config at start-up; the filter's path or a subclass passes."""
+    from types import SimpleNamespace as NS
+
+    from gem_core.errors import GemError
+    from gem_integrations.roll.group_filter import check_group_filter
+
+    class Combined(InfraErrorGroupFilter):
+        pass
+
+    check_group_filter(NS(train_env_manager=NS(group_filter_cls="gem_integrations.roll.group_filter.InfraErrorGroupFilter")))
+    check_group_filter(NS(train_env_manager=NS(group_filter_cls=Combined)))
+    for path in (None, "roll.pipeline.agentic.env_manager.GroupFilter", "no.such.Filter", "json.JSONDecoder", ""):
+        with pytest.raises(GemError, match="InfraErrorGroupFilter") as raised:
+            check_group_filter(NS(train_env_manager=NS(group_filter_cls=path)))
+        assert "\n" not in str(raised.value)

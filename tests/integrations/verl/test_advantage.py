@@ -234,3 +234,131 @@ def test_rows_whose_turn_ids_do_not_match_their_response_get_none():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     with batch_turn_ids(ids), pytest.raises(ValueError, match="turn id -1"):
         get_adv_estimator_fn("rebn")(token_level_rewards=rewards, response_mask=mask, config=None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Infra-failed rows and verl's own estimators (DESIGN.md contract 8): out of every group's baseline.
+# ------------------------------------------------------------------------------------------------
+
+FAILED_KEY = "g0_3_0"  # the fourth sample of prompt g0: its sandbox died
+
+
+def _infra_batch(estimator: str = "grpo"):
+    """Two prompt groups as verl's v1 step holds them (keys ``{uid}_{session}_{index}``): g0's three
+    solved episodes and one the infrastructure failed (mask 0, reward 0: the gem_env loop's row), g1's
+    four healthy episodes with mixed rewards. Every field some registered estimator reads is there
+    (``reward_baselines``, which verl's dispatch hands every estimator it finds in the batch, for remax only)."""
+    from verl import DataProto
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = [4, 6, 3, 5, 6, 2, 5, 4]
+    scores = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.5, 0.0]
+    width, prompt = 6, 2
+    mask = torch.zeros(8, width, dtype=torch.int64)
+    rewards = torch.zeros(8, width)
+    for row, (n, score) in enumerate(zip(lengths, scores)):
+        mask[row, :n] = 1
+        rewards[row, n - 1] = score
+    mask[3] = 0  # the failed row keeps its tokens, but none carries loss (or reward)
+    attention = torch.cat([torch.ones(8, prompt, dtype=torch.int64), mask.clone()], dim=1)
+    attention[3, prompt : prompt + lengths[3]] = 1
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "values": torch.rand(8, width, generator=generator),
+            "old_log_probs": -torch.rand(8, width, generator=generator),
+            "sum_pi_squared": torch.rand(8, width, generator=generator),
+            "prompts": torch.zeros(8, prompt, dtype=torch.int64),
+            "attention_mask": attention,
+        }
+    )
+    if estimator == "remax":
+        data.batch["reward_baselines"] = torch.rand(8, generator=generator)
+    data.non_tensor_batch["uid"] = np.array(["g0"] * 4 + ["g1"] * 4, dtype=object)
+    data.non_tensor_batch["accuracy"] = np.array(scores, dtype=object)  # gdpo's reward component
+    keys = [f"g{row // 4}_{row % 4}_0" for row in range(8)]
+    return data, keys
+
+
+def _registered_estimators():
+    from verl.trainer.ppo import core_algos
+
+    from gem_integrations.verl.advantage import register_estimators
+
+    register_estimators()
+    return sorted(core_algos.ADV_ESTIMATOR_REGISTRY)
+
+
+@pytest.mark.parametrize("estimator", _registered_estimators())
+def test_infra_failed_row_enters_no_baseline_of_any_registered_estimator(estimator):
+    """Every estimator in verl's registry, through the v1 step's own estimator call as the plugin patches
+    it: with the dead sandbox's key marked (what the _compute_advantage patch does from gem_infra_error),
+    the three solved episodes of g0 and all of g1 get exactly what verl gives the batch without the failed
+    row (GRPO: 0 for the solved, not +0.5; RLOO: 0, not +0.333), the failed row 0 advantage and return."""
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories as verls_own
+
+    from gem_integrations.verl.advantage import failed_rows
+    from gem_integrations.verl.plugin_spec import INFRA_PATCH
+
+    assert INFRA_PATCH.applied  # the verl.plugins entry point installed it with the trainer module
+    config = OmegaConf.create({"gamma": 1.0, "lam": 0.95, "adv_estimator": estimator, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["accuracy"]})
+    step = {"adv_estimator": estimator, "gamma": 1.0, "lam": 0.95, "num_repeat": 4, "norm_adv_by_std_in_grpo": True, "config": config}
+    data, keys = _infra_batch(estimator)
+    healthy = [row for row, key in enumerate(keys) if key != FAILED_KEY]
+    expected = verls_own(data.select_idxs(healthy), batch_keys=[keys[row] for row in healthy], **step)
+
+    with failed_rows({FAILED_KEY}):
+        out = trainer_base.compute_advantage_for_multi_trajectories(data, batch_keys=keys, **step)
+    failed = keys.index(FAILED_KEY)
+    for name in ("advantages", "returns"):
+        assert out.batch[name][failed].abs().sum().item() == 0.0
+        torch.testing.assert_close(out.batch[name][healthy], expected.batch[name], rtol=1e-6, atol=1e-6)
+    if estimator in ("grpo", "rloo", "grpo_vectorized", "rloo_vectorized", "opo"):
+        # the solved episodes of g0 are the group's mean: no signal, whatever the dead sandbox scored
+        assert out.batch["advantages"][:3].abs().max().item() < 1e-5
+
+
+def test_without_failures_the_step_is_verls_own():
+    """No key marked: the patched call gives verl's own result, bit for bit (GRPO here)."""
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories as verls_own
+
+    data, keys = _infra_batch()
+    config = OmegaConf.create({"gamma": 1.0, "lam": 1.0, "adv_estimator": "grpo"})
+    ours = trainer_base.compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator="grpo", config=config)
+    theirs = verls_own(_infra_batch()[0], batch_keys=keys, adv_estimator="grpo", config=config)
+    assert torch.equal(ours.batch["advantages"], theirs.batch["advantages"])
+    assert ours.batch["advantages"][:3].abs().max().item() > 0.4  # the failed row's 0 in g0's baseline: verl's own rule
+
+
+def test_every_row_failed_gives_zero_advantages():
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from gem_integrations.verl.advantage import failed_rows
+
+    data, keys = _infra_batch()
+    with failed_rows(keys):
+        out = trainer_base.compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator="grpo", config=OmegaConf.create({}))
+    assert out.batch["advantages"].abs().sum().item() == 0.0 and out.batch["returns"].abs().sum().item() == 0.0
+
+
+def test_grpo_passk_group_left_with_one_row_gets_zero_not_a_crash():
+    """verl's grpo_passk refuses a uid group of one row; a group of 2 whose other sample's sandbox died
+    gives its survivor 0 instead of stopping the step; the other group is verl's own result."""
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories as verls_own
+
+    from gem_integrations.verl.advantage import failed_rows
+
+    data, keys = _infra_batch("grpo_passk")
+    data.non_tensor_batch["uid"] = np.array(["g0", "g0", "g1", "g1", "g2", "g2", "g2", "g2"], dtype=object)
+    keys = ["g0_0_0", "g0_1_0", "g1_0_0", "g1_1_0", "g2_0_0", "g2_1_0", "g2_2_0", "g2_3_0"]
+    config = OmegaConf.create({"gamma": 1.0, "lam": 1.0, "adv_estimator": "grpo_passk", "norm_adv_by_std_in_grpo": True})
+    with failed_rows({"g1_1_0"}):  # row 3: g1 keeps row 2 alone
+        out = trainer_base.compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator="grpo_passk", config=config)
+    assert out.batch["advantages"][2:4].abs().sum().item() == 0.0
+    rows = [0, 1, 4, 5, 6, 7]
+    expected = verls_own(data.select_idxs(rows), batch_keys=[keys[i] for i in rows], adv_estimator="grpo_passk", config=config)
+    torch.testing.assert_close(out.batch["advantages"][rows], expected.batch["advantages"])

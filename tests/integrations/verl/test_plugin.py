@@ -90,6 +90,7 @@ print(json.dumps({
     "loaded": plugin.LOADED,
     "compute_advantage": hasattr(trainer_base.PPOTrainer._compute_advantage, "__gem_core_patch__"),
     "init": hasattr(trainer_base.PPOTrainer.__init__, "__gem_core_patch__"),
+    "infra": hasattr(trainer_base.compute_advantage_for_multi_trajectories, "__gem_core_patch__"),
 }))
 """
 
@@ -99,7 +100,7 @@ def test_trainer_patches_install_when_verls_trainer_is_imported():
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["errors"] == {}
     assert "trainer_patches" in found["loaded"]
-    assert found["compute_advantage"] is True and found["init"] is True
+    assert found["compute_advantage"] is True and found["init"] is True and found["infra"] is True
 
 
 def test_descriptor_is_found_through_gem_core_plugins():
@@ -140,22 +141,37 @@ def test_unsupported_verl_version_is_reported(monkeypatch):
     assert "verl>=0.10,<0.11" in plugin.ERRORS["version"]
 
 
-def test_other_estimators_run_verls_step_unchanged(model_dir):
-    """The _compute_advantage patch only acts for rebn/gem_reinforce: for grpo it calls verl's own step
-    without touching TransferQueue first."""
+def test_other_estimators_get_the_infra_failed_rows_marked_and_counted(model_dir, monkeypatch):
+    """For grpo (any estimator not gem's) the _compute_advantage patch reads only gem_infra_error from
+    TransferQueue, counts the failed episodes in the step's metrics and marks their keys while verl's own
+    step runs (no turn ids: those are the gem estimators')."""
+    import transfer_queue
     from conftest import compose_verl_config
+    from transfer_queue import KVBatchMeta
 
-    from gem_integrations.verl.advantage import wrap_compute_advantage
+    from gem_integrations.verl import advantage
 
-    calls = []
+    asked = []
+
+    def kv_batch_get(keys, partition_id, select_fields):
+        asked.append(list(select_fields))
+        reasons = {"g0_0_0": "", "g0_1_0": "the engine aborted the request", "g0_2_0": "", "pad_0_0": "the engine aborted the request"}
+        return {"gem_infra_error": [reasons[key] for key in keys]}  # TransferQueue's non-tensor field, as a list
+
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", kv_batch_get)
+    seen = []
 
     def original(self, batch, metrics):
-        calls.append(batch)
+        seen.append((advantage._FAILED_KEYS.get(), advantage._BATCH_TURN_IDS.get()))
         return batch
 
     class Trainer:
         config = compose_verl_config(model_dir, "algorithm.adv_estimator=grpo")
 
+    keys = ["g0_0_0", "g0_1_0", "g0_2_0", "pad_0_0"]  # the last: verl's padding copy of a failed row 0
+    batch = KVBatchMeta(partition_id="train", keys=keys, tags=[{}, {}, {}, {"is_padding": True}])
     metrics: dict = {}
-    assert wrap_compute_advantage(original)(Trainer(), "batch", metrics) == "batch"
-    assert calls == ["batch"] and metrics == {}
+    assert advantage.wrap_compute_advantage(original)(Trainer(), batch, metrics) is batch
+    assert seen == [(frozenset({"g0_1_0"}), None)] and asked == [["gem_infra_error"]]
+    assert metrics["gem/infra_failed_episodes"] == 1.0 and metrics["gem/infra_failed_fraction"] == pytest.approx(1 / 3)
+    assert advantage._FAILED_KEYS.get() == frozenset()  # only while verl's step runs

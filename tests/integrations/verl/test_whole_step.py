@@ -68,7 +68,7 @@ def test_the_scripts_own_commands_and_overrides_ran(step):
     ):
         assert override in script and override in step["overrides"]
     assert step["config"]["n"] == 4  # the script's rollout.n, kept
-    assert step["patches_applied"] == [True, True]  # the plugin's start-up check and turn-id patch, loaded by verl
+    assert step["patches_applied"] == [True, True, True]  # the plugin's start-up check, turn-id and infra patches, loaded by verl
 
 
 def test_verl_padded_the_batch_and_padding_carries_nothing(step):

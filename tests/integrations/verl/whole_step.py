@@ -246,11 +246,11 @@ def _one_step(config, model_dir: str, report: dict, started: float) -> None:
     from verl.workers.rollout.llm_server import LLMServerClient
     from verl.workers.rollout.router import get_router_handle
 
-    from gem_integrations.verl.plugin_spec import CONFIG_PATCH, TURN_IDS_PATCH
+    from gem_integrations.verl.plugin_spec import CONFIG_PATCH, INFRA_PATCH, TURN_IDS_PATCH
     from verl_server import FaithfulVerlServer, sudoku_respond
 
     trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
-    report["patches_applied"] = [CONFIG_PATCH.applied, TURN_IDS_PATCH.applied]
+    report["patches_applied"] = [CONFIG_PATCH.applied, TURN_IDS_PATCH.applied, INFRA_PATCH.applied]
     trainer._init_tokenizer()
     trainer._init_dataloader()
     trainer.resource_pool_manager = OneCpu()
