@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=whole_number(1), default=None, help=f"tokens per response (default {d.max_tokens})")
     parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
     parser.add_argument(
+        "--stop-after-box",
+        action="store_true",
+        help="end each response at the token that closes its \\boxed{...} move: no tokens after the move (default: off)",
+    )
+    parser.add_argument(
         "--warmup-steps",
         type=whole_number(0),
         default=None,
@@ -113,7 +118,7 @@ OPTION_FIELDS = (
     "max_turns", "warmup_steps", "warmup_transcript", "eval_every", "eval_episodes", "eval_set", "seed", "device",
     "out", "checkpoint_every",
 )  # fmt: skip
-FLAG_FIELDS = ("gradient_checkpointing", "tensorboard", "resume")  # store_true: False is "not given"
+FLAG_FIELDS = ("gradient_checkpointing", "tensorboard", "resume", "stop_after_box")  # store_true: False is "not given"
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

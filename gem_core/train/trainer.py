@@ -60,7 +60,9 @@ class TrainConfig:
 
     Rollouts: ``env_id``, ``env_kwargs``, ``tools``; ``episodes`` per update in groups of ``group_size``
     (one start state per group; GRPO/RLOO need groups of 2+); ``max_tokens`` per response,
-    ``max_turns``, ``max_context_tokens``; ``temperature``. Learning: ``estimator`` (rebn, reinforce =
+    ``max_turns``, ``max_context_tokens``; ``temperature``; ``stop_after_box``: end each response at its first
+    token that holds a ``}`` (:func:`closing_brace_ids`), so a turn is its ``\\boxed{...}`` move and nothing after
+    it (the tokens ``max_tokens`` leaves go to reaching the move, none to talk after it). Learning: ``estimator`` (rebn, reinforce =
     vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
     ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
     a loss mask), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
@@ -110,6 +112,7 @@ class TrainConfig:
     rollout_engine: str = "auto"  # vllm on CUDA where vLLM is installed, else hf (on CPU hf measured as fast, 2 GB less)
     temperature: float = 1.0
     max_tokens: int = 16
+    stop_after_box: bool = False
     max_turns: int | None = None
     max_context_tokens: int | None = 1024
     warmup_steps: int = 0
@@ -134,6 +137,8 @@ class TrainConfig:
         _check_int(self, "group_size", 1)
         _check_int(self, "epochs", 1)
         _check_int(self, "max_tokens", 1)
+        if not isinstance(self.stop_after_box, bool):
+            raise ValueError(f"stop_after_box must be true or false, got {self.stop_after_box!r}")
         _check_int(self, "warmup_steps", 0)
         _check_int(self, "warmup_batch", 1)
         _check_int(self, "eval_every", 0)
@@ -627,8 +632,10 @@ class Trainer:
         self._vllm_dir: Any = None
         self.step = 0
         self.log = log
+        # the template's end of turn first: a scripted policy (the warm start) ends its responses with the first stop id
+        stops = (*self.formatter.stop_token_ids, *closing_brace_ids(tokenizer)) if config.stop_after_box else ()
         self.run_config = RunConfig(
-            params=SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature),
+            params=SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, stop_token_ids=stops),
             max_turns=config.max_turns,
             max_context_tokens=config.max_context_tokens,
         )
@@ -866,6 +873,12 @@ class Trainer:
         self.torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
+
+
+def closing_brace_ids(tokenizer: Any) -> list[int]:
+    """Every token id whose text holds a ``}``: the tokens that can close a ``\\boxed{...}`` move (``--stop-after-box``)."""
+    ids = range(len(tokenizer))
+    return [i for i, token in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))) if isinstance(token, str) and "}" in token]
 
 
 def adamw(parameters: Any, lr: float) -> Any:
