@@ -220,15 +220,20 @@ def evaluation_seeds(env_id: str, env_kwargs: dict[str, Any], count: int, eval_s
     1-10 with 200 episodes: 20 each); elsewhere ``count`` consecutive seeds."""
     from gem_core.tasks import TaskSpec
 
-    if eval_set not in EVAL_SETS:
-        raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {eval_set!r}")
-    base = EVAL_SEED_BASE if eval_set == "heldout" else VALIDATION_SEED_BASE
     env = TaskSpec(env_id, env_kwargs=dict(env_kwargs)).make_env()
     try:
         game = getattr(env, "unwrapped", None)
-        return balanced_seeds(game, count, base) if isinstance(game, GuessTheNumber) else list(range(base, base + count))
+        return set_seeds(game if isinstance(game, GuessTheNumber) else None, count, eval_set)
     finally:
         env.close()
+
+
+def set_seeds(game: GuessTheNumber | None, count: int, eval_set: str) -> list[int]:
+    """:func:`evaluation_seeds` given the env's GuessTheNumber game (None: another env)."""
+    if eval_set not in EVAL_SETS:
+        raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {eval_set!r}")
+    base = EVAL_SEED_BASE if eval_set == "heldout" else VALIDATION_SEED_BASE
+    return balanced_seeds(game, count, base) if game is not None else list(range(base, base + count))
 
 
 def _check_int(config: TrainConfig, name: str, low: int) -> None:
@@ -628,6 +633,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.lr_warmup + 1)))
         self.reference = None
         self._envs: list[Any] = []
+        self._eval_seeds: dict[str, list[int]] = {}
         self._vllm: VLLMPolicy | None = None
         self._vllm_dir: Any = None
         self.step = 0
@@ -715,8 +721,11 @@ class Trainer:
         return game if isinstance(game, GuessTheNumber) else None
 
     def eval_seeds(self, eval_set: str | None = None) -> list[int]:
-        """The seeds of ``eval_set`` (default the run's): :func:`evaluation_seeds`."""
-        return evaluation_seeds(self.config.env_id, self.config.env_kwargs, self.config.eval_episodes, eval_set or self.config.eval_set)
+        """The seeds of ``eval_set`` (default the run's): :func:`evaluation_seeds`, worked out once on this run's env."""
+        eval_set = eval_set or self.config.eval_set
+        if eval_set not in self._eval_seeds:
+            self._eval_seeds[eval_set] = set_seeds(self.game, self.config.eval_episodes, eval_set)
+        return self._eval_seeds[eval_set]
 
     def evaluate(self) -> Evaluation:
         """The current policy on the run's evaluation seeds (the same every time), greedy and sampled at
