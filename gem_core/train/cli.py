@@ -4,6 +4,7 @@ starts, so ``gem-core --help`` stays fast and works without the ``train`` extra)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any, TextIO
 
 from gem_core.cli_support import CliError, os_error_text, real_number, whole_number
@@ -127,8 +128,6 @@ def config_from_args(args: argparse.Namespace) -> Any:
     Options not given take TrainConfig's defaults, or with ``--resume`` the saved run's settings; an option
     given with ``--resume`` that the saved run does not have is refused when the run starts
     (:func:`gem_core.train.run.train`)."""
-    import dataclasses
-
     import gem_core
     from gem_core.registry import check_kwargs
     from gem_core.tasks import parse_env_kwargs
