@@ -51,8 +51,17 @@ def _wait_for_go() -> None:
         sys.exit(0)
 
 
-def _report(rollout: float, total: float, no_signal: bool = False) -> None:
-    print(STEP + json.dumps({"rollout": rollout, "update": total - rollout, "no_signal": no_signal}), flush=True)
+def _report(model, rollout: float, total: float, no_signal: bool = False) -> None:
+    result = {"rollout": rollout, "update": total - rollout, "no_signal": no_signal, "checkpointing": checkpointing(model)}
+    print(STEP + json.dumps(result), flush=True)
+
+
+def checkpointing(model) -> bool:
+    """Whether the model recomputes activations in the backward pass (transformers 5's name, then 4.x's)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or name in vars(model):
+            return bool(getattr(model, name))
+    return False
 
 
 def reference_worker(args: argparse.Namespace, rollout_engine: str = "hf") -> None:
@@ -87,7 +96,7 @@ def reference_worker(args: argparse.Namespace, rollout_engine: str = "hf") -> No
         for _ in range(args.steps + 1):
             _wait_for_go()
             metrics = trainer.update()
-            _report(metrics["rollout_seconds"], metrics["update_seconds"], bool(metrics.get("no_signal")))
+            _report(trainer.model, metrics["rollout_seconds"], metrics["update_seconds"], bool(metrics.get("no_signal")))
     finally:
         trainer.close()
 
@@ -154,7 +163,7 @@ def trl_worker(args: argparse.Namespace) -> None:
             self.started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            _report(rollout_seconds[-1] if rollout_seconds else 0.0, time.perf_counter() - self.started)
+            _report(kwargs["model"], rollout_seconds[-1] if rollout_seconds else 0.0, time.perf_counter() - self.started)
 
     trainer.add_callback(Turns())
     trainer.train()
@@ -202,6 +211,10 @@ class Worker:
         self.process.stdin.write(GO + "\n")
         self.process.stdin.flush()
         result = json.loads(self._expect(STEP)[len(STEP) :])
+        if result["checkpointing"] != self.checkpointing:  # the setting did not reach the model: the row would lie
+            sys.exit(
+                f"update_cost: {self.name} ran with gradient checkpointing {'on' if result['checkpointing'] else 'off'}, asked {'on' if self.checkpointing else 'off'}"
+            )
         if timed:
             self.measurements.append({**result, "load": load})
 
@@ -273,7 +286,7 @@ def main() -> None:
 
 
 def _spread(values: list[float]) -> str:
-    return f"{statistics.mean(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+    return f"{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 if __name__ == "__main__":
