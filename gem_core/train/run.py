@@ -224,6 +224,8 @@ HEADER = (
     "illegal turns",
     "consistent with hints",
     "right way after a hint",
+    "after lower",
+    "after higher",
 )
 
 
@@ -242,12 +244,15 @@ def _cells(stats: EpisodeStats) -> tuple[str, ...]:
         f"{stats.illegal_rate:.3f}",
         _rate(stats.hint_consistent_rate),
         _rate(stats.hint_right_way_rate),
+        _rate(stats.hint_right_after_lower_rate),
+        _rate(stats.hint_right_after_higher_rate),
     )
 
 
 def _baseline_cells(baseline: Baseline) -> tuple[str, ...]:
     solved = "-" if baseline.turns_when_solved is None else f"{baseline.turns_when_solved:.2f}"
-    return (f"{baseline.success_rate:.3f}", "-", "-", solved, "-", "-", _rate(baseline.hint_consistent_rate), _rate(baseline.hint_right_way_rate))
+    hints = (baseline.hint_consistent_rate, baseline.hint_right_way_rate, baseline.hint_right_after_lower_rate, baseline.hint_right_after_higher_rate)
+    return (f"{baseline.success_rate:.3f}", "-", "-", solved, "-", "-", *map(_rate, hints))
 
 
 def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Summary:
@@ -445,13 +450,18 @@ def plot(metrics_path: str, png_path: str) -> str | None:
         axes[0].axhline(baseline["success_rate"], color="grey", linestyle=style, linewidth=1, label=f"{name} {baseline['success_rate']:.3f}")
     axes[0].set(title="success rate", xlabel="update", ylim=(0, 1.05))
     axes[0].legend(fontsize=7)
-    for key, marker, label in (("hint_consistent_rate", "o", "consistent with hints"), ("hint_right_way_rate", "^", "right way after a hint")):
+    hint_lines = (
+        ("hint_consistent_rate", "o", "consistent with hints"),
+        ("hint_right_after_lower_rate", "v", "right way after lower"),
+        ("hint_right_after_higher_rate", "^", "right way after higher"),
+    )
+    for key, marker, label in hint_lines:
         for mode in ("sampled", "greedy"):
             values = [getattr(getattr(e, mode), key) for _, e in evals]
             axes[1].plot(steps, [float("nan") if v is None else v for v in values], marker + ("-" if mode == "sampled" else "--"), label=f"{label}, {mode}")
     for (name, baseline), style in zip(scripted.items(), styles):
         if name.startswith("hint-blind"):  # the rates a player that ignores the hints reaches
-            for key, label in (("hint_consistent_rate", "consistent"), ("hint_right_way_rate", "right way")):
+            for key, label in (("hint_consistent_rate", "consistent"), ("hint_right_after_lower_rate", "right way after lower")):
                 if baseline.get(key) is not None:
                     axes[1].axhline(baseline[key], color="grey", linestyle=style, linewidth=1, label=f"hint-blind: {label} {baseline[key]:.3f}")
     axes[1].set(title=f"hint use ({eval_set})", xlabel="update", ylim=(0, 1.05))

@@ -562,6 +562,8 @@ class EpisodeStats:
     # GuessTheNumber only (None elsewhere, or with no guess after a hint): gem_core.envs.games.guess_the_number.HintUse
     hint_consistent_rate: float | None = None  # guesses inside every earlier hint's bounds
     hint_right_way_rate: float | None = None  # after "lower"/"higher", next guesses that moved that way
+    hint_right_after_lower_rate: float | None = None  # the same after "lower" alone
+    hint_right_after_higher_rate: float | None = None  # and after "higher" alone
 
     @classmethod
     def of(cls, trajectories: Sequence[Trajectory], *, hints: bool = False) -> EpisodeStats:
@@ -577,6 +579,8 @@ class EpisodeStats:
             illegal_rate=totals.invalid_action_turn_rate,
             hint_consistent_rate=None if use is None else use.consistent_rate,
             hint_right_way_rate=None if use is None else use.right_way_rate,
+            hint_right_after_lower_rate=None if use is None else use.right_after_lower_rate,
+            hint_right_after_higher_rate=None if use is None else use.right_after_higher_rate,
         )
 
 
@@ -757,6 +761,8 @@ class Trainer:
             "illegal_rate": episodes.illegal_rate,
             "hint_consistent_rate": episodes.hint_consistent_rate,
             "hint_right_way_rate": episodes.hint_right_way_rate,
+            "hint_right_after_lower_rate": episodes.hint_right_after_lower_rate,
+            "hint_right_after_higher_rate": episodes.hint_right_after_higher_rate,
             "infra_failed_episodes": infra["gem/infra_failed_episodes"],
         }
         if not trajectories:

@@ -59,7 +59,7 @@ def test_hint_use_of_hand_made_trajectories():
     C (target 3): 11 (out of range: no hint), 4 lower, 2 higher, then 2 again (a repeat right after
     "higher": neither inside the bounds (2, 4) nor above 2). After a hint: 2 (inside), 2 (not): 1 of 2;
     right way: 2 after "lower" at 4 (yes), 2 after "higher" at 2 (no): 1 of 2.
-    Total: consistent 4 of 7, right way 4 of 7."""
+    Total: consistent 4 of 7, right way 4 of 7; after "lower" 2 of 4 (A's 6, C's 2), after "higher" 2 of 3."""
     game = _game()
     seven, three = _seed_with_target(game, 7), _seed_with_target(game, 3)
     episodes = [
@@ -68,10 +68,11 @@ def test_hint_use_of_hand_made_trajectories():
         _feedback(game, three, ["\\boxed{11}", "\\boxed{4}", "\\boxed{2}", "\\boxed{2}"]),
     ]
     assert [len(e) for e in episodes] == [4, 4, 4]
-    assert [episode_hint_use(e) for e in episodes] == [HintUse(3, 3, 3, 3), HintUse(2, 0, 2, 0), HintUse(2, 1, 2, 1)]
+    assert [episode_hint_use(e) for e in episodes] == [HintUse(3, 3, 3, 3, 1, 1), HintUse(2, 0, 2, 0, 2, 0), HintUse(2, 1, 2, 1, 1, 1)]
     total = hint_use(episodes)
-    assert total == HintUse(guesses_after_hint=7, consistent=4, moves_after_hint=7, right_way=4)
+    assert total == HintUse(guesses_after_hint=7, consistent=4, moves_after_hint=7, right_way=4, moves_after_lower=4, right_after_lower=2)
     assert total.consistent_rate == total.right_way_rate == pytest.approx(4 / 7)
+    assert (total.right_after_lower_rate, total.right_after_higher_rate) == (0.5, pytest.approx(2 / 3))
 
     # the trainer's statistics read the same numbers off trajectories (each turn's observation)
     from gem_core.train.trainer import EpisodeStats
@@ -82,6 +83,7 @@ def test_hint_use_of_hand_made_trajectories():
     ]
     stats = EpisodeStats.of(trajectories, hints=True)
     assert stats.hint_consistent_rate == stats.hint_right_way_rate == pytest.approx(4 / 7)
+    assert (stats.hint_right_after_lower_rate, stats.hint_right_after_higher_rate) == (0.5, pytest.approx(2 / 3))
     assert EpisodeStats.of(trajectories).hint_consistent_rate is None  # not asked: not measured
 
 
@@ -120,3 +122,16 @@ def test_the_baselines_are_the_scripted_players_exact_numbers():
     # a player that ignores the hints follows them only by chance, and more often without repeats
     assert 0.3 < random_valid.hint_consistent_rate < blind.hint_consistent_rate < 0.9
     assert 0.3 < blind.hint_right_way_rate < 1.0
+    # 1-10 is symmetric (x -> 11 - x) and the set balanced: a random player is right as often after either hint
+    assert blind.hint_right_after_lower_rate == pytest.approx(blind.hint_right_after_higher_rate)
+
+
+def test_a_fixed_rising_sequence_is_caught_by_the_direction_after_lower():
+    """The policy an exploratory run converged to plays 2, 3, 4, 5 whatever it is told. Most of its hints
+    are "higher", so its pooled rates beat the random hint-blind player's; after "lower" it is never right."""
+    game = _game()
+    seeds = balanced_seeds(game, 10, 1_500_000)
+    use = hint_use(_feedback(game, seed, ["\\boxed{2}", "\\boxed{3}", "\\boxed{4}", "\\boxed{5}"]) for seed in seeds)
+    blind = baselines(game, seeds)[1]
+    assert use.consistent_rate > blind.hint_consistent_rate and use.right_way_rate > blind.hint_right_way_rate
+    assert (use.right_after_lower_rate, use.right_after_higher_rate) == (0.0, 1.0)
