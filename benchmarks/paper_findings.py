@@ -9,8 +9,10 @@
 Three arms (ReBN 0.9 is in both findings), each trained from ``--seeds`` with a scale's settings otherwise:
 ``real`` (default), the default run of ``gem-core train`` (the embedded real model, no warm start, 15
 updates); ``tiny``, the toy scale (``TINY_RUN``: a tiny local model, a supervised warm start, 300 updates).
-Every run plays the same held-out seeds. A run already complete in
-``--out`` is read back, not trained again, so an interrupted benchmark picks up where it stopped.
+Every run plays the same held-out seeds. Runs live in ``--out`` as ``<scale>-<arm>-seed<seed>``; a run already
+complete there is read back, not trained again, so an interrupted benchmark picks up where it stopped, but
+only when its ``config.json`` is the arm's (estimator, gamma, seed and the scale's settings, model included):
+a directory holding a run of other settings is an error, never counted.
 Printed: one table per finding, mean and spread (sample std) over seeds of the held-out success at the
 end, its mean over every evaluation (area under the curve: "learns faster"), and held-out turns per
 solved episode. Written: ``findings.md`` (the tables) and ``findings.png`` (held-out curves per arm).
@@ -45,33 +47,63 @@ FINDINGS = (
 )
 
 
-def run_dir(out: str, arm: Arm, seed: int) -> str:
-    return os.path.join(out, f"{arm.name}-seed{seed}")
+def run_dir(out: str, arm: Arm, seed: int, scale: str) -> str:
+    return os.path.join(out, f"{scale}-{arm.name}-seed{seed}")
 
 
-def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any]) -> str:
-    """Train one (arm, seed), unless its run directory already holds the finished run."""
+def arm_config(arm: Arm, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """The config fields that make a run one of ``arm``'s at this scale and seed: the estimator, gamma,
+    seed, and every setting of the scale (``extra``: TINY_RUN's fields, ``--set`` ones; the model always)."""
+    from gem_core.train.trainer import TrainConfig
+
+    return {"model": TrainConfig.model, **extra, "estimator": arm.estimator, "gamma": arm.gamma, "seed": seed}
+
+
+def mismatches(directory: str, expected: dict[str, Any]) -> list[str]:
+    """The fields of ``expected`` that the run saved in ``directory`` (its config.json) does not have,
+    as ``name: saved != expected``; ``["no config.json"]`` when it has none."""
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError):
+        return ["no config.json"]
+    return [f"{key}: {saved.get(key)!r} != {value!r}" for key, value in expected.items() if _normal(saved.get(key)) != _normal(value)]
+
+
+def _normal(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value  # JSON has lists where a config has tuples
+
+
+def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], scale: str) -> str:
+    """Train one (arm, seed), unless its run directory already holds the finished run. A directory that
+    holds a run of another arm, seed or scale is an error, never counted or continued."""
     import torch
 
     from gem_core.train.run import read_metrics, train
     from gem_core.train.trainer import TrainConfig
 
-    directory = run_dir(out, arm, seed)
-    if finished(directory, steps):
+    directory = run_dir(out, arm, seed, scale)
+    expected = arm_config(arm, seed, extra)
+    if finished(directory, steps, expected):
         return directory
+    wrong = mismatches(directory, expected)
+    if os.path.exists(os.path.join(directory, "config.json")) and wrong:
+        raise SystemExit(f"paper_findings: {directory} holds a run of other settings ({'; '.join(wrong)}): move it away")
     torch.set_num_threads(1)  # one run per core: small ops on shared threads only contend
     resume = os.path.exists(os.path.join(directory, "checkpoint.pt"))
-    config = TrainConfig(estimator=arm.estimator, gamma=arm.gamma, seed=seed, steps=steps, out=directory, resume=resume, **extra)
+    config = TrainConfig(**{**expected, "steps": steps, "out": directory, "resume": resume})
     train(config, progress=False, log=lambda line: None)
-    assert finished(directory, steps), read_metrics(os.path.join(directory, "metrics.jsonl"))[-1:]
+    assert finished(directory, steps, expected), read_metrics(os.path.join(directory, "metrics.jsonl"))[-1:]
     return directory
 
 
-def finished(directory: str, steps: int) -> bool:
+def finished(directory: str, steps: int, expected: dict[str, Any]) -> bool:
+    """Whether ``directory`` holds a finished run (its evaluation after ``steps`` updates) whose config is
+    ``expected``'s (:func:`arm_config`): a run of another arm, seed or scale never counts."""
     from gem_core.train.run import read_metrics
 
     path = os.path.join(directory, "metrics.jsonl")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or mismatches(directory, expected):
         return False
     records = read_metrics(path)
     return any(r.get("step") == steps and "eval_success_rate" in r for r in records)
@@ -84,10 +116,10 @@ def curves(directory: str) -> list[dict[str, Any]]:
     return [r for r in read_metrics(os.path.join(directory, "metrics.jsonl")) if "eval_success_rate" in r]
 
 
-def arm_numbers(out: str, arm: Arm, seeds: list[int]) -> dict[str, list[float]]:
+def arm_numbers(out: str, arm: Arm, seeds: list[int], scale: str) -> dict[str, list[float]]:
     numbers: dict[str, list[float]] = {"start": [], "final": [], "auc": [], "turns_solved": []}
     for seed in seeds:
-        evals = curves(run_dir(out, arm, seed))
+        evals = curves(run_dir(out, arm, seed, scale))
         numbers["start"].append(evals[0]["eval_success_rate"])
         numbers["final"].append(evals[-1]["eval_success_rate"])
         numbers["auc"].append(statistics.fmean(e["eval_success_rate"] for e in evals[1:]))
@@ -105,7 +137,7 @@ def spread(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def tables(out: str, seeds: list[int]) -> str:
+def tables(out: str, seeds: list[int], scale: str) -> str:
     by_name = {arm.name: arm for arm in ARMS}
     lines = []
     for title, names in FINDINGS:
@@ -113,13 +145,13 @@ def tables(out: str, seeds: list[int]) -> str:
         lines.append("| arm | held-out success at the start (after any warm start) | at the end | mean over evaluations | turns per solved episode (end) |")
         lines.append("|---|---|---|---|---|")
         for name in names:
-            n = arm_numbers(out, by_name[name], seeds)
+            n = arm_numbers(out, by_name[name], seeds, scale)
             lines.append(f"| {name} | {spread(n['start'])} | {spread(n['final'])} | {spread(n['auc'])} | {spread(n['turns_solved'])} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def plot(out: str, seeds: list[int], png: str) -> None:
+def plot(out: str, seeds: list[int], png: str, scale: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,7 +160,7 @@ def plot(out: str, seeds: list[int], png: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for arm in ARMS:
-        runs = [curves(run_dir(out, arm, seed)) for seed in seeds]
+        runs = [curves(run_dir(out, arm, seed, scale)) for seed in seeds]
         steps = [e["step"] for e in runs[0]]
         success = np.array([[e["eval_success_rate"] for e in run] for run in runs])
         turns = np.array([[np.nan if e["eval_turns_when_solved"] is None else e["eval_turns_when_solved"] for e in run] for run in runs])
@@ -172,15 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     jobs = [(arm, seed) for seed in args.seeds for arm in ARMS]
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(train_one, args.out, arm, seed, steps, extra) for arm, seed in jobs]
+        futures = [pool.submit(train_one, args.out, arm, seed, steps, extra, args.scale) for arm, seed in jobs]
         for future, (arm, seed) in zip(futures, jobs):
             future.result()
             print(f"done: {arm.name} seed {seed}", file=sys.stderr, flush=True)
-    text = tables(args.out, args.seeds)
+    text = tables(args.out, args.seeds, args.scale)
     print(text)
     with open(os.path.join(args.out, "findings.md"), "w", encoding="utf-8") as handle:
         handle.write(text + "\n")
-    plot(args.out, args.seeds, os.path.join(args.out, "findings.png"))
+    plot(args.out, args.seeds, os.path.join(args.out, "findings.png"), args.scale)
     print(f"wrote {os.path.join(args.out, 'findings.md')} and findings.png")
     return 0
 

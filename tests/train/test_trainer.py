@@ -75,7 +75,7 @@ def test_generation_batches_stay_within_one_updates_episodes(tiny, tmp_path):
         trainer.update()
     finally:
         trainer.close()
-    assert sizes == [2, 2] and 0.0 <= stats.success_rate <= 1.0
+    assert sizes == [2, 2, 2] and 0.0 <= stats.sampled.success_rate <= 1.0  # greedy, sampled, then the update
 
 
 def test_one_update_moves_good_responses_up_and_bad_ones_down(tiny, tmp_path):
@@ -385,14 +385,26 @@ def test_a_run_reports_the_fields_the_readme_names(tiny, tmp_path, transcript):
     for line in rl:
         assert {"success_rate", "mean_return", "mean_turns", "malformed_rate", "illegal_rate"} <= line.keys()
         assert 0.0 <= line["malformed_rate"] <= 1.0 and 0.0 <= line["illegal_rate"] <= 1.0
-    assert rl[-1]["eval_malformed_rate"] == summary.final.malformed_rate
-    assert rl[-1]["eval_illegal_rate"] == summary.final.illegal_rate
+    assert rl[-1]["eval_malformed_rate"] == summary.final.sampled.malformed_rate
+    assert rl[-1]["eval_greedy_illegal_rate"] == summary.final.greedy.illegal_rate
+    for line in (lines[0], rl[-1]):  # every evaluation: greedy and sampled, with the hint-use rates
+        assert {"eval_hint_consistent_rate", "eval_greedy_hint_consistent_rate", "eval_hint_right_way_rate", "eval_greedy_hint_right_way_rate"} <= line.keys()
+    assert set(lines[0]["baselines"]) == {b.name for b in summary.baselines}
 
-    header, _, warm_row, final_row = summary.table().splitlines()
-    assert warm_row.startswith("after the warm start")
-    assert re.split(r"\s{2,}", header.strip())[-2:] == ["malformed turns", "illegal turns"]
-    assert re.split(r"\s{2,}", final_row.strip())[-2:] == [f"{summary.final.malformed_rate:.3f}", f"{summary.final.illegal_rate:.3f}"]
-    assert re.split(r"\s{2,}", warm_row.strip())[-2:] == [f"{summary.start.malformed_rate:.3f}", f"{summary.start.illegal_rate:.3f}"]
+    header, _, *rows = summary.table().splitlines()
+    labels = [re.split(r"\s{2,}", row.strip())[0] for row in rows]
+    assert labels[:4] == [
+        "after the warm start, greedy",
+        "after the warm start, sampled (T=1)",
+        "after 2 RL updates, greedy",
+        "after 2 RL updates, sampled (T=1)",
+    ]
+    assert labels[4:] == [f"baseline: {b.name}" for b in summary.baselines]
+    assert re.split(r"\s{2,}", header.strip())[4:6] == ["malformed turns", "illegal turns"]
+    final_row = re.split(r"\s{2,}", rows[3].strip())
+    assert final_row[5:7] == [f"{summary.final.sampled.malformed_rate:.3f}", f"{summary.final.sampled.illegal_rate:.3f}"]
+    warm_row = re.split(r"\s{2,}", rows[0].strip())
+    assert warm_row[5:7] == [f"{summary.start.greedy.malformed_rate:.3f}", f"{summary.start.greedy.illegal_rate:.3f}"]
     learnt = "learning the whole transcripts" if transcript else "learning the moves alone"
     assert any(line.startswith("warm start: 1 supervised steps") and learnt in line and "malformed turns" in line for line in logs)
 

@@ -1,0 +1,168 @@
+"""What a run's numbers rest on: the seeds it evaluates on (balanced, held-out apart from validation),
+greedy and sampled evaluation, the weights it records, a --resume that refuses what it cannot honour,
+and updates without a learning signal reported as such."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import gem_core  # noqa: E402
+from gem_core.train.trainer import EVAL_SEED_BASE, VALIDATION_SEED_BASE, Trainer, TrainConfig, evaluation_seeds  # noqa: E402
+
+ENV = "game:GuessTheNumber-v0-easy"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny model and the project's tokenizer, saved where ``--model`` can load them."""
+    from gem_core.testing import build_test_tokenizer, build_tiny_model
+
+    tokenizer = build_test_tokenizer("chatml")
+    model = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    path = tmp_path_factory.mktemp("tiny-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path), model, tokenizer
+
+
+def _targets(seeds: list[int]) -> Counter:
+    game = gem_core.make(ENV).unwrapped
+    found: Counter = Counter()
+    for seed in seeds:
+        game.reset(seed=seed)
+        found[game.target] += 1
+    return found
+
+
+def test_the_default_held_out_set_is_balanced_and_apart_from_validation_and_training():
+    count = TrainConfig().eval_episodes
+    assert count >= 200
+    heldout, validation = evaluation_seeds(ENV, {}, count), evaluation_seeds(ENV, {}, count, "validation")
+    assert _targets(heldout) == Counter({target: count // 10 for target in range(1, 11)})
+    assert _targets(validation) == Counter({target: count // 10 for target in range(1, 11)})
+    assert min(heldout) >= EVAL_SEED_BASE and min(validation) >= VALIDATION_SEED_BASE > max(heldout)
+    with pytest.raises(ValueError, match="eval_set"):
+        evaluation_seeds(ENV, {}, 10, "test")
+
+
+def test_an_evaluation_plays_the_set_greedy_and_sampled(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path, _, tokenizer = tiny
+    config = TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=10, eval_set="validation", temperature=0.7)
+    trainer = Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer, log=lambda _: None)
+    played = []
+    rollout = trainer.rollout
+
+    def recording(seeds, *, prefix, group_size=1, run_config=None):
+        played.append((list(seeds), (run_config or trainer.run_config).params.temperature))
+        return rollout(seeds, prefix=prefix, group_size=group_size, run_config=run_config)
+
+    trainer.rollout = recording
+    try:
+        evaluation = trainer.evaluate()
+    finally:
+        trainer.close()
+    seeds = evaluation_seeds(ENV, {}, 10, "validation")
+    assert sorted(played, key=lambda p: p[1]) == [(seeds, 0.0), (seeds, 0.7)]
+    assert _targets(seeds) == Counter(range(1, 11))
+    assert evaluation.greedy.hint_consistent_rate is None or 0 <= evaluation.greedy.hint_consistent_rate <= 1
+
+
+def test_config_json_records_the_weights_loaded(tiny, tmp_path):
+    from gem_core.train.run import train
+
+    train(TrainConfig(model=tiny[0], steps=1, episodes=2, eval_episodes=2, out=str(tmp_path / "r")), progress=False, log=lambda _: None)
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    file = f"{tiny[0]}/model.safetensors"
+    with open(file, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    assert saved["weights"]["source"].startswith("path:") and saved["weights"]["source"].endswith(tiny[0].rstrip("/").split("/")[-1])
+    assert saved["weights"]["files"] == {"model.safetensors": digest}
+    assert saved["evaluation"] == {"set": "heldout", "seeds": evaluation_seeds(ENV, {}, 2)}
+
+
+def test_the_weights_record_names_the_gguf_an_alias_was_converted_from(tmp_path, monkeypatch):
+    """The alias loads the hub's bf16 weights or the GGUF's dequantised ones: the record says which."""
+    from gem_core import models
+
+    monkeypatch.setenv("GEM_CORE_CACHE", str(tmp_path))
+    folder = models.checkpoint_dir(models.SMOLLM2)
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "tokenizer.json").write_bytes(b"{}")  # not a weight file
+    record = models.weights_record("smollm2-135m-instruct", str(folder))
+    assert record["source"] == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert record["gguf"]["sha256"] == models.SMOLLM2.gguf_sha256
+    assert record["files"] == {"model.safetensors": hashlib.sha256(b"weights").hexdigest()}
+
+
+@pytest.mark.parametrize(
+    "option, shown",
+    [(["--lr", "0.001"], "--lr 0.001"), (["--batch-size", "4"], "--batch-size 4"), (["--estimator", "reinforce"], "--estimator 'reinforce'")],
+)
+def test_resume_refuses_an_option_it_cannot_honour(tiny, tmp_path, capsys, option, shown):
+    """--resume continues the saved run with its saved settings: any other option given is one line, not
+    silently dropped (it used to keep only --steps)."""
+    from gem_core.cli import main
+
+    common = ["--model", tiny[0], "--out", str(tmp_path / "r"), "--no-progress", "--batch-size", "2", "--eval-episodes", "2"]
+    assert main(["train", "--steps", "1", *common]) == 0
+    capsys.readouterr()
+    resumed = [*common[:-4], "--eval-episodes", "2", *option] if option[0] == "--batch-size" else [*common, *option]
+    assert main(["train", "--resume", "--steps", "2", *resumed]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "only --steps can change" in err and shown in err
+    lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    assert max(line["step"] for line in lines) == 1  # nothing ran
+    # the same options as saved (given again, or not given) continue the run
+    assert main(["train", "--resume", "--steps", "2", *common]) == 0
+
+
+def test_resume_through_the_api_refuses_a_changed_setting(tiny, tmp_path):
+    from gem_core.train.run import TrainError, train
+
+    common = dict(model=tiny[0], episodes=2, eval_episodes=2, out=str(tmp_path / "r"))
+    train(TrainConfig(steps=1, **common), progress=False, log=lambda _: None)
+    with pytest.raises(TrainError, match="temperature"):
+        train(TrainConfig(steps=2, resume=True, temperature=0.5, **common), progress=False, log=lambda _: None)
+
+
+def test_an_update_without_signal_is_reported_and_spends_no_step(tiny, tmp_path):
+    """Every advantage 0 (here: every reward 0): no optimizer step, the LR warm-up not advanced, and the
+    metrics say so."""
+    from transformers import AutoModelForCausalLM
+
+    path, _, tokenizer = tiny
+    logs: list[str] = []
+    trainer = Trainer(
+        TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=2), AutoModelForCausalLM.from_pretrained(path), tokenizer, log=logs.append
+    )
+    rollout = trainer.rollout
+
+    def no_reward(*args, **kwargs):
+        trajectories = rollout(*args, **kwargs)
+        for trajectory in trajectories:
+            for turn in trajectory.turns:
+                turn.reward = 0.0
+        return trajectories
+
+    trainer.rollout = no_reward
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    try:
+        metrics = trainer.update()
+    finally:
+        trainer.close()
+    assert metrics["no_signal"] is True and metrics["step"] == trainer.step == 1
+    assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert any("no learning signal" in line for line in logs)

@@ -1,0 +1,56 @@
+"""Options that change how a run spends its tokens: --stop-after-box ends a response at its move."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from gem_core.train.trainer import Trainer, TrainConfig, closing_brace_ids  # noqa: E402
+
+
+def _brace_loving_model(tokenizer, brace: int):
+    """A tiny model whose every next token is ``brace`` (a bias on the output layer): where a response stops
+    then shows whether the brace ends it."""
+    from gem_core.testing import build_tiny_model
+
+    model = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    head = torch.nn.Linear(32, len(tokenizer), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-30.0)
+        head.bias[brace] = 30.0
+    model.lm_head = head
+    return model
+
+
+@pytest.mark.parametrize("stop_after_box", [False, True])
+def test_stop_after_box_ends_each_response_at_its_closing_brace(tmp_path, stop_after_box):
+    from gem_core.testing import build_test_tokenizer
+
+    tokenizer = build_test_tokenizer("chatml")
+    brace = tokenizer.convert_tokens_to_ids("}")
+    config = TrainConfig(out=str(tmp_path / "run"), episodes=2, eval_episodes=2, max_tokens=6, stop_after_box=stop_after_box)
+    trainer = Trainer(config, _brace_loving_model(tokenizer, brace), tokenizer, log=lambda _: None)
+    try:
+        trajectories = trainer.rollout([1, 2], prefix="t")
+        stops = trainer.run_config.params.stop_token_ids
+        if stop_after_box:  # the template's end of turn first: a scripted policy's responses still end with it
+            assert stops[0] == trainer.formatter.stop_token_ids[0] and brace in stops
+    finally:
+        trainer.close()
+    responses = [turn.response_ids for t in trajectories for turn in t.turns]
+    assert responses and all(set(r) == {brace} for r in responses)
+    assert all(len(r) == (1 if stop_after_box else 6) for r in responses)
+    assert brace in closing_brace_ids(tokenizer) and tokenizer.convert_tokens_to_ids("{") not in closing_brace_ids(tokenizer)
+
+
+def test_stop_after_box_is_a_cli_flag(tmp_path):
+    from gem_core.cli import build_parser
+    from gem_core.train.cli import config_from_args
+
+    parse = build_parser().parse_args
+    assert config_from_args(parse(["train", "--out", str(tmp_path / "r")])).stop_after_box is False
+    assert config_from_args(parse(["train", "--out", str(tmp_path / "r"), "--stop-after-box"])).stop_after_box is True
