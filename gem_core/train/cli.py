@@ -10,6 +10,7 @@ from gem_core.cli_support import CliError, os_error_text, real_number, whole_num
 from gem_core.errors import GemError
 from gem_core.multimodal import observation_images
 from gem_core.registry import make
+from gem_core.train.experiment import add_experiment_argument, apply_experiment, config_with_experiment
 
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
 DESCRIPTION = (
@@ -93,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=whole_number(1), default=d.checkpoint_every, help="updates between checkpoints")
     parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_experiment_argument(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -105,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from gem_core.registry import check_kwargs
     from gem_core.train.run import saved_steps
 
+    args, experiment = apply_experiment(args)  # --experiment FILE: the options it sets (gem_core.train.experiment)
     env_spec = gem_core.spec(args.env)  # an unknown id fails here with the registry's suggestion
     steps = args.steps
     if steps is None:
@@ -115,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise ValueError(f"--env-kwargs: {exc}") from None
     check_kwargs(env_spec, env_kwargs)  # bad kwargs fail here, before the run directory is written
     _refuse_images(args.env, env_kwargs)
-    return TrainConfig(
+    config = TrainConfig(
         env_id=args.env,
         env_kwargs=env_kwargs,
         tools=tuple(parse_tools(args.tools)),
@@ -150,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         checkpoint_every=args.checkpoint_every,
         tensorboard=args.tensorboard,
     )
+    return config_with_experiment(config, experiment)
 
 
 def _refuse_images(env_id: str, env_kwargs: dict) -> None:

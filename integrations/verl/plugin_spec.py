@@ -57,5 +57,6 @@ PLUGIN = TrainerPlugin(
     patches=(TURN_IDS_PATCH, CONFIG_PATCH),
     register=_register,
     dataset="gem_integrations.verl.dataset",
+    experiment="gem_integrations.verl.experiment",
     description="verl 0.9: rebn/gem_reinforce estimators, the gem_env agent loop, turn ids into the v1 trainer's advantage step",
 )
