@@ -157,7 +157,7 @@ KEYS: dict[str, Key] = {
         Param(str),
         "the sha256 of the weights (weights_sha256: the model directory's weight files); checked where the model is local; empty: not checked",
     ),
-    "env_ids": Key("env", "ids", Param(str), "the env ids played (episodes spread over them in turn)", shape="str_list"),
+    "env_ids": Key("env", "ids", Param(str), "the env ids played (today every trainer plays one: several are refused by name)", shape="str_list"),
     "env_kwargs": Key("env", "kwargs", Param(dict), "make() keyword arguments of every env", shape="table"),
     "tools": Key("env", "tools", Param(str), "tools the envs are wrapped with (python, search)", shape="str_list"),
     "max_turns": Key("env", "max_turns", Param(int, low=0, high=100_000), "turn limit on top of the env's own (0: the env's own)"),
@@ -170,7 +170,9 @@ KEYS: dict[str, Key] = {
     ),
     "seed": Key("seeds", "seed", Param(int, low=0, high=2**32 - 1), "the run's seed: sampling, and the training start seeds drawn below eval_start"),
     "eval_seed_start": Key("seeds", "eval_start", Param(int, low=1, high=2**62), "the first held-out seed; training seeds stay below it"),
-    "eval_episodes": Key("seeds", "eval_episodes", Param(int, low=1, high=1_000_000), "held-out episodes per evaluation: seeds eval_start .. eval_start + eval_episodes - 1"),
+    "eval_episodes": Key(
+        "seeds", "eval_episodes", Param(int, low=1, high=1_000_000), "held-out episodes per evaluation: seeds eval_start .. eval_start + eval_episodes - 1"
+    ),
     "episodes_per_update": Key("rollout", "episodes_per_update", Param(int, low=1, high=1_000_000), "episodes played for one update"),
     "group_size": Key("rollout", "group_size", Param(int, low=1, high=100_000), "episodes per start state (GRPO/RLOO need 2+)"),
     "temperature": Key("rollout", "temperature", Param(float, above=0.0, high=100.0), "sampling temperature of the rollout"),
@@ -189,7 +191,10 @@ KEYS: dict[str, Key] = {
     "optimizer": Key("optimizer", "name", Param(str, choices=OPTIMIZERS), "the optimizer"),
     "lr": Key("optimizer", "lr", Param(float, above=0.0, high=1.0), "learning rate after the warm-up"),
     "warmup_updates": Key(
-        "optimizer", "warmup_updates", Param(int, low=0, high=1_000_000), "updates over which the rate rises linearly to lr: lr * (k + 1) / (warmup_updates + 1) at update k"
+        "optimizer",
+        "warmup_updates",
+        Param(int, low=0, high=1_000_000),
+        "updates over which the rate rises linearly to lr: lr * (k + 1) / (warmup_updates + 1) at update k",
     ),
     "lr_schedule": Key("optimizer", "schedule", Param(str, choices=LR_SCHEDULES), "the rate after the warm-up"),
     "betas": Key("optimizer", "betas", Param(float, low=0.0, high=0.999999, pair=True), "AdamW's betas"),
@@ -200,7 +205,9 @@ KEYS: dict[str, Key] = {
     "ppo_epochs": Key("training", "epochs", Param(int, low=1, high=1000), "passes over each update's batch"),
     "mini_batches": Key("training", "mini_batches", Param(int, low=1, high=100_000), "optimizer steps per pass (the batch split in this many)"),
     "gradient_checkpointing": Key("training", "gradient_checkpointing", Param(bool), "recompute activations in the backward pass (memory, not results)"),
-    "eval_every": Key("training", "eval_every", Param(int, low=0, high=10_000_000), "evaluate on the held-out seeds every N updates (0: only before and after)"),
+    "eval_every": Key(
+        "training", "eval_every", Param(int, low=0, high=10_000_000), "evaluate on the held-out seeds every N updates (0: only before and after)"
+    ),
 }
 FIELD_OF = {key.path: name for name, key in KEYS.items()}
 SECTIONS = tuple(dict.fromkeys(key.section for key in KEYS.values()))
@@ -226,15 +233,11 @@ def check_experiment(experiment: Experiment, where: str = "experiment") -> None:
     if experiment.model_sha256 and not _SHA256.fullmatch(experiment.model_sha256):
         raise invalid("model.sha256", experiment.model_sha256, "64 lowercase hex digits, or empty (not checked)", where)
     if experiment.episodes_per_update % experiment.group_size:
-        raise invalid(
-            "rollout.episodes_per_update", experiment.episodes_per_update, f"a multiple of rollout.group_size ({experiment.group_size})", where
-        )
+        raise invalid("rollout.episodes_per_update", experiment.episodes_per_update, f"a multiple of rollout.group_size ({experiment.group_size})", where)
     if experiment.estimator in GROUP_ESTIMATORS and experiment.group_size < 2:
         raise invalid("rollout.group_size", experiment.group_size, f"2 or more: estimator {experiment.estimator} compares the episodes of a group", where)
     if experiment.episodes_per_update % experiment.mini_batches:
-        raise invalid(
-            "training.mini_batches", experiment.mini_batches, f"a divisor of rollout.episodes_per_update ({experiment.episodes_per_update})", where
-        )
+        raise invalid("training.mini_batches", experiment.mini_batches, f"a divisor of rollout.episodes_per_update ({experiment.episodes_per_update})", where)
     if experiment.max_context_tokens and experiment.max_context_tokens <= experiment.max_turn_tokens:
         raise invalid("env.max_context_tokens", experiment.max_context_tokens, f"more than env.max_turn_tokens ({experiment.max_turn_tokens}), or 0", where)
 
@@ -468,7 +471,7 @@ def model_assignment(experiment: Experiment) -> str:
     name = experiment.model
     if name.strip().lower() in EMBEDDED_MODELS:
         resolve = f"from gem_core.models import resolve_model; print(resolve_model({json.dumps(name)}))"
-        return f'MODEL=${{MODEL:-$(python -c {shlex.quote(resolve)})}}'
+        return f"MODEL=${{MODEL:-$(python -c {shlex.quote(resolve)})}}"
     return f"MODEL=${{MODEL:-{shlex.quote(name)}}}"
 
 

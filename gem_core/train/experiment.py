@@ -110,7 +110,9 @@ def apply_experiment(args: argparse.Namespace) -> tuple[argparse.Namespace, Expe
 def check_expressible(experiment: Experiment) -> None:
     """Refuse, naming the key, what the reference trainer cannot run."""
     require(TRAINER, experiment, "env.ids", len(experiment.env_ids) == 1, "gem-core train plays one env id (run one experiment per env)")
-    require(TRAINER, experiment, "algorithm.clip_high", experiment.clip_high == experiment.clip_low, "gem-core train clips symmetrically (clip_low = clip_high)")
+    require(
+        TRAINER, experiment, "algorithm.clip_high", experiment.clip_high == experiment.clip_low, "gem-core train clips symmetrically (clip_low = clip_high)"
+    )
     require(TRAINER, experiment, "algorithm.kl_estimator", experiment.kl_estimator == "k3" or experiment.kl_coef == 0, "gem-core train's KL is k3")
     require(TRAINER, experiment, "algorithm.loss_aggregation", experiment.loss_aggregation == "token-mean", "gem-core train averages over every model token")
     require(

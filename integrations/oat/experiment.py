@@ -4,7 +4,8 @@
 Imports nothing from oat: it writes text. oat's defaults that would change the run are pinned: Adam's betas
 (0.9, 0.95), the scheduler (cosine with a 3% warm-up), ``beta`` (0.1, the KL in the loss), the
 ``critic_type`` (drgrpo: a token sum over a constant), ``gradient_checkpointing``, the seed (42) and the
-batch sizes (128). oat's multi-turn learner trains each turn as its own sample and averages each sample's
+batch sizes (128). The run's length is not mapped: oat counts it in epochs over its prompt dataset, which the
+GEM actor does not read (stop the run after ``training.updates`` learner steps). oat's multi-turn learner trains each turn as its own sample and averages each sample's
 token mean (``critic_type grpo``): the experiment must say ``view = "turn"`` and
 ``loss_aggregation = "seq-mean-token-mean"``; anything else is refused by name.
 ``tests/integrations/oat/test_experiment.py`` parses these arguments with the launcher's parser (oat's own
@@ -13,7 +14,7 @@ token mean (``critic_type grpo``): the experiment must say ``view = "turn"`` and
 
 from __future__ import annotations
 
-from gem_core.experiment import Experiment, dataset_command, require, require_one_env, script, shell_command, warmup_optimizer_steps
+from gem_core.experiment import Experiment, dataset_command, require, require_one_env, script, shell_command
 
 TRAINER = "oat"
 #: The most transitions (turns) one update holds when the experiment sets no turn limit (oat's batch sizes
@@ -41,16 +42,12 @@ def check(experiment: Experiment) -> None:
     require(TRAINER, e, "rollout.logprob_temperature", e.logprob_temperature == e.temperature, "oat recomputes logprobs at --temperature")
     require(TRAINER, e, "training.mini_batches", e.mini_batches == 1, "oat's batch sizes count turns, not episodes: one optimizer step per pass here")
     require(TRAINER, e, "optimizer.eps", e.eps == 1e-8, "oat's Adam has no eps option (1e-8)")
+    require(TRAINER, e, "optimizer.warmup_updates", e.warmup_updates == 0, "oat's constant schedule has no warm-up (its other schedules decay)")
 
 
 def transitions_per_update(experiment: Experiment) -> int:
     """oat's rollout and train batch: every turn of one update."""
     return experiment.episodes_per_update * (experiment.max_turns or TURN_CAP)
-
-
-def warmup_ratio(experiment: Experiment) -> float:
-    steps = warmup_optimizer_steps(experiment)
-    return 0.0 if steps == 0 else (steps - 0.5) / (experiment.updates * experiment.optimizer_steps_per_update)
 
 
 def arguments(experiment: Experiment) -> list[str]:
@@ -67,7 +64,7 @@ def arguments(experiment: Experiment) -> list[str]:
         "--gamma", repr(e.gamma),
         "--learning-rate", repr(e.lr),
         "--lr-scheduler", "constant",
-        "--lr-warmup-ratio", repr(warmup_ratio(e)),
+        "--lr-warmup-ratio", "0.0",
         "--adam-beta-1", repr(e.betas[0]),
         "--adam-beta-2", repr(e.betas[1]),
         "--l2", repr(e.weight_decay),

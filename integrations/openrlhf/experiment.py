@@ -40,7 +40,13 @@ def check(experiment: Experiment) -> None:
         e.estimator in ESTIMATOR,
         "OpenRLHF's reinforce discounts over tokens, not turns (rebn, grpo, drgrpo and rloo map)",
     )
-    require(TRAINER, e, "algorithm.loss_aggregation", e.loss_aggregation in LOSS_AGGREGATIONS, "OpenRLHF's --actor.loss_agg_mode has token-mean and seq-mean-token-mean")
+    require(
+        TRAINER,
+        e,
+        "algorithm.loss_aggregation",
+        e.loss_aggregation in LOSS_AGGREGATIONS,
+        "OpenRLHF's --actor.loss_agg_mode has token-mean and seq-mean-token-mean",
+    )
     require(TRAINER, e, "rollout.logprob_temperature", e.logprob_temperature == e.temperature, "OpenRLHF recomputes logprobs at --rollout.temperature")
     if e.view == "turn" and e.loss_aggregation != "token-mean":
         require(TRAINER, e, "algorithm.view", False, "OpenRLHF's agent trains one row per episode (sequence); per-turn rows differ under seq-mean losses")

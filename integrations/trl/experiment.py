@@ -39,7 +39,13 @@ def check(experiment: Experiment) -> None:
     e = experiment
     require(TRAINER, e, "algorithm.estimator", e.estimator in ESTIMATOR, "TRL's GRPOTrainer has group advantages (grpo, drgrpo) and the plugin's rebn")
     require(TRAINER, e, "rollout.group_size", e.group_size >= 2, "TRL's GRPOConfig needs num_generations >= 2 (each start state played 2+ times)")
-    require(TRAINER, e, "algorithm.loss_aggregation", e.loss_aggregation in LOSS_TYPE, "TRL's loss types have no per-sequence token sum (dr_grpo divides by a constant)")
+    require(
+        TRAINER,
+        e,
+        "algorithm.loss_aggregation",
+        e.loss_aggregation in LOSS_TYPE,
+        "TRL's loss types have no per-sequence token sum (dr_grpo divides by a constant)",
+    )
     require(TRAINER, e, "algorithm.kl_estimator", e.kl_estimator == "k3" or e.kl_coef == 0, "TRL's KL (beta) is k3")
     require(TRAINER, e, "rollout.logprob_temperature", e.logprob_temperature == e.temperature, "TRL recomputes logprobs at its sampling temperature")
     if e.view == "turn" and e.loss_aggregation != "token-mean":

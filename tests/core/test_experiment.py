@@ -124,17 +124,17 @@ def test_each_mapping_imports_without_its_trainer(trainer):
 
 
 REFUSED = [
-    ("verl", '[rollout]\nlogprob_temperature = 0.5\n', "rollout.logprob_temperature=0.5"),
-    ("verl", '[optimizer]\neps = 1e-6\n', "optimizer.eps=1e-06"),
+    ("verl", "[rollout]\nlogprob_temperature = 0.5\n", "rollout.logprob_temperature=0.5"),
+    ("verl", "[optimizer]\neps = 1e-6\n", "optimizer.eps=1e-06"),
     ("verl", '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.view='turn'"),
-    ("verl", '[rollout]\ngroup_size = 4\n[training]\nmini_batches = 16\n', "training.mini_batches=16"),
+    ("verl", "[rollout]\ngroup_size = 4\n[training]\nmini_batches = 16\n", "training.mini_batches=16"),
     ("verl", '[env]\nids = ["game:Sudoku-v0-easy", "game:GuessTheNumber-v0-easy"]\n', "env.ids="),
     ("openrlhf", '[algorithm]\nestimator = "reinforce"\n', "algorithm.estimator='reinforce'"),
     ("openrlhf", '[algorithm]\nloss_aggregation = "seq-mean-token-sum"\n', "algorithm.loss_aggregation='seq-mean-token-sum'"),
     ("trl", "", "rollout.group_size=1"),
     ("trl", '[rollout]\ngroup_size = 2\n[algorithm]\nestimator = "rloo"\n', "algorithm.estimator='rloo'"),
     ("trl", '[rollout]\ngroup_size = 2\n[algorithm]\nkl_coef = 0.1\nkl_estimator = "k1"\n', "algorithm.kl_estimator='k1'"),
-    ("rl2", '[algorithm]\nclip_high = 0.28\n', "algorithm.clip_high=0.28"),
+    ("rl2", "[algorithm]\nclip_high = 0.28\n", "algorithm.clip_high=0.28"),
     ("rl2", "[training]\nepochs = 2\n", "training.epochs=2"),
     ("rl2", "[optimizer]\nbetas = [0.9, 0.95]\n", "optimizer.betas=(0.9, 0.95)"),
     ("oat", "", "algorithm.loss_aggregation='token-mean'"),

@@ -52,7 +52,12 @@ def test_trl_builds_the_experiments_optimizer_and_schedule(tmp_path, tokenizer, 
     rollout = arguments.pop("rollout")
     args = config_of(e, tmp_path)
     trainer = GemGRPOTrainer(
-        tiny_model, args=args, processing_class=tokenizer, train_dataset=make_dataset("game:GuessTheNumber-v0-easy", 4), rollout_func=GemRollout(**rollout), **arguments
+        tiny_model,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=make_dataset("game:GuessTheNumber-v0-easy", 4),
+        rollout_func=GemRollout(**rollout),
+        **arguments,
     )
     assert (trainer.gem_estimator, trainer.gem_gamma, trainer.gem_eps, trainer.gem_ddof, trainer.gem_group_by) == ("rebn", e.gamma, 1e-6, 0, None)
     assert rollout == {"max_turn_tokens": 8, "max_context_tokens": 160, "max_turns": None}
