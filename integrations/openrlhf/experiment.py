@@ -26,7 +26,7 @@ TRAINER = "openrlhf"
 ESTIMATOR = {"rebn": "rebn", "grpo": "group_norm", "drgrpo": "dr_grpo", "rloo": "rloo"}
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 #: A reward clip no GEM reward reaches (OpenRLHF clips rewards to (-10, 10) by default).
-NO_REWARD_CLIP = ("-1e9", "1e9")
+NO_REWARD_CLIP = ("-1000000000.0", "1000000000.0")  # argparse reads "-1e9" as an option
 
 
 def check(experiment: Experiment) -> None:

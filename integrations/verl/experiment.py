@@ -74,6 +74,10 @@ def settings(experiment: Experiment) -> dict[str, Any]:
         "actor_rollout_ref.actor.ppo_epochs": e.ppo_epochs,
         "actor_rollout_ref.actor.ppo_mini_batch_size": e.groups_per_update // e.mini_batches,
         "actor_rollout_ref.actor.shuffle": False,
+        # micro-batches are memory, not the run (gradients accumulate to the mini-batch): 1, raise them on a GPU
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
         "actor_rollout_ref.rollout.n": e.group_size,
         "actor_rollout_ref.rollout.temperature": e.temperature,
         "actor_rollout_ref.rollout.top_p": 1.0,
