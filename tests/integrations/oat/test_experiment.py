@@ -9,8 +9,8 @@ from gem_integrations.oat.experiment import arguments, transitions_per_update
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 8\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
-    '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\nkl_coef = 0.05\ngamma = 0.8\n'
-    "[optimizer]\nlr = 3e-4\nwarmup_updates = 0\nbetas = [0.9, 0.95]\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
+    '[algorithm]\nclip_low = 0.25\nclip_high = 0.25\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\nkl_coef = 0.05\ngamma = 0.8\n'
+    "[optimizer]\nlr = 3e-4\nwarmup_updates = 0\nbetas = [0.85, 0.99]\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
     "[training]\nupdates = 15\nepochs = 2\ngradient_checkpointing = true\n[env]\nmax_turns = 5\nmax_turn_tokens = 8\nmax_context_tokens = 160\n"
 )
 

@@ -13,7 +13,7 @@ from gem_integrations.rl2.experiment import overrides
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 16\ngroup_size = 4\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
-    '[algorithm]\nkl_coef = 0.05\nkl_estimator = "k3"\nentropy_coef = 0.01\ngamma = 0.8\nloss_aggregation = "seq-mean-token-mean"\n'
+    '[algorithm]\nclip_low = 0.25\nclip_high = 0.25\nkl_coef = 0.05\nkl_estimator = "k3"\nentropy_coef = 0.01\ngamma = 0.8\nloss_aggregation = "seq-mean-token-mean"\n'
     "[optimizer]\nlr = 3e-4\nwarmup_updates = 2\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
     "[training]\nupdates = 29\nmini_batches = 2\neval_every = 3\n[env]\nmax_turns = 5\nmax_turn_tokens = 8\n"
 )

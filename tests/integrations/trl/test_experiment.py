@@ -14,7 +14,7 @@ from gem_integrations.trl.experiment import grpo_config, trainer_arguments
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 8\ngroup_size = 2\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
-    "[algorithm]\nclip_low = 0.2\nclip_high = 0.28\nkl_coef = 0.05\nentropy_coef = 0.01\ngamma = 0.8\n"
+    "[algorithm]\nclip_low = 0.25\nclip_high = 0.28\nkl_coef = 0.05\nentropy_coef = 0.01\ngamma = 0.8\n"
     "[optimizer]\nlr = 3e-4\nwarmup_updates = 2\nbetas = [0.9, 0.95]\neps = 1e-7\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
     "[training]\nupdates = 3\nepochs = 2\nmini_batches = 2\neval_every = 1\n[env]\nmax_turn_tokens = 8\nmax_context_tokens = 160\n"
 )

@@ -14,7 +14,7 @@ from gem_integrations.verl.experiment import overrides, render
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 16\ngroup_size = 4\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
-    '[algorithm]\nclip_low = 0.2\nclip_high = 0.28\nkl_coef = 0.05\nkl_estimator = "k3"\nentropy_coef = 0.01\ngamma = 0.8\n'
+    '[algorithm]\nclip_low = 0.25\nclip_high = 0.28\nkl_coef = 0.05\nkl_estimator = "k3"\nentropy_coef = 0.01\ngamma = 0.8\n'
     'loss_aggregation = "seq-mean-token-mean"\n'
     "[optimizer]\nlr = 3e-4\nwarmup_updates = 2\nbetas = [0.9, 0.95]\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
     "[training]\nupdates = 3\nepochs = 2\nmini_batches = 2\ngradient_checkpointing = true\neval_every = 1\n"
