@@ -7,6 +7,7 @@ Examples::
     gem-core play game:Sudoku-v0-easy --policy oracle --seed 3     # watch the oracle play one episode
     gem-core play game:Wordle-v0-easy --policy random --num-envs 64 --episodes 256 --vector async
     gem-core make-dataset verl --env game:Sudoku-v0-easy --n 1024 --out train.parquet   # a trainer's dataset
+    gem-core experiment examples/experiments/default.toml --trainer verl --out run.sh  # a trainer's config of a run
     gem-core openrlhf train --train.agent_func_path $(gem-core openrlhf agent-path) --algo.advantage.estimator rebn ...
 
 Only the ``gem-core`` script imports this module, so ``import gem_core`` does not pay for argparse.
@@ -165,6 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     for plugin in plugins.values():
         if plugin.dataset:
             _add_dataset_builder(trainers, plugin.name, plugin.dataset)
+    experiments = commands.add_parser(
+        "experiment",
+        help="write a trainer's own configuration of an experiment file (docs/experiments.md)",
+        description="Write the configuration that runs the experiment FILE in TRAINER: its dataset commands and its own "
+        "config (verl's hydra overrides, OpenRLHF's and oat's arguments, TRL's GRPOConfig script, RL2's overrides, ROLL's yaml), "
+        "every setting mapped and the trainer's own defaults that would change the run pinned. A setting the trainer cannot "
+        "express is refused in one line naming it. `gem-core train --experiment FILE` runs it in the reference trainer.",
+    )
+    experiments.add_argument("file", metavar="FILE", help="the experiment file (TOML)")
+    writers = sorted(name for name, plugin in plugins.items() if plugin.experiment and _plugin_module(plugin.experiment) is not None)
+    experiments.add_argument("--trainer", required=True, choices=writers, help="the trainer whose configuration to write")
+    experiments.add_argument("--out", default=None, help="file to write (default: standard output)")
     for plugin in plugins.values():
         if plugin.commands:
             module = _plugin_module(plugin.commands)
@@ -217,6 +230,29 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         raise CliError(f"--out {args.out}: cannot write it: {err.strerror or err}" if written else os_error_text(err)) from None
 
 
+def cmd_experiment(args: argparse.Namespace, out: TextIO) -> int:
+    """Write ``--trainer``'s configuration of the experiment file (its module's ``render``); a bad file, an
+    unknown env id and a setting the trainer cannot express are one line each."""
+    from gem_core.experiment import load_experiment
+
+    if args.out is not None:
+        check_out_file(args.out)
+    experiment = load_experiment(args.file)
+    for env_id in experiment.env_ids:
+        gem_core.spec(env_id)  # an unknown id fails here with the registry's suggestion
+    text = _plugin_module(discover()[args.trainer].experiment).render(experiment, source=args.file)
+    if args.out is None:
+        out.write(text)
+        return 0
+    try:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as err:
+        raise CliError(f"--out {args.out}: cannot write it: {err.strerror or err}") from None
+    print(f"wrote {args.trainer}'s configuration of {args.file} to {args.out}", file=sys.stderr)
+    return 0
+
+
 def _passthrough(argv: list[str]) -> Any:
     """A plugin command that takes the rest of the command line untouched (its module's ``PASSTHROUGH``
     maps action names to ``fn(argv) -> int``), or None. argparse's REMAINDER cannot take arguments
@@ -263,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_serve(args, sys.stdout)
         if args.command == "make-dataset":
             return cmd_make_dataset(args)
+        if args.command == "experiment":
+            return cmd_experiment(args, sys.stdout)
         if getattr(args, "plugin_main", None) is not None:
             return int(args.plugin_main(args))
         return cmd_play(args, sys.stdout)

@@ -191,7 +191,9 @@ class TrainerPlugin:
     ``register``: called by :meth:`install` for trainers with a registry (returns nothing).
     ``dataset``: the module that writes this trainer's dataset (``add_arguments(parser)``,
     ``main(args)``); ``commands``: a module with ``add_arguments(parser)`` and ``main(args)`` for
-    ``gem-core <name> ...``.
+    ``gem-core <name> ...``; ``experiment``: the module that writes this trainer's own configuration of an
+    experiment file (``render(experiment, source) -> str``; ``gem-core experiment FILE --trainer <name>``;
+    it imports without the trainer).
     """
 
     name: str
@@ -204,6 +206,7 @@ class TrainerPlugin:
     dataset: str | None = None
     commands: str | None = None
     description: str = ""
+    experiment: str | None = None
 
     def installed_version(self) -> str | None:
         """The trainer's installed version, or None when it is not installed."""

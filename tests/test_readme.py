@@ -212,6 +212,8 @@ def check_gem_core(command: Command, cwd: Path, outputs: list[str]) -> bool:
         return check_openrlhf_train(args[2:], cwd)
     if args[0] == "make-dataset":
         return check_make_dataset(args, cwd, outputs)
+    if args[0] == "experiment" and len(args) > 1 and (ROOT / args[1]).is_file():
+        args[1] = str(ROOT / args[1])  # a shipped experiment file, read from the clone; what it writes lands in cwd
     if args[0] == "train":
         # a training run (minutes to hours, some on a GPU or a hub model): its options parse, nothing runs
         assert parses(args) is None, f"{command}: {parses(args)}"

@@ -11,6 +11,7 @@ from gem_core.cli_support import CliError, os_error_text, real_number, whole_num
 from gem_core.errors import GemError
 from gem_core.multimodal import observation_images
 from gem_core.registry import make
+from gem_core.train.experiment import add_experiment_argument, apply_experiment, config_with_experiment
 
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
 DESCRIPTION = (
@@ -110,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=whole_number(1), default=None, help="updates between checkpoints")
     parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_experiment_argument(parser)
 
 
 # TrainConfig fields set by an option of the same name (the parser's dest); None: the option was not given
@@ -135,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from gem_core.train.run import saved_config
     from gem_core.train.trainer import TrainConfig
 
+    args, experiment = apply_experiment(args)  # --experiment FILE: the options it sets (gem_core.train.experiment)
     given: dict[str, Any] = {name: getattr(args, name) for name in OPTION_FIELDS if getattr(args, name) is not None}
     given.update({name: True for name in FLAG_FIELDS if getattr(args, name)})
     if args.env is not None:
@@ -151,7 +154,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     env_spec = gem_core.spec(config.env_id)  # an unknown id fails here with the registry's suggestion
     check_kwargs(env_spec, config.env_kwargs)  # bad kwargs fail here, before the run directory is written
     _refuse_images(config.env_id, config.env_kwargs)
-    return config
+    return config_with_experiment(config, experiment)
 
 
 def _refuse_images(env_id: str, env_kwargs: dict) -> None:

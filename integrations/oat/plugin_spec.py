@@ -17,5 +17,6 @@ PLUGIN = TrainerPlugin(
     estimators=("rebn",),
     dataset="gem_integrations.oat.dataset",
     commands="gem_integrations.oat.commands",
+    experiment="gem_integrations.oat.experiment",
     description="oat (oat-llm 0.2.x): a PPOMultiTurnActor over gem_core's runner and ReBN as PPOMultiTurnLearner settings (no critic, turn returns, global whitening)",
 )

@@ -39,6 +39,7 @@ PLUGIN = TrainerPlugin(
     ),
     dataset="gem_integrations.openrlhf.dataset",
     commands="gem_integrations.openrlhf.commands",
+    experiment="gem_integrations.openrlhf.experiment",
     description="OpenRLHF 0.11: the GEM agent file (--train.agent_func_path) and rebn through the gem-core openrlhf train launcher",
 )
 

@@ -30,5 +30,6 @@ PLUGIN = TrainerPlugin(
     ),
     dataset="gem_integrations.rl2.dataset",
     commands="gem_integrations.rl2.commands",
+    experiment="gem_integrations.rl2.experiment",
     description="RL2 (rl-square 0.0.2 / HEAD): the GEM env module (rollout.env_path) and ReBN over turns for adv.estimator=reinforce through the gem-core rl2 train launcher",
 )

@@ -24,5 +24,6 @@ PLUGIN = TrainerPlugin(
     supported="==0.0.4",
     module="gem",
     register=_register,
+    experiment="gem_integrations.roll.experiment",
     description="ROLL (alibaba/ROLL): any gem-core env as env_type gem-core in ROLL's agentic pipeline (gem-llm 0.0.4 registry); ReBN is ROLL's own step_reinforce + batch mean_std",
 )

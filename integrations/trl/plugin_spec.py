@@ -18,5 +18,6 @@ PLUGIN = TrainerPlugin(
     module="trl",
     estimators=("rebn",),
     dataset="gem_integrations.trl.dataset",
+    experiment="gem_integrations.trl.experiment",
     description="TRL 1.16: a GRPOTrainer rollout_func over gem_core's runner and GemGRPOTrainer with rebn as (B, T) advantages",
 )

@@ -41,6 +41,7 @@ def dataset_rows(
     tools: Sequence[str] = (),
     max_turns: int | None = None,
     max_turn_tokens: int | None = None,
+    max_context_tokens: int | None = None,
     split: str = "train",
     observation_prompt: bool = True,
     system_prompt: str | None = None,
@@ -54,6 +55,7 @@ def dataset_rows(
         tools=tuple(tools),
         max_turns=max_turns,
         max_turn_tokens=max_turn_tokens,
+        max_context_tokens=max_context_tokens,
         system_prompt=system_prompt,
     )
     env = specs[0].make_env()  # fails early on an unknown id, bad kwargs or an unknown tool
@@ -110,6 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_task_arguments(parser)
     parser.add_argument("--out", required=True, help="parquet file to write")
     parser.add_argument("--max-turn-tokens", type=whole_number(1), default=None, help="max tokens per response (default: rollout.response_length)")
+    parser.add_argument(
+        "--max-context-tokens", type=whole_number(1), default=None, help="max tokens of the whole episode (default: rollout.prompt_length + response_length)"
+    )
     parser.add_argument("--split", default="train", help="extra_info.split (default train)")
 
 
@@ -127,6 +132,7 @@ def main(args: argparse.Namespace) -> int:
         tools=tools,
         max_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,
+        max_context_tokens=args.max_context_tokens,
         split=args.split,
         system_prompt=args.system_prompt,
     )

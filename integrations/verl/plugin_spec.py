@@ -68,5 +68,6 @@ PLUGIN = TrainerPlugin(
     patches=(TURN_IDS_PATCH, INFRA_PATCH, CONFIG_PATCH),
     register=_register,
     dataset="gem_integrations.verl.dataset",
+    experiment="gem_integrations.verl.experiment",
     description="verl 0.9: rebn/gem_reinforce estimators, the gem_env agent loop, turn ids and infra-failed rows into the v1 trainer's advantage step",
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "params", "parsing", "utils", "cli_support", "algo", "models"),  # L0: no other gem_core module
+    ("errors", "params", "parsing", "utils", "cli_support", "algo", "models", "experiment"),  # L0: no other gem_core module (experiment: plain data)
     (
         "core",
         "tools",

@@ -1,0 +1,504 @@
+"""One experiment, every trainer: the plain-data description of a run, read from a small TOML file.
+
+An :class:`Experiment` says what a run is (the model and its exact weights, the envs and seeds, the batch,
+the estimator, the optimizer and its schedule, the PPO loss, the token limits, the temperature, the number
+of updates, the evaluation), and nothing about where it runs. ``gem-core train --experiment FILE`` runs it
+in the reference trainer; ``gem-core experiment FILE --trainer NAME`` writes that trainer's own
+configuration (each plugin's ``experiment`` module), every setting mapped explicitly and the trainer's own
+defaults that would change the run pinned. A trainer that cannot express a setting refuses it in one line
+naming it (:func:`refuse`).
+
+The file has sections; every key is optional and defaults to the default run of ``gem-core train``
+(``examples/experiments/default.toml`` spells them all out; docs/experiments.md describes each)::
+
+    [optimizer]
+    lr = 1e-4
+    warmup_updates = 2
+
+:func:`load_experiment` reads it strictly: an unknown section or key, a value of the wrong type and a value
+out of range are each one line naming the key (:class:`~gem_core.errors.InvalidArgumentError`, as
+:mod:`gem_core.params` words them). TOML has no null: ``0`` means "none" for the optional limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gem_core.errors import InvalidArgumentError, InvalidArgumentTypeError
+from gem_core.models import EMBEDDED_MODELS
+from gem_core.params import Param, invalid
+
+#: The estimators the experiment names (gem-core train's): ``rebn`` (ReBN, per-turn returns normalised over
+#: the batch), ``reinforce`` (per-turn discounted returns), ``grpo``, ``drgrpo`` (GRPO without the std) and
+#: ``rloo`` (the last three compare the episodes of a group).
+ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+#: How the per-token PPO loss becomes one number (the names verl uses): the mean over every model token of
+#: the batch; the mean over episodes of each episode's token mean; the mean over episodes of each one's sum.
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+#: The KL estimators (Schulman's): k1 = log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r, r = pi_ref / pi.
+KL_ESTIMATORS = ("k1", "k2", "k3")
+VIEWS = ("turn", "sequence")
+OPTIMIZERS = ("adamw",)
+#: After the linear warm-up the rate stays ``lr`` (gem-core train's schedule).
+LR_SCHEDULES = ("constant",)
+#: Held-out seeds start here; training seeds are drawn below it (gem-core train's EVAL_SEED_BASE).
+EVAL_SEED_START = 1_000_000
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of the file: its section, its name there, what it holds, and what it means."""
+
+    section: str
+    name: str
+    param: Param
+    doc: str
+    #: "str_list": a list of strings; "table": a TOML table (env kwargs)
+    shape: str = ""
+
+    @property
+    def path(self) -> str:
+        return f"{self.section}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """What a run is. Field defaults are the default run of ``gem-core train`` (tested equal to its
+    ``TrainConfig``). :data:`KEYS` maps each field to its key in the file."""
+
+    # [model]
+    model: str = "smollm2-135m-instruct"
+    model_sha256: str = ""
+    # [env]
+    env_ids: tuple[str, ...] = ("game:GuessTheNumber-v0-easy",)
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tools: tuple[str, ...] = ()
+    max_turns: int = 0
+    max_turn_tokens: int = 16
+    max_context_tokens: int = 1024
+    # [seeds]
+    seed: int = 0
+    eval_seed_start: int = EVAL_SEED_START
+    eval_episodes: int = 200
+    # [rollout]
+    episodes_per_update: int = 32
+    group_size: int = 1
+    temperature: float = 1.0
+    logprob_temperature: float = 1.0
+    # [algorithm]
+    estimator: str = "rebn"
+    gamma: float = 0.9
+    view: str = "sequence"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    loss_aggregation: str = "token-mean"
+    # [optimizer]
+    optimizer: str = "adamw"
+    lr: float = 1e-4
+    warmup_updates: int = 2
+    lr_schedule: str = "constant"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    # [training]
+    updates: int = 15
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    gradient_checkpointing: bool = False
+    eval_every: int = 5
+
+    def __post_init__(self) -> None:
+        check_experiment(self)
+
+    @property
+    def groups_per_update(self) -> int:
+        """Start states per update (prompts, in most trainers' words): each played ``group_size`` times."""
+        return self.episodes_per_update // self.group_size
+
+    @property
+    def mini_batch_episodes(self) -> int:
+        """Episodes in one optimizer step (``episodes_per_update / mini_batches``)."""
+        return self.episodes_per_update // self.mini_batches
+
+    @property
+    def optimizer_steps_per_update(self) -> int:
+        return self.ppo_epochs * self.mini_batches
+
+    @property
+    def eval_seeds(self) -> list[int]:
+        """The held-out start seeds every evaluation plays (the same each time, in every trainer)."""
+        return list(range(self.eval_seed_start, self.eval_seed_start + self.eval_episodes))
+
+    def value_of(self, path: str) -> Any:
+        """The value of the key ``section.name`` (as the file would hold it)."""
+        return getattr(self, FIELD_OF[path])
+
+
+KEYS: dict[str, Key] = {
+    "model": Key("model", "id", Param(str), "the model: a local path, a hub id, or smollm2-135m-instruct (the embedded real model)"),
+    "model_sha256": Key(
+        "model",
+        "sha256",
+        Param(str),
+        "the sha256 of the weights (weights_sha256: the model directory's weight files); checked where the model is local; empty: not checked",
+    ),
+    "env_ids": Key("env", "ids", Param(str), "the env ids played (today every trainer plays one: several are refused by name)", shape="str_list"),
+    "env_kwargs": Key("env", "kwargs", Param(dict), "make() keyword arguments of every env", shape="table"),
+    "tools": Key("env", "tools", Param(str), "tools the envs are wrapped with (python, search)", shape="str_list"),
+    "max_turns": Key("env", "max_turns", Param(int, low=0, high=100_000), "turn limit on top of the env's own (0: the env's own)"),
+    "max_turn_tokens": Key("env", "max_turn_tokens", Param(int, low=1, high=1_000_000), "tokens per response (one turn)"),
+    "max_context_tokens": Key(
+        "env",
+        "max_context_tokens",
+        Param(int, low=0, high=10_000_000),
+        "tokens of the whole episode's context (0: no limit but the model's); an episode that would pass it ends truncated",
+    ),
+    "seed": Key("seeds", "seed", Param(int, low=0, high=2**32 - 1), "the run's seed: sampling, and the training start seeds drawn below eval_start"),
+    "eval_seed_start": Key("seeds", "eval_start", Param(int, low=1, high=2**62), "the first held-out seed; training seeds stay below it"),
+    "eval_episodes": Key(
+        "seeds", "eval_episodes", Param(int, low=1, high=1_000_000), "held-out episodes per evaluation: seeds eval_start .. eval_start + eval_episodes - 1"
+    ),
+    "episodes_per_update": Key("rollout", "episodes_per_update", Param(int, low=1, high=1_000_000), "episodes played for one update"),
+    "group_size": Key("rollout", "group_size", Param(int, low=1, high=100_000), "episodes per start state (GRPO/RLOO need 2+)"),
+    "temperature": Key("rollout", "temperature", Param(float, above=0.0, high=100.0), "sampling temperature of the rollout"),
+    "logprob_temperature": Key(
+        "rollout", "logprob_temperature", Param(float, above=0.0, high=100.0), "temperature at which the trainer recomputes the logprobs of the loss"
+    ),
+    "estimator": Key("algorithm", "estimator", Param(str, choices=ESTIMATORS), "advantage estimator"),
+    "gamma": Key("algorithm", "gamma", Param(float, low=0.0, high=1.0), "discount over turns (not tokens)"),
+    "view": Key("algorithm", "view", Param(str, choices=VIEWS), "training rows: one per episode with a loss mask (sequence), or one per turn"),
+    "clip_low": Key("algorithm", "clip_low", Param(float, low=0.0, high=10.0), "PPO ratio clip below 1: ratio >= 1 - clip_low"),
+    "clip_high": Key("algorithm", "clip_high", Param(float, low=0.0, high=10.0), "PPO ratio clip above 1: ratio <= 1 + clip_high"),
+    "kl_coef": Key("algorithm", "kl_coef", Param(float, low=0.0, high=1e6), "KL penalty to the starting policy, in the loss (0: off, no reference model)"),
+    "kl_estimator": Key("algorithm", "kl_estimator", Param(str, choices=KL_ESTIMATORS), "the KL estimator of that penalty"),
+    "entropy_coef": Key("algorithm", "entropy_coef", Param(float, low=0.0, high=1e6), "entropy bonus at the model tokens (0: off)"),
+    "loss_aggregation": Key("algorithm", "loss_aggregation", Param(str, choices=LOSS_AGGREGATIONS), "how the per-token loss becomes one number"),
+    "optimizer": Key("optimizer", "name", Param(str, choices=OPTIMIZERS), "the optimizer"),
+    "lr": Key("optimizer", "lr", Param(float, above=0.0, high=1.0), "learning rate after the warm-up"),
+    "warmup_updates": Key(
+        "optimizer",
+        "warmup_updates",
+        Param(int, low=0, high=1_000_000),
+        "updates over which the rate rises linearly to lr: lr * (k + 1) / (warmup_updates + 1) at update k",
+    ),
+    "lr_schedule": Key("optimizer", "schedule", Param(str, choices=LR_SCHEDULES), "the rate after the warm-up"),
+    "betas": Key("optimizer", "betas", Param(float, low=0.0, high=0.999999, pair=True), "AdamW's betas"),
+    "eps": Key("optimizer", "eps", Param(float, above=0.0, high=1.0), "AdamW's epsilon"),
+    "weight_decay": Key("optimizer", "weight_decay", Param(float, low=0.0, high=1.0), "AdamW's decoupled weight decay"),
+    "max_grad_norm": Key("optimizer", "max_grad_norm", Param(float, low=0.0, high=1e6), "gradient clipping by global norm (0: off)"),
+    "updates": Key("training", "updates", Param(int, low=1, high=10_000_000), "RL updates (one rollout batch each)"),
+    "ppo_epochs": Key("training", "epochs", Param(int, low=1, high=1000), "passes over each update's batch"),
+    "mini_batches": Key("training", "mini_batches", Param(int, low=1, high=100_000), "optimizer steps per pass (the batch split in this many)"),
+    "gradient_checkpointing": Key("training", "gradient_checkpointing", Param(bool), "recompute activations in the backward pass (memory, not results)"),
+    "eval_every": Key(
+        "training", "eval_every", Param(int, low=0, high=10_000_000), "evaluate on the held-out seeds every N updates (0: only before and after)"
+    ),
+}
+FIELD_OF = {key.path: name for name, key in KEYS.items()}
+SECTIONS = tuple(dict.fromkeys(key.section for key in KEYS.values()))
+
+
+def check_experiment(experiment: Experiment, where: str = "experiment") -> None:
+    """Every field of ``experiment`` in its range and the rules between fields; one
+    :class:`InvalidArgumentError` line naming the key otherwise."""
+    for name, key in KEYS.items():
+        value = getattr(experiment, name)
+        if key.shape == "str_list":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) and item.strip() for item in value):
+                raise invalid(key.path, value, "a list of non-empty strings", where, wrong_type=True)
+        elif key.shape == "table":
+            if not isinstance(value, Mapping):
+                raise invalid(key.path, value, "a table (make() keyword arguments)", where, wrong_type=True)
+        else:
+            key.param.check(key.path, value, where)
+    if not experiment.env_ids:
+        raise invalid("env.ids", list(experiment.env_ids), "at least one env id", where)
+    if not experiment.model.strip():
+        raise invalid("model.id", experiment.model, "a model path, hub id or alias", where)
+    if experiment.model_sha256 and not _SHA256.fullmatch(experiment.model_sha256):
+        raise invalid("model.sha256", experiment.model_sha256, "64 lowercase hex digits, or empty (not checked)", where)
+    if experiment.episodes_per_update % experiment.group_size:
+        raise invalid("rollout.episodes_per_update", experiment.episodes_per_update, f"a multiple of rollout.group_size ({experiment.group_size})", where)
+    if experiment.estimator in GROUP_ESTIMATORS and experiment.group_size < 2:
+        raise invalid("rollout.group_size", experiment.group_size, f"2 or more: estimator {experiment.estimator} compares the episodes of a group", where)
+    if experiment.episodes_per_update % experiment.mini_batches:
+        raise invalid("training.mini_batches", experiment.mini_batches, f"a divisor of rollout.episodes_per_update ({experiment.episodes_per_update})", where)
+    if experiment.max_context_tokens and experiment.max_context_tokens <= experiment.max_turn_tokens:
+        raise invalid("env.max_context_tokens", experiment.max_context_tokens, f"more than env.max_turn_tokens ({experiment.max_turn_tokens}), or 0", where)
+
+
+# -- reading the file ---------------------------------------------------------------------------------
+
+
+def _toml_module() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError:  # pragma: no cover - a core dependency on Python 3.10
+        raise InvalidArgumentError("reading an experiment file on Python 3.10 needs tomli: pip install tomli") from None
+    return tomli
+
+
+def parse_experiment(text: str, where: str = "experiment") -> Experiment:
+    """The :class:`Experiment` the TOML ``text`` describes (keys left out keep their defaults); one
+    :class:`InvalidArgumentError` line for a syntax error, an unknown section or key, a wrong type or a
+    value out of range. ``where`` starts each message (the file's name)."""
+    toml = _toml_module()
+    try:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as exc:
+        raise InvalidArgumentError(f"{where}: not valid TOML: {exc}") from None
+    return experiment_from_dict(data, where)
+
+
+def experiment_from_dict(data: Mapping[str, Any], where: str = "experiment") -> Experiment:
+    """The :class:`Experiment` of the sections and keys in ``data`` (the file's shape), checked strictly."""
+    values: dict[str, Any] = {}
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise InvalidArgumentError(f"{where}: unknown section [{section}]; the sections are {', '.join(f'[{s}]' for s in SECTIONS)}", name=section)
+        if not isinstance(table, Mapping):
+            raise InvalidArgumentTypeError(f"{where}: {section} must be a section ([{section}]), got {table!r}", name=section, value=table)
+        for name, value in table.items():
+            path = f"{section}.{name}"
+            if path not in FIELD_OF:
+                known = ", ".join(key.name for key in KEYS.values() if key.section == section)
+                raise InvalidArgumentError(f"{where}: unknown key {path}; [{section}] has {known}", name=path, value=value)
+            field_name = FIELD_OF[path]
+            values[field_name] = _plain_value(KEYS[field_name], value, where)
+    try:
+        return Experiment(**values)
+    except InvalidArgumentError as exc:
+        if str(exc).startswith(where):
+            raise
+        message = str(exc).split(": ", 1)[1] if str(exc).startswith("experiment: ") else str(exc)
+        raise type(exc)(f"{where}: {message}", name=exc.name, value=exc.value, allowed=exc.allowed) from None
+
+
+def _plain_value(key: Key, value: Any, where: str) -> Any:
+    """``value`` as the field holds it (lists as tuples), its type checked here so that the message names
+    the key as the file does."""
+    if key.shape == "str_list" or key.param.pair:
+        if not isinstance(value, list):
+            expected = "a list of strings" if key.shape == "str_list" else "a pair of numbers, e.g. [0.9, 0.999]"
+            raise invalid(key.path, value, expected, where, wrong_type=True)
+        return tuple(value)
+    if key.param.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and check the experiment file at ``path`` (one clear line when it cannot be read or is wrong)."""
+    where = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidArgumentError(f"{where}: no such experiment file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidArgumentError(f"{where}: cannot read it: {reason}") from None
+    return parse_experiment(text, where)
+
+
+# -- writing it back -----------------------------------------------------------------------------------
+
+
+def to_toml(experiment: Experiment) -> str:
+    """The experiment as a TOML file (every key, section by section); :func:`parse_experiment` reads it back equal."""
+    lines: list[str] = []
+    for section in SECTIONS:
+        if lines:
+            lines.append("")
+        lines.append(f"[{section}]")
+        for name, key in KEYS.items():
+            if key.section == section:
+                lines.append(f"{key.name} = {_toml_value(getattr(experiment, name))}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_value(key)
+
+
+# -- refusals and the weights ---------------------------------------------------------------------------
+
+
+class UnsupportedSettingError(InvalidArgumentError):
+    """A trainer cannot express a setting of the experiment: one line naming the trainer, the key and why."""
+
+
+def refuse(trainer: str, experiment: Experiment, path: str, why: str) -> UnsupportedSettingError:
+    """The error for a setting ``path`` (``section.name``) that ``trainer`` cannot express."""
+    value = experiment.value_of(path)
+    return UnsupportedSettingError(f"{trainer} cannot run this experiment: {path}={value!r}: {why}", name=path, value=value, allowed=why)
+
+
+def require(trainer: str, experiment: Experiment, path: str, expressible: bool, why: str) -> None:
+    """Refuse ``path`` (:func:`refuse`) unless ``expressible``."""
+    if not expressible:
+        raise refuse(trainer, experiment, path, why)
+
+
+#: The files whose bytes are the model's weights (what ``model.sha256`` covers).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def weights_sha256(path: str | Path) -> str:
+    """The sha256 over a model's weight files: for a directory, each weight file's name and bytes in name
+    order; for a single file, its bytes."""
+    root = Path(path)
+    digest = hashlib.sha256()
+    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+    if not files:
+        raise InvalidArgumentError(f"model.sha256: {root} has no weight files ({', '.join(WEIGHT_SUFFIXES)})")
+    for file in files:
+        if root.is_dir():
+            digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+# -- what every trainer's configuration shares: the dataset files --------------------------------------
+
+
+def train_rows(experiment: Experiment) -> int:
+    """Rows of a trainer's training dataset: one start state (prompt) per group, ``updates`` batches of them."""
+    return experiment.updates * experiment.groups_per_update
+
+
+def require_one_env(trainer: str, experiment: Experiment) -> str:
+    """The experiment's one env id; several are refused (a trainer's dataset here holds one env id)."""
+    require(trainer, experiment, "env.ids", len(experiment.env_ids) == 1, f"{trainer}'s dataset here holds one env id (run one experiment per env)")
+    if train_rows(experiment) > experiment.eval_seed_start:
+        raise refuse(trainer, experiment, "seeds.eval_start", f"the {train_rows(experiment)} training rows (seeds 0..) would reach the held-out seeds")
+    return experiment.env_ids[0]
+
+
+def dataset_command(trainer: str, experiment: Experiment, out: str, *, held_out: bool = False, extra: tuple[str, ...] = ()) -> list[str]:
+    """``gem-core make-dataset TRAINER`` for the training rows (seeds ``0 ..``, one per start state) or the
+    held-out rows (``seeds.eval_start ..``), each row carrying the experiment's env kwargs, tools and token
+    and turn limits (the runner applies a row's own limits over the trainer's: gem_core.rollout.play_row)."""
+    env_id = require_one_env(trainer, experiment)
+    n, start = (experiment.eval_episodes, experiment.eval_seed_start) if held_out else (train_rows(experiment), 0)
+    argv = ["gem-core", "make-dataset", trainer, "--env", env_id, "--n", str(n), "--seed-start", str(start)]
+    if experiment.env_kwargs:
+        argv += ["--env-kwargs", _json(experiment.env_kwargs)]
+    if experiment.tools:
+        argv += ["--tools", ",".join(experiment.tools)]
+    if experiment.max_turns:
+        argv += ["--max-turns", str(experiment.max_turns)]
+    argv += ["--max-turn-tokens", str(experiment.max_turn_tokens)]
+    if experiment.max_context_tokens:
+        argv += ["--max-context-tokens", str(experiment.max_context_tokens)]
+    return argv + list(extra) + ["--out", out]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def shell_word(arg: str) -> str:
+    """``arg`` quoted for bash; one that names ``$MODEL`` or ``$DATA`` in double quotes, so that they expand."""
+    if "$" in arg:
+        return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shlex.quote(arg)
+
+
+def shell_command(argv: list[str]) -> str:
+    """``argv`` as one bash command, each ``--option values`` or ``key=value`` on its own continued line."""
+    lines: list[str] = []
+    for index, arg in enumerate(argv):
+        starts_line = index > 0 and (arg.startswith("-") or ("=" in arg and not argv[index - 1].startswith("-")))
+        if not lines or starts_line:
+            lines.append(shell_word(arg))
+        else:
+            lines[-1] += " " + shell_word(arg)
+    return " \\\n  ".join(lines)
+
+
+def header(trainer: str, experiment: Experiment, source: str) -> list[str]:
+    """The comment lines every written configuration starts with: what it runs and from which file."""
+    return [
+        f"# {trainer}'s configuration of the experiment {source} (gem-core experiment {source} --trainer {trainer}).",
+        f"# {experiment.updates} updates of {experiment.episodes_per_update} episodes ({experiment.groups_per_update} start states x group "
+        f"{experiment.group_size}) on {', '.join(experiment.env_ids)}; {experiment.estimator}, gamma {experiment.gamma:g}; lr {experiment.lr:g}.",
+        "# Training start states: seeds 0 .. (one dataset row each, in order); held-out: seeds "
+        f"{experiment.eval_seed_start} .. {experiment.eval_seed_start + experiment.eval_episodes - 1}.",
+        *([f"# Weights: sha256 {experiment.model_sha256} (gem_core.experiment.weights_sha256 of the model directory)."] if experiment.model_sha256 else []),
+    ]
+
+
+def model_assignment(experiment: Experiment) -> str:
+    """The shell line that sets ``$MODEL`` to what the trainer loads: ``model.id`` itself, or for the
+    embedded model's alias the checkpoint gem_core resolves it to (hub id, or the converted GGUF)."""
+    name = experiment.model
+    if name.strip().lower() in EMBEDDED_MODELS:
+        resolve = f"from gem_core.models import resolve_model; print(resolve_model({json.dumps(name)}))"
+        return f"MODEL=${{MODEL:-$(python -c {shlex.quote(resolve)})}}"
+    return f"MODEL=${{MODEL:-{shlex.quote(name)}}}"
+
+
+def warmup_optimizer_steps(experiment: Experiment) -> int:
+    """The warm-up in optimizer steps (trainers count steps, the experiment updates)."""
+    return experiment.warmup_updates * experiment.optimizer_steps_per_update
+
+
+def script(trainer: str, experiment: Experiment, source: str, body: list[str], *, data: str = "./data/experiment") -> str:
+    """A bash script: the header, ``$MODEL`` and ``$DATA``, then ``body`` (the dataset commands and the
+    trainer's command, each already a shell line); extra arguments go to the last command."""
+    lines = ["#!/usr/bin/env bash", *header(trainer, experiment, source), "set -euo pipefail", model_assignment(experiment)]
+    lines += [f"DATA=${{DATA:-{data}}}", 'mkdir -p "$DATA"', *body]
+    return "\n".join(lines) + "\n"
+
+
+def eval_command(experiment: Experiment, checkpoint: str = "CHECKPOINT") -> list[str]:
+    """``gem-core eval`` of a saved checkpoint on the experiment's held-out seeds, as every trainer's is evaluated."""
+    e = experiment
+    argv = ["gem-core", "eval", *e.env_ids, "--policy", "hf", "--model", checkpoint, "--episodes", str(e.eval_episodes)]
+    argv += ["--seed-start", str(e.eval_seed_start), "--seed", str(e.seed), "--temperature", repr(e.temperature), "--max-tokens", str(e.max_turn_tokens)]
+    if e.max_context_tokens:
+        argv += ["--max-context-tokens", str(e.max_context_tokens)]
+    if e.max_turns:
+        argv += ["--max-turns", str(e.max_turns)]
+    if e.env_kwargs:
+        argv += ["--env-kwargs", _json(e.env_kwargs)]
+    if e.tools:
+        argv += ["--tools", ",".join(e.tools)]
+    return argv

@@ -1,0 +1,229 @@
+"""The experiment file (gem_core.experiment): reading it strictly, every bad input one line naming the key, and
+each trainer's mapping refusing by name what the trainer cannot express (the mapping modules import without
+their trainers; the values each trainer then uses are tested in its own session: tests/integrations/*/test_experiment.py)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from gem_core.errors import InvalidArgumentError, InvalidArgumentTypeError
+from gem_core.experiment import (
+    KEYS,
+    Experiment,
+    UnsupportedSettingError,
+    load_experiment,
+    parse_experiment,
+    to_toml,
+    train_rows,
+    weights_sha256,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "examples" / "experiments" / "default.toml"
+TRAINERS = ("verl", "openrlhf", "trl", "rl2", "oat", "roll")
+
+
+def test_default_file_is_the_default_experiment_and_names_every_key():
+    text = DEFAULT.read_text()
+    assert load_experiment(DEFAULT) == Experiment()
+    for key in KEYS.values():  # the shipped file spells out every key, so it documents them all
+        assert f"\n{key.name} = " in text.split(f"[{key.section}]", 1)[1].split("\n[", 1)[0], key.path
+
+
+def test_keys_left_out_keep_their_defaults_and_given_ones_are_read():
+    experiment = parse_experiment('[optimizer]\nlr = 3e-4\nbetas = [0.9, 0.95]\n[env]\nids = ["game:Sudoku-v0-easy"]\nkwargs = {max_turns = 6}\n')
+    assert experiment.lr == 3e-4 and experiment.betas == (0.9, 0.95)
+    assert experiment.env_ids == ("game:Sudoku-v0-easy",) and dict(experiment.env_kwargs) == {"max_turns": 6}
+    assert experiment.updates == Experiment().updates
+    assert parse_experiment("[training]\nupdates = 3\n").updates == 3
+
+
+def test_written_back_it_reads_equal():
+    experiment = parse_experiment('[env]\nkwargs = {max_turns = 6, "odd key" = "x"}\ntools = ["python"]\n[algorithm]\nclip_high = 0.28\n')
+    assert parse_experiment(to_toml(experiment)) == experiment
+
+
+BAD = [
+    ("[optimizer]\nlrr = 1e-4\n", InvalidArgumentError, "unknown key optimizer.lrr"),
+    ("[optimiser]\nlr = 1e-4\n", InvalidArgumentError, "unknown section [optimiser]"),
+    ("optimizer = 3\n", InvalidArgumentTypeError, "optimizer must be a section"),
+    ("[optimizer]\nlr = -1\n", InvalidArgumentError, "optimizer.lr=-1.0 is not allowed"),
+    ("[optimizer]\nlr = 0\n", InvalidArgumentError, "optimizer.lr=0.0 is not allowed"),
+    ("[optimizer]\nlr = nan\n", InvalidArgumentError, "optimizer.lr=nan is not allowed"),
+    ('[optimizer]\nlr = "1e-4"\n', InvalidArgumentTypeError, "optimizer.lr='1e-4' is not allowed"),
+    ("[optimizer]\nbetas = [0.9]\n", InvalidArgumentTypeError, "optimizer.betas=(0.9,) is not allowed"),
+    ("[optimizer]\nbetas = 0.9\n", InvalidArgumentTypeError, "optimizer.betas=0.9 is not allowed"),
+    ('[optimizer]\nname = "sgd"\n', InvalidArgumentError, "optimizer.name='sgd' is not allowed: expected one of 'adamw'"),
+    ('[training]\nepochs = "2"\n', InvalidArgumentTypeError, "training.epochs='2' is not allowed"),
+    ("[training]\nepochs = 0\n", InvalidArgumentError, "training.epochs=0 is not allowed"),
+    ("[training]\ngradient_checkpointing = 1\n", InvalidArgumentTypeError, "training.gradient_checkpointing=1 is not allowed"),
+    ("[training]\nmini_batches = 5\n", InvalidArgumentError, "training.mini_batches=5 is not allowed: expected a divisor"),
+    ('[env]\nids = "game:Sudoku-v0-easy"\n', InvalidArgumentTypeError, "env.ids='game:Sudoku-v0-easy' is not allowed"),
+    ("[env]\nids = []\n", InvalidArgumentError, "env.ids=[] is not allowed"),
+    ("[env]\nids = [3]\n", InvalidArgumentTypeError, "env.ids=(3,) is not allowed"),
+    ("[env]\nkwargs = 3\n", InvalidArgumentTypeError, "env.kwargs=3 is not allowed"),
+    ("[env]\nmax_context_tokens = 8\n", InvalidArgumentError, "env.max_context_tokens=8 is not allowed"),
+    ("[rollout]\ngroup_size = 3\n", InvalidArgumentError, "rollout.episodes_per_update=32 is not allowed: expected a multiple of rollout.group_size (3)"),
+    ("[rollout]\ntemperature = 0\n", InvalidArgumentError, "rollout.temperature=0.0 is not allowed"),
+    ('[algorithm]\nestimator = "grpo"\n', InvalidArgumentError, "rollout.group_size=1 is not allowed: expected 2 or more"),
+    ('[algorithm]\nestimator = "ppo"\n', InvalidArgumentError, "algorithm.estimator='ppo' is not allowed"),
+    ('[algorithm]\nloss_aggregation = "sum"\n', InvalidArgumentError, "algorithm.loss_aggregation='sum' is not allowed"),
+    ("[algorithm]\ngamma = 1.5\n", InvalidArgumentError, "algorithm.gamma=1.5 is not allowed"),
+    ('[model]\nsha256 = "abc"\n', InvalidArgumentError, "model.sha256='abc' is not allowed"),
+    ('[model]\nid = " "\n', InvalidArgumentError, "model.id=' ' is not allowed"),
+    ("[optimizer\nlr = 1\n", InvalidArgumentError, "not valid TOML"),
+    ("[optimizer]\nlr = 1\nlr = 2\n", InvalidArgumentError, "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "error", "says"), BAD, ids=[says for _, _, says in BAD])
+def test_every_bad_input_is_one_line_naming_the_key(text, error, says):
+    with pytest.raises(error) as caught:
+        parse_experiment(text, "run.toml")
+    message = str(caught.value)
+    assert message.startswith("run.toml: ") and says in message
+    assert "\n" not in message
+
+
+def test_a_file_that_is_missing_or_unreadable_is_one_line(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="no such experiment file"):
+        load_experiment(tmp_path / "missing.toml")
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(InvalidArgumentError, match="cannot read it"):
+        load_experiment(binary)
+    with pytest.raises(InvalidArgumentError, match="cannot read it"):
+        load_experiment(tmp_path)
+
+
+def test_weights_sha256_covers_the_weight_files_by_name_and_bytes(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "config.json").write_text("{}")
+    first = weights_sha256(tmp_path)
+    (tmp_path / "config.json").write_text('{"a": 1}')  # not weights: same hash
+    assert weights_sha256(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"weightz")
+    assert weights_sha256(tmp_path) != first
+    with pytest.raises(InvalidArgumentError, match="no weight files"):
+        weights_sha256(tmp_path / "..")
+
+
+# -- each trainer's mapping (the config text; the trainers' own config code checks it in their sessions) --
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_each_mapping_imports_without_its_trainer(trainer):
+    module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+    assert callable(module.render)
+    from gem_core.plugins import discover
+
+    assert discover()[trainer].experiment == module.__name__
+
+
+REFUSED = [
+    ("verl", "[rollout]\nlogprob_temperature = 0.5\n", "rollout.logprob_temperature=0.5"),
+    ("verl", "[optimizer]\neps = 1e-6\n", "optimizer.eps=1e-06"),
+    ("verl", '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.view='turn'"),
+    ("verl", "[rollout]\ngroup_size = 4\n[training]\nmini_batches = 16\n", "training.mini_batches=16"),
+    ("verl", '[env]\nids = ["game:Sudoku-v0-easy", "game:GuessTheNumber-v0-easy"]\n', "env.ids="),
+    ("openrlhf", '[algorithm]\nestimator = "reinforce"\n', "algorithm.estimator='reinforce'"),
+    ("openrlhf", '[algorithm]\nloss_aggregation = "seq-mean-token-sum"\n', "algorithm.loss_aggregation='seq-mean-token-sum'"),
+    ("trl", "", "rollout.group_size=1"),
+    ("trl", '[rollout]\ngroup_size = 2\n[algorithm]\nestimator = "rloo"\n', "algorithm.estimator='rloo'"),
+    ("trl", '[rollout]\ngroup_size = 2\n[algorithm]\nkl_coef = 0.1\nkl_estimator = "k1"\n', "algorithm.kl_estimator='k1'"),
+    ("rl2", "[algorithm]\nclip_high = 0.28\n", "algorithm.clip_high=0.28"),
+    ("rl2", "[training]\nepochs = 2\n", "training.epochs=2"),
+    ("rl2", "[optimizer]\nbetas = [0.9, 0.95]\n", "optimizer.betas=(0.9, 0.95)"),
+    ("oat", "", "algorithm.loss_aggregation='token-mean'"),
+    ("oat", '[algorithm]\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.view='sequence'"),
+    ("oat", '[algorithm]\nloss_aggregation = "seq-mean-token-mean"\nview = "turn"\nentropy_coef = 0.01\n', "algorithm.entropy_coef=0.01"),
+    ("roll", "", "training.mini_batches=1"),
+]
+
+
+@pytest.mark.parametrize(("trainer", "text", "says"), REFUSED, ids=[f"{t}:{s}" for t, _, s in REFUSED])
+def test_what_a_trainer_cannot_express_is_refused_in_one_line_naming_the_key(trainer, text, says):
+    module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+    with pytest.raises(UnsupportedSettingError) as caught:
+        module.render(parse_experiment(text))
+    message = str(caught.value)
+    assert message.startswith(f"{trainer} cannot run this experiment: {says}") and "\n" not in message
+
+
+def test_training_rows_hold_every_update_in_order_and_stay_below_the_held_out_seeds():
+    experiment = parse_experiment("[rollout]\ngroup_size = 4\n")
+    assert train_rows(experiment) == 15 * 8
+    from gem_integrations.verl.experiment import render
+
+    script = render(experiment)
+    assert "--n 120 \\\n  --seed-start 0" in script and "--n 100 \\\n  --seed-start 1000000" in script
+    with pytest.raises(UnsupportedSettingError, match="seeds.eval_start"):
+        render(parse_experiment("[seeds]\neval_start = 100\n"))
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def run_cli(argv, capsys):
+    from gem_core.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_gem_core_experiment_writes_the_trainers_configuration(tmp_path, capsys):
+    out = tmp_path / "verl.sh"
+    code, _, err = run_cli(["experiment", str(DEFAULT), "--trainer", "verl", "--out", str(out)], capsys)
+    assert code == 0 and "wrote verl's configuration" in err
+    script = out.read_text()
+    assert "python \\\n  -m verl.trainer.main_ppo" in script and "actor_rollout_ref.actor.optim.lr=0.0001" in script
+    code, printed, _ = run_cli(["experiment", str(DEFAULT), "--trainer", "openrlhf"], capsys)
+    assert code == 0 and "--actor.adam.lr 0.0001" in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--trainer", "roll"], "roll cannot run this experiment: training.mini_batches=1"),
+        (["--trainer", "verl", "--out", "/no/such/dir/x.sh"], "/no/such/dir"),
+    ],
+)
+def test_gem_core_experiment_refuses_in_one_line(argv, says, capsys):
+    code, _, err = run_cli(["experiment", str(DEFAULT), *argv], capsys)
+    assert code == 2 and says in err and err.count("\n") == 1
+
+
+def test_gem_core_experiment_names_an_unknown_env_id(tmp_path, capsys):
+    path = tmp_path / "x.toml"
+    path.write_text('[env]\nids = ["game:NoSuchGame-v0"]\n')
+    code, _, err = run_cli(["experiment", str(path), "--trainer", "verl"], capsys)
+    assert code == 2 and "game:NoSuchGame-v0" in err and err.count("\n") == 1
+
+
+def test_every_trainer_with_a_mapping_is_a_choice(capsys):
+    code, _, err = run_cli(["experiment", str(DEFAULT), "--trainer", "nope"], capsys)
+    assert code == 2
+    for trainer in TRAINERS:
+        assert trainer in err
+
+
+def test_the_written_script_is_valid_bash(tmp_path):
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    for trainer in ("verl", "openrlhf", "rl2"):
+        module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+        script = tmp_path / f"{trainer}.sh"
+        script.write_text(module.render(Experiment()))
+        assert subprocess.run([bash, "-n", str(script)], capture_output=True).returncode == 0, trainer
+    trl = importlib.import_module("gem_integrations.trl.experiment")
+    script = tmp_path / "trl.sh"
+    script.write_text(trl.render(parse_experiment("[rollout]\ngroup_size = 2\n")))
+    assert subprocess.run([bash, "-n", str(script)], capture_output=True).returncode == 0

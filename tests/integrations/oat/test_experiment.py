@@ -1,0 +1,36 @@
+"""An experiment's oat arguments (gem_integrations.oat.experiment) through the launcher's parser (oat's own
+get_default_args and default_args_validation): the values oat will use equal the experiment's, oat's defaults
+that would change the run pinned."""
+
+from __future__ import annotations
+
+from gem_core.experiment import parse_experiment
+from gem_integrations.oat.experiment import arguments, transitions_per_update
+
+EXPERIMENT = parse_experiment(
+    "[rollout]\nepisodes_per_update = 8\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
+    '[algorithm]\nclip_low = 0.25\nclip_high = 0.25\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\nkl_coef = 0.05\ngamma = 0.8\n'
+    "[optimizer]\nlr = 3e-4\nwarmup_updates = 0\nbetas = [0.85, 0.99]\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
+    "[training]\nupdates = 15\nepochs = 2\ngradient_checkpointing = true\n[env]\nmax_turns = 5\nmax_turn_tokens = 8\nmax_context_tokens = 160\n"
+)
+
+
+def test_oat_uses_the_experiments_values(monkeypatch, tmp_path):
+    import torch
+
+    from gem_integrations.oat.launch import build_args
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # oat's validation counts GPUs; this machine has none
+    e = EXPERIMENT
+    argv = [a.replace("$MODEL", "tiny").replace("$DATA", str(tmp_path)) for a in arguments(e)]
+    args = build_args([*argv, "--gpus", "1", "--pi-buffer-maxlen-per-device", str(transitions_per_update(e))])
+    assert (args.critic_type, args.whiten_adv, args.gamma, args.lam, args.num_samples) == ("grpo", True, e.gamma, 1.0, 1)
+    assert args.lr_warmup_ratio == 0.0
+    assert (args.learning_rate, args.lr_scheduler, args.adam_beta_1, args.adam_beta_2, args.l2, args.max_norm) == (
+        e.lr, "constant", e.betas[0], e.betas[1], e.weight_decay, e.max_grad_norm
+    )  # fmt: skip
+    assert (args.num_ppo_epochs, args.cliprange, args.beta, args.kl_penalty_coef) == (e.ppo_epochs, e.clip_low, e.kl_coef, 0.0)
+    assert (args.temperature, args.top_p, args.top_k, args.generate_max_length) == (e.temperature, 1.0, -1, e.max_turn_tokens)
+    assert (args.gem_episodes_per_step, args.gem_max_turns, args.gem_max_context_tokens) == (e.episodes_per_update, e.max_turns, e.max_context_tokens)
+    assert args.rollout_batch_size_per_device == args.train_batch_size == e.episodes_per_update * e.max_turns  # no subsampling of an update
+    assert args.gradient_checkpointing is True and args.seed == e.seed

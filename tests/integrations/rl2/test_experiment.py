@@ -1,0 +1,49 @@
+"""An experiment's RL2 overrides (gem_integrations.rl2.experiment) through RL2's own config: hydra composes
+rl-square's ppo.yaml with them, and the values RL2 will use (its interpolations resolved, its warm-up rule, the
+plugin's ReBN options) equal the experiment's, RL2's defaults that would change the run pinned."""
+
+from __future__ import annotations
+
+import pytest
+from test_rl2 import compose_rl2
+
+from gem_core.experiment import parse_experiment, warmup_optimizer_steps
+from gem_integrations.rl2.advantage import rebn_settings
+from gem_integrations.rl2.experiment import overrides
+
+EXPERIMENT = parse_experiment(
+    "[rollout]\nepisodes_per_update = 16\ngroup_size = 4\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
+    '[algorithm]\nclip_low = 0.25\nclip_high = 0.25\nkl_coef = 0.05\nkl_estimator = "k3"\nentropy_coef = 0.01\ngamma = 0.8\nloss_aggregation = "seq-mean-token-mean"\n'
+    "[optimizer]\nlr = 3e-4\nwarmup_updates = 2\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
+    "[training]\nupdates = 29\nmini_batches = 2\neval_every = 3\n[env]\nmax_turns = 5\nmax_turn_tokens = 8\n"
+)
+
+
+def composed(experiment, tmp_path):
+    argv = [o.replace("$MODEL", "some/model").replace("$DATA", str(tmp_path)).replace("$(gem-core rl2 env-path)", "env.py") for o in overrides(experiment)]
+    return compose_rl2(argv)
+
+
+def test_rl2_uses_the_experiments_values(tmp_path):
+    e = EXPERIMENT
+    config = composed(e, tmp_path)
+    actor = config.actor
+    assert (config.train_data.prompts_per_rollout * config.train_data.responses_per_prompt, config.rollout.responses_per_prompt) == (16, 4)
+    assert (actor.lr, actor.weight_decay, actor.max_grad_norm, actor.scheduler) == (e.lr, e.weight_decay, e.max_grad_norm, "constant_with_warmup")
+    assert (actor.update_per_rollout, actor.clip, actor.avg_level) == (e.mini_batches, e.clip_low, "sequence")
+    assert (actor.kl.coef, actor.kl.type, actor.kl.loss_estimator, actor.entropy.coef) == (e.kl_coef, "loss", "k3", e.entropy_coef)
+    assert actor.temperature == e.temperature == config.rollout.train_sampling_params.temperature  # the recompute's, by RL2's interpolation
+    assert config.rollout.test_sampling_params.temperature == e.temperature  # RL2: 0 (greedy)
+    assert (config.rollout.train_sampling_params.max_new_tokens, config.rollout.max_turns) == (e.max_turn_tokens, e.max_turns)
+    assert config.rollout.dynamic_filtering is False and actor.gradient_checkpointing is False
+    assert (config.trainer.n_epochs, config.trainer.test_freq) == (1, e.eval_every)
+    assert rebn_settings(config.adv) == {"gamma": e.gamma, "eps": 1e-6, "ddof": 0, "group_by": None, "responses_per_prompt": e.group_size}
+    # RL2's scheduler (trainer/base.py prepare_scheduler): int(warmup_ratio * n_epochs * batches * update_per_rollout)
+    batches = e.updates  # the training rows hold exactly `updates` batches of prompts_per_rollout
+    assert int(actor.warmup_ratio * config.trainer.n_epochs * batches * actor.update_per_rollout) == warmup_optimizer_steps(e)
+
+
+@pytest.mark.parametrize("updates, warmup", [(100, 29), (15, 2), (7, 0), (3, 3)])
+def test_the_warmup_ratio_gives_the_exact_step_count(updates, warmup, tmp_path):
+    e = parse_experiment(f"[training]\nupdates = {updates}\n[optimizer]\nwarmup_updates = {warmup}\n")
+    assert int(composed(e, tmp_path).actor.warmup_ratio * updates) == warmup

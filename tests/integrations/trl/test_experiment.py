@@ -1,0 +1,82 @@
+"""An experiment's TRL configuration (gem_integrations.trl.experiment) through TRL 1.16's own code: GRPOConfig
+takes the keyword arguments and the fields it ends with equal the experiment's; GemGRPOTrainer built from them
+has the experiment's estimator, optimizer and schedule (TRL's own create_optimizer_and_scheduler)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from trl import GRPOConfig
+
+from gem_core.experiment import parse_experiment
+from gem_integrations.trl.experiment import grpo_config, trainer_arguments
+
+EXPERIMENT = parse_experiment(
+    "[rollout]\nepisodes_per_update = 8\ngroup_size = 2\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
+    "[algorithm]\nclip_low = 0.25\nclip_high = 0.28\nkl_coef = 0.05\nentropy_coef = 0.01\ngamma = 0.8\n"
+    "[optimizer]\nlr = 3e-4\nwarmup_updates = 2\nbetas = [0.9, 0.95]\neps = 1e-7\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
+    "[training]\nupdates = 3\nepochs = 2\nmini_batches = 2\neval_every = 1\n[env]\nmax_turn_tokens = 8\nmax_context_tokens = 160\n"
+)
+
+
+def config_of(experiment, tmp_path) -> GRPOConfig:
+    return GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, **grpo_config(experiment))
+
+
+def test_grpo_config_holds_the_experiment(tmp_path):
+    e = EXPERIMENT
+    config = config_of(e, tmp_path)
+    # the batch: each update generates episodes_per_update completions, group_size per prompt, in mini_batches steps
+    assert config.generation_batch_size == e.episodes_per_update == 8
+    assert config.num_generations == e.group_size and config.steps_per_generation == e.mini_batches
+    assert config.per_device_train_batch_size * config.steps_per_generation == e.episodes_per_update
+    assert config.num_iterations == e.ppo_epochs and config.gradient_accumulation_steps == 1
+    assert config.max_steps == e.updates * e.mini_batches * e.ppo_epochs
+    # the loss
+    assert (config.epsilon, config.epsilon_high, config.beta) == (e.clip_low, e.clip_high, e.kl_coef)
+    assert config.loss_type == "dapo" and config.entropy_coef == e.entropy_coef and config.importance_sampling_level == "token"
+    assert config.temperature == e.temperature and (config.top_p, config.top_k) == (1.0, 0)
+    # TRL's own defaults that would change the run, pinned
+    assert config.gradient_checkpointing is False and config.shuffle_dataset is False and config.scale_rewards == "none"
+    assert config.seed == e.seed and config.max_completion_length == e.max_context_tokens
+
+
+def test_trl_builds_the_experiments_optimizer_and_schedule(tmp_path, tokenizer, tiny_model):
+    """TRL's own trainer, built from the written arguments, makes the experiment's AdamW and warm-up (no KL
+    here: TRL would load the reference model by the tiny model's name, which it has not)."""
+    from gem_integrations.trl import GemGRPOTrainer, GemRollout, make_dataset
+
+    e = dataclasses.replace(EXPERIMENT, kl_coef=0.0)
+    arguments = trainer_arguments(e)
+    rollout = arguments.pop("rollout")
+    args = config_of(e, tmp_path)
+    trainer = GemGRPOTrainer(
+        tiny_model,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=make_dataset("game:GuessTheNumber-v0-easy", 4),
+        rollout_func=GemRollout(**rollout),
+        **arguments,
+    )
+    assert (trainer.gem_estimator, trainer.gem_gamma, trainer.gem_eps, trainer.gem_ddof, trainer.gem_group_by) == ("rebn", e.gamma, 1e-6, 0, None)
+    assert rollout == {"max_turn_tokens": 8, "max_context_tokens": 160, "max_turns": None}
+    trainer.create_optimizer_and_scheduler(num_training_steps=trainer.args.max_steps)
+    group = trainer.optimizer.param_groups[0]
+    assert group["betas"] == e.betas and group["eps"] == e.eps
+    assert {g["weight_decay"] for g in trainer.optimizer.param_groups} <= {e.weight_decay, 0.0}  # HF: none on biases/norms
+    steps_per_update = e.mini_batches * e.ppo_epochs
+    rates = []
+    for _ in range(trainer.args.max_steps):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    warmup = e.warmup_updates * steps_per_update
+    assert all(rate < e.lr for rate in rates[:warmup]) and rates[warmup:] == pytest.approx([e.lr] * (len(rates) - warmup))
+
+
+def test_estimators_map_to_trls_own_scaling(tmp_path):
+    grpo = parse_experiment('[rollout]\ngroup_size = 2\n[algorithm]\nestimator = "grpo"\nloss_aggregation = "seq-mean-token-mean"\n')
+    drgrpo = parse_experiment('[rollout]\ngroup_size = 2\n[algorithm]\nestimator = "drgrpo"\n')
+    assert (config_of(grpo, tmp_path).scale_rewards, config_of(grpo, tmp_path).loss_type, trainer_arguments(grpo)["estimator"]) == ("group", "grpo", "trl")
+    assert (config_of(drgrpo, tmp_path).scale_rewards, trainer_arguments(drgrpo)["estimator"]) == ("none", "trl")

@@ -1,0 +1,122 @@
+"""``gem-core train --experiment FILE``: the default file is the default run; the file's settings reach the
+TrainConfig (those without an option too); an option the file sets is refused beside it, the others apply;
+what the reference trainer cannot express is refused by name; the weights' sha256 is checked."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gem_core.cli import build_parser
+from gem_core.experiment import ESTIMATORS, EVAL_SEED_START, Experiment, load_experiment
+from gem_core.train import trainer as trainer_module
+from gem_core.train.cli import config_from_args
+from gem_core.train.experiment import experiment_of
+from gem_core.train.trainer import TrainConfig
+
+DEFAULT = Path(__file__).resolve().parents[2] / "examples" / "experiments" / "default.toml"
+
+
+def config_of(*argv: str) -> TrainConfig:
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_the_experiments_defaults_are_the_default_run():
+    assert experiment_of(TrainConfig()) == Experiment() == load_experiment(DEFAULT)
+    assert ESTIMATORS == trainer_module.ESTIMATORS and EVAL_SEED_START == trainer_module.EVAL_SEED_BASE
+
+
+def test_the_default_file_runs_the_default_run():
+    assert config_of("--experiment", str(DEFAULT)) == TrainConfig() == config_of()
+
+
+def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(
+        '[model]\nid = "tiny"\n[env]\nids = ["game:Sudoku-v0-easy"]\nkwargs = {max_turns = 6}\nmax_turns = 4\nmax_turn_tokens = 8\n'
+        "max_context_tokens = 512\n[optimizer]\nlr = 3e-4\nwarmup_updates = 5\n[algorithm]\nclip_low = 0.3\nclip_high = 0.3\n"
+        "[rollout]\ngroup_size = 4\n"
+    )
+    config = config_of("--experiment", str(path))
+    want = dataclasses.replace(
+        TrainConfig(),
+        model="tiny",
+        env_id="game:Sudoku-v0-easy",
+        env_kwargs={"max_turns": 6},
+        max_turns=4,
+        max_tokens=8,
+        max_context_tokens=512,
+        lr=3e-4,
+        lr_warmup=5,
+        clip=0.3,
+        group_size=4,
+    )
+    assert config == want
+    assert experiment_of(config) == load_experiment(path)
+
+
+def test_an_option_the_file_sets_is_refused_beside_it_and_the_others_apply():
+    with pytest.raises(ValueError) as caught:
+        config_of("--experiment", str(DEFAULT), "--lr", "1e-4", "--batch-size", "8", "--gradient-checkpointing")
+    message = str(caught.value)
+    assert message.startswith("--batch-size, --lr, --gradient-checkpointing: set by the experiment file") and "\n" not in message
+    config = config_of("--experiment", str(DEFAULT), "--out", "/tmp/elsewhere", "--micro-batch-tokens", "512", "--device", "cpu")
+    assert (config.out, config.micro_batch_tokens) == ("/tmp/elsewhere", 512)
+    assert dataclasses.replace(config, out=TrainConfig.out, micro_batch_tokens=TrainConfig.micro_batch_tokens) == TrainConfig()
+
+
+def test_without_a_file_the_options_keep_their_defaults_and_values():
+    assert config_of("--lr", "3e-4", "--batch-size", "8").lr == 3e-4
+    assert config_of().lr == TrainConfig.lr
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[algorithm]\nclip_high = 0.28\n", "algorithm.clip_high=0.28"),
+        ('[algorithm]\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.loss_aggregation='seq-mean-token-mean'"),
+        ("[training]\nmini_batches = 2\n", "training.mini_batches=2"),
+        ("[rollout]\nlogprob_temperature = 0.7\n", "rollout.logprob_temperature=0.7"),
+        ("[optimizer]\nweight_decay = 0.01\n", "optimizer.weight_decay=0.01"),
+        ("[seeds]\neval_start = 5000\n", "seeds.eval_start=5000"),
+        ('[algorithm]\nkl_coef = 0.1\nkl_estimator = "k1"\n', "algorithm.kl_estimator='k1'"),
+        ('[env]\nids = ["game:Sudoku-v0-easy", "game:GuessTheNumber-v0-easy"]\n', "env.ids="),
+    ],
+)
+def test_what_gem_core_train_cannot_express_is_refused_by_name(tmp_path, text, says):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as caught:
+        config_of("--experiment", str(path))
+    assert str(caught.value).startswith(f"gem-core train cannot run this experiment: {says}")
+
+
+def test_the_weights_sha256_is_checked_and_the_checked_weights_are_trained(tmp_path):
+    from gem_core.experiment import weights_sha256
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    path = tmp_path / "run.toml"
+    path.write_text(f'[model]\nid = "{model}"\nsha256 = "{weights_sha256(model)}"\n')
+    assert config_of("--experiment", str(path)).model == str(model)
+    path.write_text(f'[model]\nid = "{model}"\nsha256 = "{"0" * 64}"\n')
+    with pytest.raises(ValueError, match="model.sha256=.*have sha256 "):
+        config_of("--experiment", str(path))
+    path.write_text(f'[model]\nid = "org/not-local"\nsha256 = "{"0" * 64}"\n')
+    with pytest.raises(ValueError, match="not a local path"):
+        config_of("--experiment", str(path))
+
+
+def test_the_cli_says_a_bad_file_in_one_line(tmp_path, capsys):
+    from gem_core.cli import main
+
+    path = tmp_path / "run.toml"
+    path.write_text("[training]\nupdates = 0\n")
+    assert main(["train", "--experiment", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "training.updates=0 is not allowed" in err and err.count("\n") == 1
+    assert main(["train", "--experiment", str(DEFAULT), "--steps", "3"]) == 2
+    assert "--steps: set by the experiment file" in capsys.readouterr().err
