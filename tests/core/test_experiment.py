@@ -159,7 +159,7 @@ def test_training_rows_hold_every_update_in_order_and_stay_below_the_held_out_se
     from gem_integrations.verl.experiment import render
 
     script = render(experiment)
-    assert "--n 120 \\\n  --seed-start 0" in script and "--n 100 \\\n  --seed-start 1000000" in script
+    assert "--n 120 \\\n  --seed-start 0" in script and "--n 200 \\\n  --seed-start 1000000" in script
     with pytest.raises(UnsupportedSettingError, match="seeds.eval_start"):
         render(parse_experiment("[seeds]\neval_start = 100\n"))
 
