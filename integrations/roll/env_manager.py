@@ -9,7 +9,8 @@
 ROLL's ``EnvironmentWorker`` imports ``env_manager_cls`` by its dotted path
 (``roll.utils.import_utils.safe_import_class``) in the process that then calls ``gem.make``; importing
 this module there registers ``gem-core`` (:func:`gem_integrations.roll.rollout.register`, idempotent).
-``StepEnvManager``, ``StepConcatEnvManager``, ``TrajEnvManager`` and ``VLTrajEnvManager`` are ROLL's
+Looking a manager up imports ROLL and registers the ``llm_proxy`` ``gem_core_policy``
+(:mod:`gem_integrations.roll.llm_proxy`). ``StepEnvManager``, ``StepConcatEnvManager``, ``TrajEnvManager`` and ``VLTrajEnvManager`` are ROLL's
 classes themselves, looked up when asked for (the same objects, not subclasses: nothing of ROLL's
 rollout changes). The step managers give ``step_reinforce`` its per-step samples; ``StepConcatEnvManager``
 (ROLL's GEM view, ``examples/roll/``) shows the earlier observations, ``StepEnvManager`` only what its
@@ -38,6 +39,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r} (ROLL env managers here: {', '.join(MANAGERS)})")
     try:
         module = importlib.import_module(MANAGERS[name])
+        importlib.import_module("gem_integrations.roll.llm_proxy")  # registers gem_core_policy before the manager makes its proxy
     except ImportError as exc:
         raise ImportError(f"{__name__}.{name} is ROLL's {MANAGERS[name]}.{name}, which does not import here: {exc}") from exc
     return getattr(module, name)

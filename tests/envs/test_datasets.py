@@ -89,7 +89,7 @@ def test_offline_without_data_is_one_clear_error(monkeypatch):
     start = time.monotonic()
     with pytest.raises(DatasetUnavailableError) as caught:
         gem_core.make("math:Orz57K")
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # no download retries (minutes); room for a loaded machine's imports
     message = str(caught.value)
     assert "\n" not in message
     assert "math:Orz57K" in message and "axon-rl/ORZ-57k" in message and "data_files=" in message
@@ -174,7 +174,7 @@ def test_hub_probe(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused at once
     start = time.monotonic()
-    assert layer.hub_reachable() is False and time.monotonic() - start < layer.HUB_PROBE_TIMEOUT_S + 1
+    assert layer.hub_reachable() is False and time.monotonic() - start < layer.HUB_PROBE_TIMEOUT_S + 10  # room for load
     monkeypatch.setattr(layer, "_hub_reachable", None)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     assert layer.hub_reachable() is True

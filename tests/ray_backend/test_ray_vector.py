@@ -121,8 +121,8 @@ def test_step_timeout_replaces_only_the_slow_actor(ray_cluster):
     with make(COUNTER_ID, 4, envs_per_actor=2, step_timeout=1.0) as vec:
         vec.reset(seed=6)
         started = time.monotonic()
-        obs, _, _, truncated, infos = vec.step(["+1", "+1", "+1", "sleep 30"])
-        assert 1.0 <= time.monotonic() - started < 4.0
+        obs, _, _, truncated, infos = vec.step(["+1", "+1", "+1", "sleep 120"])
+        assert 1.0 <= time.monotonic() - started < 30  # at the timeout, not the slow env's 120 s; room for load
         assert truncated.tolist() == [False, False, True, True]
         assert infos[3]["error"] == "step timed out after 1.0s (env actor 1 was killed)"
         obs, _, _, truncated, infos = vec.step(["+1"] * 4)  # the new actor's start-up is not held against it
@@ -182,7 +182,7 @@ def test_actors_the_cluster_cannot_place_fail_within_init_timeout(ray_cluster):
     started = time.monotonic()
     with pytest.raises(RayBackendError, match=r"2 of 2 env actors could not be placed within 2s \(each asks for CPU: 0.25, gpu_box: 1\)"):
         make(COUNTER_ID, 2, envs_per_actor=1, resources={"gpu_box": 1}, init_timeout=2)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # a hang guard with room for load
     assert wait_until(lambda: "PENDING_CREATION" not in actor_states().values() and "ALIVE" not in actor_states().values())
 
 

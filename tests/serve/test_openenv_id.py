@@ -251,7 +251,7 @@ def test_an_openenv_id_in_an_async_vector_env():
             assert server.open_envs == 2
         finally:
             vec.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while server.open_envs and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.open_envs == 0

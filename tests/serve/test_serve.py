@@ -122,7 +122,7 @@ def test_session_bound_answers_capacity_reached_and_frees_the_slot():
             third.reset(seed=2)
         third.close()
         first.close()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while server.open_envs > 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         with GenericEnvClient(base_url=url).sync() as fourth:  # the closed session's slot is free again
@@ -136,7 +136,7 @@ def test_idle_session_times_out_with_a_clear_error():
     with serve(GUESS, max_sessions=1, idle_timeout=0.5) as server:
         with GenericEnvClient(base_url=server.url()).sync() as client:
             client.reset(seed=0)
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 60
             while server.open_envs and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert server.open_envs == 0 and server.envs_closed == server.envs_built
@@ -158,7 +158,7 @@ def test_stop_closes_every_session_and_frees_the_port():
     assert server.open_envs == 3
     started = time.monotonic()
     server.stop()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # a hang guard with room for load
     assert server.open_envs == 0 and server.envs_closed == server.envs_built
     with pytest.raises((RuntimeError, ConnectionError, OSError)):
         clients[0].step({"action": "\\boxed{5}"})

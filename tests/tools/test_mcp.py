@@ -101,7 +101,7 @@ def test_timeout_retries_on_a_fresh_session(impatient_tool):
     slow = call(impatient_tool, "slow", '{"seconds": 30}')
     elapsed = time.monotonic() - started
     assert not slow.ok and "after 2 attempts" in slow.observation and "no answer within 1 s" in slow.observation
-    assert elapsed < 10
+    assert elapsed < 25  # two 1 s attempts and a reconnect, not the slow call's 30 s; room for a loaded machine
     assert impatient_tool.reconnects >= 1
     # After the reconnect a new server process answers: its call counter starts again.
     assert int(call(impatient_tool, "calls").observation.split("\n")[1]) == 1

@@ -18,7 +18,7 @@ from sandbox_support import require_bwrap
 from sandbox_support import zombie_children as _zombie_children
 
 TIMEOUT = 2.0
-LIMIT = TIMEOUT + 1.0  # every call must return within this
+LIMIT = TIMEOUT + 10.0  # every call must return within this: its timeout, with room for a loaded machine
 
 
 @pytest.fixture(scope="module")

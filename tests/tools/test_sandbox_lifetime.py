@@ -59,8 +59,8 @@ def test_close_ends_idle_busy_and_starting_workers_before_it_returns(marker, tmp
     started = time.monotonic()
     sandbox.close()
     assert marked_processes(marker) == []  # at once: close() returned after they were gone
-    assert time.monotonic() - started < 10
-    call.join(timeout=10)
+    assert time.monotonic() - started < 30  # a hang guard with room for load
+    call.join(timeout=30)
     assert not call.is_alive()  # the busy call ended with the pool
 
 

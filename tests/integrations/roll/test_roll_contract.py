@@ -15,7 +15,7 @@ from gem.envs.registration import ENV_REGISTRY
 
 import gem_core
 from gem_core.errors import GemError
-from gem_integrations.roll import ROLL_REBN, rebn_settings
+from gem_integrations.roll import ROLL_REBN, padding_stop_ids, rebn_settings
 from gem_integrations.roll import rollout as bridge
 from gem_integrations.roll import env_manager
 
@@ -81,6 +81,14 @@ def test_env_manager_names_are_roll_s_own_classes_without_roll():
             env_manager.StepEnvManager  # noqa: B018
     with pytest.raises(AttributeError, match="ROLL env managers here"):
         env_manager.NoSuchManager  # noqa: B018
+
+
+def test_padding_stop_ids_is_the_pad_id_alone_only_when_every_stop_id_is_pad():
+    """What the documented llm_proxy hands ROLL's postprocess_generate for the router's [eos, pad]: get_pad_mask keeps a
+    response's first pad token (its stop token) only when its eos argument equals the pad id."""
+    assert padding_stop_ids([2, 2], 2) == 2  # SmolLM2: <|im_end|> is eos and pad
+    assert padding_stop_ids([151645, 151643], 151643) == [151645, 151643]  # Qwen: ROLL already keeps the eos
+    assert padding_stop_ids(2, 2) == 2 and padding_stop_ids([2, 2], None) == [2, 2] and padding_stop_ids([], 2) == []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -248,6 +248,7 @@ def documented_config(scratch: str):
         config = dacite.from_dict(data_class=AgenticConfig, data=OmegaConf.to_container(merged, resolve=True))
     finally:
         random.setstate(saved)
+    config.documented_proxy_types = (config.train_env_manager.llm_proxy.proxy_type, config.val_env_manager.llm_proxy.proxy_type)
     config.train_env_manager.llm_proxy = LLMProxyConfig(proxy_type="gem_prompt_reader")
     config.pipeline_cls = merged.get("pipeline_cls")  # start_agentic_pipeline.py reads it from the composed config
     return config
@@ -392,6 +393,12 @@ def test_the_documented_config_builds_roll_s_config_with_the_bridge(config):
     from roll.pipeline.agentic.env_manager.step_concat_env_manager import StepConcatEnvManager
 
     assert safe_import_class(env_config["env_manager_cls"]) is StepConcatEnvManager
+    # the env_manager_cls lookup registered the documented llm_proxy, before a manager makes one
+    from roll.pipeline.agentic.llm_proxy import LLM_PROXY_REGISTRY
+
+    from gem_integrations.roll.llm_proxy import PolicyProxy
+
+    assert config.documented_proxy_types == ("gem_core_policy", "gem_core_policy") and LLM_PROXY_REGISTRY["gem_core_policy"] is PolicyProxy
 
 
 @pytest.mark.parametrize("tag", ["GemGuessTheNumberPython", "GemSudoku"])
@@ -630,3 +637,59 @@ def test_an_infra_failed_episode_never_reaches_the_batch_and_is_counted(config, 
     assert failed[0].non_tensor_batch["traj_id"][0] not in set(batch.non_tensor_batch["traj_id"].tolist())
     returns = batch.batch["step_rewards"].numpy().astype(np.float64)
     np.testing.assert_allclose(batch.batch["response_level_rewards"].numpy(), roll_rebn(returns), rtol=0, atol=1e-5)
+
+
+class OneAnswerRouterClient:
+    """ROLL's RouterClient with the engine's answer fixed: its own ``_postprocess_generate`` (the router's stop ids
+    ``[eos, pad]`` and the answer's token ids and logprobs in meta_info); its request side needs an engine strategy."""
+
+    def __init__(self, eos: int, pad: int, token_ids: list[int], logprobs: list[float]):
+        from roll.distributed.scheduler.router import RouterClient
+
+        self.client = RouterClient(proxy=None, meta={"strategy_name": "vllm", "eos_token_id": eos, "pad_token_id": pad})
+        self.answer = {"output_token_ids": [token_ids], "finish_reasons": ["stop"], "output_logprobs": [logprobs]}
+
+    def generate_request_sync(self, req, request_id, uid):
+        return self.client._postprocess_generate(req, self.answer)
+
+
+def proxy_answer(proxy_cls, eos: int, pad: int, prompt: list[int], token_ids: list[int], logprobs: list[float]):
+    """``proxy_cls.generate`` (ROLL's PolicyProxy code) on one step manager's request, the router answering ``token_ids``:
+    the response ids and the infer_logprobs the step manager keeps (make_decision: the last len(responses) of them)."""
+    from roll.pipeline.agentic.llm_proxy.base_llm_proxy import BaseLLMProxy as Base
+    from tensordict import TensorDict
+
+    proxy = proxy_cls.__new__(proxy_cls)  # its __init__ asks a RouterManager for the client: set it here
+    Base.__init__(proxy, None, LLMProxyConfig(proxy_type="policy"), None, None)
+    proxy.router_client = OneAnswerRouterClient(eos, pad, token_ids, logprobs)
+    ids = torch.tensor([prompt])
+    mask = torch.ones_like(ids)
+    lm_input = DataProto(batch=TensorDict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1}, batch_size=1))
+    lm_input.meta_info["src_rank"] = 0
+    config = {"max_new_tokens": len(token_ids), "num_return_sequences": 1}
+    out = proxy.generate(messages=[], lm_input=lm_input, generation_config=config)
+    responses = out.batch["responses"][0].tolist()
+    return responses, out.batch["infer_logprobs"][0][-len(responses) :].tolist(), out.batch["response_mask"][0].sum().item()
+
+
+@pytest.mark.parametrize("pad_is_eos", [True, False], ids=["pad is eos (SmolLM2)", "pad is not eos (Qwen)"])
+def test_the_documented_proxy_keeps_the_stop_token_s_logprob_where_roll_s_takes_it_for_padding(pad_is_eos):
+    """ROLL's PolicyProxy with the router's [eos, pad] stop ids: where pad == eos the response's stop token is masked as
+    padding and its infer_logprob is 0 (the token still trains: the step managers keep every response token). The
+    documented ``gem_core_policy`` carries the engine's logprob there and masks nothing else; with pad != eos the two agree."""
+    from roll.pipeline.agentic.llm_proxy.policy_proxy import PolicyProxy as RollPolicyProxy
+
+    from gem_integrations.roll import padding_stop_ids
+    from gem_integrations.roll.llm_proxy import PolicyProxy
+
+    eos, pad = 7, (7 if pad_is_eos else 3)
+    prompt, response, logprobs = [11, 12, 13], [21, 22, eos], [-0.5, -0.25, -0.125]
+    roll_ids, roll_logprobs, roll_mask = proxy_answer(RollPolicyProxy, eos, pad, prompt, response, logprobs)
+    ours_ids, ours_logprobs, ours_mask = proxy_answer(PolicyProxy, eos, pad, prompt, response, logprobs)
+    assert roll_ids == ours_ids == response and ours_logprobs == logprobs and ours_mask == len(response)
+    if pad_is_eos:
+        assert roll_logprobs == [*logprobs[:-1], 0.0] and roll_mask == len(response) - 1  # ROLL 8eb27cc as it is
+        assert padding_stop_ids([eos, pad], pad) == pad
+    else:
+        assert roll_logprobs == ours_logprobs and roll_mask == ours_mask
+        assert padding_stop_ids([eos, pad], pad) == [eos, pad]

