@@ -81,8 +81,9 @@ def _check_size(size: tuple[int, int], where: str) -> None:
 class MultimodalObservation:
     """Text with one :data:`IMAGE_PLACEHOLDER` per image, and the images (RGB PIL images) in that order.
 
-    Text without placeholders gets them in front, one line (images before the question, as GEM's
-    and most VL models' examples show them). Equal when the text and every pixel are equal.
+    Text without placeholders gets them in front, one line each (images before the question, as GEM's
+    and most VL models' examples show them; a line break between two images, so that no template renders
+    them side by side). Equal when the text and every pixel are equal.
     """
 
     text: str
@@ -100,7 +101,7 @@ class MultimodalObservation:
         object.__setattr__(self, "images", images)
         count = self.text.count(IMAGE_PLACEHOLDER)
         if count == 0 and images:
-            object.__setattr__(self, "text", IMAGE_PLACEHOLDER * len(images) + "\n" + self.text)
+            object.__setattr__(self, "text", (IMAGE_PLACEHOLDER + "\n") * len(images) + self.text)
         elif count != len(images):
             raise InvalidImageError(f"the text has {count} {IMAGE_PLACEHOLDER} placeholders for {len(images)} images")
 

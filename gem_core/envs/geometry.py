@@ -6,7 +6,10 @@ circumference, in terms of pi?), or a triangle with two angles labelled (the thi
 is a :class:`~gem_core.multimodal.MultimodalObservation`: the picture and the question. The answer is the
 last ``\\boxed{}`` of the response, graded by gem_core's math grader (``25\\pi``, ``25 \\pi`` and
 ``\\pi \\cdot 25`` are all right). ``max_attempts`` > 1 allows retries: a wrong answer gets a text message
-and another try; reward 1 for the right answer, 0 otherwise. Nothing is downloaded: the figure is drawn here.
+and another try; reward 1 for the right answer, 0 otherwise. ``figures`` > 1 shows more figures, one at a
+time: once a figure is answered (right, or its attempts used up), the next observation holds the feedback and
+the next figure with its question, an image in a later turn (``vision:Geometry-v0-followup``). Nothing is
+downloaded: the figures are drawn here.
 """
 
 from __future__ import annotations
@@ -32,23 +35,29 @@ class GeometryEnv(Env):
 
     ``max_attempts``: answers allowed per episode (1: single turn). ``image_size``: the picture's side in
     pixels. ``kind``: which figure to draw (one of :data:`KINDS`; ``"any"``, the default: drawn from the seed).
-    ``figure`` holds the drawn figure's numbers (kind, labels, question, answer) after reset.
+    ``figures``: figures per episode, each shown once the one before it is answered (reward 1 per figure
+    answered right). ``figure`` holds the current figure's numbers (kind, labels, question, answer).
     """
 
     params: ClassVar[dict[str, Param]] = {
         "max_attempts": Param(int, low=1, high=10),
         "image_size": Param(int, low=96, high=1024),
         "kind": Param(str, choices=("any", *KINDS)),
+        "figures": Param(int, low=1, high=4),
     }
     format_error_reward = 0.0
 
-    def __init__(self, max_attempts: int = 1, image_size: int = 256, kind: str = "any"):
+    def __init__(self, max_attempts: int = 1, image_size: int = 256, kind: str = "any", figures: int = 1):
         require_pillow()  # the figures are drawn with Pillow: without it, one line when the env is made
         self.max_attempts = int(max_attempts)
         self.image_size = int(image_size)
         self.kinds = KINDS if kind == "any" else (kind,)
-        self.max_turns = self.max_attempts
+        self.figures = int(figures)
+        self.max_turns = self.max_attempts * self.figures
         self.figure: dict[str, Any] = {}
+        self.drawn: list[dict[str, Any]] = []  # the episode's figures, drawn at reset
+        self.figure_index = 0
+        self.solved = 0  # figures answered right this episode
         self.attempts = 0
         self.done = True
 
@@ -114,15 +123,29 @@ class GeometryEnv(Env):
     # -- the API ---------------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[MultimodalObservation, dict[str, Any]]:
         super().reset(seed=seed)
-        self.figure = self._draw_numbers()
+        # every figure of the episode drawn now: a step never draws from the RNG (sample_random_action may)
+        self.drawn = [self._draw_numbers() for _ in range(self.figures)]
+        self.figure = self.drawn[0]
+        self.figure_index = 0
+        self.solved = 0
         self.attempts = 0
         self.done = False
         text = f"{IMAGE_PLACEHOLDER}\n{self.figure['question']} {INSTRUCTION}"
+        if self.figures > 1:
+            text = f"Figure 1 of {self.figures}.\n{text}"
         if self.max_attempts > 1:
             text += f" You have {self.max_attempts} attempts."
         return MultimodalObservation(text, (self.draw(),)), {"kind": self.figure["kind"]}
 
-    def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def _next_figure(self, feedback: str) -> MultimodalObservation:
+        """The next figure (drawn at reset), shown after ``feedback`` on the last one."""
+        self.figure_index += 1
+        self.figure = self.drawn[self.figure_index]
+        self.attempts = 0
+        text = f"{feedback}\nFigure {self.figure_index + 1} of {self.figures}.\n{IMAGE_PLACEHOLDER}\n{self.figure['question']} {INSTRUCTION}"
+        return MultimodalObservation(text, (self.draw(),))
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if self.done:
             raise ResetNeeded("vision:Geometry: step() before reset() or after the episode ended; call reset()")
         self.attempts += 1
@@ -141,14 +164,22 @@ class GeometryEnv(Env):
             result = grade_answer(answer, self.figure["answer"])
             correct = bool(result.correct)
             message = f"Your answer {echo(answer)} is {'correct' if correct else 'not correct'}."
-        info["correct"] = info["success"] = correct
-        terminated = correct or left <= 0
+        self.solved += int(correct)
+        info["correct"] = correct
+        info["success"] = correct and self.solved == self.figure_index + 1  # every figure so far answered right
+        info["figure"] = self.figure_index
+        answered = correct or left <= 0
+        terminated = answered and self.figure_index + 1 >= self.figures
         self.done = terminated
-        if not terminated:
+        reward = 1.0 if correct else 0.0
+        if not answered:
             message += f" Look at the picture again and try once more ({left} attempt{'s' if left > 1 else ''} left)."
-        elif not correct:
+            return message, reward, False, False, info
+        if not correct:
             message += f" The answer was {self.figure['answer']}."
-        return message, (1.0 if correct else 0.0), terminated, False, info
+        if not terminated:
+            return self._next_figure(message), reward, False, False, info
+        return message, reward, True, False, info
 
     def sample_random_action(self) -> str:
         return "\\boxed{" + str(int(self.np_random.integers(1, 400))) + "}"

@@ -83,6 +83,12 @@ for _name in RG_DATASETS:
 _GEOMETRY = "gem_core.envs.geometry:GeometryEnv"
 register("vision:Geometry-v0", _GEOMETRY, description="a drawn figure (triangle, rectangle, circle, angles) and a question on its labels; one answer")
 register("vision:Geometry-v0-retry", _GEOMETRY, max_attempts=3, description="vision:Geometry-v0 with three attempts (feedback after a wrong answer)")
+register(
+    "vision:Geometry-v0-followup",
+    _GEOMETRY,
+    figures=2,
+    description="vision:Geometry-v0 with a second figure, shown in the turn after the first is answered (an image in a later turn)",
+)
 
 # -- terminal: shell tasks in a persistent bash inside the bubblewrap sandbox (docs/terminal.md)
 register(

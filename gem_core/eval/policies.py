@@ -223,7 +223,9 @@ def vllm_policy(
     except (OSError, ValueError) as exc:
         raise PolicyError(f"cannot load a tokenizer from {path!r}: {_first_line(exc)}") from None
     window = {} if max_model_len is None else {"max_model_len": max_model_len}
-    images = {"image_token_id": formatter.image_token_id} if isinstance(formatter, VLChatFormatter) else {}
+    images: dict[str, Any] = {}
+    if isinstance(formatter, VLChatFormatter):  # each image's tokens cut to one by its count (images side by side stay two)
+        images = {"image_token_id": formatter.image_token_id, "image_token_counts": formatter.image_token_counts}
     policy = VLLMPolicy.from_pretrained(path, seed=seed, max_batch_size=batch_size, dtype=dtype, **window, **images)
     return EvalPolicy(label=label, shared=policy, formatter=formatter)
 

@@ -12,7 +12,7 @@ transformers until a policy that needs them is built.
 """
 
 from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter, strip_thinking
-from gem_core.rollout.engine import EnginePolicy, VLLMPolicy, collapse_image_tokens
+from gem_core.rollout.engine import EnginePolicy, VLLMPolicy, collapse_image_tokens, engine_image_prompt
 from gem_core.rollout.http import ModelRequestError, Retry
 from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
 from gem_core.rollout.policy import (
@@ -47,6 +47,7 @@ from gem_core.rollout.vision import VLChatFormatter
 
 __all__ = [
     "collapse_image_tokens",
+    "engine_image_prompt",
     "PolicySimulator",
     "endpoint_simulator",
     "run_multiagent_episode",

@@ -13,7 +13,7 @@ import asyncio
 import copy
 import inspect
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,16 +138,62 @@ class _Pending:
     multi_modal_data: dict[str, Any] | None = None
 
 
-def collapse_image_tokens(prompt_ids: Sequence[int], image_token_id: int) -> list[int]:
-    """Each run of ``image_token_id`` cut to one token: the prompt vLLM takes with ``multi_modal_data``
+def collapse_image_tokens(prompt_ids: Sequence[int], image_token_id: int, image_token_counts: Sequence[int] | None = None) -> list[int]:
+    """Each image's tokens cut to one ``image_token_id``: the prompt vLLM takes with ``multi_modal_data``
     (its multimodal processor expands each single image token again, to the count the model's processor
-    gives). Two images with no token between them would merge into one run: VL chat templates put text
-    or markers between images, and :class:`~gem_core.multimodal.MultimodalObservation` text does too."""
-    out: list[int] = []
-    for token in prompt_ids:
-        if token == image_token_id and out and out[-1] == image_token_id:
+    gives).
+
+    ``image_token_counts``: each image's number of image tokens, in order, as the processor expanded them
+    (:meth:`~gem_core.rollout.VLChatFormatter.image_token_counts`). With them, two images side by side
+    (one run of tokens: an observation whose text holds ``"<image><image>"``, or a template that drops the
+    text between two images) are still two tokens. A prompt whose image tokens do not split into those
+    counts is one :class:`ValueError` line. Without them each run of image tokens is cut to one token, so
+    touching images merge into one: only for contexts known to hold text between their images.
+    """
+    if image_token_counts is None:
+        out: list[int] = []
+        for token in prompt_ids:
+            if token == image_token_id and out and out[-1] == image_token_id:
+                continue
+            out.append(int(token))
+        return out
+    counts = [int(c) for c in image_token_counts]
+    ids = [int(t) for t in prompt_ids]
+    out, i, image = [], 0, 0
+    while i < len(ids):
+        if ids[i] != image_token_id:
+            out.append(ids[i])
+            i += 1
             continue
-        out.append(int(token))
+        if image >= len(counts):
+            raise ValueError(f"the prompt has image tokens past its {len(counts)} images' {sum(counts)} (at position {i})")
+        count = counts[image]
+        run = next((j for j in range(i, min(i + count, len(ids))) if ids[j] != image_token_id), min(i + count, len(ids))) - i
+        if count < 1 or run != count:
+            raise ValueError(f"image {image} has {count} tokens, but the prompt holds a run of {run} image tokens at position {i}")
+        out.append(image_token_id)
+        i += count
+        image += 1
+    if image != len(counts):
+        raise ValueError(f"the prompt holds the tokens of {image} images, not of its {len(counts)}")
+    return out
+
+
+def engine_image_prompt(
+    prompt_ids: Sequence[int], images: Sequence[Any], image_token_id: int, image_token_counts: Callable[[Sequence[Any]], list[int]] | None = None
+) -> list[int]:
+    """The prompt for an engine that expands images itself (vLLM, and every trainer's server over it):
+    each of ``images``' tokens cut to one (:func:`collapse_image_tokens`), by the counts
+    ``image_token_counts(images)`` gives (a :class:`~gem_core.rollout.VLChatFormatter`'s
+    ``image_token_counts``) when given. Without it, a prompt whose image-token runs are not one per image
+    (images side by side) is one :class:`ValueError` line, never a request the engine fails on."""
+    counts = image_token_counts(images) if image_token_counts is not None else None
+    out = collapse_image_tokens(prompt_ids, image_token_id, counts)
+    if counts is None and out.count(image_token_id) != len(images):
+        raise ValueError(
+            f"{len(images)} images, but the prompt's image tokens make {out.count(image_token_id)} runs (images side by side): "
+            "pass image_token_counts= (the VLChatFormatter's) to cut each image's tokens by its count"
+        )
     return out
 
 
@@ -161,6 +207,11 @@ class VLLMPolicy(EnginePolicy):
     does, so a rerun with the same episode ids samples the same tokens. ``logprobs=True`` asks vLLM for
     the sampled token's logprob (``logprobs=0``). ``skip_special_tokens`` is left False: the runner never
     reads the engine's text, only its token ids.
+
+    Images: ``image_token_id`` (else read from the engine's config) and ``image_token_counts`` (the
+    :class:`~gem_core.rollout.VLChatFormatter`'s method of that name) cut each image's tokens to one
+    (:func:`engine_image_prompt`); ``mm_processor_kwargs`` (the formatter's) go with every request that
+    carries images, so vLLM expands each image as the formatter did.
     """
 
     def __init__(
@@ -172,6 +223,8 @@ class VLLMPolicy(EnginePolicy):
         logprobs: bool = True,
         sampling_params_cls: Any = None,
         image_token_id: int | None = None,
+        image_token_counts: Callable[[Sequence[Any]], list[int]] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -185,6 +238,8 @@ class VLLMPolicy(EnginePolicy):
         self.max_model_len = _max_model_len(llm)
         # vision-language models: the image token the processor expands (else read from the engine's config)
         self.image_token_id = image_token_id if image_token_id is not None else _image_token_id(llm)
+        self.image_token_counts = image_token_counts  # each image's token count (VLChatFormatter.image_token_counts)
+        self.mm_processor_kwargs = dict(mm_processor_kwargs or {})
         self._queue: list[_Pending] = []
         self._server: asyncio.Task | None = None
 
@@ -246,6 +301,8 @@ class VLLMPolicy(EnginePolicy):
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
             # vLLM refuses the whole batched call for one over-long prompt: refuse this request alone
             raise ContextLimitExceeded(f"a prompt of {len(prompt_ids)} tokens for max_model_len {self.max_model_len}")
+        if multi_modal_data:  # a prompt the engine would refuse fails here, alone, not in the batched call
+            prompt_ids = engine_image_prompt(prompt_ids, list(multi_modal_data.get("image") or ()), self.image_token_id, self.image_token_counts)  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
         pending = _Pending(list(prompt_ids), self.engine_params(params, request_id), loop.create_future(), multi_modal_data or None)
         self._queue.append(pending)
@@ -274,13 +331,13 @@ class VLLMPolicy(EnginePolicy):
 
     def _prompt(self, pending: _Pending) -> dict[str, Any]:
         """vLLM's ``TokensPrompt``: the token ids, and the images as ``multi_modal_data`` with one image
-        token per image in the prompt (vLLM expands each itself)."""
+        token per image in the prompt (cut in :meth:`request`; vLLM expands each itself)."""
         if not pending.multi_modal_data:
             return {"prompt_token_ids": pending.prompt_ids}
-        return {
-            "prompt_token_ids": collapse_image_tokens(pending.prompt_ids, self.image_token_id),  # type: ignore[arg-type]
-            "multi_modal_data": dict(pending.multi_modal_data),
-        }
+        prompt = {"prompt_token_ids": pending.prompt_ids, "multi_modal_data": dict(pending.multi_modal_data)}
+        if self.mm_processor_kwargs:
+            prompt["mm_processor_kwargs"] = dict(self.mm_processor_kwargs)
+        return prompt
 
 
 def _image_token_id(llm: Any) -> int | None:

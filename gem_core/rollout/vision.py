@@ -7,13 +7,25 @@ that image (LLaVA: a fixed count; Qwen2-VL: one per patch group), so the context
 exactly what the model's own processor would give for that conversation. Text-only observations take
 :class:`~gem_core.rollout.chat.ChatFormatter`'s path unchanged.
 
+``mm_processor_kwargs`` (e.g. Qwen-VL's ``{"max_pixels": 200704}``) go to every processor call, as verl's
+``data.mm_processor_kwargs`` and vLLM's go to theirs: the context holds as many image tokens per image as
+the engine and the trainer's own processor call give for the same setting.
+
+An engine that expands images itself (vLLM) takes one image token per image
+(:func:`gem_core.rollout.engine.collapse_image_tokens`); two images side by side (a template with nothing
+between them) make one run of tokens, so the formatter says how many tokens each image has
+(:meth:`VLChatFormatter.image_token_counts`) and the engine policies cut by those counts, not by runs.
+
 The image token's text in an env's or a model's *text* (``<image>`` echoed back) is broken by a
 zero-width space (:func:`gem_core.multimodal.escape_token`): it must never count as an image.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gem_core.multimodal import IMAGE_PLACEHOLDER, MultimodalObservation, content_parts, escape_token
@@ -25,14 +37,22 @@ class VLChatFormatter(ChatFormatter):
     ``apply_chat_template``, ``tokenizer``, ``image_token``, and ``__call__(text=, images=)``).
 
     ``image_token_id``: the token the processor expands per image (what an engine collapses back to one
-    per image before vLLM expands it again; see :class:`gem_core.rollout.VLLMPolicy`). Other arguments as
+    per image before vLLM expands it again; see :class:`gem_core.rollout.VLLMPolicy`).
+    ``mm_processor_kwargs``: keyword arguments for every processor call (verl's ``data.mm_processor_kwargs``,
+    vLLM's ``mm_processor_kwargs``: e.g. ``{"max_pixels": ...}`` for Qwen-VL). Other arguments as
     :class:`ChatFormatter`'s.
     """
 
     supports_images = True
+    #: How many images' token counts are remembered (least recently used dropped).
+    COUNT_CACHE_SIZE = 1024
 
-    def __init__(self, processor: Any, **kwargs: Any):
+    def __init__(self, processor: Any, *, mm_processor_kwargs: Mapping[str, Any] | None = None, **kwargs: Any):
         self.processor = processor
+        self.mm_processor_kwargs: dict[str, Any] = dict(mm_processor_kwargs or {})
+        # id(image) -> (a weak reference to the image, its token count): the entry goes when the image does
+        self._counts: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()
+        self._counts_lock = threading.RLock()  # a reference's callback may run inside a locked section (GC)
         tokenizer = processor.tokenizer
         self.image_token: str = getattr(processor, "image_token", None) or IMAGE_PLACEHOLDER
         image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
@@ -81,9 +101,55 @@ class VLChatFormatter(ChatFormatter):
         found = text.count(self.image_token)
         if found != len(images):
             raise ChatTemplateError(f"the chat template rendered {found} {self.image_token!r} for {len(images)} images")
-        out = self.processor(text=[text], images=list(images), add_special_tokens=False)
-        return [int(t) for t in out["input_ids"][0]]
+        out = self.processor(text=[text], images=list(images), add_special_tokens=False, **self.mm_processor_kwargs)
+        ids = [int(t) for t in out["input_ids"][0]]
+        runs = _runs(ids, self.image_token_id)
+        if len(runs) == len(images):  # each image its own run: the counts come free
+            for image, count in zip(images, runs):
+                self._remember(image, count)
+        return ids
 
     def image_token_count(self, image: Any) -> int:
-        """How many image tokens the processor gives ``image``."""
-        return self.expand(self.image_token, [image]).count(self.image_token_id)
+        """How many image tokens the processor gives ``image`` (with :attr:`mm_processor_kwargs`)."""
+        with self._counts_lock:
+            cached = self._counts.get(id(image))
+            if cached is not None and cached[0]() is image:
+                self._counts.move_to_end(id(image))
+                return cached[1]
+        count = self.expand(self.image_token, [image]).count(self.image_token_id)
+        self._remember(image, count)
+        return count
+
+    def image_token_counts(self, images: Sequence[Any]) -> list[int]:
+        """Each image's count of image tokens, in order: how an engine policy cuts a context's image tokens
+        to one per image (:func:`gem_core.rollout.engine.collapse_image_tokens`) even where two images' runs
+        touch. Known from the expansion that put them in the context, else from the processor."""
+        return [self.image_token_count(image) for image in images]
+
+    def _remember(self, image: Any, count: int) -> None:
+        key = id(image)
+
+        def forget(ref: weakref.ref) -> None:
+            with self._counts_lock:
+                if self._counts.get(key, (None,))[0] is ref:
+                    del self._counts[key]
+
+        with self._counts_lock:
+            self._counts[key] = (weakref.ref(image, forget), count)
+            self._counts.move_to_end(key)
+            while len(self._counts) > self.COUNT_CACHE_SIZE:
+                self._counts.popitem(last=False)
+
+
+def _runs(ids: Sequence[int], token: int) -> list[int]:
+    """The lengths of the runs of ``token`` in ``ids``, in order."""
+    runs: list[int] = []
+    previous = None
+    for t in ids:
+        if t == token:
+            if previous == token:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        previous = t
+    return runs

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gem_core.core import Env, model_message
-from gem_core.multimodal import MultimodalObservation, observation_text
+from gem_core.multimodal import IMAGE_PLACEHOLDER, MultimodalObservation, observation_text
 from gem_core.rollout.chat import ChatFormatter
 from gem_core.rollout.policy import Generation, SamplingParams
 from gem_core.rollout.runner import RunConfig, run_episode
@@ -108,7 +108,9 @@ class _CheckingPolicy:
             raise EnvCheckError(
                 f"{name}, turn {self.turns}: the board/state the next move needs is not in the model's newest message.\nstate:\n{state}\nmessage:\n{newest}"
             )
-        if self.last_message is not None and self.last_message not in newest:
+        # an observation's images are their tokens in the context: its text around each placeholder must be there
+        pieces = [] if self.last_message is None else [p for p in self.last_message.split(IMAGE_PLACEHOLDER) if p]
+        if self.last_message is not None and not _in_order(pieces, newest):
             raise EnvCheckError(f"{name}, turn {self.turns}: model_message(observation, info) is not in the newest message:\n{newest}")
         self.turns += 1
         unwrapped = self.env.unwrapped
@@ -135,6 +137,17 @@ class _CheckingPolicy:
 
         env.step = step  # type: ignore[method-assign]
         env._checker_watched = True  # type: ignore[attr-defined]
+
+
+def _in_order(pieces: list[str], text: str) -> bool:
+    """Whether every piece occurs in ``text``, each after the one before it."""
+    at = 0
+    for piece in pieces:
+        found = text.find(piece, at)
+        if found < 0:
+            return False
+        at = found + len(piece)
+    return True
 
 
 def _check_reset(name: str, obs: Any, info: Any) -> None:

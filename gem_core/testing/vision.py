@@ -30,8 +30,11 @@ VL_CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_vl_processor() -> Any:
-    """The processor: the test tokenizer with ``<image>``, a 32x32 CLIP image processor, the template above."""
+def build_tiny_vl_processor(image_size: int = IMAGE_SIZE) -> Any:
+    """The processor: the test tokenizer with ``<image>``, a CLIP image processor at ``image_size`` pixels
+    (the model's 32 by default), the template above. Another ``image_size`` is a processor whose defaults
+    do not fit the model until a processor kwarg says so (``{"size": {"height": 32, "width": 32}}``), as a
+    Qwen-VL processor's defaults give more image tokens than a deployment's ``max_pixels`` allows."""
     from transformers import LlavaProcessor
 
     from gem_core.testing.tokenizer import build_test_tokenizer
@@ -43,7 +46,7 @@ def build_tiny_vl_processor() -> Any:
 
     tokenizer = build_test_tokenizer("chatml")
     tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
-    size = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    size = {"height": image_size, "width": image_size}
     image_processor = ImageProcessor(size=size, crop_size=size, do_center_crop=False)
     return LlavaProcessor(
         image_processor=image_processor,
@@ -95,19 +98,19 @@ def build_tiny_vl_model(vocab_size: int, image_token_id: int, *, seed: int = 0, 
     return model.eval()
 
 
-def build_tiny_vl(seed: int = 0) -> tuple[Any, Any]:
-    """(model, processor), built in memory."""
-    processor = build_tiny_vl_processor()
+def build_tiny_vl(seed: int = 0, processor_image_size: int = IMAGE_SIZE) -> tuple[Any, Any]:
+    """(model, processor), built in memory (``processor_image_size``: see :func:`build_tiny_vl_processor`)."""
+    processor = build_tiny_vl_processor(processor_image_size)
     tokenizer = processor.tokenizer
     model = build_tiny_vl_model(len(tokenizer), tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), seed=seed)
     return model, processor
 
 
-def save_tiny_vl(directory: str | os.PathLike[str], seed: int = 0) -> str:
+def save_tiny_vl(directory: str | os.PathLike[str], seed: int = 0, processor_image_size: int = IMAGE_SIZE) -> str:
     """Build the model and processor and save both to ``directory`` (``from_pretrained`` loads them);
-    returns the directory."""
+    returns the directory (``processor_image_size``: see :func:`build_tiny_vl_processor`)."""
     directory = os.fspath(directory)
-    model, processor = build_tiny_vl(seed)
+    model, processor = build_tiny_vl(seed, processor_image_size)
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory

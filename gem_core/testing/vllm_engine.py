@@ -162,14 +162,20 @@ class VLLMFaithfulEngine:
 
     # -- OpenRLHF / vLLM AsyncLLM call shape ---------------------------------------------------------
     async def generate(
-        self, prompt_token_ids: Sequence[int], sampling_params: Any, multi_modal_data: Any = None, request_id: str | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling_params: Any,
+        multi_modal_data: Any = None,
+        request_id: str | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
     ) -> RequestOutput:
-        """``generate(prompt_token_ids, sampling_params)`` answered as vLLM would."""
+        """``generate(prompt_token_ids, sampling_params)`` answered as vLLM would; ``mm_processor_kwargs``
+        go to the model's processor with the request's images (vLLM's ``TokensPrompt`` key)."""
         images = read_multi_modal_data(multi_modal_data)
         self._count += 1
         request_id = request_id or f"req-{self._count}"
         self.requests.append((list(prompt_token_ids), dataclasses.replace(sampling_params) if dataclasses.is_dataclass(sampling_params) else sampling_params))
-        return self._complete(list(prompt_token_ids), _read_params(sampling_params), request_id, images)
+        return self._complete(list(prompt_token_ids), _read_params(sampling_params), request_id, images, mm_processor_kwargs)
 
     # -- verl server-manager call shape ----------------------------------------------------------------
     async def generate_tokens(self, request_id: str, *, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any], **_: Any) -> RequestOutput:
@@ -181,11 +187,14 @@ class VLLMFaithfulEngine:
         return self._complete(list(prompt_ids), params, request_id)
 
     # -- the rules -------------------------------------------------------------------------------------
-    def _complete(self, prompt: list[int], params: VLLMSamplingParams, request_id: str, images: list[Any] | None = None) -> RequestOutput:
+    def _complete(
+        self, prompt: list[int], params: VLLMSamplingParams, request_id: str, images: list[Any] | None = None, mm_kwargs: Mapping[str, Any] | None = None
+    ) -> RequestOutput:
         if params.n != 1:
             raise EngineError("this engine answers n=1 only")
+        mm_kwargs = dict(mm_kwargs or {})
         if images:
-            prompt = self._expand_images(prompt, images)
+            prompt = self._expand_images(prompt, images, mm_kwargs)
         if len(prompt) >= self.max_model_len:
             raise EngineError(f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length of {self.max_model_len}.")
         room = self.max_model_len - len(prompt)
@@ -197,7 +206,8 @@ class VLLMFaithfulEngine:
         stops = set(params.stop_token_ids or ())
         ids: list[int] = []
         finish, stop_reason, stopped_on_token = "length", None, False
-        for token in self.model.stream(prompt, images=images) if images else self.model.stream(prompt):
+        stream = self.model.stream(prompt, images=images, mm_processor_kwargs=mm_kwargs) if images else self.model.stream(prompt)
+        for token in stream:
             ids.append(int(token))
             if len(ids) > params.min_tokens:  # vLLM masks stop tokens out of the first min_tokens
                 if not params.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id:
@@ -218,8 +228,9 @@ class VLLMFaithfulEngine:
             cumulative = float(sum(values))
         return RequestOutput(request_id, prompt, [CompletionOutput(0, text, ids, cumulative, logprobs, finish, stop_reason)])
 
-    def _expand_images(self, prompt: list[int], images: list[Any]) -> list[int]:
-        """vLLM's prompt update: the first image token per image replaced by that image's tokens."""
+    def _expand_images(self, prompt: list[int], images: list[Any], mm_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+        """vLLM's prompt update: the first image token per image replaced by that image's tokens (as the
+        model's processor gives them with the request's ``mm_processor_kwargs``)."""
         placeholder = getattr(self.model, "image_token_id", None)
         if placeholder is None:
             raise EngineError(f"{type(self.model).__name__} is not a multimodal model: it takes no images")
@@ -234,7 +245,7 @@ class VLLMFaithfulEngine:
         image = next(remaining, None)
         for token in prompt:
             if token == placeholder and image is not None:
-                out.extend(self.model.image_tokens(image))
+                out.extend(self.model.image_tokens(image, **dict(mm_kwargs or {})))
                 image = next(remaining, None)
             else:
                 out.append(token)
@@ -293,18 +304,19 @@ class HFVisionModel:
         self.image_token_id = int(self.tokenizer.convert_tokens_to_ids(processor.image_token))
         self.calls: list[tuple[int, tuple[int, ...] | None]] = []
 
-    def image_tokens(self, image: Any) -> list[int]:
-        """What the processor expands one image token to, for ``image``."""
-        out = self.processor(text=[self.processor.image_token], images=[image], add_special_tokens=False)
+    def image_tokens(self, image: Any, **mm_processor_kwargs: Any) -> list[int]:
+        """What the processor expands one image token to, for ``image`` (with the request's processor kwargs)."""
+        out = self.processor(text=[self.processor.image_token], images=[image], add_special_tokens=False, **mm_processor_kwargs)
         return [int(t) for t in out["input_ids"][0]]
 
-    def stream(self, prompt_token_ids: Sequence[int], images: Sequence[Any] | None = None) -> Any:
+    def stream(self, prompt_token_ids: Sequence[int], images: Sequence[Any] | None = None, mm_processor_kwargs: Mapping[str, Any] | None = None) -> Any:
         import torch
 
         ids = torch.tensor([list(prompt_token_ids)], dtype=torch.long)
         inputs: dict[str, Any] = {"input_ids": ids}
         if images:
-            inputs["pixel_values"] = self.processor.image_processor(list(images), return_tensors="pt")["pixel_values"]
+            kwargs = dict(mm_processor_kwargs or {})
+            inputs["pixel_values"] = self.processor.image_processor(list(images), return_tensors="pt", **kwargs)["pixel_values"]
         self.calls.append((int((ids == self.image_token_id).sum()), tuple(inputs["pixel_values"].shape) if images else None))
         past, name = None, cache_keyword(self.model)
         with torch.inference_mode():
@@ -336,11 +348,13 @@ class VLLMFaithfulLLM:
         if prompt_token_ids is not None:
             batch = [list(p) for p in prompt_token_ids]
             images: list[Any] = [None] * len(batch)
+            mm_kwargs: list[Any] = [None] * len(batch)
         else:
             items = prompts if isinstance(prompts, (list, tuple)) else [prompts]
             read = [read_tokens_prompt(p) for p in items]
             batch = [ids for ids, _ in read]
             images = [mm for _, mm in read]
+            mm_kwargs = [p.get("mm_processor_kwargs") for p in items]
         params = (
             sampling_params
             if isinstance(sampling_params, (list, tuple))
@@ -350,11 +364,11 @@ class VLLMFaithfulLLM:
             raise EngineError(f"{len(params)} sampling params for {len(batch)} prompts")
         self.calls.append(len(batch))
         out = []
-        for ids, p, mm in zip(batch, params, images):
+        for ids, p, mm, kwargs in zip(batch, params, images, mm_kwargs):
             self.engine._count += 1
             request_id = str(self.engine._count)
             self.engine.requests.append((ids, dataclasses.replace(p) if dataclasses.is_dataclass(p) else p))
-            out.append(self.engine._complete(ids, _read_params(p), request_id, mm))
+            out.append(self.engine._complete(ids, _read_params(p), request_id, mm, kwargs))
         return out
 
 

@@ -237,7 +237,7 @@ class AgentExecutor(MultiTurnAgentExecutor):
         config = run_config(spec, sampling_params, max_length)
         # OpenRLHF's max_len caps the row's own limits: the row played is the one with the caps folded in
         row = dataclasses.replace(spec, max_turn_tokens=config.params.max_tokens, max_context_tokens=config.max_context_tokens)
-        policy = OpenRLHFEnginePolicy(llm_engine, sampling_params, getattr(formatter, "image_token_id", None))
+        policy = OpenRLHFEnginePolicy(llm_engine, sampling_params, getattr(formatter, "image_token_id", None), getattr(formatter, "image_token_counts", None))
         trajectory = await play_row(row, policy, formatter, config)
         with_logprobs = getattr(sampling_params, "logprobs", None) is not None
         return openrlhf_result(trajectory, prompt, label, images, with_logprobs, config.max_context_tokens, formatter)

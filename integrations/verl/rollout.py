@@ -31,10 +31,18 @@ it, the processor's chat template for every row (as verl's own VL token builder 
 observations carry images (``vision:Geometry-v0``) is played with each image expanded by the processor.
 Every request sends the context's images as ``image_data`` (:class:`VerlServerPolicy`), and the output
 carries them as ``multi_modal_data={"images": [...]}``, from which verl builds the actor's
-``multi_modal_inputs`` (``pixel_values``, ...). The images come from the env (reset with the row's seed),
-not from the row's ``images`` column (which verl's dataset reads for its own filtering and logging). A
-text model (no processor) with an env that shows images is one clear error; a multimodal first prompt
-over ``rollout.prompt_length`` is an error too (verl's rule: image tokens cannot be cut).
+``multi_modal_inputs`` (``pixel_values``, ...). ``data.mm_processor_kwargs`` (e.g. Qwen-VL's
+``max_pixels``) is used as verl's own loops use it (``AgentLoopBase.mm_processor_kwargs``): in every
+processor call of the formatter (so the sequence holds as many image tokens as the features verl rebuilds
+with the same kwargs), with every request that carries images, and in the output's ``mm_processor_kwargs``.
+The images come from the env (reset with the row's seed), not from the row's ``images`` column (which
+verl's dataset reads for its own filtering and logging). A text model (no processor) with an env that
+shows images is one clear error; a multimodal first prompt over ``rollout.prompt_length`` is an error too
+(verl's rule: image tokens cannot be cut). Two images whose tokens touch stay two in each request (cut by
+each image's count), but verl's own ``_compute_multi_modal_inputs`` cuts the sequence by runs before it
+rebuilds the features (one placeholder left for the two); verl's supported processors (Qwen-VL, GLM-4V)
+wrap every image in start/end tokens, and ``MultimodalObservation`` puts a line break between the
+placeholders it adds, so their images never touch.
 
 Metrics (verl's ``AgentLoopMetrics``): ``generate_sequences`` is the time spent waiting for the server,
 ``tool_calls`` the time spent in the env's steps (tool calls included), summed over the episode.
@@ -46,10 +54,11 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from uuid import uuid4
 
+from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from gem_core.batch import sequence_batch
@@ -64,7 +73,7 @@ from gem_core.rollout import (
     VLChatFormatter,
     as_async_env,
     cached_formatter,
-    collapse_image_tokens,
+    engine_image_prompt,
     episode_of,
     play_row,
 )
@@ -120,17 +129,29 @@ class VerlServerPolicy(EnginePolicy):
     request's stop tokens was cut by a length limit, the requested one or the server's: ``"length"``.
 
     Images: a request with ``multi_modal_data={"image": [...]}`` (the runner's form) goes to verl's
-    server manager with the images as ``image_data`` and each run of ``image_token_id`` (the processor's
-    image token, :attr:`~gem_core.rollout.VLChatFormatter.image_token_id`) cut to one token: vLLM's form,
-    which the engine expands per image itself. verl's vLLM server makes that cut only for Qwen2-VL-family
+    server manager with the images as ``image_data``, ``mm_processor_kwargs`` (verl's
+    ``data.mm_processor_kwargs``, when set) and each image's tokens of ``image_token_id`` (the processor's
+    image token, :attr:`~gem_core.rollout.VLChatFormatter.image_token_id`) cut to one token, by the counts
+    ``image_token_counts`` gives (:func:`gem_core.rollout.engine_image_prompt`): vLLM's form, which the
+    engine expands per image itself. verl's vLLM server makes that cut only for Qwen2-VL-family
     processors (``qwen2_5_vl_dedup_image_tokens``); for those it changes nothing, for others it keeps the
     image tokens from being expanded twice.
     """
 
-    def __init__(self, server_manager: Any, base_sampling_params: Mapping[str, Any] | None = None, image_token_id: int | None = None):
+    def __init__(
+        self,
+        server_manager: Any,
+        base_sampling_params: Mapping[str, Any] | None = None,
+        image_token_id: int | None = None,
+        *,
+        image_token_counts: Callable[[Sequence[Any]], list[int]] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
+    ):
         self.server_manager = server_manager
         self.base_sampling_params = dict(base_sampling_params or {})
         self.image_token_id = image_token_id
+        self.image_token_counts = image_token_counts
+        self.mm_processor_kwargs = dict(mm_processor_kwargs or {})
         self.num_preempted = -1
         self.generate_seconds = 0.0
         self.extra_fields: dict[str, Any] = {}
@@ -145,8 +166,10 @@ class VerlServerPolicy(EnginePolicy):
         if images:
             if self.image_token_id is None:
                 raise ValueError("VerlServerPolicy got images but knows no image token: pass image_token_id= (the VLChatFormatter's)")
-            prompt_ids = collapse_image_tokens(prompt_ids, self.image_token_id)
+            prompt_ids = engine_image_prompt(prompt_ids, images, self.image_token_id, self.image_token_counts)
             media["image_data"] = images
+            if self.mm_processor_kwargs:
+                media["mm_processor_kwargs"] = dict(self.mm_processor_kwargs)
         started = time.perf_counter()
         try:
             return await self.server_manager.generate(
@@ -252,6 +275,8 @@ class GemEnvAgentLoop(AgentLoopBase):
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         check_trainer_config(self.config)
+        # verl's data.mm_processor_kwargs, as AgentLoopBase read it for its own loops
+        self.gem_mm_processor_kwargs = _plain_kwargs(self.mm_processor_kwargs)
 
     def make_env(self, spec: TaskSpec) -> Any:
         """The env for a row's spec; override to build envs another way."""
@@ -269,7 +294,7 @@ class GemEnvAgentLoop(AgentLoopBase):
         over the tokenizer."""
         kwargs = self.apply_chat_template_kwargs or {}
         if _is_multimodal(self.processor):
-            return _vl_formatter(self.processor, spec.system_prompt, kwargs)
+            return _vl_formatter(self.processor, spec.system_prompt, kwargs, self.gem_mm_processor_kwargs)
         return cached_formatter(self.tokenizer, system_prompt=spec.system_prompt, chat_template_kwargs=kwargs)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -277,7 +302,13 @@ class GemEnvAgentLoop(AgentLoopBase):
         spec = TaskSpec.from_columns(row)
         inner = self.formatter(spec)
         formatter = _LeftTruncatedPrompt(inner, self.prompt_length, f"{spec.env_id} (seed {spec.seed})")
-        policy = VerlServerPolicy(self.server_manager, sampling_params, image_token_id=getattr(inner, "image_token_id", None))
+        policy = VerlServerPolicy(
+            self.server_manager,
+            sampling_params,
+            image_token_id=getattr(inner, "image_token_id", None),
+            image_token_counts=getattr(inner, "image_token_counts", None),
+            mm_processor_kwargs=getattr(inner, "mm_processor_kwargs", None),
+        )
         no_images = None
         if not isinstance(inner, VLChatFormatter):
             no_images = (
@@ -324,8 +355,12 @@ class GemEnvAgentLoop(AgentLoopBase):
         failure = trajectory.infra_error or ""
         if failure:
             extra["gem_infra_error"] = failure
-        # verl's key ("images"): it builds the actor's multi_modal_inputs from them; text rows leave the field unset
-        media = {"multi_modal_data": {"images": list(trajectory.images)}} if trajectory.images else {}
+        # verl's key ("images"): it builds the actor's multi_modal_inputs from them (with mm_processor_kwargs, as
+        # its own loops set it); text rows leave both fields unset
+        media: dict[str, Any] = {}
+        if trajectory.images:
+            kwargs = policy.mm_processor_kwargs if policy is not None else self.gem_mm_processor_kwargs
+            media = {"multi_modal_data": {"images": list(trajectory.images)}, "mm_processor_kwargs": dict(kwargs)}
         if not trajectory.turns:  # ended before the first response: one masked token, no reward
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             # the same fields as every other row of the batch: verl concatenates them
@@ -373,18 +408,31 @@ def _is_multimodal(processor: Any) -> bool:
 _VL_FORMATTERS: dict[tuple, VLChatFormatter] = {}
 
 
-def _vl_formatter(processor: Any, system_prompt: str | None, chat_template_kwargs: Mapping[str, Any]) -> VLChatFormatter:
-    """A :class:`VLChatFormatter` built once per (processor, system prompt, template kwargs): verl builds an
-    agent loop per sample, and building a formatter probes the chat template. A worker keeps one
-    processor, so the processor's identity is the key (checked: a new object at a reused id is rebuilt)."""
+def _vl_formatter(
+    processor: Any, system_prompt: str | None, chat_template_kwargs: Mapping[str, Any], mm_processor_kwargs: Mapping[str, Any] | None = None
+) -> VLChatFormatter:
+    """A :class:`VLChatFormatter` built once per (processor, system prompt, template kwargs, processor
+    kwargs): verl builds an agent loop per sample, and building a formatter probes the chat template. A
+    worker keeps one processor, so the processor's identity is the key (checked: a new object at a reused
+    id is rebuilt)."""
     kwargs = dict(chat_template_kwargs)
-    key = (id(processor), system_prompt, json.dumps(kwargs, sort_keys=True, default=str))
+    mm_kwargs = dict(mm_processor_kwargs or {})
+    key = (id(processor), system_prompt, json.dumps(kwargs, sort_keys=True, default=str), json.dumps(mm_kwargs, sort_keys=True, default=str))
     formatter = _VL_FORMATTERS.get(key)
     if formatter is None or formatter.processor is not processor:
         if len(_VL_FORMATTERS) >= 64:
             _VL_FORMATTERS.clear()
-        formatter = _VL_FORMATTERS[key] = VLChatFormatter(processor, system_prompt=system_prompt, chat_template_kwargs=kwargs)
+        formatter = _VL_FORMATTERS[key] = VLChatFormatter(processor, system_prompt=system_prompt, chat_template_kwargs=kwargs, mm_processor_kwargs=mm_kwargs)
     return formatter
+
+
+def _plain_kwargs(value: Any) -> dict[str, Any]:
+    """verl's ``data.mm_processor_kwargs`` (an OmegaConf node, a dict or None) as a plain dict."""
+    if value is None:
+        return {}
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    return dict(value)
 
 
 def _plain(value: Any) -> Any:

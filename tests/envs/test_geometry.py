@@ -106,3 +106,34 @@ def test_without_pillow_making_the_env_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL fails, as without the vision extra
     with pytest.raises(InvalidImageError, match=r"pip install -e '\.\[vision\]'"):
         gem_core.make("vision:Geometry-v0")
+
+
+def test_followup_shows_the_next_figure_in_the_next_turn():
+    env = gem_core.make("vision:Geometry-v0-followup", image_size=128)
+    obs, _ = env.reset(seed=2)
+    assert obs.text.startswith("Figure 1 of 2.\n<image>\n") and len(obs.images) == 1
+    first = dict(env.unwrapped.figure)
+    obs, reward, terminated, truncated, info = env.step(f"\\boxed{{{solve(first)}}}")
+    assert (reward, terminated, truncated) == (1.0, False, False) and info["success"] and info["figure"] == 0
+    # the next turn's observation: the feedback, then the second figure and its question
+    assert isinstance(obs, MultimodalObservation) and len(obs.images) == 1 and obs.text.count(IMAGE_PLACEHOLDER) == 1
+    feedback, rest = obs.text.split("\nFigure 2 of 2.\n<image>\n")
+    assert "is correct" in feedback and rest.startswith(env.unwrapped.figure["question"])
+    assert obs.images[0].tobytes() == env.unwrapped.draw().tobytes()
+    wrong = "\\boxed{" + env.unwrapped.figure["answer"] + "1}"
+    obs, reward, terminated, truncated, info = env.step(wrong)
+    assert (reward, terminated, truncated) == (0.0, True, False) and not info["success"] and isinstance(obs, str)
+    with pytest.raises(gem_core.ResetNeeded):
+        env.step(wrong)
+    # success means every figure answered right; the same seed draws the same two figures
+    env.reset(seed=2)
+    assert env.unwrapped.figure == first
+    env.step(f"\\boxed{{{solve(env.unwrapped.figure)}}}")
+    _, reward, terminated, _, info = env.step(env.unwrapped.oracle_action())
+    assert (reward, terminated) == (1.0, True) and info["success"]
+
+
+def test_followup_passes_the_env_checker():
+    from gem_core.testing.env_checker import check_env
+
+    check_env(gem_core.make("vision:Geometry-v0-followup", image_size=96), seed=3)

@@ -17,7 +17,18 @@ from PIL import Image  # noqa: E402
 import gem_core  # noqa: E402
 from gem_core.core import model_message  # noqa: E402
 from gem_core.multimodal import MAX_IMAGE_SIDE, InvalidImageError, MultimodalObservation, image_png_bytes  # noqa: E402
-from gem_core.rollout import ChatFormatter, Generation, RunConfig, SamplingParams, ScriptedPolicy, VLChatFormatter, VLLMPolicy, run_episode  # noqa: E402
+from gem_core.core import Env  # noqa: E402
+from gem_core.rollout import (  # noqa: E402
+    ChatFormatter,
+    Generation,
+    RunConfig,
+    SamplingParams,
+    ScriptedPolicy,
+    VLChatFormatter,
+    VLLMPolicy,
+    collapse_image_tokens,
+    run_episode,
+)
 from gem_core.testing.vision import IMAGE_TOKENS, save_tiny_vl  # noqa: E402
 from gem_core.testing.vllm_engine import (  # noqa: E402
     EngineError,
@@ -193,3 +204,92 @@ def test_a_chat_policy_gets_images_as_openai_image_parts():
     assert kinds[0] == "image_url" and "text" in kinds
     assert message["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert trajectory.num_turns == 1 and len(trajectory.images) == 1
+
+
+# -- images side by side; processor kwargs ----------------------------------------------------------------
+
+
+class _TwoPictures(Env):
+    """Two pictures with nothing between their placeholders: the template renders them side by side."""
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return MultimodalObservation("<image><image>\nWhich one is red?", (_image("red"), _image("blue", (30, 50)))), {}
+
+    def step(self, action):
+        return "Thanks.", 0.0, True, False, {}
+
+
+def test_placeholders_put_in_front_are_one_line_each():
+    obs = MultimodalObservation("Which one is red?", (_image("red"), _image("blue")))
+    assert obs.text == "<image>\n<image>\nWhich one is red?"
+
+
+def test_images_side_by_side_reach_the_engine_as_one_token_each(tiny_vl, vl_formatter):
+    token = vl_formatter.image_token_id
+    engine, model = _engine(tiny_vl)
+    policy = VLLMPolicy(
+        VLLMFaithfulLLM(engine), sampling_params_cls=VLLMSamplingParams, image_token_id=token, image_token_counts=vl_formatter.image_token_counts
+    )
+    config = RunConfig(params=SamplingParams(max_tokens=4, temperature=0))
+    trajectory = asyncio.run(run_episode(_TwoPictures(), policy, vl_formatter, config, seed=0, episode_id="two"))
+    context = trajectory.prompt_ids
+    start = context.index(token)
+    assert context[start : start + 2 * IMAGE_TOKENS] == [token] * (2 * IMAGE_TOKENS)  # one run of 32 tokens for two images
+    [(sent, _params)] = engine.requests
+    assert sent.count(token) == 2  # cut by each image's count, not by runs
+    assert engine._expand_images(sent, trajectory.images) == context
+    assert model.calls == [(2 * IMAGE_TOKENS, (2, 3, 32, 32))]
+    assert vl_formatter.image_token_counts(trajectory.images) == [IMAGE_TOKENS, IMAGE_TOKENS]
+    # cut by runs they would merge: without the counts the policy refuses in one line, before the engine
+    bare = VLLMPolicy(VLLMFaithfulLLM(engine), sampling_params_cls=VLLMSamplingParams, image_token_id=token)
+    with pytest.raises(ValueError, match="2 images, but the prompt's image tokens make 1 runs") as err:
+        asyncio.run(run_episode(_TwoPictures(), bare, vl_formatter, config, seed=0))
+    assert "\n" not in str(err.value) and len(engine.requests) == 1
+
+
+def test_collapse_by_counts_checks_the_counts():
+    t = 9
+    prompt = [1, t, t, t, t, t, 2]
+    assert collapse_image_tokens(prompt, t, [2, 3]) == [1, t, t, 2]
+    assert collapse_image_tokens(prompt, t) == [1, t, 2]  # by runs: the two images merge
+    for counts, match in [
+        ([2, 2], "past its 2 images"),
+        ([3, 3], "image 1 has 3 tokens, but the prompt holds a run of 2"),
+        ([2, 3, 1], "of 2 images, not of its 3"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            collapse_image_tokens(prompt, t, counts)
+
+
+def test_mm_processor_kwargs_expand_every_image_and_reach_the_engine(tmp_path):
+    """A processor whose defaults give 64 tokens an image (64x64 pixels) where the deployment's setting
+    gives 16 (32x32, what the model reads), as Qwen-VL's defaults against a max_pixels cap: the formatter's
+    expansion, the engine's and the model's pixels all follow the setting, in the first turn and in the
+    turn that shows a second figure."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    path = save_tiny_vl(tmp_path, processor_image_size=64)
+    processor = AutoProcessor.from_pretrained(path)
+    kwargs = {"size": {"height": 32, "width": 32}}
+    assert VLChatFormatter(processor).image_token_count(_image()) == 64  # the processor's defaults
+    formatter = VLChatFormatter(processor, mm_processor_kwargs=kwargs)
+    token = formatter.image_token_id
+    model = HFVisionModel(LlavaForConditionalGeneration.from_pretrained(path), processor)
+    engine = VLLMFaithfulEngine(model, max_model_len=2048)
+    policy = VLLMPolicy(
+        VLLMFaithfulLLM(engine),
+        sampling_params_cls=VLLMSamplingParams,
+        image_token_id=token,
+        image_token_counts=formatter.image_token_counts,
+        mm_processor_kwargs=formatter.mm_processor_kwargs,
+    )
+    env = gem_core.make("vision:Geometry-v0-followup", image_size=96)
+    config = RunConfig(params=SamplingParams(max_tokens=6, temperature=0))
+    trajectory = asyncio.run(run_episode(env, policy, formatter, config, seed=5, episode_id="kw"))
+    assert trajectory.num_turns == 2 and len(trajectory.images) == 2 and trajectory.turns[0].obs_images == 1
+    for t, (sent, _params) in enumerate(engine.requests):
+        context, images = trajectory.context_ids(t), trajectory.context_images(t)
+        assert context.count(token) == IMAGE_TOKENS * len(images) and sent.count(token) == len(images)
+        assert engine._expand_images(sent, images, kwargs) == context
+    assert model.calls == [(IMAGE_TOKENS, (1, 3, 32, 32)), (2 * IMAGE_TOKENS, (2, 3, 32, 32))]

@@ -17,6 +17,8 @@ pytest.importorskip("PIL", reason="vision envs need Pillow (the vision extra)")
 from conftest import openrlhf_params, samples_generator  # noqa: E402
 from ray_actors import _rollout_actor_class  # noqa: E402
 
+from gem_core.core import Env  # noqa: E402
+from gem_core.multimodal import MultimodalObservation  # noqa: E402
 from gem_core.rollout import RunConfig, SamplingParams, VLChatFormatter, VLLMPolicy, play_row  # noqa: E402
 from gem_core.tasks import TaskSpec  # noqa: E402
 from gem_core.testing.vision import IMAGE_TOKENS, save_tiny_vl  # noqa: E402
@@ -220,3 +222,98 @@ def test_a_vision_row_with_a_text_model_is_one_clear_error(executor, tokenizer):
     with pytest.raises(ValueError, match="this row has images but OpenRLHF loaded a text tokenizer") as err:
         run_agent(executor, tokenizer, engine=None, seed=0, images=["data:image/png;base64,AAAA"])
     assert "\n" not in str(err.value)
+
+
+# -- a later turn's figure; images side by side ----------------------------------------------------------
+
+
+def test_a_later_turns_figure_goes_with_the_context_and_into_mm_train_inputs(executor, tiny_vl, vllm_types):
+    """vision:Geometry-v0-followup: the second figure comes in the observation after the first answer."""
+    model, processor = tiny_vl
+    hf_model = HFVisionModel(model, processor)
+    engine = RolloutEngine(hf_model, processor)
+    spec = TaskSpec("vision:Geometry-v0-followup", seed=6, env_kwargs=ENV_KWARGS, max_turn_tokens=TURN_TOKENS)
+    response = asyncio.run(
+        executor.execute(
+            prompt="(unused)",
+            label=spec.to_json(),
+            sampling_params=openrlhf_params(),
+            max_length=MAX_LEN,
+            hf_tokenizer=processor,
+            llm_engine=engine,
+            images=None,
+        )
+    )
+    env = spec.make_env()
+    first, _ = env.reset(seed=6)
+    images = [*first.images, *env.step("no answer")[0].images]
+    assert [len(mm["image"]) for mm in engine.sent] == [1, 2]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(engine.sent[1]["image"], images))
+    token = processor.image_token_id
+    assert [prompt.count(token) for prompt, _ in engine.engine.requests] == [1, 2]
+    assert hf_model.calls == [(IMAGE_TOKENS, (1, 3, 32, 32)), (2 * IMAGE_TOKENS, (2, 3, 32, 32))]
+    tokens = response["observation_tokens"]
+    (_, end0), (start1, _) = response["action_ranges"]
+    assert tokens[:end0].count(token) == IMAGE_TOKENS and tokens[end0:start1].count(token) == IMAGE_TOKENS  # in the observation
+    expected = processor(text=[processor.image_token * 2], images=images, return_tensors="pt")["pixel_values"]
+    assert response["mm_train_inputs"]["pixel_values"].equal(expected)
+
+
+class _TwoPictures(Env):
+    """Two pictures in one observation; ``text`` with or without its placeholders."""
+
+    def __init__(self, text: str = "Which one is red?"):
+        self.text = text
+
+    def reset(self, seed=None, options=None):
+        from PIL import Image
+
+        super().reset(seed=seed)
+        return MultimodalObservation(self.text, (Image.new("RGB", (40, 30), "red"), Image.new("RGB", (30, 50), "blue"))), {}
+
+    def step(self, action):
+        return "Thanks.", 0.0, True, False, {}
+
+
+@pytest.fixture
+def two_pictures():
+    from gem_core import registry
+
+    registry.register("test:TwoPictures-v0", _TwoPictures)
+    registry.register("test:TwoPictures-v0-touching", _TwoPictures, text="<image><image>Which one is red?")
+    yield
+    for name in ("test:TwoPictures-v0", "test:TwoPictures-v0-touching"):
+        registry.registry.pop(name, None)
+
+
+def _play(executor, processor, engine, env_id):
+    return asyncio.run(
+        executor.execute(
+            prompt="(unused)",
+            label=TaskSpec(env_id, seed=0, max_turn_tokens=3).to_json(),
+            sampling_params=openrlhf_params(),
+            max_length=MAX_LEN,
+            hf_tokenizer=processor,
+            llm_engine=engine,
+        )
+    )
+
+
+def test_two_images_without_placeholders_reach_vllm_as_two(executor, tiny_vl, vllm_types, two_pictures):
+    """Placeholders put in front are one line each, so OpenRLHF's own dedup (with --data.max_images_per_prompt)
+    leaves one image token per image; side by side it would merge them and vLLM would refuse the request."""
+    model, processor = tiny_vl
+    hf_model = HFVisionModel(model, processor)
+    engine = RolloutEngine(hf_model, processor)
+    response = _play(executor, processor, engine, "test:TwoPictures-v0")
+    token = processor.image_token_id
+    assert [prompt.count(token) for prompt, _ in engine.engine.requests] == [2]
+    assert hf_model.calls == [(2 * IMAGE_TOKENS, (2, 3, 32, 32))] and len(response["action_ranges"]) == 1
+
+
+def test_images_side_by_side_are_one_clear_error_under_openrlhfs_dedup(executor, tiny_vl, vllm_types, two_pictures):
+    model, processor = tiny_vl
+    engine = RolloutEngine(HFVisionModel(model, processor), processor)
+    with pytest.raises(ValueError, match="two images side by side in the context") as err:
+        _play(executor, processor, engine, "test:TwoPictures-v0-touching")
+    assert "\n" not in str(err.value) and engine.sent == []

@@ -302,3 +302,89 @@ def test_policy_without_image_token_refuses_images():
     policy = VerlServerPolicy(None, {})
     with pytest.raises(ValueError, match="knows no image token"):
         asyncio.run(policy.generate([1, 2], SamplingParams(max_tokens=2), multi_modal_data={"image": [Image.new("RGB", (4, 4))]}))
+
+
+# -- data.mm_processor_kwargs, a later turn's figure, images side by side ----------------------------------
+
+FOLLOWUP = "vision:Geometry-v0-followup"
+#: verl's data.mm_processor_kwargs: 32x32 pixels (16 tokens an image, what the model reads) where the
+#: processor's defaults give 64x64 (64 tokens), as a max_pixels cap under Qwen-VL's defaults
+MM_KWARGS = {"size": {"height": 32, "width": 32}}
+MM_OVERRIDE = "+data.mm_processor_kwargs.size={height:32,width:32}"
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """The tiny model with a processor whose defaults (64x64) do not fit it without MM_KWARGS."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    path = save_tiny_vl(tmp_path_factory.mktemp("tiny-vl-64"), processor_image_size=64)
+    return path, (LlavaForConditionalGeneration.from_pretrained(path).eval(), AutoProcessor.from_pretrained(path))
+
+
+def _followup_images(row) -> list:
+    """The env's two figures for a row: the first shown at reset, the second after the first answer."""
+    env = TaskSpec.from_columns(row).make_env()
+    first, _ = env.reset(seed=int(row["env_seed"]))
+    second = env.step("no answer")[0]
+    return [*first.images, *second.images]
+
+
+def test_mm_processor_kwargs_and_a_later_turns_figure_reach_the_server_and_the_actor(capped, tmp_path):
+    from gem_core.cli import main
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    path, vl = capped
+    out = str(tmp_path / "followup.parquet")
+    args = ["make-dataset", "verl", "--env", FOLLOWUP, "--env-kwargs", ENV_KWARGS, "--n", "2", "--seed-start", "7"]
+    assert main([*args, "--max-turn-tokens", str(TURN_TOKENS), "--out", out]) == 0
+    worker = _vl_worker(AgentLoopWorker, path, vl, MM_OVERRIDE)
+    server, model = _server(path, vl)
+    worker.llm_client = InProcessServerManager(server)
+    rows = _rows(out, vl)
+    non_tensor = {key: np.array([row[key] for row in rows], dtype=object) for key in rows[0]}
+    batch = DataProto(batch=TensorDict({"dummy_tensor": torch.zeros(2, 1, dtype=torch.uint8)}, batch_size=2), non_tensor_batch=non_tensor)
+
+    output = asyncio.run(worker.generate_sequences(batch))
+
+    token = VLChatFormatter(vl[1]).image_token_id
+    width = output.batch["prompts"].shape[1]
+    for i, row in enumerate(rows):
+        images = _followup_images(row)
+        attention = output.batch["attention_mask"][i]
+        ids = output.batch["input_ids"][i][attention.bool()].unsqueeze(0)
+        assert int((ids == token).sum()) == 2 * IMAGE_TOKENS  # 16 per image, as the kwargs give, not 64
+        assert int((output.batch["prompts"][i][attention[:width].bool()] == token).sum()) == IMAGE_TOKENS  # the second: a later turn
+        inputs = output.non_tensor_batch["multi_modal_inputs"][i]
+        expected = vl[1].image_processor(images, return_tensors="pt", **MM_KWARGS)["pixel_values"]
+        assert torch.equal(inputs["pixel_values"], expected)  # verl rebuilt the features with the same kwargs
+        # the actor's forward over the sequence and those features predicts every token the rollout sampled
+        with torch.inference_mode():
+            logits = vl[0](input_ids=ids, pixel_values=inputs["pixel_values"]).logits[0]
+        start = int(attention[:width].sum())
+        mask = output.batch["response_mask"][i][: ids.shape[1] - start].bool()
+        response = output.batch["responses"][i][: ids.shape[1] - start]
+        assert (logits[start - 1 : ids.shape[1] - 1].argmax(-1)[mask] == response[mask]).all()
+    # each episode (the two run side by side): the first request with one image, the second with both; the
+    # kwargs with every one, and the model got 32x32 pixels
+    assert sorted(len(call["image_data"]) for call in server.calls) == [1, 1, 2, 2]
+    assert all(call["prompt_ids"].count(token) == len(call["image_data"]) and call["mm_processor_kwargs"] == MM_KWARGS for call in server.calls)
+    assert sorted(model.calls) == sorted([(IMAGE_TOKENS, (1, 3, 32, 32)), (2 * IMAGE_TOKENS, (2, 3, 32, 32))] * 2)
+
+
+def test_images_side_by_side_are_sent_as_one_token_each(vl_dir, vl):
+    """A template with nothing between two images renders one run of 32 tokens: cut by each image's count."""
+    from PIL import Image
+
+    from gem_integrations.verl.rollout import VerlServerPolicy
+
+    formatter = VLChatFormatter(vl[1])
+    server = _server(vl_dir, vl)[0]
+    observation = MultimodalObservation("<image><image>\nWhich one is red?", (Image.new("RGB", (40, 30), "red"), Image.new("RGB", (30, 50), "blue")))
+    prompt = formatter.prompt_ids(observation)
+    policy = VerlServerPolicy(InProcessServerManager(server), dict(SAMPLING), formatter.image_token_id, image_token_counts=formatter.image_token_counts)
+    generation = asyncio.run(policy.generate(prompt, SamplingParams(max_tokens=3), request_id="e-0", multi_modal_data={"image": list(observation.images)}))
+    [call] = server.calls
+    assert call["prompt_ids"].count(formatter.image_token_id) == 2 and len(generation.token_ids) == 3

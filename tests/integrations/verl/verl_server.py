@@ -20,8 +20,8 @@ turn under a fresh request id, so the prompt, not the id, names the episode.
 
 Images: ``image_data`` (verl's list of PIL images) is handled as verl's vLLM server does: the prompt's
 image-token runs cut only for a Qwen2-VL-family processor (verl's own ``qwen2_5_vl_dedup_image_tokens``),
-then ``{"prompt_token_ids": ..., "multi_modal_data": {"image": image_data}}`` to the engine, which expands
-each image token as vLLM does. ``model``: a vision-language engine model
+then ``{"prompt_token_ids": ..., "multi_modal_data": {"image": image_data}}`` (with ``mm_processor_kwargs``
+when given) to the engine, which expands each image token as vLLM does, with those processor kwargs. ``model``: a vision-language engine model
 (:class:`~gem_core.testing.vllm_engine.HFVisionModel`) instead of the scripted text one.
 
 Underneath is gem_core's :class:`~gem_core.testing.vllm_engine.VLLMFaithfulEngine` (vLLM's request
@@ -88,7 +88,15 @@ class FaithfulVerlServer:
         from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens
 
         sampling_params = dict(sampling_params)
-        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params), "image_data": image_data})
+        self.calls.append(
+            {
+                "request_id": request_id,
+                "prompt_ids": list(prompt_ids),
+                "sampling_params": dict(sampling_params),
+                "image_data": image_data,
+                "mm_processor_kwargs": mm_processor_kwargs,
+            }
+        )
         if video_data is not None or audio_data is not None:
             raise ValueError("this stand-in serves images only")
         max_possible_tokens = self.max_model_len - len(prompt_ids)
@@ -110,7 +118,9 @@ class FaithfulVerlServer:
             self.engine.aborted.add(request_id)
         if image_data is not None:  # verl's vLLM server: TokensPrompt(prompt_token_ids, multi_modal_data={"image": image_data})
             prompt_ids = qwen2_5_vl_dedup_image_tokens(list(prompt_ids), self.processor)
-            final = await self.engine.generate(list(prompt_ids), sampling_params, multi_modal_data={"image": image_data}, request_id=request_id)
+            final = await self.engine.generate(
+                list(prompt_ids), sampling_params, multi_modal_data={"image": image_data}, request_id=request_id, mm_processor_kwargs=mm_processor_kwargs
+            )
         else:
             final = await self.engine.generate_tokens(request_id, prompt_ids=list(prompt_ids), sampling_params=sampling_params)
         extra_fields = {"global_steps": self.global_steps}
