@@ -643,7 +643,7 @@ def test_head_generate_a_context_refusal_ends_that_episode_alone(tokenizer):
     assert [s.turn for s in samples] == [2, 1] and all(s.status is HeadSample.Status.DONE for s in samples)
     (state,) = samples[0].state_dicts
     assert sum(state["action_mask"]) > 0  # a context-limit ending is trained on, unlike an infra failure
-    assert len(state["states"]) < 150
+    assert state["states"] == refused[0]["input_ids"]  # the two turns and the last message, nothing after the refusal
 
 
 def test_head_generate_closes_its_env_when_cancelled(tokenizer, server, monkeypatch):
