@@ -154,3 +154,4 @@ def test_environment_factory_rows_without_a_seed_play_distinct_reproducible_epis
     for result in first:
         assert [r["seed"] for r in result["resets"]] == [module.SEED_START + result["rank"] + 2 * k for k in range(per_rank)]
     assert [result["resets"] for result in second] == [result["resets"] for result in first]  # reproducible
+    assert all(r["seed_attribute"] == r["seed"] for r in resets)  # the instance says which episode it plays

@@ -51,11 +51,19 @@ def build(out_dir: str) -> tuple[Any, list[dict[str, Any]]]:
             super().__init__()
             self._instance = type(self).created
             type(self).created += 1
+            env_reset = self._env.reset
+
+            def recorded_reset(*args: Any, seed: int | None = None, **kwargs: Any) -> Any:
+                self._reset_seed = seed  # the seed the gem-core env was reset with
+                return env_reset(*args, seed=seed, **kwargs)
+
+            self._env.reset = recorded_reset
 
         def reset(self, seed: int | None = None, **row: Any) -> str:
             message = super().reset(seed, **row)
             state = json.dumps(self._env.unwrapped.get_state(), sort_keys=True, default=str)
-            resets.append({"instance": self._instance, "seed": self.seed, "state": hashlib.sha256(state.encode()).hexdigest()[:16]})
+            digest = hashlib.sha256(state.encode()).hexdigest()[:16]
+            resets.append({"instance": self._instance, "seed": self._reset_seed, "seed_attribute": getattr(self, "seed", None), "state": digest})
             return message
 
     args = GRPOConfig(
