@@ -149,7 +149,7 @@ def test_environment_factory_rows_without_a_seed_play_distinct_reproducible_epis
     resets = [r for result in first for r in result["resets"]]
     seeds = [r["seed"] for r in resets]
     assert len(set(seeds)) == len(seeds) == 2 * per_rank, seeds  # across instances, steps and ranks
-    assert len({r["state"] for r in resets}) == len(resets)  # and so are the episodes (1 in 10^6 secrets)
+    assert len({r["target"] for r in resets}) == len(resets)  # and so are the episodes: the secret numbers (1 to 10^6)
     # the documented formula: rank r's k-th seedless reset takes seed_start + r + world_size * k
     for result in first:
         assert [r["seed"] for r in result["resets"]] == [module.SEED_START + result["rank"] + 2 * k for k in range(per_rank)]

@@ -5,12 +5,11 @@ Run as ``python two_ranks_environments.py OUT_DIR`` with torchrun's variables se
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT): TRL's ``GRPOTrainer.__init__`` builds the accelerator, which joins
 the gloo process group. Two steps of TRL's own ``train()`` (its ``_generate_and_score_completions`` hands
 the pooled instances out and resets each once per batch); each reset is recorded (the step, the
-instance, the seed and the env's state digest) in ``resets-RANK.json``.
+instance, the seed and the game's secret number) in ``resets-RANK.json``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -61,9 +60,8 @@ def build(out_dir: str) -> tuple[Any, list[dict[str, Any]]]:
 
         def reset(self, seed: int | None = None, **row: Any) -> str:
             message = super().reset(seed, **row)
-            state = json.dumps(self._env.unwrapped.get_state(), sort_keys=True, default=str)
-            digest = hashlib.sha256(state.encode()).hexdigest()[:16]
-            resets.append({"instance": self._instance, "seed": self._reset_seed, "seed_attribute": getattr(self, "seed", None), "state": digest})
+            target = int(self._env.unwrapped.target)  # the episode: the game's secret number
+            resets.append({"instance": self._instance, "seed": self._reset_seed, "seed_attribute": getattr(self, "seed", None), "target": target})
             return message
 
     args = GRPOConfig(
