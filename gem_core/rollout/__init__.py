@@ -12,7 +12,7 @@ transformers until a policy that needs them is built.
 """
 
 from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter, strip_thinking
-from gem_core.rollout.engine import EnginePolicy, VLLMPolicy, collapse_image_tokens, engine_image_prompt
+from gem_core.rollout.engine import EnginePolicy, VLLMPolicy, collapse_image_tokens, engine_image_prompt, engine_max_model_len
 from gem_core.rollout.http import ModelRequestError, Retry
 from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
 from gem_core.rollout.policy import (
@@ -22,8 +22,10 @@ from gem_core.rollout.policy import (
     Generation,
     Policy,
     SamplingParams,
+    answer_each,
     derive_seed,
     episode_of,
+    is_context_refusal,
     request_id_for,
     resolve_in_thread,
 )
@@ -80,10 +82,13 @@ __all__ = [
     "Turn",
     "TurnSample",
     "VectorEnvSlots",
+    "answer_each",
     "as_async_env",
     "cached_formatter",
     "derive_seed",
+    "engine_max_model_len",
     "episode_of",
+    "is_context_refusal",
     "play_row",
     "request_id_for",
     "resolve_in_thread",

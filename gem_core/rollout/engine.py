@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, derive_seed, resolve_in_thread
+from gem_core.rollout.policy import ContextLimitExceeded, Generation, SamplingParams, answer_each, derive_seed, resolve_in_thread
 
 
 class EnginePolicy:
@@ -235,7 +235,7 @@ class VLLMPolicy(EnginePolicy):
         if sampling_params_cls is None:
             from vllm import SamplingParams as sampling_params_cls  # the real engine's class
         self.sampling_params_cls = sampling_params_cls
-        self.max_model_len = _max_model_len(llm)
+        self.max_model_len = engine_max_model_len(llm)
         # vision-language models: the image token the processor expands (else read from the engine's config)
         self.image_token_id = image_token_id if image_token_id is not None else _image_token_id(llm)
         self.image_token_counts = image_token_counts  # each image's token count (VLChatFormatter.image_token_counts)
@@ -323,11 +323,10 @@ class VLLMPolicy(EnginePolicy):
             await resolve_in_thread([p.future for p in batch], lambda batch=batch: self._generate(batch))
 
     def _generate(self, batch: Sequence[_Pending]) -> list[Any]:
-        prompts = [self._prompt(p) for p in batch]
-        outputs = self.llm.generate(prompts, [p.params for p in batch], use_tqdm=False)
-        if len(outputs) != len(batch):
-            raise RuntimeError(f"the engine answered {len(outputs)} of {len(batch)} requests")
-        return list(outputs)
+        """One ``generate`` call for the batch; a prompt the engine refuses as over its window (one the
+        length check in :meth:`request` could not see: an engine that does not say its window) is refused
+        alone (:func:`~gem_core.rollout.policy.answer_each`), the other requests answered."""
+        return answer_each(list(batch), lambda part: self.llm.generate([self._prompt(p) for p in part], [p.params for p in part], use_tqdm=False))
 
     def _prompt(self, pending: _Pending) -> dict[str, Any]:
         """vLLM's ``TokensPrompt``: the token ids, and the images as ``multi_modal_data`` with one image
@@ -373,8 +372,9 @@ def _refresh_tied_output_layer(model: Any) -> bool:
     return True
 
 
-def _max_model_len(llm: Any) -> int | None:
-    """The engine's context window (``LLM.llm_engine.model_config.max_model_len``), when it says."""
+def engine_max_model_len(llm: Any) -> int | None:
+    """The context window of a vLLM ``LLM`` (``llm.llm_engine.model_config.max_model_len``) or of an
+    engine that says it otherwise (``.engine.max_model_len``, ``.max_model_len``); None when none says."""
     for path in (("llm_engine", "model_config", "max_model_len"), ("engine", "max_model_len"), ("max_model_len",)):
         value: Any = llm
         for name in path:

@@ -27,7 +27,7 @@ from gem_core.errors import GemError, infra_error
 from gem_core.multiagent import MultiAgentEnv, Simulator, join_texts
 from gem_core.rollout.chat import ChatFormatter, strip_thinking
 from gem_core.rollout.policies import OpenAIPolicy
-from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
+from gem_core.rollout.policy import ChatPolicy, Generation, Policy, SamplingParams, is_context_refusal, request_id_for
 from gem_core.rollout.runner import RunConfig, check_generation, record_turn, require_observation, truncate_episode
 from gem_core.rollout.trajectory import ENGINE_ABORTED, Trajectory, Turn, is_tool_turn
 
@@ -156,7 +156,9 @@ async def _play(env: MultiAgentEnv, seats: dict[str, _Seat], call: Callable[[Cal
         context_len = len(seat.context)
         try:
             action, response_text, generation = await _respond(seat, message, request_id_for(seat.trajectory.episode_id, index), call)
-        except ContextLimitExceeded:
+        except Exception as exc:
+            if not is_context_refusal(exc):
+                raise
             return _end_all(seats, "context_limit")
         if generation is not None and (generation.finish_reason == "abort" or (seat.kind == "tokens" and not generation.token_ids)):
             return _end_all(seats, "abort", infra=ENGINE_ABORTED if generation.finish_reason == "abort" else None)
@@ -399,7 +401,9 @@ class PolicySimulator(Simulator):
         self.turn += 1
         try:
             return self._token_turn(message, request_id) if self.token_level else self._chat_turn(message, request_id)
-        except ContextLimitExceeded as exc:
+        except Exception as exc:
+            if not is_context_refusal(exc):
+                raise
             return self._stop(str(exc))
 
     def _token_turn(self, message: str, request_id: str) -> str:

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -97,6 +98,60 @@ class ContextLimitExceeded(Exception):
     ends the episode as truncated with reason ``"context_limit"`` instead of failing."""
 
 
+#: How engines word the refusal of a prompt longer than the model's context window:
+#: vLLM's input processor, every version ("The decoder prompt (length N) is longer than the maximum model
+#: length of M", and from 0.29 "... (length N) plus the number of requested output tokens (at least 1) is
+#: longer than the maximum model length of M"); vLLM 0.29+'s prompt checks and its OpenAI server ("This
+#: model's maximum context length is M tokens. However, ..."); verl 0.9's servers ("Prompt length (N) leaves
+#: no room to generate within the model's maximum context length (M)", "... exceeds the model's maximum
+#: context length (M)"); SGLang ("The input (N tokens) is longer than the model's context length (M tokens)").
+CONTEXT_REFUSAL = re.compile(r"longer than the maximum model length|maximum context length|longer than the model's context length", re.IGNORECASE)
+
+
+def is_context_refusal(error: BaseException) -> bool:
+    """True when ``error`` is an engine's refusal of a prompt longer than its context window: a
+    :class:`ContextLimitExceeded`, or an error (or one it was raised from, e.g. Ray's ``RayTaskError``
+    around a server's error) in the words of :data:`CONTEXT_REFUSAL`. The runner ends such an episode as
+    truncated (``"context_limit"``); any other error still fails it."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ContextLimitExceeded) or CONTEXT_REFUSAL.search(str(current)):
+            return True
+        cause = getattr(current, "cause", None)  # Ray's RayTaskError keeps the remote error here
+        pending.extend([current.__cause__, current.__context__, cause if isinstance(cause, BaseException) else None])
+    return False
+
+
+def answer_each(items: Sequence[Any], generate: Callable[[Sequence[Any]], Sequence[Any]]) -> list[Any]:
+    """``generate(items)``, one batched engine call, answer ``i`` for item ``i``. vLLM checks every prompt of
+    a call before it runs any and refuses the whole call for one prompt over its context window; then the
+    batch is split in halves until each refusal is down to its own item, whose answer is that refusal as a
+    :class:`ContextLimitExceeded` (the other items are answered as usual). Any other error is raised."""
+    try:
+        answers = list(generate(items))
+    except Exception as exc:
+        if not is_context_refusal(exc):
+            raise
+        if len(items) == 1:
+            return [exc if isinstance(exc, ContextLimitExceeded) else _context_limit(exc)]
+        middle = len(items) // 2
+        return answer_each(items[:middle], generate) + answer_each(items[middle:], generate)
+    if len(answers) != len(items):
+        raise RuntimeError(f"the engine answered {len(answers)} of {len(items)} requests")
+    return answers
+
+
+def _context_limit(error: BaseException) -> ContextLimitExceeded:
+    refusal = ContextLimitExceeded(str(error))
+    refusal.__cause__ = error
+    return refusal
+
+
 @runtime_checkable
 class Policy(Protocol):
     """Token in, token out. ``request_id`` is ``"{episode_id}/turn-{t}"``: stable across reruns, so a
@@ -136,9 +191,11 @@ def merge_stop_ids(params: SamplingParams, stop_ids: Sequence[int]) -> SamplingP
 
 
 async def resolve_in_thread(futures: Sequence[asyncio.Future], work: Callable[[], Sequence[Any]]) -> None:
-    """Run ``work`` (one batched generation) in a thread and hand its i-th result to ``futures[i]``; when
-    it raises, every waiting future gets the exception (an ``Exception`` is not raised further here, so the
-    caller's serving loop goes on with the next batch). Futures already done (cancelled episodes) are skipped."""
+    """Run ``work`` (one batched generation) in a thread and hand its i-th result to ``futures[i]`` (a result
+    that is a :class:`ContextLimitExceeded`, :func:`answer_each`'s refusal of that request alone, is raised
+    in its own episode); when ``work`` raises, every waiting future gets the exception (an ``Exception`` is
+    not raised further here, so the caller's serving loop goes on with the next batch). Futures already
+    done (cancelled episodes) are skipped."""
     try:
         results = await asyncio.to_thread(work)
     except BaseException as exc:
@@ -150,4 +207,7 @@ async def resolve_in_thread(futures: Sequence[asyncio.Future], work: Callable[[]
         return
     for future, result in zip(futures, results):
         if not future.done():
-            future.set_result(result)
+            if isinstance(result, ContextLimitExceeded):
+                future.set_exception(result)
+            else:
+                future.set_result(result)

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from gem_core.core import Env, model_message
 from gem_core.multimodal import MultimodalObservation, observation_images, observation_text, openai_content
 from gem_core.rollout.chat import ChatFormatter, strip_thinking
-from gem_core.rollout.policy import ChatPolicy, ContextLimitExceeded, Generation, Policy, SamplingParams, request_id_for
+from gem_core.rollout.policy import ChatPolicy, Generation, Policy, SamplingParams, is_context_refusal, request_id_for
 from gem_core.errors import infra_error
 from gem_core.rollout.trajectory import ENGINE_ABORTED, Trajectory, Turn, is_tool_turn
 
@@ -334,8 +334,10 @@ async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatt
         turn_params = params if budget == params.max_tokens else params.replace(max_tokens=budget)
         try:
             generation = await _generate(policy, context, turn_params, request_id_for(trajectory.episode_id, turn), trajectory.images)
-        except ContextLimitExceeded:
-            truncate_episode(trajectory, "context_limit")
+        except Exception as exc:
+            if not is_context_refusal(exc):
+                raise
+            truncate_episode(trajectory, "context_limit")  # the engine refused the prompt as over its window
             return
         check_generation(generation, budget, policy)
         if generation.finish_reason == "abort":
@@ -390,7 +392,9 @@ async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, forma
     while True:
         try:
             generation = await policy.chat([dict(m) for m in messages], config.params, request_id=request_id_for(trajectory.episode_id, turn))
-        except ContextLimitExceeded:
+        except Exception as exc:
+            if not is_context_refusal(exc):
+                raise
             truncate_episode(trajectory, "context_limit")
             return
         text = generation.text or ""

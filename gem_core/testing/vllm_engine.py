@@ -14,7 +14,8 @@ kinder than vLLM hides real defects, so the rules below are vLLM's (``vllm/v1/en
 * **``text`` is decoded with the request's ``skip_special_tokens``, which defaults to True** as in
   ``vllm.SamplingParams``.
 * **``max_tokens``** is the request's; ``None`` means "the rest of ``max_model_len``". A prompt of
-  ``max_model_len`` tokens or more is refused with vLLM's error; a prompt plus ``max_tokens`` longer
+  ``max_model_len`` tokens or more is refused with vLLM 0.32's error, in its words (:func:`context_refusal`),
+  and a batch holding one such prompt is refused whole, as vLLM does; a prompt plus ``max_tokens`` longer
   than ``max_model_len`` is cut at ``max_model_len`` with ``finish_reason="length"``.
 * **Finish reasons** are vLLM's: ``"stop"`` (EOS, a stop token or a stop string), ``"length"``
   (``max_tokens`` or ``max_model_len``), ``"abort"``. ``stop_reason`` is the stop token id (None for EOS
@@ -123,6 +124,25 @@ class EngineError(ValueError):
     """What vLLM raises for a request it refuses (e.g. a prompt longer than the model's context)."""
 
 
+def context_refusal(prompt_len: int, max_model_len: int) -> str | None:
+    """vLLM 0.32's refusal of a prompt of ``prompt_len`` tokens that leaves no room in ``max_model_len``, in
+    its words (``vllm/renderers/params.py`` for a longer prompt, ``vllm/v1/engine/input_processor.py`` for
+    one exactly as long; the same in 0.29), or None when it fits. vLLM refuses every prompt of a batched
+    ``generate`` call for one such prompt, before it runs any."""
+    if prompt_len > max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {prompt_len} input tokens, "
+            "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt."
+        )
+    if prompt_len == max_model_len:
+        return (
+            f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens (at least 1) is longer than the "
+            f"maximum model length of {max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens "
+            "(prompt + requested output tokens)."
+        )
+    return None
+
+
 class ScriptedModel:
     """A deterministic "model": ``respond(decoded_prompt) -> reply text``; it writes the reply, then its
     end-of-turn token, then :data:`RUNAWAY_TEXT` over and over, whatever the request asks for."""
@@ -195,8 +215,9 @@ class VLLMFaithfulEngine:
         mm_kwargs = dict(mm_kwargs or {})
         if images:
             prompt = self._expand_images(prompt, images, mm_kwargs)
-        if len(prompt) >= self.max_model_len:
-            raise EngineError(f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length of {self.max_model_len}.")
+        refusal = context_refusal(len(prompt), self.max_model_len)
+        if refusal is not None:
+            raise EngineError(refusal)
         room = self.max_model_len - len(prompt)
         max_tokens = room if params.max_tokens is None else int(params.max_tokens)
         if max_tokens < 1:
@@ -362,6 +383,10 @@ class VLLMFaithfulLLM:
         )
         if len(params) != len(batch):
             raise EngineError(f"{len(params)} sampling params for {len(batch)} prompts")
+        for ids, mm in zip(batch, images):  # vLLM checks every prompt before it runs any: one refusal refuses the call
+            refusal = None if mm else context_refusal(len(ids), self.engine.max_model_len)
+            if refusal is not None:
+                raise EngineError(refusal)
         self.calls.append(len(batch))
         out = []
         for ids, p, mm, kwargs in zip(batch, params, images, mm_kwargs):

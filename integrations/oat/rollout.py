@@ -11,10 +11,16 @@ all numbers. The engine is oat's own ``ActorBase.generate(prompt_token_ids, samp
 
 * :class:`OatEnginePolicy`: the runner's requests of one loop iteration go to vLLM as one batch, each
   with its own copy of oat's ``sampling_params`` (gem_core's ``max_tokens`` and the template's stop
-  tokens, ``n=1``, ``logprobs``); the answer is read from ``token_ids`` (the stop token kept).
+  tokens, ``n=1``, ``logprobs``); the answer is read from ``token_ids`` (the stop token kept). vLLM
+  refuses a whole batch for one prompt that leaves no room in its ``max_model_len``: such a prompt is
+  refused alone, and its episode ends as the runner's context limit (truncated, ``"context_limit"``),
+  the others' requests answered.
 * :func:`transitions`: a trajectory as oat's episode, one ``Transition`` per turn (the per-turn view:
   ``prompt_ids`` is the context at the turn's start, ``response_ids`` the model's tokens only).
-* :class:`GemActor`: ``collect_experience`` plays ``gem_episodes_per_step`` task specs per call.
+* :class:`GemActor`: ``collect_experience`` plays ``gem_episodes_per_step`` task specs per call, under
+  ``--gem-max-turns``, ``--gem-max-context-tokens`` and ``--gem-system-prompt`` where a spec (a
+  ``--gem-dataset`` row) leaves them unset; a context left unset by both is capped at the engine's
+  ``max_model_len``.
   Episodes the infrastructure failed (``Trajectory.infra_error``: the engine aborted a request, a
   sandbox or env worker died) are dropped there, so they are in neither oat's loss nor its whitening
   statistics, and counted: ``gem/infra_failed_episodes`` (and ``_fraction``) on every transition's
@@ -26,6 +32,7 @@ all numbers. The engine is oat's own ``ActorBase.generate(prompt_token_ids, samp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -37,7 +44,16 @@ from oat.types import Transition
 
 from gem_core.batch import infra_metrics
 from gem_core.plugins import EnginePolicy, copy_params, sampling_from_vllm
-from gem_core.rollout import RunConfig, SamplingParams, Trajectory, cached_formatter, play_row
+from gem_core.rollout import (
+    ContextLimitExceeded,
+    RunConfig,
+    SamplingParams,
+    Trajectory,
+    answer_each,
+    cached_formatter,
+    engine_max_model_len,
+    play_row,
+)
 from gem_core.tasks import TaskSpec
 
 #: The keys of every transition's ``info`` (numbers only: oat averages them over the batch).
@@ -58,11 +74,15 @@ class OatEnginePolicy(EnginePolicy):
 
     Requests made in one event-loop iteration (every episode waiting on the model) are sent together,
     one ``generate`` call per distinct set of sampling params. ``base_params``: oat's sampling params
-    (kept; each batch gets a copy)."""
+    (kept; each batch gets a copy). ``max_model_len``: the engine's window; a prompt that leaves no room
+    in it is refused alone (:class:`ContextLimitExceeded`) instead of going to vLLM, which would refuse
+    the whole batch (and a batch vLLM still refuses as over its window is split until the refusal is
+    down to its own request: :func:`gem_core.rollout.answer_each`)."""
 
-    def __init__(self, generate: Callable[[list[list[int]], Any], Sequence[Any]], base_params: Any):
+    def __init__(self, generate: Callable[[list[list[int]], Any], Sequence[Any]], base_params: Any, max_model_len: int | None = None):
         self._generate = generate
         self.base_params = base_params
+        self.max_model_len = max_model_len
         self._pending: list[tuple[list[int], dict[str, Any], asyncio.Future]] = []
         self._scheduled = False
         self.batches: list[int] = []  # sizes of the generate calls made (for the actor's metrics)
@@ -90,19 +110,33 @@ class OatEnginePolicy(EnginePolicy):
         for item in pending:
             groups.setdefault(json.dumps(item[1], sort_keys=True, default=str), []).append(item)
         for items in groups.values():
+            fitting = []
+            for ids, changes, future in items:
+                if self.max_model_len is not None and len(ids) >= self.max_model_len and not future.done():
+                    future.set_exception(ContextLimitExceeded(f"a prompt of {len(ids)} tokens for max_model_len {self.max_model_len}"))
+                else:
+                    fitting.append((ids, changes, future))
+            if not fitting:
+                continue
+            params = copy_params(self.base_params, fitting[0][1])
             try:
-                outputs = list(self._generate([ids for ids, _, _ in items], copy_params(self.base_params, items[0][1])))
-                if len(outputs) != len(items):
-                    raise RuntimeError(f"the engine answered {len(outputs)} of {len(items)} prompts")
+                outputs = answer_each(fitting, lambda part, params=params: self._call([ids for ids, _, _ in part], params))
             except BaseException as exc:  # every waiting episode gets the error
-                for _, _, future in items:
+                for _, _, future in fitting:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            self.batches.append(len(items))
-            for (_, _, future), output in zip(items, outputs):
+            for (_, _, future), output in zip(fitting, outputs):
                 if not future.done():
-                    future.set_result(output)
+                    if isinstance(output, ContextLimitExceeded):
+                        future.set_exception(output)  # this episode alone ends at its context limit
+                    else:
+                        future.set_result(output)
+
+    def _call(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        outputs = list(self._generate(prompts, params))
+        self.batches.append(len(prompts))
+        return outputs
 
 
 def transitions(trajectory: Trajectory, tokenizer: Any) -> list[Transition]:
@@ -142,8 +176,17 @@ def transitions(trajectory: Trajectory, tokenizer: Any) -> list[Transition]:
     return out
 
 
-async def play(specs: Sequence[TaskSpec], policy: Any, tokenizer: Any, params: SamplingParams, *, episode_ids: Sequence[str] | None = None) -> list[Trajectory]:
-    """Every spec's episode at once on gem_core's runner (each spec's own limits and system prompt)."""
+async def play(
+    specs: Sequence[TaskSpec],
+    policy: Any,
+    tokenizer: Any,
+    params: SamplingParams,
+    *,
+    episode_ids: Sequence[str] | None = None,
+    max_context_tokens: int | None = None,
+) -> list[Trajectory]:
+    """Every spec's episode at once on gem_core's runner (each spec's own limits and system prompt;
+    ``max_context_tokens`` for the specs that set none)."""
     loop = asyncio.get_running_loop()
 
     async def one(index: int, spec: TaskSpec) -> Trajectory:
@@ -151,7 +194,8 @@ async def play(specs: Sequence[TaskSpec], policy: Any, tokenizer: Any, params: S
         try:
             formatter = cached_formatter(tokenizer, system_prompt=spec.system_prompt)
             episode_id = episode_ids[index] if episode_ids else f"ep{index}"
-            return await play_row(spec, policy, formatter, RunConfig(params=params), env=env, episode_id=episode_id)
+            config = RunConfig(params=params, max_context_tokens=max_context_tokens)
+            return await play_row(spec, policy, formatter, config, env=env, episode_id=episode_id)
         finally:
             env.close()
 
@@ -159,12 +203,15 @@ async def play(specs: Sequence[TaskSpec], policy: Any, tokenizer: Any, params: S
 
 
 class TaskCycle:
-    """The specs the actor plays: a dataset's rows in order, or env ids round robin with rising seeds."""
+    """The specs the actor plays: a dataset's rows in order, or env ids round robin with rising seeds.
+    ``fields`` (``max_turns``, ``max_context_tokens``, ``system_prompt``: the ``--gem-*`` flags) fill what a
+    row leaves unset; a row's own value wins."""
 
     def __init__(self, specs: Sequence[TaskSpec] = (), env_ids: Sequence[str] = (), *, seed_start: int = 0, **fields: Any):
         if not specs and not env_ids:
             raise ValueError("the GEM actor needs --gem-dataset FILE or --gem-env ID [ID ...]")
-        self.specs, self.env_ids, self.fields, self.position, self.seed = list(specs), list(env_ids), fields, 0, seed_start
+        self.env_ids, self.fields, self.position, self.seed = list(env_ids), fields, 0, seed_start
+        self.specs = [dataclasses.replace(spec, **{k: v for k, v in fields.items() if getattr(spec, k) is None}) for spec in specs]
 
     def take(self, n: int) -> list[TaskSpec]:
         out = []
@@ -187,7 +234,7 @@ class TaskCycle:
         if args.gem_dataset:
             from gem_integrations.oat.dataset import read_specs
 
-            return cls(read_specs(args.gem_dataset))
+            return cls(read_specs(args.gem_dataset), **fields)
         return cls(env_ids=args.gem_env, seed_start=args.gem_seed_start, **fields)
 
 
@@ -201,9 +248,10 @@ class GemActor(PPOMultiTurnActor):
 
     def collect_experience(self) -> tuple[list[list[Transition]], dict[str, Any]]:
         specs = self.gem_tasks.take(int(self.args.gem_episodes_per_step))
-        policy = OatEnginePolicy(self.generate, self.sampling_params)
+        window = engine_max_model_len(self.llm)  # the default context cap: what the engine can take
+        policy = OatEnginePolicy(self.generate, self.sampling_params, max_model_len=window)
         params = sampling_from_vllm(self.sampling_params, self.sampling_params.max_tokens)
-        trajectories = asyncio.run(play(specs, policy, self.tokenizer, params))
+        trajectories = asyncio.run(play(specs, policy, self.tokenizer, params, max_context_tokens=window))
         kept = [t for t in trajectories if t.infra_error is None and t.turns]  # no turn: no transition for oat
         if not kept:
             failed = [t.infra_error for t in trajectories if t.infra_error is not None]

@@ -107,7 +107,13 @@ def sglang_params(base: Mapping[str, Any], params: SamplingParams) -> dict[str, 
 
 def generation_from_sglang(response: Mapping[str, Any], params: SamplingParams) -> Generation:
     """A SGLang ``/generate`` answer as a :class:`Generation`: the token ids and logprobs of
-    ``meta_info.output_token_logprobs`` (never the text), SGLang's finish reason."""
+    ``meta_info.output_token_logprobs`` (never the text), SGLang's finish reason. An error answer
+    (``{"error": {"message": ...}}``, e.g. SGLang's refusal of an input longer than the model's context,
+    which the runner ends as the episode's context limit) is raised with SGLang's message."""
+    error = response.get("error")
+    if error is not None or "meta_info" not in response:
+        message = error.get("message", error) if isinstance(error, Mapping) else (error or response)
+        raise RuntimeError(f"SGLang refused the request: {message}")
     meta = response["meta_info"]
     triples = meta.get("output_token_logprobs") or []
     ids = [int(t[1]) for t in triples]

@@ -11,8 +11,11 @@ typed, documented methods are the model's tools.
 
 Each instance holds one gem-core env (built by :func:`gem_core.tasks.make_task_env`, as a training row
 builds it); TRL pools instances and calls ``reset(**row)`` before each rollout: a ``seed`` column picks the
-episode (rows without one take the next seed of the instance's own count), and the reset's message (the
-observation and ``info["suffix"]``: :func:`gem_core.model_message`) is appended to the prompt. The tools
+episode, and the reset's message (the observation and ``info["suffix"]``: :func:`gem_core.model_message`) is
+appended to the prompt. A row without a seed takes :func:`seedless_seed`: ``seed_start + rank + world_size *
+k``, ``k`` counting this process's seedless resets of the factory's class (all its instances together), so
+every rollout of a batch, every batch and every rank plays its own episode, and a rerun the same ones (TRL
+resets the pool's instances one after another, in order). The seed an episode was reset with is ``seed``. The tools
 turn the model's calls into the env's own action text, so the episode is the one gem-core plays:
 
 * a game (``game:*``): ``move(move)`` steps ``\\boxed{move}``; another env: ``answer(answer)`` does;
@@ -29,9 +32,12 @@ path (GemRollout) does. TRL never closes an instance: :func:`close_environments`
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import torch.distributed as dist
 
 from gem_core.core import model_message
 from gem_core.errors import infra_error
@@ -54,17 +60,22 @@ class GemEnvironment:
     tools: tuple[str, ...] = ()
     seed_start: int = 0
 
+    #: This process's count of seedless resets, shared by every instance of the class (see seedless_seed).
+    _seedless_resets: itertools.count = itertools.count()
+
     def __init__(self) -> None:
         self._env = make_task_env(self.env_id, dict(self.env_kwargs), list(self.tools))
-        self._seeds = itertools.count(self.seed_start)
+        self.seed: int | None = None  # the seed of the episode last reset (not a tool: TRL takes functions only)
         self._rewards: list[float] = []
         self._done = True
         self._infra_error: str | None = None
         self._closed = False
 
     def reset(self, seed: int | None = None, **row: Any) -> str:
-        """Start an episode (TRL passes the dataset row: a ``seed`` column picks it); returns the first message."""
-        seed = next(self._seeds) if seed is None else int(seed)
+        """Start an episode (TRL passes the dataset row: a ``seed`` column picks it, else :func:`seedless_seed`);
+        returns the first message."""
+        seed = seedless_seed(self.seed_start, next(type(self)._seedless_resets)) if seed is None else int(seed)
+        self.seed = seed
         obs, info = self._env.reset(seed=seed)
         self._rewards, self._done, self._infra_error = [], False, None
         return model_message(self._without_tool_protocol(obs), info)
@@ -106,6 +117,23 @@ class GemEnvironment:
             self._close()
         except Exception:  # interpreter shutdown: the env's resources go with the process
             pass
+
+
+def process_rank() -> tuple[int, int]:
+    """``(rank, world size)`` of this process: torch.distributed's once initialised (TRL's accelerator joins
+    the process group when the trainer is built), else the launcher's ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), max(int(os.environ.get("WORLD_SIZE", 1)), 1)
+
+
+def seedless_seed(seed_start: int, k: int, rank: int | None = None, world_size: int | None = None) -> int:
+    """The seed of a process's ``k``-th reset without a ``seed`` column: ``seed_start + rank + world_size * k``.
+    Distinct for every reset of every process (rank ``r`` takes ``seed_start + r``, ``+ r + world_size``, ...),
+    and the same in a rerun. ``rank``/``world_size`` default to :func:`process_rank`'s."""
+    if rank is None or world_size is None:
+        rank, world_size = process_rank()
+    return int(seed_start) + int(rank) + int(world_size) * int(k)
 
 
 # The tools, as plain functions; environment_factory puts the ones an env needs on its class. TRL builds
@@ -167,6 +195,7 @@ def environment_factory(
         "env_kwargs": kwargs,
         "tools": names,
         "seed_start": seed_start,
+        "_seedless_resets": itertools.count(),  # the class's own count: one factory's episodes do not move another's
         "__doc__": f"{env_id} for TRL's environment_factory: tools {', '.join(['move' if game else 'answer', *names])}.",
         "__module__": __name__,
     }
@@ -221,4 +250,13 @@ def close_environments(trainer: Any) -> int:
     return closed
 
 
-__all__ = ["EPISODE_OVER", "INSTRUCTION", "GemEnvironment", "close_environments", "environment_dataset", "environment_factory"]
+__all__ = [
+    "EPISODE_OVER",
+    "INSTRUCTION",
+    "GemEnvironment",
+    "close_environments",
+    "environment_dataset",
+    "environment_factory",
+    "process_rank",
+    "seedless_seed",
+]

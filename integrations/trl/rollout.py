@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gem_core.plugins import EnginePolicy, PluginError
-from gem_core.rollout import Generation, HFPolicy, RunConfig, SamplingParams, Trajectory, cached_formatter, play_row, resolve_in_thread
+from gem_core.rollout import Generation, HFPolicy, RunConfig, SamplingParams, Trajectory, answer_each, cached_formatter, play_row, resolve_in_thread
 from gem_integrations.trl.dataset import task_of
 
 TURN_IDS = "gem_turn_ids"
@@ -258,7 +258,9 @@ class TRLVLLMPolicy(EnginePolicy):
     tokens in ``generation_kwargs``), in a thread; each process calls its server itself (no collective).
     Colocate mode: the same batches go to the colocated ``vllm.LLM.generate`` with a
     ``vllm.SamplingParams``. The answer is read from its token ids (vLLM keeps the stop token there),
-    never its text. Sleep mode and tensor parallelism in colocate mode need collectives around every
+    never its text. vLLM refuses a whole call for one prompt over its window (the server answers 400 in
+    its words, which the client raises): the call is split until the refusal is that request's alone,
+    whose episode ends as the runner's context limit (:func:`gem_core.rollout.answer_each`). Sleep mode and tensor parallelism in colocate mode need collectives around every
     call and are refused.
     """
 
@@ -304,8 +306,11 @@ class TRLVLLMPolicy(EnginePolicy):
             queue, self._queue = self._queue, []
             for _, group in itertools.groupby(sorted(queue, key=lambda p: repr(p.params)), key=lambda p: repr(p.params)):
                 group = list(group)
+                sampling = self.sampling(group[0].params)
+                # one prompt over the engine's window makes vLLM refuse the whole call: that request alone is refused
                 await resolve_in_thread(
-                    [p.future for p in group], lambda group=group: self._call([p.prompt_ids for p in group], self.sampling(group[0].params))
+                    [p.future for p in group],
+                    lambda group=group, sampling=sampling: answer_each([p.prompt_ids for p in group], lambda part: self._call(part, sampling)),
                 )
 
     def _call(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[Any]:

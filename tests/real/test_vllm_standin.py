@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 
+from gem_core.rollout import is_context_refusal
 from gem_core.testing.vllm_engine import EngineError, VLLMFaithfulEngine, VLLMFaithfulLLM, VLLMSamplingParams
 
 from conftest import MAX_MODEL_LEN
@@ -107,9 +108,26 @@ def test_a_prompt_over_the_context_is_refused_by_both(llm, standin, tokenizer):
     long_prompt = [tokenizer.eos_token_id - 1 if tokenizer.eos_token_id > 0 else 5] * (MAX_MODEL_LEN + 4)
     with pytest.raises(Exception) as real_error:
         llm.generate([{"prompt_token_ids": long_prompt}], vllm.SamplingParams(max_tokens=4), use_tqdm=False)
-    with pytest.raises(EngineError):
+    with pytest.raises(EngineError) as fake_error:
         standin.generate([{"prompt_token_ids": long_prompt}], VLLMSamplingParams(max_tokens=4))
-    assert "maximum context length is 1024" in str(real_error.value)  # vLLM 0.32's words; the stand-in's are 0.8's
+    words = f"maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt contains {len(long_prompt)} input tokens"
+    assert words in str(real_error.value) and words in str(fake_error.value)  # vLLM 0.32's words, in both
+    assert is_context_refusal(real_error.value) and is_context_refusal(fake_error.value)  # what the runner ends as context_limit
+
+
+def test_one_prompt_over_the_context_refuses_the_whole_batch_in_both(llm, standin, prompts, tokenizer):
+    """vLLM checks every prompt of a call before it runs any: a batch with one prompt that leaves no room is
+    refused whole (why batching policies refuse that request alone: gem_core.rollout.answer_each)."""
+    full = [tokenizer.eos_token_id - 1 if tokenizer.eos_token_id > 0 else 5] * MAX_MODEL_LEN  # exactly the window
+    batch = [{"prompt_token_ids": prompts[0]}, {"prompt_token_ids": full}]
+    with pytest.raises(Exception) as real_error:
+        llm.generate(batch, vllm.SamplingParams(max_tokens=4), use_tqdm=False)
+    calls = len(standin.calls)
+    with pytest.raises(EngineError) as fake_error:
+        standin.generate(batch, VLLMSamplingParams(max_tokens=4))
+    assert len(standin.calls) == calls  # nothing ran
+    assert is_context_refusal(real_error.value) and is_context_refusal(fake_error.value)
+    assert str(fake_error.value).split(" Make sure")[0] in str(real_error.value)
 
 
 def test_a_response_past_the_context_is_cut_alike(llm, standin, prompts):

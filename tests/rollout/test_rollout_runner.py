@@ -19,6 +19,7 @@ from gem_core.rollout import (
     SamplingParams,
     ScriptedPolicy,
     episode_of,
+    is_context_refusal,
     run_episode,
     run_episodes,
 )
@@ -136,6 +137,54 @@ def test_engine_context_error_becomes_a_truncation(tokenizer, formatter):
 
     trajectory = _play(ScriptedRewardEnv([0.1, 0.2, 0.3]), Refuses(), formatter, seed=0)
     assert trajectory.rewards == [0.1, 0.2] and trajectory.truncation_reason == "context_limit"
+
+
+class _RemoteError(RuntimeError):
+    """Ray's RayTaskError shape: its own text names the task, the remote error is ``cause``."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__("ray::vLLMHttpServer.generate() failed")
+        self.cause = cause
+
+
+#: What engines say when a prompt does not fit the model's window (gem_core.rollout.CONTEXT_REFUSAL's sources).
+ENGINE_REFUSALS = [
+    ValueError("The decoder prompt (length 600) is longer than the maximum model length of 512."),  # vLLM 0.8 (oat's pin)
+    RuntimeError(  # vLLM 0.29+ (VLLMValidationError is not a ValueError)
+        "This model's maximum context length is 512 tokens. However, your prompt contains 600 input tokens, which exceeds this limit"
+    ),
+    RuntimeError("The decoder prompt (length 512) plus the number of requested output tokens (at least 1) is longer than the maximum model length of 512."),
+    _RemoteError(ValueError("Prompt length (512) leaves no room to generate within the model's maximum context length (512); need at least 1")),  # verl
+    ValueError("The input (600 tokens) is longer than the model's context length (512 tokens)."),  # SGLang
+    ContextLimitExceeded("a prompt of 600 tokens for max_model_len 512"),
+]
+
+
+@pytest.mark.parametrize("refusal", ENGINE_REFUSALS, ids=lambda e: type(e).__name__ + ":" + str(e)[:30])
+def test_an_engines_context_refusal_in_its_own_words_ends_that_episode_at_the_context_limit(tokenizer, formatter, refusal):
+    inner = ScriptedPolicy(tokenizer, lambda context: "\\boxed{1}")
+
+    class Refuses:
+        async def generate(self, prompt_ids, params, *, request_id=""):
+            if request_id.endswith("turn-2"):
+                raise refusal
+            return await inner.generate(prompt_ids, params, request_id=request_id)
+
+    assert is_context_refusal(refusal)
+    trajectory = _play(ScriptedRewardEnv([0.1, 0.2, 0.3]), Refuses(), formatter, seed=0)
+    assert trajectory.rewards == [0.1, 0.2] and trajectory.truncation_reason == "context_limit" and trajectory.truncated
+    assert trajectory.infra_error is None  # the policy's context ran out: not an infrastructure failure
+
+
+@pytest.mark.parametrize("error", [ValueError("max_tokens must be at least 1, got 0."), RuntimeError("Connection reset by peer"), _RemoteError(KeyError("x"))])
+def test_other_engine_errors_still_fail_the_episode(tokenizer, formatter, error):
+    class Fails:
+        async def generate(self, prompt_ids, params, *, request_id=""):
+            raise error
+
+    assert not is_context_refusal(error)
+    with pytest.raises(type(error)):
+        _play(ScriptedRewardEnv([0.1]), Fails(), formatter, seed=0)
 
 
 def test_a_policy_that_overruns_max_tokens_is_an_error(formatter):

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("transformers", reason="the engine decodes with the local test tokenizer")
 
 from gem_core.testing import build_test_tokenizer  # noqa: E402
+from gem_core.rollout import is_context_refusal  # noqa: E402
 from gem_core.testing.vllm_engine import EngineError, ScriptedModel, VLLMFaithfulEngine, VLLMSamplingParams  # noqa: E402
 
 
@@ -51,6 +52,9 @@ def test_max_tokens_as_given_and_the_context_window(setup):
     )  # vLLM's default
     with pytest.raises(EngineError, match="longer than the maximum model length"):
         _out(engine, list(range(128)), max_tokens=1)
+    with pytest.raises(EngineError, match="maximum context length is 128 tokens") as longer:  # vLLM 0.32's words
+        _out(engine, list(range(130)), max_tokens=1)
+    assert is_context_refusal(longer.value)
 
 
 def test_min_tokens_and_logprobs(setup):

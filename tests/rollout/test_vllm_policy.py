@@ -49,6 +49,23 @@ def test_an_over_long_prompt_is_refused_alone(llm):
     assert llm.calls == []  # nothing reached the engine, so no batch was failed with it
 
 
+def test_an_engine_that_does_not_say_its_window_still_refuses_one_prompt_alone(llm):
+    """vLLM refuses a whole batch for one prompt over its window: the batch is split until the refusal is the
+    refused request's alone (gem_core.rollout.answer_each); the other requests of the batch are answered."""
+    policy = VLLMPolicy(llm, sampling_params_cls=VLLMSamplingParams)
+    policy.max_model_len = None  # an engine whose config does not say its window: the request's check cannot see it
+
+    async def four_at_once():
+        prompts = [[5, 6, 7], [5, 6, 8], [5, 6, 9], [5] * 600]
+        calls = (policy.generate(p, SamplingParams(max_tokens=4), request_id=f"e{i}/turn-0") for i, p in enumerate(prompts))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outputs = asyncio.run(four_at_once())
+    assert [type(o).__name__ for o in outputs] == ["Generation", "Generation", "Generation", "ContextLimitExceeded"]
+    assert "maximum context length is 512 tokens" in str(outputs[3])  # the engine's own words
+    assert llm.calls == [2, 1]  # [a, b, c, long] refused, [a, b] answered, [c, long] refused, [c] answered, [long] refused
+
+
 @pytest.mark.parametrize("bad", [0, -3])
 def test_a_bad_batch_size_is_refused(llm, bad):
     with pytest.raises(ValueError, match="max_batch_size"):

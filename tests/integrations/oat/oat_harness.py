@@ -38,15 +38,16 @@ class _HandBack:
         return data
 
 
-def make_actor(tokenizer: Any, specs: list, *, max_tokens: int) -> Any:
-    """A GemActor as oat's ``ActorBase.__init__`` and ``init`` leave it, with a vLLM-faithful LLM."""
+def make_actor(tokenizer: Any, specs: list, *, max_tokens: int, max_model_len: int = 8192) -> Any:
+    """A GemActor as oat's ``ActorBase.__init__`` and ``init`` leave it, with a vLLM-faithful LLM whose
+    context window is ``max_model_len``."""
     from gem_integrations.oat.rollout import GemActor, TaskCycle
 
     args = gem_args(generate_max_length=max_tokens, gem_episodes_per_step=len(specs))
     actor = GemActor(ipc_server=None, vllm_args={}, args=args)  # oat's own __init__
     actor.sampling_params = VLLMSamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=-1, n=1)
     actor.sampling_params.logprobs = 1  # as oat's RewardActor.init sets it
-    actor.llm = VLLMFaithfulLLM(VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=8192))
+    actor.llm = VLLMFaithfulLLM(VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=max_model_len))
     actor.tokenizer = tokenizer
     actor.use_lora_req = False
     actor.ipc_client = _HandBack()

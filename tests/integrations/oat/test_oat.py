@@ -321,3 +321,82 @@ def test_a_step_whose_every_episode_failed_says_so(reference, tokenizer):
     actor.llm.generate = _aborting(actor.llm, {tuple(reference.trajectories[0].context_ids(0))})
     with pytest.raises(RuntimeError, match=r"no GEM episode of this step \(1\) can be trained on: 1 failed on the infrastructure \(e\.g\. "):
         actor.step()
+
+
+def test_the_gem_flags_apply_to_dataset_rows_where_a_row_sets_none(tmp_path, tokenizer):
+    """--gem-max-turns, --gem-max-context-tokens and --gem-system-prompt with --gem-dataset: each fills what
+    a row leaves unset (a row's own value wins), and the actor's episodes play under them."""
+    import json
+
+    from gem_integrations.oat.dataset import TASK_KEY
+    from gem_integrations.oat.rollout import TaskCycle
+
+    rows = [
+        TaskSpec("game:GuessTheNumber-v0", seed=1),  # 5 turns unbounded: the flags' 2 turns
+        TaskSpec("game:GuessTheNumber-v0", seed=1, max_turns=3, system_prompt="Row prompt."),  # its own
+        TaskSpec("game:GuessTheNumber-v0", seed=1, max_turns=10),  # contexts 98, 175, 223, 271: the flag's 250 cuts it
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({TASK_KEY: spec.to_json()}) + "\n" for spec in rows))
+    actor = make_actor(tokenizer, rows, max_tokens=GOLDEN_PARAMS.max_tokens)
+    actor.args = gem_args(
+        gem_dataset=str(path),
+        gem_max_turns=2,
+        gem_max_context_tokens=250,
+        gem_system_prompt="Flag prompt.",
+        generate_max_length=GOLDEN_PARAMS.max_tokens,
+        gem_episodes_per_step=len(rows),
+    )
+    actor.gem_tasks = TaskCycle.from_args(actor.args)
+    specs = actor.gem_tasks.take(3)
+    assert [(s.max_turns, s.max_context_tokens, s.system_prompt) for s in specs] == [
+        (2, 250, "Flag prompt."),
+        (3, 250, "Row prompt."),
+        (10, 250, "Flag prompt."),
+    ]
+    actor.gem_tasks = TaskCycle.from_args(actor.args)
+    episodes = actor.step()
+    assert [len(e) for e in episodes] == [2, 3, 3]
+    assert [e[-1].info["gem/context_limit"] for e in episodes] == [0.0, 0.0, 1.0]
+    assert ["Flag prompt." in episodes[0][0].prompt, "Row prompt." in episodes[1][0].prompt, "Flag prompt." in episodes[2][0].prompt] == [True] * 3
+    assert all(len(x.prompt_ids) + len(x.response_ids) <= 250 for e in episodes for x in e)
+
+
+def test_the_context_is_capped_at_the_engines_window_and_a_refusal_ends_that_episode_alone(tokenizer):
+    """No cap set anywhere: the engine's max_model_len is the cap, so no prompt reaches vLLM's refusal (a
+    batch vLLM refuses fails every episode in it). A row whose own cap is past the window: its prompt that
+    leaves no room in the window is refused alone; that episode ends as the runner's context limit
+    (truncated, not an infra failure) and the others of the same batches play on."""
+    import asyncio
+
+    from gem_core.plugins import sampling_from_vllm
+    from gem_core.testing.vllm_engine import EngineError
+    from gem_integrations.oat.rollout import OatEnginePolicy, play
+
+    window = 300
+    specs = [
+        TaskSpec("game:GuessTheNumber-v0-easy", seed=0),  # 4 turns, 227 tokens: all of it
+        TaskSpec("game:GuessTheNumber-v0", seed=1),  # a 5th turn would start at 304
+        TaskSpec("game:Mastermind-v0-hard", seed=11, max_context_tokens=1000),  # its own cap: the 3rd prompt (302) is refused
+    ]
+    actor = make_actor(tokenizer, specs, max_tokens=GOLDEN_PARAMS.max_tokens, max_model_len=window)
+    episodes = actor.step()
+    assert [len(e) for e in episodes] == [4, 4, 2]
+    assert [e[-1].info["gem/context_limit"] for e in episodes] == [0.0, 1.0, 1.0]
+    assert [e[-1].info["gem/truncated"] for e in episodes] == [0.0, 1.0, 1.0]
+    assert all(x.info["gem/infra_failed_episodes"] == 0.0 for e in episodes for x in e)
+    assert max(len(ids) for ids, _ in actor.llm.engine.requests) < window  # vLLM never had to refuse a batch
+
+    # a policy that does not know the window: vLLM refuses the batch, which is split until the refusal is alone
+    policy = OatEnginePolicy(actor.generate, actor.sampling_params)
+    params = sampling_from_vllm(actor.sampling_params, actor.sampling_params.max_tokens)
+    trajectories = asyncio.run(play(specs, policy, tokenizer, params))
+    assert [(t.num_turns, t.truncation_reason, t.infra_error) for t in trajectories] == [
+        (4, None, None),
+        (4, "context_limit", None),
+        (2, "context_limit", None),
+    ]
+    assert [len(e) for e in episodes] == [t.num_turns for t in trajectories]
+    assert 1 in policy.batches  # the refused batches were split down to the refused prompt
+    with pytest.raises(EngineError, match="maximum context length is 300 tokens"):  # the refusal the policy met
+        actor.llm.generate(prompt_token_ids=[[1] * 301], sampling_params=actor.sampling_params)

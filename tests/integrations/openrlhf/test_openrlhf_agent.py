@@ -221,9 +221,30 @@ def test_an_env_that_raises_is_closed(executor, tokenizer, golden, monkeypatch):
 
 def test_an_engine_that_raises_is_closed(executor, tokenizer, golden, monkeypatch):
     counter = CloseCounter(monkeypatch)
-    engine = faithful_engine(tokenizer, max_model_len=120)  # smaller than OpenRLHF's max_len: vLLM refuses
-    with pytest.raises(ValueError, match="maximum model length"):
-        run_executor(executor, tokenizer, golden.episodes[1], engine=engine, max_length=2000)
+
+    class Broken:
+        async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+            raise RuntimeError("the engine broke")
+
+    with pytest.raises(RuntimeError, match="the engine broke"):
+        run_executor(executor, tokenizer, golden.episodes[1], engine=Broken(), max_length=2000)
+    assert counter.made == counter.closed == 1
+
+
+def test_an_engine_context_refusal_ends_that_episode_at_the_context_limit(executor, tokenizer, golden, monkeypatch):
+    """vLLM's window smaller than OpenRLHF's max_len: vLLM refuses the prompt that leaves it no room (in its
+    words); the episode ends as the runner's context limit (truncated, its turns trained on, not an infra
+    failure) instead of failing the sample."""
+    from gem_integrations.openrlhf.rollout import INFRA_FAILED_KEY
+
+    counter = CloseCounter(monkeypatch)
+    engine = faithful_engine(tokenizer, max_model_len=120)  # the episode's contexts: 83, 160, ...
+    response, _ = run_executor(executor, tokenizer, golden.episodes[1], engine=engine, max_length=2000)
+    assert response["extra_logs"]["gem_context_limit"] == 1.0 and response["extra_logs"]["gem_truncated"] == 1.0
+    assert response["extra_logs"][INFRA_FAILED_KEY] == 0.0
+    assert response["truncated"] is True and len(response["action_ranges"]) == 1  # the answered first turn, kept
+    sent = [len(prompt) for prompt, _ in engine.requests]
+    assert sent[-1] >= 120 > max(sent[:-1])  # the last request was the refused one, the first over the window
     assert counter.made == counter.closed == 1
 
 

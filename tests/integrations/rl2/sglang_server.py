@@ -2,7 +2,9 @@
 gem_core's VLLMFaithfulEngine (the golden scenario's scripted model): the output ids keep the stop
 token (``output_token_logprobs`` as ``[logp, id, None]``), ``max_new_tokens``, the model's EOS and
 ``stop_token_ids`` stop it, the text is decoded with ``skip_special_tokens`` (SGLang's default: true),
-the stop token's text kept only with ``no_stop_trim``; ``finish_reason.type`` ``stop``/``length``.
+the stop token's text kept only with ``no_stop_trim``; ``finish_reason.type`` ``stop``/``length``. An input
+that leaves no room in the context (``max_model_len``) is refused as SGLang refuses it: status 400 and
+``{"error": {"message": "The input (N tokens) is longer than the model's context length (M tokens)."}}``.
 Other endpoints (``release_memory_occupation``, ...) answer 200 and are recorded."""
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from gem_core.testing.vllm_engine import ScriptedModel, VLLMFaithfulEngine, VLLM
 
 
 class FakeSGLang:
-    def __init__(self, tokenizer):
-        self.engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=8192)
+    def __init__(self, tokenizer, max_model_len: int = 8192):
+        self.engine = VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=max_model_len)
         self.calls: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
         server = self
@@ -33,7 +35,7 @@ class FakeSGLang:
                     server.calls.append((self.path, body))
                     answer = server.answer(body) if self.path.rstrip("/").endswith("/generate") else {}
                 data = json.dumps(answer).encode()
-                self.send_response(200)
+                self.send_response(400 if "error" in answer else 200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -45,6 +47,9 @@ class FakeSGLang:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def answer(self, body: dict) -> dict:
+        n, context = len(body["input_ids"]), self.engine.max_model_len
+        if n >= context:  # SGLang's TokenizerManager check, answered by its HTTP server as a 400
+            return {"error": {"message": f"The input ({n} tokens) is longer than the model's context length ({context} tokens)."}}
         sp = body.get("sampling_params") or {}
         params = VLLMSamplingParams(
             max_tokens=sp.get("max_new_tokens"),

@@ -691,6 +691,28 @@ def test_head_generate_contract(tokenizer, reference, server):
         assert sample.turn == trajectory.num_turns
 
 
+def test_head_generate_a_context_refusal_ends_that_episode_alone(tokenizer):
+    """SGLang refuses an input that leaves no room in its context (a 400 with its message): that episode ends
+    as the runner's context limit (truncated, its turns kept for training, not an infra failure); the
+    episodes beside it play on."""
+    server = FakeSGLang(tokenizer, max_model_len=150)
+    samples = _head_samples([GOLDEN_EPISODES[0], GOLDEN_EPISODES[2]])  # contexts 83, 128, 173, ...; and 84 (one turn)
+    try:
+
+        async def play():
+            await asyncio.gather(*(gem_rollout.generate(_head_config(), tokenizer, server.url, s, post=_head_post) for s in samples))
+
+        asyncio.run(play())
+    finally:
+        server.close()
+    refused = [body for path, body in server.calls if len(body["input_ids"]) >= 150]
+    assert len(refused) == 1  # the third prompt of the first episode
+    assert [s.turn for s in samples] == [2, 1] and all(s.status is HeadSample.Status.DONE for s in samples)
+    (state,) = samples[0].state_dicts
+    assert sum(state["action_mask"]) > 0  # a context-limit ending is trained on, unlike an infra failure
+    assert state["states"] == refused[0]["input_ids"]  # the two turns and the last message, nothing after the refusal
+
+
 def test_head_generate_closes_its_env_when_cancelled(tokenizer, server, monkeypatch):
     """RL2 HEAD cancels a sample's ``generate`` (a failed rollout, the end of the run): its env is closed."""
     envs = EnvCounter(monkeypatch)

@@ -68,3 +68,31 @@ def test_vllm_client_stand_in_has_trls_signature():
     real = inspect.signature(VLLMClient.generate)
     fake = inspect.signature(FaithfulVLLMClient.generate)
     assert [(p.name, p.default) for p in real.parameters.values()] == [(p.name, p.default) for p in fake.parameters.values()]
+
+
+def test_a_vllm_context_refusal_is_that_requests_alone(tokenizer):
+    """TRL's vLLM server refuses a whole batch (a 400 in vLLM's words, raised by TRL's client) for one prompt
+    over its window: TRLVLLMPolicy splits the call until the refusal is the one request's
+    (ContextLimitExceeded, which the runner ends as that episode's context limit); the others are answered."""
+    import asyncio
+
+    from conftest import FakeVLLMGeneration
+
+    from gem_core.rollout import ContextLimitExceeded, SamplingParams
+    from gem_core.testing.golden import golden_respond
+    from gem_core.testing.vllm_engine import ScriptedModel, VLLMFaithfulEngine
+    from gem_integrations.trl.rollout import TRLVLLMPolicy
+
+    client = FaithfulVLLMClient(VLLMFaithfulEngine(ScriptedModel(tokenizer, golden_respond), max_model_len=64))
+    policy = TRLVLLMPolicy(FakeVLLMGeneration(client))
+    prompt = tokenizer.encode("<|im_start|>user\nGuess a number.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+    async def three_at_once():
+        prompts = [prompt, prompt + prompt, [prompt[0]] * 64]
+        requests = (policy.generate(p, SamplingParams(max_tokens=4), request_id=f"e{i}/turn-0") for i, p in enumerate(prompts))
+        return await asyncio.gather(*requests, return_exceptions=True)
+
+    answers = asyncio.run(three_at_once())
+    assert [type(a).__name__ for a in answers] == ["Generation", "Generation", "ContextLimitExceeded"]
+    assert isinstance(answers[2], ContextLimitExceeded) and "maximum model length of 64" in str(answers[2])
+    assert [len(call["prompts"]) for call in client.calls] == [3, 1, 2, 1, 1]  # refused, answered, refused, answered, refused

@@ -223,6 +223,31 @@ def test_shortened_response_is_length_not_stop(model_dir):
     assert policy.generate_seconds > 0.0
 
 
+def test_a_context_refusal_by_verls_server_ends_that_episode_at_the_context_limit(verl_config, model_dir, golden):
+    """verl's vLLM server refuses a prompt that leaves no room in its max_model_len (a ValueError in its words,
+    which reaches the loop through Ray): the episode ends as the runner's context limit, its answered turns
+    kept in the row for training (not an infra failure), instead of failing the batch."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl_server import FaithfulVerlServer, InProcessServerManager
+
+    from conftest import PROMPT_LENGTH
+    from gem_integrations.verl.advantage import INFRA_FIELD
+
+    server = FaithfulVerlServer(f"{model_dir}/tokenizer", prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH, max_model_len=200)
+    worker = _worker(AgentLoopWorker, verl_config, None)
+    row = golden_rows(golden)[1]  # its contexts: 83, 160, 208, ...: the third prompt leaves no room in 200
+    assert [len(golden.trajectories[1].context_ids(t)) for t in range(3)] == [83, 160, 208]
+
+    output = asyncio.run(_agent_loop(worker, InProcessServerManager(server)).run(dict(SAMPLING), **row))
+    stored = output.as_dict()
+
+    assert len(server.calls) == 3  # the third was refused
+    assert output.extra_fields["gem_truncation_reason"] == "context_limit"
+    assert stored[INFRA_FIELD] == ""
+    first_two = golden.trajectories[1].turns[:2]
+    assert int(stored["response_mask"].sum()) == sum(len(t.response_ids) for t in first_two)  # both answered turns train
+
+
 def test_reward_model_with_rebn_is_refused(model_dir):
     """A reward model would overwrite (co-located) or skip (streaming) the per-turn rm_scores: refused with
     the reason, by the agent loop and by verl's trainer at construction (the plugin's patch)."""
