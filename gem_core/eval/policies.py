@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gem_core.models import ModelUnavailableError, resolve_model
-from gem_core.rollout import ChatFormatter, ContextLimitExceeded, Generation, HFPolicy, Retry, SamplingParams, VLChatFormatter, VLLMPolicy
+from gem_core.rollout import ChatFormatter, Generation, HFPolicy, Retry, SamplingParams, VLChatFormatter, VLLMPolicy, is_context_refusal
 
 POLICIES = ("openai", "hf", "vllm", "random", "oracle")
 #: A local model's weights: ``auto`` is each library's own choice (transformers: the checkpoint's dtype; vLLM:
@@ -112,9 +112,9 @@ class _MeteredTokens:
         images = {} if multi_modal_data is None else {"multi_modal_data": multi_modal_data}  # a text model's call stays as it was
         try:
             generation = await self.meter.policy.generate(prompt_ids, params, request_id=request_id, **images)
-        except ContextLimitExceeded:
-            raise  # the runner's own ending (truncated, "context_limit")
         except Exception as exc:
+            if is_context_refusal(exc):
+                raise  # the runner's own ending (truncated, "context_limit"), also in an engine's words
             return self.meter.fail(exc)
         return self.meter.record(generation, len(prompt_ids), len(generation.token_ids))
 
@@ -129,9 +129,9 @@ class _MeteredChat:
             messages = [{"role": "system", "content": system}, *messages]
         try:
             generation = await self.meter.policy.chat(messages, params, request_id=request_id)
-        except ContextLimitExceeded:
-            raise
         except Exception as exc:
+            if is_context_refusal(exc):
+                raise
             return self.meter.fail(exc)
         return self.meter.record(generation, generation.prompt_tokens, generation.completion_tokens)
 

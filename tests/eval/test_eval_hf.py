@@ -93,3 +93,34 @@ def test_the_meter_passes_images_through_and_keeps_a_text_call_as_it_was():
     asyncio.run(metered.generate([5, 6], SamplingParams(), request_id="r"))
     asyncio.run(metered.generate([5, 6], SamplingParams(), request_id="r", multi_modal_data={"image": ["img"]}))
     assert calls == [{}, {"multi_modal_data": {"image": ["img"]}}]
+
+
+def test_the_meter_hands_an_engines_context_refusal_to_the_runner_not_a_failed_request():
+    """vLLM refuses an over-long prompt in its own words (not ContextLimitExceeded): the runner ends that
+    episode as its context limit, so the meter must pass the error on instead of counting a failed request."""
+    import asyncio
+
+    import pytest
+
+    from gem_core.eval.policies import EpisodeMeter, _MeteredTokens
+    from gem_core.rollout import SamplingParams, is_context_refusal
+
+    refusal = "The decoder prompt (length 2049) is longer than the maximum model length of 2048."
+
+    class Engine:
+        async def generate(self, prompt_ids, params, *, request_id="", **images):
+            raise ValueError(refusal)
+
+    meter = EpisodeMeter(Engine())
+    with pytest.raises(ValueError) as raised:
+        asyncio.run(_MeteredTokens(meter).generate([5] * 2049, SamplingParams(), request_id="r"))
+    assert is_context_refusal(raised.value)
+    assert meter.error is None and meter.last_finish is None  # not a failed request
+
+    class Broken:
+        async def generate(self, prompt_ids, params, *, request_id="", **images):
+            raise RuntimeError("engine died")
+
+    broken = EpisodeMeter(Broken())
+    generation = asyncio.run(_MeteredTokens(broken).generate([5], SamplingParams(), request_id="r"))
+    assert generation.finish_reason == "abort" and broken.error == "RuntimeError: engine died"
