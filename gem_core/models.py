@@ -29,6 +29,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gem_core.errors import GemError
 
@@ -108,8 +109,9 @@ def hub_reachable(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> bool:
 
 
 #: Bumped when the converted files change, so that a cache made by an older conversion is not used:
-#: 2 = a tokenizer config that transformers 4.x reads too.
-CHECKPOINT_FORMAT = 2
+#: 2 = a tokenizer config that transformers 4.x reads too; 3 = the tokenizer's bos/eos/pad pinned to the
+#: model config's ids (a conversion by transformers 5.10, verl's pin, had eos <|im_start|> and no pad).
+CHECKPOINT_FORMAT = 3
 
 
 def checkpoint_dir(model: EmbeddedModel = SMOLLM2) -> Path:
@@ -213,6 +215,7 @@ def _convert(gguf: Path, target: Path) -> None:
             model.tie_weights()
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        pin_special_tokens(tokenizer, config)
         tokenizer.save_pretrained(staging)
         _portable_tokenizer_config(staging / "tokenizer_config.json")
         if target.exists():  # another process finished first
@@ -222,6 +225,17 @@ def _convert(gguf: Path, target: Path) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def pin_special_tokens(tokenizer: Any, config: Any) -> None:
+    """Set the tokenizer's bos, eos and pad tokens to the ids the model config holds (both read from the
+    GGUF's metadata), so the converted checkpoint is the same whichever transformers converted it: 5.10's GGUF
+    tokenizer reader (verl's pin) gave SmolLM2 eos ``<|im_start|>`` and no pad, where 5.2x and the config say
+    ``<|im_end|>`` for both, and the cache is shared by every session's transformers."""
+    for role in ("bos", "eos", "pad"):
+        token_id = getattr(config, f"{role}_token_id", None)
+        if isinstance(token_id, int) and not isinstance(token_id, bool) and 0 <= token_id < len(tokenizer):
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
 
 
 def _portable_tokenizer_config(path: Path) -> None:

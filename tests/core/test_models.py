@@ -89,3 +89,26 @@ def test_the_train_and_eval_clis_turn_an_unavailable_model_into_their_one_line_e
     pytest.importorskip("torch")
     with pytest.raises(eval_policies.PolicyError, match="is unavailable"):
         eval_policies.hf_policy("smollm2-135m-instruct", device="cpu", batch_size=1, seed=0)
+
+
+def test_the_conversion_pins_bos_eos_and_pad_to_the_model_configs_ids():
+    """transformers 5.10 (verl's pin) read SmolLM2's GGUF tokenizer with eos <|im_start|> and no pad while the
+    config said eos = pad = <|im_end|>; the cache is shared by every session, so the conversion must not
+    depend on which transformers made it."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from gem_core.testing.tokenizer import build_test_tokenizer
+
+    tokenizer = build_test_tokenizer()
+    start, end = tokenizer.convert_tokens_to_ids("<|im_start|>"), tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer.eos_token = "<|im_start|>"  # as transformers 5.10 left it
+    tokenizer.pad_token = None
+    models.pin_special_tokens(tokenizer, SimpleNamespace(bos_token_id=start, eos_token_id=end, pad_token_id=end))
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (start, end, end)
+    models.pin_special_tokens(tokenizer, SimpleNamespace(bos_token_id=None, eos_token_id=10**9, pad_token_id=True))
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (start, end, end)  # nothing usable: kept
+
+
+def test_a_cache_made_by_an_older_conversion_is_not_used():
+    assert models.checkpoint_dir().name.endswith(f"-f{models.CHECKPOINT_FORMAT}") and models.CHECKPOINT_FORMAT >= 3
