@@ -27,6 +27,16 @@ import gem_core
 from gem_core.cli_support import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, check_out_file, os_error_text, seconds, whole_number
 from gem_core.errors import GemError, InvalidArgumentError, UnknownEnvError
 from gem_core.parsing import boxed, last_boxed
+from gem_core.serve import (  # constants only: openenv is imported when serving
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_ACTION_CHARS,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_SESSIONS,
+    MAX_SESSIONS_LIMIT,
+    TOKEN_ENV,
+)
 from gem_core.vector.make import MAX_NUM_ENVS
 from gem_core.wrappers import EpisodeStatistics, EpisodeTotals
 
@@ -83,17 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=whole_number(0, 65535), default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--topk", type=whole_number(1), default=3, help="passages per query when a request gives no topk")
-
-    from gem_core.serve import (  # constants only; openenv is imported when serving
-        DEFAULT_BODY_TIMEOUT,
-        DEFAULT_HEADER_TIMEOUT,
-        DEFAULT_IDLE_TIMEOUT,
-        DEFAULT_MAX_ACTION_CHARS,
-        DEFAULT_MAX_CONNECTIONS,
-        DEFAULT_MAX_SESSIONS,
-        MAX_SESSIONS_LIMIT,
-        TOKEN_ENV,
-    )
 
     served = commands.add_parser(
         "serve",
