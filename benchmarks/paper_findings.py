@@ -7,8 +7,8 @@
     turns per solved GuessTheNumber episode, toward binary search (about 2.9 guesses for 1-10)?
 
 Three arms (ReBN 0.9 is in both findings), each trained from ``--seeds`` with a scale's settings otherwise:
-``real`` (default), the default run of ``gem-core train`` (the embedded real model, no warm start, 15
-updates); ``tiny``, the toy scale (``TINY_RUN``: a tiny local model, a supervised warm start, 300 updates).
+``real`` (default), the default run of ``gem-core train`` (the embedded real model, a warm start on hint-blind
+moves, 30 updates, the top 10 layers trained); ``tiny``, the toy scale (``TINY_RUN``: a tiny local model, a supervised warm start, 300 updates).
 Every run plays the same held-out seeds. Runs live in ``--out`` as ``<scale>-<arm>-seed<seed>``; a run already
 complete there is read back, not trained again, so an interrupted benchmark picks up where it stopped, but
 only when its ``config.json`` is the arm's (estimator, gamma, seed and the scale's settings, model included):
@@ -16,7 +16,7 @@ a directory holding a run of other settings is an error, never counted.
 Printed: one table per finding, mean and spread (sample std) over seeds of the held-out success at the
 end, its mean over every evaluation (area under the curve: "learns faster"), and held-out turns per
 solved episode. Written: ``findings.md`` (the tables) and ``findings.png`` (held-out curves per arm).
-It runs long (toy scale: about ten minutes per run on two cores; real: about 16 minutes per run alone, and
+It runs long (toy scale: about ten minutes per run on two cores; real: about 25 minutes per run alone, and
 ``--jobs`` runs share the cores): start it in the background.
 """
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scale", choices=("real", "tiny"), default="real", help="the default run's settings (real model) or the toy scale's (default real)")
-    parser.add_argument("--steps", type=int, default=None, help="RL updates per run (default: the scale's, 15 real or 300 tiny)")
+    parser.add_argument("--steps", type=int, default=None, help="RL updates per run (default: the scale's, 30 real or 300 tiny)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, one torch thread each")
     parser.add_argument("--out", default="runs/paper_findings", help="where the runs, findings.md and findings.png go")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="another TrainConfig field for every run, e.g. --set eval_every=25")

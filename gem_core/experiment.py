@@ -8,8 +8,11 @@ configuration (each plugin's ``experiment`` module), every setting mapped explic
 defaults that would change the run pinned. A trainer that cannot express a setting refuses it in one line
 naming it (:func:`refuse`).
 
-The file has sections; every key is optional and defaults to the default run of ``gem-core train``
-(``examples/experiments/default.toml`` spells them all out; docs/experiments.md describes each)::
+The file has sections; every key is optional and defaults to the default run of ``gem-core train``, except
+the ``[reference]`` keys (the warm start, the frozen layers, the stop at the move: phases only ``gem-core
+train`` runs, which every other trainer refuses), which default to off so that a file without them runs in
+every trainer (``examples/experiments/default.toml`` spells out the default run, ``[reference]`` included;
+``examples/experiments/portable.toml`` is it without them; docs/experiments.md describes each key)::
 
     [optimizer]
     lr = 1e-4
@@ -116,11 +119,17 @@ class Experiment:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     # [training]
-    updates: int = 15
+    updates: int = 30
     ppo_epochs: int = 1
     mini_batches: int = 1
     gradient_checkpointing: bool = False
-    eval_every: int = 5
+    eval_every: int = 0
+    # [reference]: what only gem-core train runs. Left out, they are off (every trainer runs a file without
+    # them); examples/experiments/default.toml sets the default run's. Other trainers refuse them on:
+    # require_portable.
+    warm_start_steps: int = 0
+    trained_layers: int = 0
+    stop_after_box: bool = False
 
     def __post_init__(self) -> None:
         check_experiment(self)
@@ -207,6 +216,24 @@ KEYS: dict[str, Key] = {
     "gradient_checkpointing": Key("training", "gradient_checkpointing", Param(bool), "recompute activations in the backward pass (memory, not results)"),
     "eval_every": Key(
         "training", "eval_every", Param(int, low=0, high=10_000_000), "evaluate on the held-out seeds every N updates (0: only before and after)"
+    ),
+    "warm_start_steps": Key(
+        "reference",
+        "warm_start_steps",
+        Param(int, low=0, high=1_000_000),
+        "gem-core train only: supervised steps on hint-blind random moves before RL (0: none); other trainers refuse it",
+    ),
+    "trained_layers": Key(
+        "reference",
+        "trained_layers",
+        Param(int, low=0, high=100_000),
+        "gem-core train only: train the top N decoder layers, the rest frozen (0: every weight); other trainers refuse it",
+    ),
+    "stop_after_box": Key(
+        "reference",
+        "stop_after_box",
+        Param(bool),
+        "gem-core train only: end each response at the token that closes its \\boxed{} move; other trainers refuse it",
     ),
 }
 FIELD_OF = {key.path: name for name, key in KEYS.items()}
@@ -401,6 +428,19 @@ def weights_sha256(path: str | Path) -> str:
 def train_rows(experiment: Experiment) -> int:
     """Rows of a trainer's training dataset: one start state (prompt) per group, ``updates`` batches of them."""
     return experiment.updates * experiment.groups_per_update
+
+
+#: The [reference] keys (what only gem-core train runs) and the value every other trainer needs.
+REFERENCE_ONLY = {"reference.warm_start_steps": 0, "reference.trained_layers": 0, "reference.stop_after_box": False}
+
+
+def require_portable(trainer: str, experiment: Experiment) -> str:
+    """What every trainer plugin checks first: the experiment's one env id (:func:`require_one_env`) and no
+    [reference] setting (a warm start, frozen layers, a stop at the move: gem-core train's own phases, which no
+    other trainer runs). Returns the env id."""
+    for path, portable in REFERENCE_ONLY.items():
+        require(trainer, experiment, path, experiment.value_of(path) == portable, f"only gem-core train runs it; set {path} = {json.dumps(portable)} to run the experiment here")
+    return require_one_env(trainer, experiment)
 
 
 def require_one_env(trainer: str, experiment: Experiment) -> str:

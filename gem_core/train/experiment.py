@@ -4,8 +4,8 @@ trainer's options.
 The file says what the run is; the command line says where it runs. So an option that the file sets
 (``--lr``, ``--env``, ``--steps``...) given beside ``--experiment`` is refused in one line (edit the file, or
 copy it), while the options the file does not hold (``--out``, ``--device``, ``--micro-batch-tokens``,
-``--bf16``, ``--rollout-engine``, ``--resume``, ``--checkpoint-every``, ``--tensorboard``,
-``--warmup-steps``...) apply as usual. To tell an option given from one left at its default, the options
+``--bf16``, ``--rollout-engine``, ``--resume``, ``--checkpoint-every``, ``--tensorboard``, ``--eval-set``...)
+apply as usual. To tell an option given from one left at its default, the options
 the file sets get an :class:`Unset` default (:func:`mark_defaults`); :func:`apply_experiment` puts the
 real defaults back when no file is given.
 """
@@ -57,6 +57,9 @@ OPTION_VALUES: dict[str, Any] = {
     "eval_every": lambda e: e.eval_every,
     "eval_episodes": lambda e: e.eval_episodes,
     "seed": lambda e: e.seed,
+    "warmup_steps": lambda e: e.warm_start_steps,
+    "train_layers": lambda e: e.trained_layers,
+    "stop_after_box": lambda e: e.stop_after_box,
 }
 
 
@@ -186,4 +189,7 @@ def experiment_of(config: TrainConfig) -> Experiment:
         ppo_epochs=config.epochs,
         gradient_checkpointing=config.gradient_checkpointing,
         eval_every=config.eval_every,
+        warm_start_steps=config.warmup_steps,
+        trained_layers=config.train_layers,
+        stop_after_box=config.stop_after_box,
     )

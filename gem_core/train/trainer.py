@@ -68,9 +68,10 @@ class TrainConfig:
     a loss mask), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
     (the batch is split into micro-batches within it and their gradients accumulated: the same gradient
     as one pass, with memory bounded by the budget, not the batch), ``logprob_chunk_tokens``: positions
-    whose full-vocabulary logits exist at once, ``bf16``: the forward under bfloat16 autocast (None: on
-    CUDA), ``gradient_checkpointing``: recompute the decoder's
-    activations in the backward pass (less memory, more time), ``rollout_engine``: ``auto`` (:func:`resolve_rollout_engine`), ``hf`` (the model's
+    whose full-vocabulary logits exist at once, ``bf16``: the forward under bfloat16 autocast (None: where the device
+    computes in bfloat16, :func:`cpu_has_bf16` on CPU), ``gradient_checkpointing``: recompute the decoder's
+    activations in the backward pass (less memory, more time), ``train_layers``: train only the top N decoder
+    layers (:func:`freeze_lower_layers`; 0, or N at or above the model's layer count: every weight), ``rollout_engine``: ``auto`` (:func:`resolve_rollout_engine`), ``hf`` (the model's
     own ``generate``) or ``vllm`` (vLLM in this process, given the trainer's weights before every
     rollout), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
     batch, ``kl_coef`` (to the starting policy; 0 = off), ``entropy_coef`` (a bonus on the policy's
@@ -88,11 +89,14 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: tuple[str, ...] = ()
     model: str | None = DEFAULT_MODEL
-    # The defaults are the default run's, measured on a 2-core CPU (docs/training.md, "The default
-    # run"): no warm start (RL alone takes the instruct model's malformed turns from 92% to 5%), 15 updates
-    # (held-out success 0.14, 0.20, 0.33 after 5, 10, 15: 10 left it short of +0.25), lr 1e-4 reached over 2 updates (2e-5 left 74% malformed at update 9), micro-batches of 1024
-    # tokens (peak RSS 4.8 GB on 32 rows of up to 450 tokens; 4096: 9.5 GB at the same speed).
-    steps: int = 15
+    # The defaults are the default run's, chosen on the validation set on a 2-core CPU (docs/training.md, "The
+    # default run"): a warm start of 8 supervised steps on hint-blind random moves (the format, not the game:
+    # validation success 0.355 after it, random valid play 0.344), then 30 RL updates of 32 episodes, each
+    # response ending at its move (stop_after_box), the top 10 of the 30 layers trained (the backward pass
+    # stops there: rollouts, not the update, then take most of an update's time), lr 1e-4 reached over 2
+    # updates; evaluation before and after RL (each plays 400 episodes, as long as 5 updates); micro-batches
+    # of 1024 tokens bound memory.
+    steps: int = 30
     episodes: int = 32
     group_size: int = 1
     estimator: str = "rebn"
@@ -108,18 +112,19 @@ class TrainConfig:
     micro_batch_tokens: int = 1024
     logprob_chunk_tokens: int = 1024
     gradient_checkpointing: bool = False
-    bf16: bool | None = None  # None: on CUDA (where the device has bfloat16), off elsewhere
+    train_layers: int = 10
+    bf16: bool | None = None  # None: where the device computes in bfloat16 (CUDA with bf16; a CPU with AVX512-BF16 or AMX)
     rollout_engine: str = "auto"  # vllm on CUDA where vLLM is installed, else hf (on CPU hf measured as fast, 2 GB less)
     temperature: float = 1.0
     max_tokens: int = 16
-    stop_after_box: bool = False
+    stop_after_box: bool = True
     max_turns: int | None = None
     max_context_tokens: int | None = 1024
-    warmup_steps: int = 0
+    warmup_steps: int = 8
     warmup_batch: int = 32
-    warmup_lr: float = 3e-3
-    warmup_transcript: bool = True
-    eval_every: int = 5
+    warmup_lr: float = 1e-4
+    warmup_transcript: bool = False
+    eval_every: int = 0
     eval_episodes: int = 200
     eval_set: str = "heldout"
     seed: int = 0
@@ -149,6 +154,7 @@ class TrainConfig:
         _check_int(self, "logprob_chunk_tokens", 1)
         if self.max_turns is not None:
             _check_int(self, "max_turns", 1)
+        _check_int(self, "train_layers", 0)
         if self.max_context_tokens is not None:
             _check_int(self, "max_context_tokens", 2)
         if self.episodes % self.group_size:
@@ -197,6 +203,10 @@ TINY_RUN: dict[str, Any] = dict(
     micro_batch_tokens=4096,
     max_tokens=8,
     warmup_steps=100,
+    warmup_lr=3e-3,
+    warmup_transcript=True,
+    stop_after_box=False,
+    train_layers=0,
     eval_every=50,
     checkpoint_every=20,
 )
@@ -628,10 +638,13 @@ class Trainer:
         self.rollout_engine = resolve_rollout_engine(config)
         self.bf16 = config.bf16
         if self.bf16 is None:
-            self.bf16 = self.device_type == "cuda" and torch.cuda.is_bf16_supported()
+            self.bf16 = torch.cuda.is_bf16_supported() if self.device_type == "cuda" else self.device_type == "cpu" and cpu_has_bf16()
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        if config.train_layers and freeze_lower_layers(self.model, config.train_layers):
+            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            log(f"training the top {config.train_layers} decoder layers ({trained / 1e6:.1f}M parameters); the embeddings and the layers below are frozen")
         self.optimizer = adamw(self.model.parameters(), config.lr)
         # Adam's first steps move every weight by about lr whatever the gradient: ramp the rate up.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.lr_warmup + 1)))
@@ -890,18 +903,58 @@ class Trainer:
         random.setstate(state["python_rng"])
 
 
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX-BF16, read from ``cpuinfo``'s flags;
+    False where there is no such file): there bf16 autocast makes the update's matmuls faster (the default
+    run's training forward and backward about 1.35x on two cores), elsewhere slower (emulated)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def closing_brace_ids(tokenizer: Any) -> list[int]:
     """Every token id whose text holds a ``}``: the tokens that can close a ``\\boxed{...}`` move (``--stop-after-box``)."""
     ids = range(len(tokenizer))
     return [i for i, token in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))) if isinstance(token, str) and "}" in token]
 
 
-def adamw(parameters: Any, lr: float) -> Any:
-    """AdamW without weight decay, fused (one kernel over every tensor: about 6x faster a step on CPU than
-    torch's per-tensor loop, the same update) where the device has the fused kernel."""
+def decoder_layers(model: Any) -> Any:
+    """The model's stack of decoder layers: its one ``ModuleList`` named ``layers``, ``h`` or ``blocks``
+    (Llama, Qwen, Mistral, GPT-2 and the like); ValueError when there is not exactly one."""
     import torch
 
-    parameters = list(parameters)
+    stacks = [m for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")]
+    if len(stacks) != 1:
+        raise ValueError(f"train_layers: cannot find {type(model).__name__}'s decoder layers (found {len(stacks)} layer stacks); --train-layers 0 trains every weight")
+    return stacks[0]
+
+
+def freeze_lower_layers(model: Any, trained: int) -> bool:
+    """Train the top ``trained`` decoder layers and what follows them (the final norm; an output layer not tied
+    to the input embeddings): the input embeddings (and an output layer tied to them) and every layer below are
+    frozen. Autograd then builds no graph below the lowest trained layer, so the backward pass stops there (on
+    the 30-layer real model the top 10 cost about half of a full update: docs/training.md). A model with
+    ``trained`` layers or fewer keeps every weight trained. Returns whether anything was frozen."""
+    layers = decoder_layers(model)
+    if trained >= len(layers):
+        return False
+    frozen = [model.get_input_embeddings(), *layers[: len(layers) - trained]]
+    for module in frozen:
+        for parameter in module.parameters():
+            parameter.requires_grad_(False)
+    return True
+
+
+def adamw(parameters: Any, lr: float) -> Any:
+    """AdamW without weight decay over the parameters that are trained (``requires_grad``), fused (one kernel
+    over every tensor: about 6x faster a step on CPU than torch's per-tensor loop, the same update) where the
+    device has the fused kernel."""
+    import torch
+
+    parameters = [p for p in parameters if p.requires_grad]
     devices = {p.device.type for p in parameters}
     fused = devices <= {"cpu", "cuda"} and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in parameters)
     return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=fused or None)

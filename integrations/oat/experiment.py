@@ -14,7 +14,7 @@ token mean (``critic_type grpo``): the experiment must say ``view = "turn"`` and
 
 from __future__ import annotations
 
-from gem_core.experiment import Experiment, dataset_command, require, require_one_env, script, shell_command
+from gem_core.experiment import Experiment, dataset_command, require, require_portable, script, shell_command
 
 TRAINER = "oat"
 #: The most transitions (turns) one update holds when the experiment sets no turn limit (oat's batch sizes
@@ -24,7 +24,7 @@ TURN_CAP = 100
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what oat cannot run."""
-    require_one_env(TRAINER, experiment)
+    require_portable(TRAINER, experiment)
     e = experiment
     require(TRAINER, e, "algorithm.estimator", e.estimator == "rebn", "the oat plugin's learner is ReBN (oat's whitening of per-turn returns)")
     require(

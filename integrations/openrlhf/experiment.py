@@ -14,7 +14,7 @@ from gem_core.experiment import (
     Experiment,
     dataset_command,
     require,
-    require_one_env,
+    require_portable,
     script,
     shell_command,
     train_rows,
@@ -31,7 +31,7 @@ NO_REWARD_CLIP = ("-1000000000.0", "1000000000.0")  # argparse reads "-1e9" as a
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what OpenRLHF cannot run."""
-    require_one_env(TRAINER, experiment)
+    require_portable(TRAINER, experiment)
     e = experiment
     require(
         TRAINER,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gem_core.experiment import Experiment, dataset_command, require, require_one_env, script, shell_command, warmup_optimizer_steps
+from gem_core.experiment import Experiment, dataset_command, require, require_portable, script, shell_command, warmup_optimizer_steps
 
 TRAINER = "rl2"
 AVG_LEVEL = {"token-mean": "token", "seq-mean-token-mean": "sequence"}
@@ -22,7 +22,7 @@ MAX_TURNS = 1000
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what RL2 cannot run."""
-    require_one_env(TRAINER, experiment)
+    require_portable(TRAINER, experiment)
     e = experiment
     require(TRAINER, e, "algorithm.estimator", e.estimator == "rebn", "RL2's own estimators are episode-level; the plugin's is rebn")
     require(TRAINER, e, "algorithm.loss_aggregation", e.loss_aggregation in AVG_LEVEL, "RL2's actor.avg_level is token or sequence")

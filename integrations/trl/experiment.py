@@ -18,7 +18,7 @@ from gem_core.experiment import (
     dataset_command,
     eval_command,
     require,
-    require_one_env,
+    require_portable,
     script,
     shell_command,
     shell_word,
@@ -35,7 +35,7 @@ ESTIMATOR = {"rebn": ("rebn", "none"), "grpo": ("trl", "group"), "drgrpo": ("trl
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what TRL cannot run."""
-    require_one_env(TRAINER, experiment)
+    require_portable(TRAINER, experiment)
     e = experiment
     require(TRAINER, e, "algorithm.estimator", e.estimator in ESTIMATOR, "TRL's GRPOTrainer has group advantages (grpo, drgrpo) and the plugin's rebn")
     require(TRAINER, e, "rollout.group_size", e.group_size >= 2, "TRL's GRPOConfig needs num_generations >= 2 (each start state played 2+ times)")

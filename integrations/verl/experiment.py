@@ -18,7 +18,7 @@ from gem_core.experiment import (
     dataset_command,
     refuse,
     require,
-    require_one_env,
+    require_portable,
     script,
     shell_command,
     warmup_optimizer_steps,
@@ -107,7 +107,7 @@ def settings(experiment: Experiment) -> dict[str, Any]:
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what verl cannot run."""
-    require_one_env(TRAINER, experiment)
+    require_portable(TRAINER, experiment)
     e = experiment
     require(TRAINER, e, "rollout.logprob_temperature", e.logprob_temperature == e.temperature, "verl recomputes logprobs at rollout.temperature")
     require(TRAINER, e, "optimizer.eps", e.eps == 1e-8, "verl's FSDP optimizer config has no eps (torch's AdamW default 1e-8)")

@@ -4,6 +4,7 @@ their trainers; the values each trainer then uses are tested in its own session:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 
@@ -23,14 +24,39 @@ from gem_core.experiment import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "examples" / "experiments" / "default.toml"
+PORTABLE = ROOT / "examples" / "experiments" / "portable.toml"
 TRAINERS = ("verl", "openrlhf", "trl", "rl2", "oat", "roll")
 
 
 def test_default_file_is_the_default_experiment_and_names_every_key():
+    """default.toml is every default and the [reference] phases of the default run (left out, they are off);
+    portable.toml is the same file without them."""
     text = DEFAULT.read_text()
-    assert load_experiment(DEFAULT) == Experiment()
+    reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True}
+    assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference)
+    assert load_experiment(PORTABLE) == Experiment() and "\n[reference]" not in PORTABLE.read_text()
+    assert (Experiment().warm_start_steps, Experiment().trained_layers, Experiment().stop_after_box) == (0, 0, False)
     for key in KEYS.values():  # the shipped file spells out every key, so it documents them all
         assert f"\n{key.name} = " in text.split(f"[{key.section}]", 1)[1].split("\n[", 1)[0], key.path
+
+
+@pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat"))
+@pytest.mark.parametrize(
+    "reference",
+    ["warm_start_steps = 8", "trained_layers = 10", "stop_after_box = true"],
+)
+def test_every_other_trainer_refuses_what_only_the_reference_trainer_runs(trainer, reference):
+    """A warm start, frozen layers or the stop at the move: each other trainer refuses it in one line naming the
+    key (its run would silently be another), and runs the file with the key off."""
+    module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+    groups = {  # what else the trainer needs of the default experiment
+        "trl": "[rollout]\ngroup_size = 2\n",
+        "oat": '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\n[optimizer]\nwarmup_updates = 0\n',
+    }.get(trainer, "")
+    experiment = parse_experiment(f"{groups}[reference]\n{reference}\n")
+    with pytest.raises(UnsupportedSettingError, match=f"{trainer} cannot run this experiment: reference.{reference.split()[0]}="):
+        module.render(experiment)
+    assert module.render(parse_experiment(groups))
 
 
 def test_keys_left_out_keep_their_defaults_and_given_ones_are_read():
@@ -154,7 +180,7 @@ def test_what_a_trainer_cannot_express_is_refused_in_one_line_naming_the_key(tra
 
 
 def test_training_rows_hold_every_update_in_order_and_stay_below_the_held_out_seeds():
-    experiment = parse_experiment("[rollout]\ngroup_size = 4\n")
+    experiment = parse_experiment("[rollout]\ngroup_size = 4\n[training]\nupdates = 15\n")
     assert train_rows(experiment) == 15 * 8
     from gem_integrations.verl.experiment import render
 
@@ -177,18 +203,21 @@ def run_cli(argv, capsys):
 
 def test_gem_core_experiment_writes_the_trainers_configuration(tmp_path, capsys):
     out = tmp_path / "verl.sh"
-    code, _, err = run_cli(["experiment", str(DEFAULT), "--trainer", "verl", "--out", str(out)], capsys)
+    code, _, err = run_cli(["experiment", str(PORTABLE), "--trainer", "verl", "--out", str(out)], capsys)
     assert code == 0 and "wrote verl's configuration" in err
     script = out.read_text()
     assert "python \\\n  -m verl.trainer.main_ppo" in script and "actor_rollout_ref.actor.optim.lr=0.0001" in script
-    code, printed, _ = run_cli(["experiment", str(DEFAULT), "--trainer", "openrlhf"], capsys)
+    code, printed, _ = run_cli(["experiment", str(PORTABLE), "--trainer", "openrlhf"], capsys)
     assert code == 0 and "--actor.adam.lr 0.0001" in printed
+    code, _, err = run_cli(["experiment", str(DEFAULT), "--trainer", "verl"], capsys)
+    assert code == 2 and "verl cannot run this experiment: reference.warm_start_steps=8" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
         (["--trainer", "roll"], "roll cannot run this experiment: training.mini_batches=1"),
+        (["--trainer", "oat"], "oat cannot run this experiment: reference.warm_start_steps=8"),
         (["--trainer", "verl", "--out", "/no/such/dir/x.sh"], "/no/such/dir"),
     ],
 )

@@ -52,5 +52,6 @@ def test_stop_after_box_is_a_cli_flag(tmp_path):
     from gem_core.train.cli import config_from_args
 
     parse = build_parser().parse_args
-    assert config_from_args(parse(["train", "--out", str(tmp_path / "r")])).stop_after_box is False
+    assert config_from_args(parse(["train", "--out", str(tmp_path / "r")])).stop_after_box is True  # the default run's
+    assert config_from_args(parse(["train", "--out", str(tmp_path / "r"), "--no-stop-after-box"])).stop_after_box is False
     assert config_from_args(parse(["train", "--out", str(tmp_path / "r"), "--stop-after-box"])).stop_after_box is True

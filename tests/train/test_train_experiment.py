@@ -23,13 +23,23 @@ def config_of(*argv: str) -> TrainConfig:
     return config_from_args(build_parser().parse_args(["train", *argv]))
 
 
+PORTABLE = DEFAULT.with_name("portable.toml")
+
+
 def test_the_experiments_defaults_are_the_default_run():
-    assert experiment_of(TrainConfig()) == Experiment() == load_experiment(DEFAULT)
+    """default.toml is the default run; Experiment()'s defaults are too, but for the [reference] phases, off."""
+    assert experiment_of(TrainConfig()) == load_experiment(DEFAULT)
+    portable = dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False)
+    assert experiment_of(portable) == Experiment() == load_experiment(PORTABLE)
     assert ESTIMATORS == trainer_module.ESTIMATORS and EVAL_SEED_START == trainer_module.EVAL_SEED_BASE
 
 
 def test_the_default_file_runs_the_default_run():
     assert config_of("--experiment", str(DEFAULT)) == TrainConfig() == config_of()
+    portable = config_of("--experiment", str(PORTABLE))
+    assert portable == dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False)
+    with pytest.raises(ValueError, match="--train-layers, --stop-after-box: set by the experiment file"):
+        config_of("--experiment", str(PORTABLE), "--train-layers", "4", "--no-stop-after-box")
 
 
 def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
@@ -52,6 +62,9 @@ def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
         lr_warmup=5,
         clip=0.3,
         group_size=4,
+        warmup_steps=0,  # [reference] left out: off
+        train_layers=0,
+        stop_after_box=False,
     )
     assert config == want
     assert experiment_of(config) == load_experiment(path)

@@ -38,11 +38,17 @@ def _trainer(tiny, tmp_path, **overrides):
     return Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer)
 
 
-def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path):
-    """bf16 (on by default only on CUDA) runs the forward under bfloat16 autocast: log-probs close to float32's
-    but not equal (so autocast really ran), float32 out, and the weights and their gradients stay float32."""
+def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path, monkeypatch):
+    """bf16 (on by default where the device computes in bfloat16) runs the forward under bfloat16 autocast:
+    log-probs close to float32's but not equal (so autocast really ran), float32 out, and the weights and their
+    gradients stay float32."""
+    from gem_core.train import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "cpu_has_bf16", lambda: False)
     plain = _trainer(tiny, tmp_path)
-    assert plain.bf16 is False  # the default on CPU
+    assert plain.bf16 is False  # the default on a CPU without bfloat16 arithmetic
+    monkeypatch.setattr(trainer_module, "cpu_has_bf16", lambda: True)
+    assert _trainer(tiny, tmp_path).bf16 is True and _trainer(tiny, tmp_path, bf16=False).bf16 is False
     half = _trainer(tiny, tmp_path, bf16=True)
     try:
         trajectories = plain.rollout([0, 1], prefix="t-")
@@ -61,6 +67,63 @@ def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path):
         half.close()
     with pytest.raises(ValueError, match="bf16"):
         TrainConfig(bf16="yes")
+
+
+def test_train_layers_trains_the_top_layers_alone_with_the_full_models_gradient(tmp_path):
+    """--train-layers N freezes the embeddings (and the output layer tied to them) and every decoder layer below
+    the top N: one update leaves them bit-identical and moves the top layer; the top layer's gradient is the one
+    the fully trained model gets (freezing stops the backward pass, it does not change what flows above); the
+    optimizer holds only what is trained; a model with N layers or fewer trains every weight."""
+    from gem_core.testing import build_test_tokenizer, build_tiny_model
+    from gem_core.train.trainer import freeze_lower_layers
+
+    tokenizer = build_test_tokenizer("chatml")
+    model = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=2)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    path = tmp_path / "two-layers"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    full = _trainer((str(path), model, tokenizer), tmp_path / "full", lr=1e-2)
+    top = _trainer((str(path), model, tokenizer), tmp_path / "top", lr=1e-2, train_layers=1)
+    try:
+        trajectories = full.rollout([0, 1, 2, 3], prefix="f-")
+        advantages = [[1.0 if i % 2 == 0 else -1.0] * t.num_turns for i, t in enumerate(trajectories)]
+        rows = training_rows(trajectories, advantages, "sequence", full.pad_id)
+        grads = []
+        for trainer in (full, top):
+            trainer.optimizer.zero_grad()
+            loss, _ = policy_loss(trainer.logprobs(trainer.model, rows), rows, clip=0.2)
+            loss.backward()
+            grads.append({name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None})
+        trained = set(grads[1])
+        assert trained and all(name.startswith("model.layers.1.") or name == "model.norm.weight" for name in trained)
+        assert not any(name.startswith(("model.layers.0.", "model.embed_tokens", "lm_head")) for name in trained)
+        for name in trained:
+            assert torch.allclose(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-7), name
+        optimized = {id(p) for group in top.optimizer.param_groups for p in group["params"]}
+        assert optimized == {id(p) for p in top.model.parameters() if p.requires_grad}
+        before = {name: p.detach().clone() for name, p in top.model.named_parameters()}
+        top.optimizer.step()
+        after = dict(top.model.named_parameters())
+        for name, value in before.items():
+            assert torch.equal(value, after[name].detach()) == (name not in trained), name
+    finally:
+        full.close()
+        top.close()
+    whole = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=2)
+    assert freeze_lower_layers(whole, 2) is False and all(p.requires_grad for p in whole.parameters())  # as many as it has: all
+    with pytest.raises(ValueError, match="train_layers"):
+        TrainConfig(train_layers=-1)
+
+
+def test_cpu_bf16_is_read_from_the_cpus_flags(tmp_path):
+    from gem_core.train.trainer import cpu_has_bf16
+
+    info = tmp_path / "cpuinfo"
+    for flags, has in (("fpu avx2 avx512f", False), ("fpu avx512f avx512_bf16 avx512_vnni", True), ("fpu amx_bf16 amx_tile", True)):
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        assert cpu_has_bf16(str(info)) is has, flags
+    assert cpu_has_bf16(str(tmp_path / "missing")) is False
 
 
 def test_generation_batches_stay_within_one_updates_episodes(tiny, tmp_path):
@@ -275,6 +338,7 @@ def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
         (["--resume"], "no checkpoint"),
         (["--tensorboard", "--steps", "1"], "tensorboard"),
         (["--micro-batch-tokens", "0"], "--micro-batch-tokens"),
+        (["--train-layers", "-1"], "--train-layers"),
         (["--rollout-engine", "sglang"], "--rollout-engine"),
         (["--rollout-engine", "vllm", "--steps", "1"], "vllm"),
         (["--env", "vision:Geometry-v0", "--model", "tiny"], "gem-core train trains text models"),
@@ -354,7 +418,7 @@ def test_episode_stats_count_malformed_and_illegal_turns():
     assert EpisodeStats.of([b]).malformed_rate == 0.0
 
 
-@pytest.mark.parametrize(("flag", "expected"), [([], True), (["--no-warmup-transcript"], False), (["--warmup-transcript"], True)])
+@pytest.mark.parametrize(("flag", "expected"), [([], False), (["--no-warmup-transcript"], False), (["--warmup-transcript"], True)])
 def test_the_warm_start_objective_is_a_cli_flag(flag, expected, tmp_path):
     from gem_core.cli import build_parser
     from gem_core.train.cli import config_from_args
@@ -440,7 +504,7 @@ def test_an_update_leaves_infra_failed_episodes_out_of_the_loss_and_the_statisti
 
 
 def test_the_cli_without_options_is_the_default_run(tmp_path):
-    """`gem-core train` with no options trains TrainConfig()'s run: the embedded real model, no warm start,
+    """`gem-core train` with no options trains TrainConfig()'s run: the embedded real model, a warm start,
     the measured defaults (every field, so a CLI default that drifts from the dataclass fails here)."""
     from gem_core.cli import build_parser
     from gem_core.train.cli import config_from_args
@@ -448,7 +512,8 @@ def test_the_cli_without_options_is_the_default_run(tmp_path):
 
     config = config_from_args(build_parser().parse_args(["train"]))
     assert config == TrainConfig()
-    assert (config.model, config.warmup_steps, config.env_id) == (DEFAULT_MODEL, 0, "game:GuessTheNumber-v0-easy")
+    assert (config.model, config.warmup_steps, config.env_id) == (DEFAULT_MODEL, 8, "game:GuessTheNumber-v0-easy")
+    assert (config.train_layers, config.stop_after_box, config.warmup_transcript) == (10, True, False)
     assert [config_from_args(build_parser().parse_args(["train", *flag])).bf16 for flag in ([], ["--bf16"], ["--no-bf16"])] == [None, True, False]
 
 
