@@ -7,7 +7,7 @@ Examples::
     gem-core play game:Sudoku-v0-easy --policy oracle --seed 3     # watch the oracle play one episode
     gem-core play game:Wordle-v0-easy --policy random --num-envs 64 --episodes 256 --vector async
     gem-core make-dataset verl --env game:Sudoku-v0-easy --n 1024 --out train.parquet   # a trainer's dataset
-    gem-core experiment examples/experiments/default.toml --trainer verl --out run.sh  # a trainer's config of a run
+    gem-core experiment examples/experiments/portable.toml --trainer verl --out run.sh  # a trainer's config of a run
     gem-core openrlhf train --train.agent_func_path $(gem-core openrlhf agent-path) --algo.advantage.estimator rebn ...
 
 Only the ``gem-core`` script imports this module, so ``import gem_core`` does not pay for argparse.

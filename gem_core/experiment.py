@@ -439,7 +439,13 @@ def require_portable(trainer: str, experiment: Experiment) -> str:
     [reference] setting (a warm start, frozen layers, a stop at the move: gem-core train's own phases, which no
     other trainer runs). Returns the env id."""
     for path, portable in REFERENCE_ONLY.items():
-        require(trainer, experiment, path, experiment.value_of(path) == portable, f"only gem-core train runs it; set {path} = {json.dumps(portable)} to run the experiment here")
+        require(
+            trainer,
+            experiment,
+            path,
+            experiment.value_of(path) == portable,
+            f"only gem-core train runs it; set {path} = {json.dumps(portable)} to run the experiment here",
+        )
     return require_one_env(trainer, experiment)
 
 

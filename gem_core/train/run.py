@@ -425,8 +425,9 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
 
 def plot(metrics_path: str, png_path: str) -> str | None:
     """Learning curves as a PNG: success rate (training batch, evaluation greedy and sampled, and the
-    scripted baselines as lines), hint use (evaluation greedy and sampled, baselines as lines), mean return
-    and turns per episode; None when matplotlib is not installed."""
+    scripted baselines as lines), hint use (evaluation greedy and sampled; each update's training batch;
+    the hint-blind player's rates as lines), mean return and turns per episode; None when matplotlib is not
+    installed."""
     try:
         import matplotlib
 
@@ -440,7 +441,7 @@ def plot(metrics_path: str, png_path: str) -> str | None:
     first = records[0] if records else {}
     scripted = first.get("baselines") or {}
     eval_set = "held-out" if first.get("eval_set", "heldout") == "heldout" else "validation"
-    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+    fig, axes = plt.subplots(1, 5, figsize=(22, 3.8))
     steps = [step for step, _ in evals]
     axes[0].plot([r["step"] for r in rl], [r["success_rate"] for r in rl], label="training batch", alpha=0.5)
     axes[0].plot(steps, [e.sampled.success_rate for _, e in evals], "o-", label=f"{eval_set}, sampled")
@@ -459,17 +460,23 @@ def plot(metrics_path: str, png_path: str) -> str | None:
         for mode in ("sampled", "greedy"):
             values = [getattr(getattr(e, mode), key) for _, e in evals]
             axes[1].plot(steps, [float("nan") if v is None else v for v in values], marker + ("-" if mode == "sampled" else "--"), label=f"{label}, {mode}")
+    for key, marker, label in hint_lines:
+        values = [r.get(key) for r in rl]
+        axes[2].plot([r["step"] for r in rl], [float("nan") if v is None else v for v in values], marker + "-", markersize=3, label=label)
     for (name, baseline), style in zip(scripted.items(), styles):
         if name.startswith("hint-blind"):  # the rates a player that ignores the hints reaches
             for key, label in (("hint_consistent_rate", "consistent"), ("hint_right_after_lower_rate", "right way after lower")):
                 if baseline.get(key) is not None:
-                    axes[1].axhline(baseline[key], color="grey", linestyle=style, linewidth=1, label=f"hint-blind: {label} {baseline[key]:.3f}")
+                    for axis in axes[1:3]:
+                        axis.axhline(baseline[key], color="grey", linestyle=style, linewidth=1, label=f"hint-blind: {label} {baseline[key]:.3f}")
     axes[1].set(title=f"hint use ({eval_set})", xlabel="update", ylim=(0, 1.05))
     axes[1].legend(fontsize=7)
-    axes[2].plot([r["step"] for r in rl], [r["mean_return"] for r in rl])
-    axes[2].set(title="mean return (training batch)", xlabel="update")
-    axes[3].plot([r["step"] for r in rl], [r["mean_turns"] for r in rl])
-    axes[3].set(title="turns per episode (training batch)", xlabel="update")
+    axes[2].set(title="hint use (training batch)", xlabel="update", ylim=(0, 1.05))
+    axes[2].legend(fontsize=7)
+    axes[3].plot([r["step"] for r in rl], [r["mean_return"] for r in rl])
+    axes[3].set(title="mean return (training batch)", xlabel="update")
+    axes[4].plot([r["step"] for r in rl], [r["mean_turns"] for r in rl])
+    axes[4].set(title="turns per episode (training batch)", xlabel="update")
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)

@@ -12,8 +12,8 @@ One update (:meth:`Trainer.update`) is::
 Nothing else: rollouts, the chat template, the estimators and the batch views are the project's own
 pieces, the same ones every trainer plugin is tested against, so this trainer is the reference the
 plugins are compared with (``tests/train``). The default run (``gem-core train``) trains the embedded real
-model (SmolLM2-135M-Instruct, :mod:`gem_core.models`) from its instruct weights with RL, on CPU in about
-16 minutes; see :class:`TrainConfig` for every option, and :data:`TINY_RUN` for the toy-scale run.
+model (SmolLM2-135M-Instruct, :mod:`gem_core.models`): a short supervised warm start on hint-blind moves
+(the format), then RL on its top 10 layers, on CPU in about 25 minutes; see :class:`TrainConfig` for every option, and :data:`TINY_RUN` for the toy-scale run.
 """
 
 from __future__ import annotations
@@ -928,7 +928,9 @@ def decoder_layers(model: Any) -> Any:
 
     stacks = [m for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")]
     if len(stacks) != 1:
-        raise ValueError(f"train_layers: cannot find {type(model).__name__}'s decoder layers (found {len(stacks)} layer stacks); --train-layers 0 trains every weight")
+        raise ValueError(
+            f"train_layers: cannot find {type(model).__name__}'s decoder layers (found {len(stacks)} layer stacks); --train-layers 0 trains every weight"
+        )
     return stacks[0]
 
 
