@@ -207,6 +207,7 @@ TINY_RUN: dict[str, Any] = dict(
     warmup_transcript=True,
     stop_after_box=False,
     train_layers=0,
+    bf16=False,
     eval_every=50,
     checkpoint_every=20,
 )

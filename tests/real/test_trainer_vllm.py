@@ -47,6 +47,9 @@ def test_the_engine_samples_from_the_trainers_current_weights(model_dir, tmp_pat
         lr_warmup=0,
         max_context_tokens=1024,
         warmup_steps=0,
+        bf16=False,  # float32 on both sides (the default turns bf16 autocast on where the CPU has it)
+        stop_after_box=False,
+        train_layers=0,
         out=str(tmp_path / "run"),
     )
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)
