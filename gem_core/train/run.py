@@ -347,6 +347,9 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     )
 
 
+# TrainConfig fields added after runs were saved, and the value those runs had: resumed, such a run keeps it
+# (train_layers' default, 10, would freeze layers its checkpoint's optimizer trained)
+SETTINGS_BEFORE_THEY_EXISTED = {"train_layers": 0}
 # config.json keys that are records of the run, not TrainConfig fields
 RECORD_KEYS = ("weights", "evaluation")
 # what --resume may change: how far the run goes, and where it is (the rest is the saved run's)
@@ -362,8 +365,11 @@ def saved_config(out: str) -> TrainConfig | None:
             saved = json.load(handle)
     except (OSError, ValueError):
         return None
+    if not isinstance(saved, dict):
+        return None
     for key in RECORD_KEYS:
         saved.pop(key, None)
+    saved = {**SETTINGS_BEFORE_THEY_EXISTED, **saved}  # a run saved before a setting existed ran without it
     try:
         return TrainConfig.from_dict(saved)
     except (TypeError, ValueError):

@@ -73,6 +73,9 @@ def test_written_back_it_reads_equal():
 
 
 BAD = [
+    ("[reference]\ntrained_layers = -1\n", InvalidArgumentError, "reference.trained_layers=-1 is not allowed"),
+    ('[reference]\nstop_after_box = "yes"\n', InvalidArgumentTypeError, "reference.stop_after_box='yes' is not allowed"),
+    ("[reference]\nwarm_start = 8\n", InvalidArgumentError, "unknown key reference.warm_start"),
     ("[optimizer]\nlrr = 1e-4\n", InvalidArgumentError, "unknown key optimizer.lrr"),
     ("[optimiser]\nlr = 1e-4\n", InvalidArgumentError, "unknown section [optimiser]"),
     ("optimizer = 3\n", InvalidArgumentTypeError, "optimizer must be a section"),

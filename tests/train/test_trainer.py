@@ -116,6 +116,24 @@ def test_train_layers_trains_the_top_layers_alone_with_the_full_models_gradient(
         TrainConfig(train_layers=-1)
 
 
+def test_a_run_saved_before_train_layers_existed_resumes_training_every_weight(tmp_path):
+    """config.json of a run from before --train-layers has no such key: resumed, that run keeps training every
+    weight (the default, 10, would freeze layers its checkpoint's optimizer trained); a saved value is kept;
+    a config.json that is not an object is no saved run."""
+    from gem_core.train.run import saved_config
+    from gem_core.train.trainer import config_dict
+
+    for name, record, want in (("old", {}, 0), ("new", {"train_layers": 4}, 4)):
+        out = tmp_path / name
+        out.mkdir()
+        saved = {k: v for k, v in config_dict(TrainConfig(out=str(out))).items() if k != "train_layers"}
+        (out / "config.json").write_text(json.dumps({**saved, **record, "weights": {}}))
+        assert saved_config(str(out)).train_layers == want, name
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text("[1, 2]")
+    assert saved_config(str(tmp_path / "list")) is None
+
+
 def test_cpu_bf16_is_read_from_the_cpus_flags(tmp_path):
     from gem_core.train.trainer import cpu_has_bf16
 
