@@ -1,6 +1,7 @@
 """benchmarks/paper_findings.py counts a run for an arm only when the run's config.json is that arm's
-(estimator, gamma, seed, the scale's settings and model): a finished run of other settings in the arm's
-directory once counted."""
+in every setting that shapes a run (estimator, gamma, group size, seed, the scale's settings and model, and
+today's defaults): a finished run of other settings in the arm's directory once counted. Its intervals and
+verdicts, against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -28,12 +29,15 @@ def findings():
     sys.modules.pop(spec.name, None)
 
 
-def _finished_run(directory: Path, steps: int, **config) -> None:
-    """A run directory as `gem-core train` leaves it: config.json and an evaluation after ``steps`` updates."""
+def _finished_run(directory: Path, steps: int, final: float = 0.3, turns: float | None = 3.0, train: tuple = (0.2, 0.4), **config) -> None:
+    """A run directory as `gem-core train` leaves it: config.json, an evaluation after the warm start, one
+    training record per RL update (``train``: their success rates) and an evaluation after ``steps`` updates."""
     directory.mkdir(parents=True)
     saved = {**config_dict(TrainConfig(**config)), "weights": {"source": "built here", "files": {}}}
     (directory / "config.json").write_text(json.dumps(saved))
-    lines = [{"step": 0, "phase": "start", "eval_success_rate": 0.1}, {"step": steps, "phase": "rl", "eval_success_rate": 0.3}]
+    lines = [{"step": 0, "phase": "warm_start", "eval_success_rate": 0.1, "eval_turns_when_solved": None}]
+    lines += [{"step": i + 1, "phase": "rl", "success_rate": rate} for i, rate in enumerate(train)]
+    lines.append({"step": steps, "phase": "rl", "eval_success_rate": final, "eval_greedy_success_rate": final, "eval_turns_when_solved": turns})
     (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -77,3 +81,89 @@ def test_the_arms_own_finished_run_counts_and_directories_name_the_scale(finding
     assert not findings.finished(str(directory), 200, findings.arm_config(rebn, 0, extra))  # not that far
     real = findings.arm_config(rebn, 0, {})
     assert real["model"] == TrainConfig.model and not findings.finished(str(directory), 300, real)
+
+
+def test_a_run_of_an_older_default_does_not_count_at_the_real_scale(findings, tmp_path):
+    """The real scale sets nothing but the arm's fields: a run saved before a default changed (here every
+    weight trained, as before --train-layers) is not today's default run."""
+    rebn = next(arm for arm in findings.ARMS if arm.name == "rebn-0.9")
+    directory = Path(findings.run_dir(str(tmp_path), rebn, 0, "real"))
+    _finished_run(directory, 30, estimator="rebn", gamma=0.9, seed=0, train_layers=0)
+    expected = findings.arm_config(rebn, 0, {})
+    assert [m.split(":")[0] for m in findings.mismatches(str(directory), expected)] == ["train_layers"]
+    assert not findings.finished(str(directory), 30, expected)
+
+
+def test_where_a_run_was_written_and_its_checkpoints_do_not_matter(findings, tmp_path):
+    rebn = next(arm for arm in findings.ARMS if arm.name == "rebn-0.9")
+    directory = Path(findings.run_dir(str(tmp_path), rebn, 0, "real"))
+    _finished_run(directory, 30, estimator="rebn", gamma=0.9, seed=0, out="elsewhere", checkpoint_every=1)
+    assert findings.finished(str(directory), 30, findings.arm_config(rebn, 0, {}))
+
+
+def test_the_grpo_arm_plays_groups_and_a_single_episode_run_is_not_it(findings, tmp_path):
+    grpo = next(arm for arm in findings.ARMS if arm.estimator == "grpo")
+    assert grpo.group_size > 1 and TrainConfig(**findings.arm_settings(grpo, 0, {})).group_size == grpo.group_size
+    directory = Path(findings.run_dir(str(tmp_path), grpo, 0, "real"))
+    _finished_run(directory, 30, estimator="grpo", gamma=0.9, seed=0, group_size=2)
+    assert [m.split(":")[0] for m in findings.mismatches(str(directory), findings.arm_config(grpo, 0, {}))] == ["group_size"]
+
+
+def test_the_interval_is_students_t_over_seeds(findings):
+    # mean 0.5, sample std 0.1, n 3: half-width 4.303 * 0.1 / sqrt(3) = 0.2484
+    low, high = findings.interval([0.4, 0.5, 0.6])
+    assert low == pytest.approx(0.5 - 0.24843, abs=1e-4) and high == pytest.approx(0.5 + 0.24843, abs=1e-4)
+    assert findings.interval([0.4]) is None
+    assert findings.summary([0.4, 0.5, 0.6]) == "0.500 [0.252, 0.748]"
+    assert findings.summary([0.4, None]) == "0.400 (n=1)" and findings.summary([None, None]) == "-"
+
+
+@pytest.mark.parametrize(
+    "reference, other, direction, verdict",
+    [
+        ([0.6, 0.7, 0.65], [0.4, 0.45, 0.42], +1, "reproduces"),  # ReBN higher on every seed, tightly
+        ([0.4, 0.45, 0.42], [0.6, 0.7, 0.65], +1, "the opposite"),
+        ([0.6, 0.3, 0.5], [0.4, 0.5, 0.45], +1, "not shown"),  # one seed each way
+        ([2.9, 3.0, 2.95], [3.4, 3.5, 3.45], -1, "reproduces"),  # fewer turns with the smaller gamma
+        ([0.6, None, 0.7], [0.5, 0.4, None], +1, "not shown (one seed)"),  # only seed 0 has both
+    ],
+)
+def test_the_verdict_needs_the_paired_interval_to_exclude_zero_the_papers_way(findings, reference, other, direction, verdict):
+    assert findings.paired_difference(reference, other, direction).endswith("| " + verdict)
+
+
+def test_tables_read_each_seeds_run(findings, tmp_path):
+    """The tables from three seeds of each arm written here: the numbers are the runs', the verdicts follow."""
+    for arm in findings.ARMS:
+        for seed in (0, 1, 2):
+            better = arm.name == "rebn-0.9"
+            _finished_run(
+                Path(findings.run_dir(str(tmp_path), arm, seed, "real")),
+                30,
+                final=(0.6 + 0.01 * seed) if better else (0.4 + 0.02 * seed),
+                turns=(2.9 + 0.01 * seed) if arm.gamma == 0.9 else (3.6 - 0.01 * seed),
+                train=(0.3, 0.5) if better else (0.2, 0.2),
+                **findings.arm_settings(arm, seed, {}),
+            )
+    text = findings.tables(str(tmp_path), [0, 1, 2], "real")
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["rebn-0.9"].split(" | ")[2].startswith("0.610 [")  # final, sampled: 0.60, 0.61, 0.62
+    assert rows["rebn-0.9"].split(" | ")[4].startswith("0.400 [")  # the training batches' mean: (0.3 + 0.5) / 2
+    assert rows["grpo-g4"].split(" | ")[2].startswith("0.420 [")
+    assert rows["rebn-0.9 - reinforce-0.9"].endswith("| reproduces |")
+    assert rows["rebn-0.9 - grpo-g4"].endswith("| reproduces |")
+    assert rows["rebn-0.9 - rebn-0.999"].endswith("| reproduces |")  # 2.90-2.92 turns against 3.58-3.60
+    only_one = findings.tables(str(tmp_path), [0, 1, 2], "real", tuple(a for a in findings.ARMS if a.name != "grpo-g4"))
+    assert "grpo" not in only_one and "(2) gamma" in only_one and "(1) ReBN" not in only_one
+
+
+def test_the_figure_is_drawn_from_the_runs(findings, tmp_path):
+    pytest.importorskip("matplotlib")
+    arms = tuple(a for a in findings.ARMS if a.name in ("rebn-0.9", "rebn-0.999"))
+    for arm in arms:
+        for seed in (0, 1):
+            directory = Path(findings.run_dir(str(tmp_path), arm, seed, "real"))
+            _finished_run(directory, 30, train=tuple(0.1 * (i % 7) for i in range(30)), **findings.arm_settings(arm, seed, {}))
+    png = tmp_path / "findings.png"
+    findings.plot(str(tmp_path), [0, 1], str(png), "real", arms)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
