@@ -277,15 +277,27 @@ def main() -> None:
         f"\n{args.episodes} episodes of {ENV_ID} per update (the same seeds for every arm), {args.max_tokens} tokens per turn, "
         f"model {args.model}; mean (min-max) over {args.steps} timed updates per row, the arms' updates interleaved\n"
     )
-    print(
-        f"| trainer | gradient checkpointing | rollout s / update | rest of the update s (log-probs, loss, backward, step) | peak RSS GB | load ({os.cpu_count()} cores) | updates without signal |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of ``rows`` (``results.json``). The rest of the update is over the updates with a
+    learning signal: the reference makes no backward or optimizer step on a batch whose every advantage is
+    0, so such an update is not comparable; they are counted in the last column."""
+    lines = [
+        f"| trainer | gradient checkpointing | rollout s / update | rest of the update s (log-probs, loss, backward, step) | peak RSS GB | load ({os.cpu_count()} cores) | updates without signal |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
-        cells = [_spread([m[key] for m in row["updates"]]) for key in ("rollout", "update", "load")]
-        # the reference makes no backward or optimizer step on a batch whose every advantage is 0: such an update is not comparable
-        silent = sum(m["no_signal"] for m in row["updates"])
-        print(f"| {NAMES[row['trainer']]} | {row['gradient_checkpointing']} | {cells[0]} | {cells[1]} | {row['peak_rss_gb']:.2f} | {cells[2]} | {silent} |")
+        updates = row["updates"]
+        learning = [m["update"] for m in updates if not m["no_signal"]]
+        rest = _spread(learning) if learning else "-"
+        cells = [_spread([m[key] for m in updates]) for key in ("rollout", "load")]
+        silent = sum(m["no_signal"] for m in updates)
+        lines.append(
+            f"| {NAMES[row['trainer']]} | {row['gradient_checkpointing']} | {cells[0]} | {rest} | {row['peak_rss_gb']:.2f} | {cells[1]} | {silent} of {len(updates)} |"
+        )
+    return "\n".join(lines)
 
 
 def _spread(values: list[float]) -> str:
