@@ -637,9 +637,7 @@ class Trainer:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device_type = torch.device(config.device).type
         self.rollout_engine = resolve_rollout_engine(config)
-        self.bf16 = config.bf16
-        if self.bf16 is None:
-            self.bf16 = torch.cuda.is_bf16_supported() if self.device_type == "cuda" else self.device_type == "cpu" and cpu_has_bf16()
+        self.bf16 = bf16_by_default(self.device_type) if config.bf16 is None else config.bf16
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -902,6 +900,18 @@ class Trainer:
         self.torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
+
+
+def bf16_by_default(device_type: str) -> bool:
+    """Whether a run on ``device_type`` ("cuda", "cpu", ...) computes its forward under bfloat16 autocast when
+    it is not told: where the device computes in bfloat16 (a CUDA device that supports it; a CPU with
+    :func:`cpu_has_bf16`). The rule of ``TrainConfig.bf16=None``, and of the scripts ``gem-core experiment``
+    writes, so that an experiment runs at the same precision in every trainer on the same machine."""
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and cpu_has_bf16()
 
 
 def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:

@@ -4,7 +4,10 @@ arguments, the ``GemGRPOTrainer``/``GemRollout`` arguments, and a script that tr
 Imports nothing from TRL: it writes text. TRL's defaults that would change the run are pinned:
 ``gradient_checkpointing`` (TRL True), ``beta`` and ``loss_type`` (TRL "dapo"), ``scale_rewards``,
 ``epsilon_high``, ``shuffle_dataset`` (TRL True: the rows play in order), the scheduler (HF "linear" decay),
-``top_k``/``top_p``, the seed. ``tests/integrations/trl/test_experiment.py`` builds ``GRPOConfig(**kwargs)``
+``top_k``/``top_p``, the seed; the script picks the device and bf16 as ``gem-core train`` does
+(``gem_core.train.trainer.bf16_by_default``: TRL's defaults, bf16 without ``use_cpu``, refuse any machine
+without a GPU).
+``tests/integrations/trl/test_experiment.py`` builds ``GRPOConfig(**kwargs)``
 and checks its fields.
 """
 
@@ -114,9 +117,11 @@ python - "$MODEL" "$DATA/train.jsonl" "$@" <<'PY'
 import sys
 
 import datasets
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
+from gem_core.train.trainer import bf16_by_default
 from gem_integrations.trl import GemGRPOTrainer, GemRollout
 
 CONFIG = {config}
@@ -124,9 +129,11 @@ TRAINER = {trainer}
 model_path, rows = sys.argv[1], sys.argv[2]
 output_dir = sys.argv[3] if len(sys.argv) > 3 else "runs/trl-experiment"
 rollout = TRAINER.pop("rollout")
+# the device and precision gem-core train would pick here (TRL's defaults, bf16 without use_cpu, refuse any machine without a GPU)
+device = "cuda" if torch.cuda.is_available() else "cpu"
 trainer = GemGRPOTrainer(
     AutoModelForCausalLM.from_pretrained(model_path),
-    args=GRPOConfig(output_dir=output_dir, **CONFIG),
+    args=GRPOConfig(output_dir=output_dir, use_cpu=device == "cpu", bf16=bf16_by_default(device), **CONFIG),
     processing_class=AutoTokenizer.from_pretrained(model_path),
     train_dataset=datasets.load_dataset("json", data_files=rows, split="train"),
     rollout_func=GemRollout(**rollout),

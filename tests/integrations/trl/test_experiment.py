@@ -80,3 +80,43 @@ def test_estimators_map_to_trls_own_scaling(tmp_path):
     drgrpo = parse_experiment('[rollout]\ngroup_size = 2\n[algorithm]\nestimator = "drgrpo"\n')
     assert (config_of(grpo, tmp_path).scale_rewards, config_of(grpo, tmp_path).loss_type, trainer_arguments(grpo)["estimator"]) == ("group", "grpo", "trl")
     assert (config_of(drgrpo, tmp_path).scale_rewards, trainer_arguments(drgrpo)["estimator"]) == ("none", "trl")
+
+
+def test_the_written_script_trains_the_experiment_on_cpu(tmp_path, tokenizer, tiny_model):
+    """`gem-core experiment FILE --trainer trl`'s script, run as a user runs it (bash, its make-dataset, TRL's
+    train()) on this CPU with a local model: two updates, a checkpoint after each (`eval_every = 1`), TRL's
+    arguments the experiment's, the device and precision gem-core train would pick here (the script once left
+    TRL's defaults, bf16 without use_cpu, which GRPOConfig refuses with a ValueError on any machine without a GPU)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from gem_core.testing.tokenizer import save_test_tokenizer
+    from gem_core.train.trainer import bf16_by_default
+
+    model_dir = tmp_path / "model"
+    tiny_model.save_pretrained(model_dir)
+    save_test_tokenizer(model_dir, "qwen3")
+    toml = tmp_path / "experiment.toml"
+    toml.write_text(
+        "[env]\nmax_turn_tokens = 8\nmax_context_tokens = 256\n[rollout]\nepisodes_per_update = 4\ngroup_size = 2\n"
+        "[optimizer]\nlr = 1e-3\n[training]\nupdates = 2\neval_every = 1\n"
+    )
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "MODEL": str(model_dir), "DATA": str(tmp_path / "data")}
+    written = subprocess.run(
+        [os.path.join(bin_dir, "gem-core"), "experiment", str(toml), "--trainer", "trl", "--out", str(tmp_path / "run.sh")], capture_output=True, text=True
+    )
+    assert written.returncode == 0, written.stderr
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(tmp_path / "run.sh"), str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and (out / "checkpoint-1").is_dir()
+    logged = [entry for entry in state["log_history"] if "gem/success_rate" in entry]
+    assert [entry["step"] for entry in logged] == [1, 2]
+    args = torch.load(out / "checkpoint-2" / "training_args.bin", weights_only=False)
+    assert args.use_cpu and args.bf16 == bf16_by_default("cpu") and args.learning_rate == 1e-3 and args.num_generations == 2

@@ -229,3 +229,73 @@ def test_example_on_the_real_model_one_train_step_equals_the_core_runner(tmp_pat
     # one optimizer step moved the model
     after = dict(model.named_parameters())
     assert any(not torch.equal(before, after[name]) for name, before in small.items())
+
+
+def _initial_logps(model, inputs, row: int) -> torch.Tensor:
+    """Log-probs of loss row ``row``'s completion tokens under ``model``, from one forward over the row's
+    unpadded prompt and completion (temperature 1, TRL's here)."""
+    prompt = inputs["prompt_ids"][row][inputs["prompt_mask"][row].bool()]
+    n = int(inputs["completion_mask"][row].sum())
+    completion = inputs["completion_ids"][row, :n]
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, completion])[None]).logits[0, len(prompt) - 1 : len(prompt) - 1 + n]
+    return torch.log_softmax(logits.double(), dim=-1).gather(1, completion[:, None])[:, 0]
+
+
+def test_two_updates_of_an_experiment_each_rollout_generates_with_the_weights_trl_trains(tmp_path, monkeypatch):
+    """Two updates of TRL's train() on the real model, configured by an experiment file's TRL mapping (the
+    GRPOConfig and GemGRPOTrainer arguments `gem-core experiment --trainer trl` writes). TRL's CPU path
+    generates with the training model itself, so the weights an update trains reach the next rollout with no
+    sync; checked, not assumed: in each update the logprobs kept at generation agree with TRL's recomputed
+    ones (LOGPROB_ATOL), and in the second update they are the trained model's, not the initial weights'
+    (which still agree in the first: the control)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from gem_core.experiment import parse_experiment, train_rows
+    from gem_core.models import resolve_model
+    from gem_integrations.trl import GemGRPOTrainer, GemRollout, make_dataset
+    from gem_integrations.trl.experiment import grpo_config, trainer_arguments
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if not os.environ.get("GEM_CORE_CACHE"):
+        monkeypatch.setenv("GEM_CORE_CACHE", str(ROOT / ".nox" / "gem-core-cache"))
+    experiment = parse_experiment(
+        f'[model]\nid = "{ALIAS}"\n[env]\nids = ["{trl_test_envs.TURNS_ID}"]\nmax_turn_tokens = {TURN_TOKENS}\n'
+        f"max_context_tokens = {COMPLETION}\n[rollout]\nepisodes_per_update = 6\ngroup_size = 2\n"
+        "[optimizer]\nwarmup_updates = 0\n[training]\nupdates = 2\n"
+    )
+    arguments = trainer_arguments(experiment)
+    rollout_arguments = arguments.pop("rollout")
+    path = resolve_model(ALIAS)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    initial = copy.deepcopy(model).eval()
+    rows = make_dataset(trl_test_envs.TURNS_ID, train_rows(experiment), max_turn_tokens=TURN_TOKENS, max_context_tokens=COMPLETION)
+    # float32 on this CPU (the written script would pick bf16 autocast where the CPU has it): the logprobs compare to 1e-4
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, **grpo_config(experiment))
+    trainer = GemGRPOTrainer(model, args=config, processing_class=tokenizer, train_dataset=rows, rollout_func=GemRollout(**rollout_arguments), **arguments)
+    assert trainer.args.max_steps == 2 and trainer.args.learning_rate == experiment.lr
+    outputs = _record_rollout(trainer)
+    seen = _capture_loss(trainer)
+    trainer.train()
+
+    assert trainer.state.global_step == 2 and len(outputs) == 2 and len(seen) == 2
+    for update, inputs in enumerate(seen):
+        assert inputs["advantages"].abs().sum() > 0, f"update {update + 1} has signal"
+        model_tokens = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+        kept, initial_gap, count = 0.0, 0.0, 0
+        for row in range(inputs["completion_ids"].shape[0]):
+            n = int(inputs["completion_mask"][row].sum())
+            mask = model_tokens[row, :n]
+            sampled = inputs["sampling_per_token_logps"][row, :n].double()
+            kept = max(kept, float((sampled - inputs["trl_logps"][row, :n].double()).abs()[mask].max()))
+            initial_gap = max(initial_gap, float((sampled - _initial_logps(initial, inputs, row)).abs()[mask].max()))
+            count += int(mask.sum())
+        print(f"update {update + 1}: max |generation - TRL| {kept:.2e}, max |generation - initial weights| {initial_gap:.2e}, {count} tokens")
+        assert count >= 20 and kept < LOGPROB_ATOL, (update, kept)
+        if update == 0:
+            assert initial_gap < LOGPROB_ATOL, initial_gap  # the control: before any update the weights are the initial ones
+        else:
+            assert initial_gap > 20 * LOGPROB_ATOL, initial_gap  # the second rollout generated with the trained weights
