@@ -76,6 +76,12 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="env id, e.g. game:Sudoku-v0-easy")
     parser.add_argument("--n", type=whole_number(1), required=True, help="rows to write (one episode each)")
     parser.add_argument("--seed-start", type=whole_number(0), default=0, help="seed of the first row (default 0); row i gets seed-start + i")
+    parser.add_argument(
+        "--balanced",
+        action="store_true",
+        help="GuessTheNumber with a fixed range: the first seeds from --seed-start whose targets are every number equally often "
+        "(gem-core train's held-out set: --seed-start 1000000 --n 200); other envs: consecutive seeds as without it",
+    )
     parser.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 20}'")
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
     parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
@@ -92,7 +98,7 @@ def row_fields(args: argparse.Namespace) -> dict[str, Any]:
     clear ValueErrors)."""
     env_kwargs, tools = task_arguments(args)
     return {
-        "seed_start": args.seed_start, "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
+        "seed_start": args.seed_start, "balanced": args.balanced, "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
         "max_turn_tokens": args.max_turn_tokens, "max_context_tokens": args.max_context_tokens, "system_prompt": args.system_prompt,
     }  # fmt: skip
 

@@ -148,11 +148,6 @@ class Experiment:
     def optimizer_steps_per_update(self) -> int:
         return self.ppo_epochs * self.mini_batches
 
-    @property
-    def eval_seeds(self) -> list[int]:
-        """The held-out start seeds every evaluation plays (the same each time, in every trainer)."""
-        return list(range(self.eval_seed_start, self.eval_seed_start + self.eval_episodes))
-
     def value_of(self, path: str) -> Any:
         """The value of the key ``section.name`` (as the file would hold it)."""
         return getattr(self, FIELD_OF[path])
@@ -180,7 +175,10 @@ KEYS: dict[str, Key] = {
     "seed": Key("seeds", "seed", Param(int, low=0, high=2**32 - 1), "the run's seed: sampling, and the training start seeds drawn below eval_start"),
     "eval_seed_start": Key("seeds", "eval_start", Param(int, low=1, high=2**62), "the first held-out seed; training seeds stay below it"),
     "eval_episodes": Key(
-        "seeds", "eval_episodes", Param(int, low=1, high=1_000_000), "held-out episodes per evaluation: seeds eval_start .. eval_start + eval_episodes - 1"
+        "seeds",
+        "eval_episodes",
+        Param(int, low=1, high=1_000_000),
+        "held-out episodes per evaluation: seeds from eval_start (on GuessTheNumber each target equally often, as gem-core train's)",
     ),
     "episodes_per_update": Key("rollout", "episodes_per_update", Param(int, low=1, high=1_000_000), "episodes played for one update"),
     "group_size": Key("rollout", "group_size", Param(int, low=1, high=100_000), "episodes per start state (GRPO/RLOO need 2+)"),
@@ -459,11 +457,11 @@ def require_one_env(trainer: str, experiment: Experiment) -> str:
 
 def dataset_command(trainer: str, experiment: Experiment, out: str, *, held_out: bool = False, extra: tuple[str, ...] = ()) -> list[str]:
     """``gem-core make-dataset TRAINER`` for the training rows (seeds ``0 ..``, one per start state) or the
-    held-out rows (``seeds.eval_start ..``), each row carrying the experiment's env kwargs, tools and token
+    held-out rows (``seeds.eval_start ..``, ``--balanced``: gem-core train's held-out seeds), each row carrying the experiment's env kwargs, tools and token
     and turn limits (the runner applies a row's own limits over the trainer's: gem_core.rollout.play_row)."""
     env_id = require_one_env(trainer, experiment)
     n, start = (experiment.eval_episodes, experiment.eval_seed_start) if held_out else (train_rows(experiment), 0)
-    argv = ["gem-core", "make-dataset", trainer, "--env", env_id, "--n", str(n), "--seed-start", str(start)]
+    argv = ["gem-core", "make-dataset", trainer, "--env", env_id, "--n", str(n), "--seed-start", str(start), *(["--balanced"] if held_out else [])]
     if experiment.env_kwargs:
         argv += ["--env-kwargs", _json(experiment.env_kwargs)]
     if experiment.tools:
@@ -505,8 +503,8 @@ def header(trainer: str, experiment: Experiment, source: str) -> list[str]:
         f"# {trainer}'s configuration of the experiment {source} (gem-core experiment {source} --trainer {trainer}).",
         f"# {experiment.updates} updates of {experiment.episodes_per_update} episodes ({experiment.groups_per_update} start states x group "
         f"{experiment.group_size}) on {', '.join(experiment.env_ids)}; {experiment.estimator}, gamma {experiment.gamma:g}; lr {experiment.lr:g}.",
-        "# Training start states: seeds 0 .. (one dataset row each, in order); held-out: seeds "
-        f"{experiment.eval_seed_start} .. {experiment.eval_seed_start + experiment.eval_episodes - 1}.",
+        "# Training start states: seeds 0 .. (one dataset row each, in order); held-out: "
+        f"{experiment.eval_episodes} seeds from {experiment.eval_seed_start} (on GuessTheNumber each target equally often: --balanced).",
         *([f"# Weights: sha256 {experiment.model_sha256} (gem_core.experiment.weights_sha256 of the model directory)."] if experiment.model_sha256 else []),
     ]
 
@@ -535,10 +533,21 @@ def script(trainer: str, experiment: Experiment, source: str, body: list[str], *
 
 
 def eval_command(experiment: Experiment, checkpoint: str = "CHECKPOINT") -> list[str]:
-    """``gem-core eval`` of a saved checkpoint on the experiment's held-out seeds, as every trainer's is evaluated."""
+    """``gem-core eval`` of a saved checkpoint on the experiment's held-out seeds, as every trainer's is evaluated:
+    ``--balanced`` (GuessTheNumber: every target equally often), the seeds ``gem-core train`` evaluates on."""
     e = experiment
     argv = ["gem-core", "eval", *e.env_ids, "--policy", "hf", "--model", checkpoint, "--episodes", str(e.eval_episodes)]
-    argv += ["--seed-start", str(e.eval_seed_start), "--seed", str(e.seed), "--temperature", repr(e.temperature), "--max-tokens", str(e.max_turn_tokens)]
+    argv += [
+        "--seed-start",
+        str(e.eval_seed_start),
+        "--balanced",
+        "--seed",
+        str(e.seed),
+        "--temperature",
+        repr(e.temperature),
+        "--max-tokens",
+        str(e.max_turn_tokens),
+    ]
     if e.max_context_tokens:
         argv += ["--max-context-tokens", str(e.max_context_tokens)]
     if e.max_turns:

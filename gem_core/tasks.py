@@ -205,10 +205,29 @@ def _optional_int(name: str, value: Any, *, low: int) -> int | None:
     return value
 
 
-def specs_for(env_id: str, n: int, *, seed_start: int = 0, **fields: Any) -> list[TaskSpec]:
-    """``n`` specs of ``env_id`` with seeds ``seed_start .. seed_start + n - 1`` (the make-dataset rows)."""
+def specs_for(env_id: str, n: int, *, seed_start: int = 0, balanced: bool = False, **fields: Any) -> list[TaskSpec]:
+    """``n`` specs of ``env_id`` with seeds ``seed_start .. seed_start + n - 1`` (the make-dataset rows), or
+    with ``balanced`` the :func:`episode_seeds` that balance GuessTheNumber's targets."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     if isinstance(seed_start, bool) or not isinstance(seed_start, int) or seed_start < 0:
         raise ValueError(f"seed_start must be an integer >= 0, got {seed_start!r}")
-    return [TaskSpec(env_id, seed=seed_start + i, **fields) for i in range(n)]
+    seeds = list(range(seed_start, seed_start + n))
+    if balanced:
+        env = TaskSpec(env_id, env_kwargs=dict(fields.get("env_kwargs") or {})).make_env()
+        try:
+            seeds = episode_seeds(env, n, seed_start, balanced=True)
+        finally:
+            env.close()
+    return [TaskSpec(env_id, seed=seed, **fields) for seed in seeds]
+
+
+def episode_seeds(env: Any, n: int, seed_start: int, *, balanced: bool = False) -> list[int]:
+    """The reset seeds of ``n`` episodes of ``env`` from ``seed_start``: consecutive; with ``balanced``, an env
+    whose unwrapped env offers ``balanced_seeds(count, start)`` picks them (GuessTheNumber: the first seeds whose
+    targets are every number equally often; ``gem-core train``'s evaluation sets, ``gem-core eval --balanced``,
+    ``make-dataset --balanced``); other envs have no start states to balance."""
+    balance = getattr(getattr(env, "unwrapped", env), "balanced_seeds", None)
+    if balanced and callable(balance):
+        return list(balance(n, seed_start))
+    return list(range(seed_start, seed_start + n))

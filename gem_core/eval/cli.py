@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("env_ids", nargs="+", metavar="ENV_ID", help="env ids or patterns, e.g. game:GuessTheNumber-v0-easy 'game:*' 'eval:*'")
     run.add_argument("--episodes", type=whole_number(1), default=None, help="episodes per env (default 100; evaluation sets: all items)")
     run.add_argument("--seed-start", type=whole_number(0), default=0, help="seed of each env's first episode (default 0)")
+    run.add_argument(
+        "--balanced",
+        action="store_true",
+        help="GuessTheNumber with a fixed range: the first seeds from --seed-start whose targets are every number equally often "
+        "(gem-core train's held-out set: --seed-start 1000000 --episodes 200); other envs: consecutive seeds as without it",
+    )
     who = run.add_argument_group("policy")
     who.add_argument(
         "--policy",
@@ -213,7 +219,15 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
         raise CliError(f"--env-kwargs/--tools: {exc}") from None
     env_ids = expand_env_ids(args.env_ids)
     try:  # a bad make() kwarg, a tool without its backend: the user's to fix
-        jobs = plan(env_ids, args.episodes, seed_start=args.seed_start, env_kwargs=env_kwargs, tools=tools, need=BASELINE_METHODS.get(args.policy))
+        jobs = plan(
+            env_ids,
+            args.episodes,
+            seed_start=args.seed_start,
+            env_kwargs=env_kwargs,
+            tools=tools,
+            need=BASELINE_METHODS.get(args.policy),
+            balanced=args.balanced,
+        )
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.policy in BASELINE_METHODS:

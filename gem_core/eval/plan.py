@@ -6,6 +6,8 @@ is reset with seed ``seed_start + i``, so two models evaluated with the same arg
 episodes. An *evaluation set* (an env whose unwrapped env has ``len()``: the number of items in its
 split, as the ``eval:*`` task envs do) plays each item once, in order: episode ``i`` is reset with
 ``options={"idx": i}`` (and seed ``seed_start + i``); ``--episodes`` then caps how many items.
+``balanced``: on GuessTheNumber with a fixed range, the first seeds from ``seed_start`` whose targets are
+every number equally often instead (``--balanced``; ``gem-core train``'s held-out set is these from 1000000).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gem_core.tasks import TaskSpec
+from gem_core.tasks import TaskSpec, episode_seeds
 
 PATTERN_CHARS = "*?["
 DEFAULT_EPISODES = 100  # per seeded env, when --episodes is not given
@@ -82,10 +84,14 @@ def plan(
     env_kwargs: dict[str, Any] | None = None,
     tools: Sequence[str] = (),
     need: str | None = None,
+    balanced: bool = False,
 ) -> list[EvalJob]:
     """The jobs for ``env_ids``: ``episodes`` per env (default :data:`DEFAULT_EPISODES`; evaluation
     sets: every item, or the first ``episodes``). One env of each id is made here, so a bad kwarg, an
-    unknown tool or (``need``) a missing method such as ``oracle_action`` fails before anything runs."""
+    unknown tool or (``need``) a missing method such as ``oracle_action`` fails before anything runs.
+    ``balanced``: a GuessTheNumber env with a fixed range plays
+    :func:`~gem_core.tasks.episode_seeds` from ``seed_start`` (every target equally often); other envs
+    play consecutive seeds as without it."""
     jobs: list[EvalJob] = []
     for env_id in env_ids:
         probe = TaskSpec(env_id, env_kwargs=dict(env_kwargs or {}), tools=tuple(tools))
@@ -94,14 +100,15 @@ def plan(
             if need is not None and not callable(getattr(env, need, None)):
                 raise PlanError(f"{env_id} has no {need}(); pick another policy or leave that env out")
             items = dataset_size(env)
+            if items is None:
+                count = DEFAULT_EPISODES if episodes is None else episodes
+            else:
+                count = items if episodes is None else min(items, episodes)
+            seeds = episode_seeds(env, count, seed_start, balanced=balanced and items is None)
         finally:
             env.close()
-        if items is None:
-            count = DEFAULT_EPISODES if episodes is None else episodes
-        else:
-            count = items if episodes is None else min(items, episodes)
-        for i in range(count):
-            spec = TaskSpec(env_id, seed=seed_start + i, env_kwargs=probe.env_kwargs, tools=probe.tools)
+        for i, seed in enumerate(seeds):
+            spec = TaskSpec(env_id, seed=seed, env_kwargs=probe.env_kwargs, tools=probe.tools)
             jobs.append(EvalJob(spec, i, None if items is None else i))
     return jobs
 

@@ -38,9 +38,10 @@ import numpy as np
 
 from gem_core import algo
 from gem_core.batch import TokenBatch, infra_metrics, sequence_batch, turn_batch
-from gem_core.envs.games.guess_the_number import GuessTheNumber, balanced_seeds, hint_use
+from gem_core.envs.games.guess_the_number import GuessTheNumber, hint_use
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
+from gem_core.tasks import TaskSpec, episode_seeds
 from gem_core.wrappers import EpisodeTotals
 
 ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
@@ -229,8 +230,6 @@ def evaluation_seeds(env_id: str, env_kwargs: dict[str, Any], count: int, eval_s
     training seed. On GuessTheNumber with a fixed range, the first ``count`` seeds from the base whose
     targets are every number equally often (:func:`~gem_core.envs.games.guess_the_number.balanced_seeds`;
     1-10 with 200 episodes: 20 each); elsewhere ``count`` consecutive seeds."""
-    from gem_core.tasks import TaskSpec
-
     env = TaskSpec(env_id, env_kwargs=dict(env_kwargs)).make_env()
     try:
         game = getattr(env, "unwrapped", None)
@@ -244,7 +243,7 @@ def set_seeds(game: GuessTheNumber | None, count: int, eval_set: str) -> list[in
     if eval_set not in EVAL_SETS:
         raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {eval_set!r}")
     base = EVAL_SEED_BASE if eval_set == "heldout" else VALIDATION_SEED_BASE
-    return balanced_seeds(game, count, base) if game is not None else list(range(base, base + count))
+    return episode_seeds(game, count, base, balanced=True)
 
 
 def _check_int(config: TrainConfig, name: str, low: int) -> None:
@@ -710,8 +709,6 @@ class Trainer:
     @property
     def envs(self) -> list[Any]:
         if not self._envs:
-            from gem_core.tasks import TaskSpec
-
             spec = TaskSpec(self.config.env_id, env_kwargs=dict(self.config.env_kwargs), tools=self.config.tools)
             self._envs = [spec.make_env() for _ in range(max(self.config.episodes, self.config.eval_episodes))]
         return self._envs

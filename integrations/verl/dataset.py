@@ -37,6 +37,7 @@ def dataset_rows(
     n: int,
     *,
     seed_start: int = 0,
+    balanced: bool = False,
     env_kwargs: dict[str, Any] | None = None,
     tools: Sequence[str] = (),
     max_turns: int | None = None,
@@ -46,11 +47,13 @@ def dataset_rows(
     observation_prompt: bool = True,
     system_prompt: str | None = None,
 ) -> list[dict[str, Any]]:
-    """``n`` rows for ``env_id`` with seeds ``seed_start .. seed_start + n - 1``."""
+    """``n`` rows for ``env_id`` with seeds ``seed_start .. seed_start + n - 1`` (``balanced``: GuessTheNumber's
+    targets equally often, :func:`gem_core.tasks.episode_seeds`)."""
     specs = specs_for(
         env_id,
         n,
         seed_start=seed_start,
+        balanced=balanced,
         env_kwargs=env_kwargs or {},
         tools=tuple(tools),
         max_turns=max_turns,
@@ -128,6 +131,7 @@ def main(args: argparse.Namespace) -> int:
         args.n,
         args.out,
         seed_start=args.seed_start,
+        balanced=args.balanced,
         env_kwargs=env_kwargs,
         tools=tools,
         max_turns=args.max_turns,

@@ -259,3 +259,28 @@ def test_the_written_script_is_valid_bash(tmp_path):
     script = tmp_path / "trl.sh"
     script.write_text(trl.render(parse_experiment("[rollout]\ngroup_size = 2\n")))
     assert subprocess.run([bash, "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_every_trainer_is_held_out_on_the_seeds_gem_core_train_evaluates_on(tmp_path, capsys):
+    """The held-out rows a script writes and the `gem-core eval` command in its comments play the seeds of
+    gem-core train's held-out set (on GuessTheNumber every target equally often), not consecutive ones."""
+    import json
+    import shlex
+
+    from gem_core.experiment import dataset_command, eval_command
+    from gem_core.train.trainer import evaluation_seeds
+    from gem_integrations.trl import task_of
+    from gem_integrations.trl.experiment import render
+
+    experiment = parse_experiment("[rollout]\ngroup_size = 2\n[seeds]\neval_episodes = 40\n")
+    held_out = evaluation_seeds("game:GuessTheNumber-v0-easy", {}, 40)
+    assert held_out != list(range(1_000_000, 1_000_040))  # consecutive seeds would not be the same set
+    out = tmp_path / "held_out.jsonl"
+    argv = dataset_command("trl", experiment, str(out), held_out=True)
+    assert argv[:2] == ["gem-core", "make-dataset"] and "--balanced" in argv
+    assert run_cli(argv[1:], capsys)[0] == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [task_of(row["prompt"]).seed for row in rows] == held_out
+    command = eval_command(experiment)
+    assert "--balanced" in command and command[command.index("--seed-start") + 1] == "1000000"
+    assert "--balanced" in shlex.split(render(experiment).split("gem-core eval ", 1)[1].splitlines()[0])

@@ -242,3 +242,26 @@ def test_the_system_prompt_is_sent_first(capsys):
         bodies = [r["body"] for r in server.requests]
     assert bodies and all(b["messages"][0] == {"role": "system", "content": "Be brief."} for b in bodies)
     assert all(b["model"] == "m" and b["temperature"] == 0.0 and b["max_tokens"] == 1024 for b in bodies)
+
+
+def test_balanced_plays_the_held_out_seeds_of_gem_core_train(tmp_path, capsys):
+    """--balanced on GuessTheNumber: the seeds from --seed-start whose targets are every number equally often,
+    the very seeds gem-core train evaluates on (so a checkpoint of any trainer is scored on its held-out set);
+    on an env without targets to balance, the seeds without it."""
+    from gem_core.train.trainer import evaluation_seeds
+
+    out = tmp_path / "balanced.jsonl"
+    code, _, err = run(capsys, EASY, "--policy", "random", "--episodes", "30", "--seed-start", "1000000", "--balanced", "--out", str(out))
+    assert code == 0, err
+    seeds = [line["seed"] for line in read_lines(out)]
+    assert sorted(seeds) == sorted(evaluation_seeds(EASY, {}, 30))
+    counts = {}
+    for target in targets(EASY, seeds).values():
+        counts[target] = counts.get(target, 0) + 1
+    assert counts == {n: 3 for n in range(1, 11)}
+    plain = tmp_path / "plain.jsonl"
+    assert run(capsys, EASY, "--policy", "random", "--episodes", "30", "--seed-start", "1000000", "--out", str(plain))[0] == 0
+    assert sorted(line["seed"] for line in read_lines(plain)) == list(range(1_000_000, 1_000_030)) != sorted(seeds)
+    other = tmp_path / "other.jsonl"
+    assert run(capsys, "game:Wordle-v0-easy", "--policy", "random", "--episodes", "5", "--seed-start", "9", "--balanced", "--out", str(other))[0] == 0
+    assert sorted(line["seed"] for line in read_lines(other)) == [9, 10, 11, 12, 13]

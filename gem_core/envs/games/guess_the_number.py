@@ -49,6 +49,11 @@ class GuessTheNumber(TextGame):
         self.guessed: set[int] = set()
         self.last_guess: int | None = None
 
+    def balanced_seeds(self, count: int, start: int) -> list[int]:
+        """``count`` reset seeds from ``start`` whose targets are every number equally often
+        (:func:`balanced_seeds`): what ``--balanced`` evaluations and held-out rows play."""
+        return balanced_seeds(self, count, start)
+
     def new_game(self) -> None:
         if self._random_range:
             self.min_number = self._randint(1, 10)
