@@ -41,11 +41,12 @@ class _Float32RolloutRayActor(openrlhf_vllm_engine.RolloutRayActor.__ray_metadat
         await super().__init__(*args, **kwargs)
 
 
-def recorded_vllm_engines(num_engines, tensor_parallel_size, pretrain, seed, *args, **kwargs) -> list:
-    """OpenRLHF's ``create_vllm_engines`` with its call and its engines recorded (engines in float32)."""
+def recorded_vllm_engines(num_engines, tensor_parallel_size, pretrain, seed, *args, rollout_actor=None, **kwargs) -> list:
+    """OpenRLHF's ``create_vllm_engines`` with its call and its engines recorded (engines in float32).
+    ``rollout_actor``: a subclass of the float32 RolloutRayActor to start instead (never passed by OpenRLHF)."""
     ENGINE_CALLS.append({"num_engines": num_engines, "pretrain": pretrain, "seed": seed, "max_len": args[3], **kwargs})
     original = openrlhf_vllm_engine.RolloutRayActor
-    openrlhf_vllm_engine.RolloutRayActor = ray.remote(_Float32RolloutRayActor)
+    openrlhf_vllm_engine.RolloutRayActor = ray.remote(rollout_actor or _Float32RolloutRayActor)
     try:
         engines = openrlhf_vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, seed, *args, **kwargs)
     finally:
