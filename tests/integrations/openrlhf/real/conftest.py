@@ -49,11 +49,14 @@ def model_dir() -> str:
     return embedded_model_dir()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster():
     """A local Ray cluster with the plugin's runtime env (its setup hook runs after the deepspeed/flash_attn
     stubs). One logical GPU so that OpenRLHF's placement group and GPU actors are scheduled: the placement
-    is OpenRLHF's own; nothing uses CUDA (vLLM is its CPU build)."""
+    is OpenRLHF's own; nothing uses CUDA (vLLM is its CPU build). One per test module: OpenRLHF's train()
+    leaves its actors alive when it returns (the policy actor alone held 13 GB after the one-step run), and a
+    second train() beside them ran this 24 GB machine into Ray's out-of-memory killer; shutting the cluster
+    down between modules ends them."""
     import shutil
     import tempfile
 
