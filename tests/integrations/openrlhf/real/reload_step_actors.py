@@ -14,7 +14,7 @@ plugin (``integrations/``):
   one method more, :meth:`reload_weights_from`: vLLM's own in-place reload, ``Worker.reload_weights
   (weights_path=...)`` reached through ``AsyncLLM.collective_rpc`` (vLLM 0.29: ``GPUModelRunner.reload_weights``,
   which the CPU model runner inherits: the layerwise reload over ``model.load_weights``, then the CPU
-  kernels' weight processing run again), then the tied LM head's processing redone (vllm_cpu_reload: a
+  kernels' weight processing run again), then the tied LM head's processing redone (gem_core.testing.vllm_cpu_reload: a
   vLLM 0.29 CPU gap, measured). The prefix cache is reset after it, as OpenRLHF does when it is on.
 
 Everything else (when ``broadcast_to_vllm`` is called: after each update, before the next rollout) is
@@ -38,9 +38,9 @@ class _ReloadingRolloutRayActor(real_step_actors._Float32RolloutRayActor):
 
     async def reload_weights_from(self, path: str) -> dict:
         """PATCH (GPU weight sync): vLLM's in-place reload from the checkpoint folder ``path``, then the tied LM
-        head's processing redone (see vllm_cpu_reload); the number of reloads so far, and per worker whether
+        head's processing redone (see gem_core.testing.vllm_cpu_reload); the number of reloads so far, and per worker whether
         the head was tied (re-processed)."""
-        from vllm_cpu_reload import repack_tied_lm_head
+        from gem_core.testing.vllm_cpu_reload import repack_tied_lm_head
 
         await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         tied = await self.llm.collective_rpc(repack_tied_lm_head)

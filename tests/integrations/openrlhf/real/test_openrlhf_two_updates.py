@@ -8,7 +8,7 @@ and CPU precision), over 8 prompts in rollout batches of 4: two rollouts, two up
 * PATCH (GPU weight sync): OpenRLHF's CUDA IPC/NCCL ``broadcast_to_vllm`` is replaced by a real CPU reload
   (reload_step_actors.py): after each update the policy actor writes its weights as a checkpoint and the
   running engine reloads them in place with vLLM's own ``Worker.reload_weights`` through
-  ``AsyncLLM.collective_rpc``, then redoes its tied LM head's weight processing (vllm_cpu_reload.py: vLLM
+  ``AsyncLLM.collective_rpc``, then redoes its tied LM head's weight processing (gem_core.testing.vllm_cpu_reload: vLLM
   0.29's CPU reload leaves the head's packed copy of the embedding stale; without this step the engine/actor
   gap after update 1 was 9e-3, 45 times LOGPROB_ATOL). Test machinery, not the plugin.
 * OpenRLHF asks the engine for the rollout's log-probs (``--algo.advantage.is_correction_level token``: its

@@ -14,7 +14,7 @@ TransferQueue, the same CPU PATCHes), with :data:`TWO_UPDATE_OVERRIDES` in place
   (``actor.engine.get_per_tensor_param()``: the FSDP2 state dict, HF keys, each DTensor's ``full_tensor()``),
   writes them as a Hugging Face checkpoint (safetensors, the converted model's config), and the running engine
   reloads them in place with vLLM's own ``Worker.reload_weights`` through ``AsyncLLM.collective_rpc``, then
-  redoes its tied LM head's weight processing (vllm_cpu_reload.py) and resets its prefix cache
+  redoes its tied LM head's weight processing (gem_core.testing.vllm_cpu_reload.py) and resets its prefix cache
   (:class:`ReloadingVerlServer`). Test machinery, not the plugin.
 * Sampled rollouts: verl's default ``top_k=-1`` at temperature 1 (``raw_logprobs``: the model's own log-probs,
   which at temperature 1 are verl's actor's).
@@ -66,9 +66,9 @@ class ReloadingVerlServer(RealVerlServer):
 
     async def reload_weights_from(self, path: str) -> dict:
         """PATCH (GPU weight sync): vLLM's in-place reload from the checkpoint folder ``path``, the tied LM head's
-        processing redone (vllm_cpu_reload), the prefix cache (KV of the old weights) reset; the number of reloads
+        processing redone (gem_core.testing.vllm_cpu_reload), the prefix cache (KV of the old weights) reset; the number of reloads
         so far and per worker whether the head was tied (re-processed)."""
-        from vllm_cpu_reload import repack_tied_lm_head
+        from gem_core.testing.vllm_cpu_reload import repack_tied_lm_head
 
         llm = self.engine.llm
         await llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
@@ -169,7 +169,7 @@ def two_steps(config, model_dir: str, data_dir: Path, report: dict, started: flo
     trainer.reward_loop_manager = RewardLoopManager(config=config)
 
     rollout = OmegaConf.to_container(config.actor_rollout_ref.rollout, resolve=True)
-    # PATCH (GPU weight sync): collective_rpc with a callable (vllm_cpu_reload) needs vLLM's pickle fallback
+    # PATCH (GPU weight sync): collective_rpc with a callable (gem_core.testing.vllm_cpu_reload) needs vLLM's pickle fallback
     env_vars = {"OMP_NUM_THREADS": "2", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     server = ray.remote(num_cpus=0, runtime_env={"env_vars": env_vars})(ReloadingVerlServer).remote(model_dir, rollout)  # PATCH (no GPU server)
     report["engine_args"] = ray.get(server.engine_arguments.remote(), timeout=600)

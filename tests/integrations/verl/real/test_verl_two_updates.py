@@ -9,7 +9,7 @@ still moves the weights. PATCH (GPU weight sync): verl's sync trainer calls
 CUDA IPC/NCCL transfer is replaced by a real CPU reload: the actor's full weights (verl's own
 ``engine.get_per_tensor_param()``) written as a checkpoint, reloaded in place by the running engine with vLLM's
 ``Worker.reload_weights`` through ``AsyncLLM.collective_rpc``, its tied LM head's weight processing redone
-(vllm_cpu_reload.py). Test machinery, not the plugin.
+(gem_core.testing.vllm_cpu_reload). Test machinery, not the plugin.
 
 Checked: in each update the engine's generation-time log-probs equal verl's ``_compute_old_log_prob`` (in update
 2: only if the engine holds update 1's weights); the initial model's log-probs of update 2's tokens (transformers,

@@ -1,7 +1,6 @@
-"""PATCH (GPU weight sync), the part that runs inside the vLLM engine's worker (reached through
-``collective_rpc`` with a callable; kept free of verl and test imports, since the engine core process imports
-only what this module does). See real_two_updates.py. A copy of the OpenRLHF real tier's function of the same
-name (tests/integrations/openrlhf/real/vllm_cpu_reload.py): the two test folders do not import each other.
+"""Test machinery for the real-engine tier (not used by any plugin): a vLLM 0.29 CPU gap in its in-place weight
+reload, run inside the engine's worker through ``collective_rpc`` with a callable. The two-update tests of
+OpenRLHF and verl (tests/integrations/*/real) use it; it imports nothing, so the engine's processes can load it.
 """
 
 from __future__ import annotations
