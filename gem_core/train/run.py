@@ -40,6 +40,9 @@ from gem_core.train.trainer import (
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
+# the model at each evaluation every ``eval_every`` updates, as the other trainers' mappings save theirs
+# (gem_core.experiment: TRL's save_steps, RL2's save_freq), for `gem-core eval` to read
+EVAL_CHECKPOINTS = "checkpoints"
 
 
 class TrainError(ValueError):
@@ -255,6 +258,17 @@ def _baseline_cells(baseline: Baseline) -> tuple[str, ...]:
     return (f"{baseline.success_rate:.3f}", "-", "-", solved, "-", "-", *map(_rate, hints))
 
 
+def eval_checkpoint(out: str, step: int) -> str:
+    """Where a run in ``out`` saves its model at the evaluation after update ``step`` (``eval_every``)."""
+    return os.path.join(out, EVAL_CHECKPOINTS, f"update-{step}")
+
+
+def save_model(trainer: Trainer, tokenizer: Any, directory: str) -> None:
+    """The trained model and its tokenizer, as a model directory (``from_pretrained``, `gem-core eval --model`)."""
+    trainer.model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
 def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Summary:
     """Run (or, with ``config.resume``, continue) the training run described by ``config``."""
     import torch
@@ -309,9 +323,12 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
         final = None
         while trainer.step < config.steps:
             metrics = trainer.update()
-            if config.eval_every and trainer.step % config.eval_every == 0 or trainer.step == config.steps:
+            periodic = bool(config.eval_every) and trainer.step % config.eval_every == 0
+            if periodic or trainer.step == config.steps:
                 final = trainer.evaluate()
                 metrics.update(final.fields())
+            if periodic:
+                save_model(trainer, tokenizer, eval_checkpoint(out, trainer.step))
             _append(metrics_path, {"phase": "rl", **metrics})
             if bar is not None:
                 bar.update(1)
@@ -323,9 +340,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             bar.close()
         if final is None:
             final = trainer.evaluate()
-        save_dir = os.path.join(out, "model")
-        trainer.model.save_pretrained(save_dir)
-        tokenizer.save_pretrained(save_dir)
+        save_model(trainer, tokenizer, os.path.join(out, "model"))
         plot(metrics_path, os.path.join(out, "curves.png"))
         if config.tensorboard:
             _tensorboard(metrics_path, os.path.join(out, "tensorboard"))

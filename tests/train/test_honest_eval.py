@@ -19,20 +19,6 @@ from gem_core.train.trainer import EVAL_SEED_BASE, VALIDATION_SEED_BASE, Trainer
 ENV = "game:GuessTheNumber-v0-easy"
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny model and the project's tokenizer, saved where ``--model`` can load them."""
-    from gem_core.testing import build_test_tokenizer, build_tiny_model
-
-    tokenizer = build_test_tokenizer("chatml")
-    model = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=1)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    path = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path), model, tokenizer
-
-
 def _targets(seeds: list[int]) -> Counter:
     game = gem_core.make(ENV).unwrapped
     found: Counter = Counter()

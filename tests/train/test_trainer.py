@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -14,20 +15,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from gem_core.train.trainer import Rows, Trainer, TrainConfig, policy_loss, token_logprobs, training_rows, turn_advantages  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny model and the project's tokenizer, saved where ``--model`` can load them."""
-    from gem_core.testing import build_test_tokenizer, build_tiny_model
-
-    tokenizer = build_test_tokenizer("chatml")
-    model = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=1)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    path = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path), model, tokenizer
 
 
 def _trainer(tiny, tmp_path, **overrides):
@@ -311,6 +298,26 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tiny, tmp_path)
     assert (tmp_path / "whole" / "model" / "config.json").exists()
     pytest.importorskip("matplotlib")
     assert (tmp_path / "whole" / "curves.png").stat().st_size > 1000
+
+
+def test_eval_every_saves_the_model_at_each_of_those_evaluations(tiny, tmp_path):
+    """--eval-every N: the model after update N, 2N, ... in checkpoints/update-K (what the other trainers'
+    mappings save at the experiment's evaluation points, for gem-core eval); the last one is the final model."""
+    from safetensors.torch import load_file
+
+    from gem_core.train.run import eval_checkpoint, train
+
+    config = TrainConfig(
+        model=tiny[0], steps=4, episodes=4, eval_episodes=2, eval_every=2, warmup_steps=0, estimator="reinforce", lr=1e-2, out=str(tmp_path / "r")
+    )
+    train(config, progress=False, log=lambda _: None)
+    saved = sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir())
+    assert saved == ["update-2", "update-4"]
+    weights = {name: load_file(os.path.join(eval_checkpoint(config.out, step), "model.safetensors")) for step, name in ((2, "2"), (4, "4"))}
+    final = load_file(str(tmp_path / "r" / "model" / "model.safetensors"))
+    assert all(torch.equal(final[k], weights["4"][k]) for k in final)
+    assert any(not torch.equal(weights["2"][k], weights["4"][k]) for k in final)  # two updates apart
+    assert (tmp_path / "r" / "checkpoints" / "update-2" / "tokenizer_config.json").exists()
 
 
 def test_the_warm_start_is_the_same_for_the_same_seed(tiny, tmp_path):
