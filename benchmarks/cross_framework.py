@@ -1,0 +1,434 @@
+"""One experiment in every trainer, on CPU: held-out success against updates, the trainers on one figure.
+
+    python benchmarks/cross_framework.py [--experiment examples/experiments/portable.toml] [--trainers reference trl]
+        [--seeds 0 1 2] [--python trl=.nox/trl/bin/python] [--out benchmarks/results/cross_framework]
+
+The experiment (default: ``portable.toml``, the default run without what only ``gem-core train`` runs, in groups
+of 2: what gem-core train, verl, OpenRLHF, TRL and RL2 all run) with the benchmark's evaluation points, written
+into every run's ``experiment.toml``: an evaluation every ``--eval-every`` 10 updates, where each trainer saves
+its model (``--set SECTION.KEY=VALUE`` changes another key for every run). Each trainer runs what ``gem-core experiment FILE --trainer NAME`` writes
+for it (the reference trainer: ``gem-core train --experiment FILE``), in its own Python (``--python
+NAME=PATH``: a virtualenv with that trainer, e.g. the one ``nox -s trl --install-only`` builds; default: this
+one), the reference trainer over ``--seeds`` (its spread over seeds is the band the others are read against),
+the others over the first seed.
+
+One evaluator for every trainer: each saved model, and the starting weights, is played by ``gem-core eval`` on
+the experiment's held-out command (``gem_core.experiment.eval_command``: 200 balanced seeds from 1000000, sampled
+at the run's temperature, sampling seed 0 for every model), with transcripts, from which the hint use is read
+(after "lower", the share of guesses that go down: a hint-blind player's is the baseline). Reported per run:
+held-out success at every evaluation point, seconds per update (the training loop's: the reference trainer's
+rollout and update time from its metrics, TRL's ``train_runtime``; without start-up or in-run evaluation), the
+run's wall time, and the peak resident memory of its process tree (sampled every 0.5 s).
+
+Trainers here: ``reference`` and ``trl`` (TRL's HF-generate path, CPU). verl, OpenRLHF, oat and RL2 run on CPU
+only through their test tier's stand-ins (tests/integrations/*/real: vLLM reloaded from the trained weights after
+each update); their long runs are not wired here yet. ROLL refuses the experiment (its optimizer steps count turn
+samples, not episodes).
+
+Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``eval/update-<K>.json``, the log)
+and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
+evaluation already recorded is not redone, so the benchmark can be stopped and started again; a run stopped
+midway is started over. ``OUT/cross_framework.md`` holds the table, ``OUT/cross_framework.png`` the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gem_core.envs.games.guess_the_number import GuessTheNumber, baselines, hint_use  # noqa: E402
+from gem_core.errors import InvalidArgumentError  # noqa: E402
+from gem_core.experiment import Experiment, eval_command, experiment_from_dict, load_experiment, to_toml  # noqa: E402
+from gem_core.registry import make  # noqa: E402
+from gem_core.tasks import episode_seeds  # noqa: E402
+
+TRAINERS = ("reference", "trl")
+DEFAULT_EXPERIMENT = ROOT / "examples" / "experiments" / "portable.toml"
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cross_framework"
+EVAL_SEED = 0  # every model's evaluation samples with this seed: the same episodes, the same draws
+# what TRL's checkpoints hold besides the model, which only a resumed TRL run reads (about 1 GB each)
+TRL_TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin")
+
+
+class BenchmarkError(Exception):
+    """A bad argument or a missing prerequisite: one line for the user."""
+
+
+# -- the experiment each run trains ------------------------------------------------------------------------
+
+
+def run_experiment(base: Experiment, seed: int, eval_every: int) -> Experiment:
+    """``base`` with the benchmark's settings: the run's seed and an evaluation (where each trainer saves its
+    model) every ``eval_every`` updates."""
+    return dataclasses.replace(base, seed=seed, eval_every=eval_every)
+
+
+def eval_points(experiment: Experiment) -> list[int]:
+    """The updates after which a run saves its model: every ``eval_every`` and the last."""
+    every = experiment.eval_every or experiment.updates
+    return sorted({*range(every, experiment.updates + 1, every), experiment.updates})
+
+
+# -- running a trainer -------------------------------------------------------------------------------------
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (Linux /proc), 0 where it has ended."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/status") as handle:
+                total += next((int(line.split()[1]) * 1024 for line in handle if line.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    stack += [int(child) for child in handle.read().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
+def run_process(argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[int, float, float]:
+    """Run ``argv`` with its output to ``log``; returns its exit status, wall seconds and the peak resident
+    memory of its process tree in GB."""
+    peak = [0]
+    with open(log, "w") as handle:
+        started = time.perf_counter()
+        process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+
+        def sample() -> None:
+            while process.poll() is None:
+                peak[0] = max(peak[0], tree_rss_bytes(process.pid))
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        status = process.wait()
+        sampler.join()
+    return status, time.perf_counter() - started, peak[0] / 1e9
+
+
+def log_tail(log: Path, lines: int = 1) -> str:
+    text = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    return " | ".join(text[-lines:]) if text else "(no output)"
+
+
+def cli(python: str) -> list[str]:
+    """gem-core's command line in ``python``."""
+    return [python, "-m", "gem_core.cli"]
+
+
+def python_env(python: str) -> dict[str, str]:
+    """The environment of a process run with ``python``: its virtualenv's scripts first on PATH (the written
+    scripts call ``gem-core`` and ``python``)."""
+    return {**os.environ, "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONHASHSEED": "0"}
+
+
+def train_reference(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
+    """``gem-core train --experiment``: its model at each evaluation point (``checkpoints/update-K``)."""
+    out = run / "train"
+    argv = [*cli(python), "train", "--experiment", str(experiment_file), "--out", str(out), "--no-progress"]
+    status, wall, peak = run_process(argv, run / "train.log", env=python_env(python), cwd=ROOT)
+    record = {"command": argv, "status": status, "wall_seconds": wall, "peak_rss_gb": peak}
+    if status == 0:
+        steps = [json.loads(line) for line in open(out / "metrics.jsonl") if '"phase": "rl"' in line]
+        record["seconds_per_update"] = sum(s["rollout_seconds"] + s["update_seconds"] for s in steps) / len(steps)
+        record["checkpoints"] = {str(k): str(out / "checkpoints" / f"update-{k}") for k in eval_points(experiment)}
+    return record
+
+
+def train_trl(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
+    """The script ``gem-core experiment --trainer trl`` writes, run as its header says: its checkpoints at the
+    evaluation points (TRL's ``checkpoint-<optimizer step>``), their training state removed once it ends."""
+    from gem_core.models import resolve_model
+
+    script, out = run / "run_trl.sh", run / "train"
+    written = [*cli(python), "experiment", str(experiment_file), "--trainer", "trl", "--out", str(script)]
+    status, _, _ = run_process(written, run / "experiment.log", env=python_env(python), cwd=ROOT)
+    if status != 0:
+        return {"command": written, "status": status, "error": log_tail(run / "experiment.log")}
+    env = {**python_env(python), "MODEL": resolve_model(experiment.model), "DATA": str(run / "data")}
+    argv = ["bash", str(script), str(out)]
+    status, wall, peak = run_process(argv, run / "train.log", env=env, cwd=run)
+    record = {"command": argv, "status": status, "wall_seconds": wall, "peak_rss_gb": peak}
+    if status == 0:
+        runtime = re.findall(r"'train_runtime': '?([0-9.]+)", (run / "train.log").read_text(errors="replace"))
+        if runtime:
+            record["seconds_per_update"] = float(runtime[-1]) / experiment.updates
+        per_update = experiment.optimizer_steps_per_update
+        record["checkpoints"] = {str(k): str(out / f"checkpoint-{k * per_update}") for k in eval_points(experiment)}
+        for checkpoint in record["checkpoints"].values():
+            for name in TRL_TRAINING_STATE:
+                Path(checkpoint, name).unlink(missing_ok=True)
+    return record
+
+
+RUNNERS = {"reference": train_reference, "trl": train_trl}
+
+
+def trainer_version(trainer: str, python: str) -> str:
+    module = "gem_core" if trainer == "reference" else trainer
+    code = f"import importlib.metadata as m; print(m.version({'gem-core' if trainer == 'reference' else module!r}))"
+    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return found.stdout.strip() or "?"
+
+
+def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
+    """Train one run into ``run`` (recorded in run.json); a run already recorded there is read back."""
+    record_path = run / "run.json"
+    if record_path.exists():
+        return json.loads(record_path.read_text())
+    if run.exists():  # stopped midway: started over
+        shutil.rmtree(run)
+    run.mkdir(parents=True)
+    experiment_file = run / "experiment.toml"
+    experiment_file.write_text(to_toml(experiment))
+    print(f"{run.name}: training ({trainer}, {experiment.updates} updates)", flush=True)
+    record = {"trainer": trainer, "seed": experiment.seed, "version": trainer_version(trainer, python)}
+    record |= RUNNERS[trainer](experiment_file, run, python, experiment)
+    if record["status"] != 0:
+        record.setdefault("error", log_tail(run / "train.log"))
+        print(f"{run.name}: failed: {record['error']}", flush=True)
+    record_path.write_text(json.dumps(record, indent=2))
+    return record
+
+
+# -- evaluating a saved model ------------------------------------------------------------------------------
+
+
+def evaluate(model: str, experiment: Experiment, out: Path, python: str) -> dict:
+    """Held-out success and hint use of ``model`` (a model directory or the experiment's model id) by
+    ``gem-core eval``; recorded in ``out`` (a summary JSON, the episodes beside it)."""
+    if out.exists():
+        return json.loads(out.read_text())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    episodes = out.with_suffix(".jsonl")
+    argv = [*cli(python), *eval_command(dataclasses.replace(experiment, seed=EVAL_SEED), model)[1:]]
+    argv += ["--out", str(episodes), "--overwrite", "--save-transcripts", "--no-progress", "--dtype", "float32"]
+    status, wall, _ = run_process(argv, out.with_suffix(".log"), env=python_env(python), cwd=ROOT)
+    if status != 0:
+        raise BenchmarkError(f"gem-core eval of {model} failed: {log_tail(out.with_suffix('.log'))}")
+    rows = [json.loads(line) for line in open(episodes)]
+    use = hint_use([turn["observation"] for turn in row["transcript"]["turns"]] for row in rows)
+    summary = {
+        "model": model,
+        "episodes": len(rows),
+        "success_rate": sum(row["success"] for row in rows) / len(rows),
+        "errors": sum(row["error"] is not None for row in rows),
+        "hint_right_after_lower_rate": use.right_after_lower_rate,
+        "hint_consistent_rate": use.consistent_rate,
+        "seconds": wall,
+    }
+    out.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def held_out_baselines(experiment: Experiment) -> dict[str, float]:
+    """The scripted players' held-out success on the evaluation's seeds (GuessTheNumber; else none)."""
+    env = make(experiment.env_ids[0], **dict(experiment.env_kwargs))
+    game = env.unwrapped if isinstance(env.unwrapped, GuessTheNumber) else None
+    if game is None:
+        return {}
+    seeds = episode_seeds(env, experiment.eval_episodes, experiment.eval_seed_start, balanced=True)
+    return {b.name: b.success_rate for b in baselines(game, seeds)}
+
+
+# -- the report --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunResult:
+    trainer: str
+    seed: int
+    record: dict
+    curve: dict[int, dict]  # update -> evaluation summary (0: the starting weights)
+
+    @property
+    def final(self) -> dict | None:
+        return self.curve.get(max(self.curve)) if len(self.curve) > 1 else None
+
+
+def reference_range(results: list[RunResult]) -> tuple[float, float] | None:
+    finals = [r.final["success_rate"] for r in results if r.trainer == "reference" and r.final]
+    return (min(finals), max(finals)) if finals else None
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def table(results: list[RunResult], points: list[int]) -> str:
+    """One row per run: held-out success at each point, hint use at the end, cost; whether a trainer's final
+    success lies inside the reference trainer's range over seeds."""
+    band = reference_range(results)
+    head = ["trainer", "seed", *(f"success @{k}" for k in [0, *points]), 'right after "lower"', "inside reference range", "s / update", "wall (min)", "peak GB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        if r.record["status"] != 0:
+            lines.append(f"| {r.trainer} {r.record.get('version', '')} | {r.seed} | failed: {r.record['error'][:160]} |")
+            continue
+        final = r.final
+        inside = "-" if r.trainer == "reference" or band is None or final is None else ("yes" if band[0] <= final["success_rate"] <= band[1] else "no")
+        cells = [f"{r.trainer} {r.record.get('version', '')}", str(r.seed)]
+        cells += [_rate(r.curve[k]["success_rate"]) if k in r.curve else "-" for k in [0, *points]]
+        cells += [_rate(final and final["hint_right_after_lower_rate"]), inside]
+        spu = r.record.get("seconds_per_update")
+        cells += ["-" if spu is None else f"{spu:.1f}", f"{r.record['wall_seconds'] / 60:.1f}", f"{r.record['peak_rss_gb']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> None:
+    """Held-out success and the share right after "lower" against updates: the reference trainer's seeds as a
+    band (min to max) around their mean, every other trainer's run as a line; the scripted players as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "success_rate", "held-out success"), (axes[1], "hint_right_after_lower_rate", 'after "lower": moved down')):
+        reference = [r for r in results if r.trainer == "reference" and r.record["status"] == 0 and len(r.curve) > 1]
+        if reference:
+            points = sorted(set.intersection(*(set(r.curve) for r in reference)))
+            values = [[r.curve[k][key] or 0.0 for r in reference] for k in points]
+            ax.fill_between(points, [min(v) for v in values], [max(v) for v in values], alpha=0.25, color="C0")
+            ax.plot(points, [sum(v) / len(v) for v in values], color="C0", marker="o", label=f"gem-core train ({len(reference)} seeds)")
+        for i, r in enumerate(r for r in results if r.trainer != "reference" and r.record["status"] == 0 and len(r.curve) > 1):
+            points = sorted(r.curve)
+            ax.plot(points, [r.curve[k][key] or 0.0 for k in points], color=f"C{i + 1}", marker="s", label=f"{r.trainer} (seed {r.seed})")
+        if key == "success_rate":
+            for (name, value), style in zip(scripted.items(), (":", "--", "-.")):
+                ax.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{name} {value:.2f}")
+        ax.set_xlabel("updates")
+        ax.set_title(title)
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- the command -------------------------------------------------------------------------------------------
+
+
+def parse_pythons(pairs: list[str]) -> dict[str, str]:
+    pythons = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or name not in TRAINERS:
+            raise BenchmarkError(f"--python {pair!r}: expected NAME=PATH with NAME one of {', '.join(TRAINERS)}")
+        if not os.access(path, os.X_OK):
+            raise BenchmarkError(f"--python {pair!r}: {path} is not an executable")
+        pythons[name] = path
+    return pythons
+
+
+def check_trainer_python(trainer: str, python: str) -> None:
+    module = {"reference": "gem_core.train", "trl": "gem_integrations.trl"}[trainer]
+    found = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)
+    if found.returncode != 0:
+        last = (found.stderr.strip().splitlines() or ["?"])[-1]
+        raise BenchmarkError(
+            f"{trainer}: {python} cannot import {module} ({last}): pass --python {trainer}=PATH (nox -s {trainer} --install-only builds one for trl)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", type=Path, default=DEFAULT_EXPERIMENT, help="the experiment file (default portable.toml)")
+    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the reference trainer's seeds (the others: the first)")
+    parser.add_argument("--eval-every", type=int, default=10, help="updates between saved, evaluated models (default 10)")
+    parser.add_argument(
+        "--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=TOML", help="another experiment key for every run, e.g. training.updates=4"
+    )
+    parser.add_argument("--python", dest="pythons", action="append", default=[], metavar="NAME=PATH", help="the Python a trainer runs in (default: this one)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    try:
+        return run_benchmark(args)
+    except BenchmarkError as exc:
+        print(f"cross_framework: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def settings_experiment(path: Path, settings: list[str]) -> Experiment:
+    """The experiment file with each ``--set SECTION.KEY=VALUE`` (a TOML value) in place of the file's key,
+    checked as the file is (``experiment_from_dict``)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(to_toml(load_experiment(path)))
+        for setting in settings:
+            key, sep, value = setting.partition("=")
+            section, dot, name = key.strip().partition(".")
+            if not sep or not dot:
+                raise BenchmarkError(f"--set {setting!r}: expected SECTION.KEY=VALUE (a TOML value)")
+            try:
+                data.setdefault(section, {})[name] = tomllib.loads(f"value = {value}")["value"]
+            except tomllib.TOMLDecodeError:
+                raise BenchmarkError(f"--set {setting!r}: {value!r} is not a TOML value (a string needs quotes)") from None
+        return experiment_from_dict(data, where="--set")
+    except InvalidArgumentError as exc:
+        raise BenchmarkError(str(exc)) from None
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    if args.eval_every < 0:
+        raise BenchmarkError(f"--eval-every {args.eval_every}: expected 0 (the end alone) or more")
+    base = settings_experiment(args.experiment, args.settings)
+    pythons = {name: sys.executable for name in TRAINERS} | parse_pythons(args.pythons)
+    for trainer in args.trainers:
+        check_trainer_python(trainer, pythons[trainer])
+    jobs = [(trainer, seed) for trainer in args.trainers for seed in (args.seeds if trainer == "reference" else args.seeds[:1])]
+    try:
+        experiments = {job: run_experiment(base, job[1], args.eval_every) for job in jobs}
+    except InvalidArgumentError as exc:
+        raise BenchmarkError(str(exc)) from None
+    args.out.mkdir(parents=True, exist_ok=True)
+    evaluation = run_experiment(base, EVAL_SEED, args.eval_every)
+    (args.out / "start").mkdir(exist_ok=True)
+    start = evaluate(evaluation.model, evaluation, args.out / "start" / "eval.json", sys.executable)
+    results = []
+    for (trainer, seed), experiment in experiments.items():
+        run = args.out / f"{trainer}-seed{seed}"
+        record = train(trainer, experiment, run, pythons[trainer])
+        curve = {0: start}
+        for update, checkpoint in (record.get("checkpoints") or {}).items():
+            curve[int(update)] = evaluate(checkpoint, experiment, run / "eval" / f"update-{update}.json", sys.executable)
+        results.append(RunResult(trainer, seed, record, curve))
+    points = eval_points(evaluation)
+    scripted = held_out_baselines(evaluation)
+    report = [
+        "# One experiment, every trainer",
+        "",
+        f"`python benchmarks/cross_framework.py {' '.join(sys.argv[1:])}`: {args.experiment.name}, a saved, evaluated model every {args.eval_every} updates.",
+        f"Held-out: {evaluation.eval_episodes} balanced episodes from seed {evaluation.eval_seed_start}, sampled at temperature {evaluation.temperature} (sampling seed {EVAL_SEED}), every model by gem-core eval.",
+        "Scripted players on the same episodes: " + ", ".join(f"{name} {value:.3f}" for name, value in scripted.items()),
+        "",
+        table(results, points),
+    ]
+    (args.out / "cross_framework.md").write_text("\n".join(report) + "\n")
+    print("\n".join(report))
+    try:
+        figure(results, scripted, args.out / "cross_framework.png")
+    except ImportError:
+        print("cross_framework: no figure (pip install matplotlib)", file=sys.stderr)
+    return 0 if all(r.record["status"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""benchmarks/cross_framework.py: the experiment each run trains (the benchmark's settings, --set), the points
+where models are saved, the table's reading against the reference trainer's range, bad arguments in one line,
+the process-tree memory it reports, and the whole benchmark end to end on the reference trainer with a tiny
+model (trained, each saved model evaluated by gem-core eval, the table and the figure written, nothing redone
+when run again). TRL's arm runs in the trl session (tests/integrations/trl/test_experiment.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PORTABLE = ROOT / "examples" / "experiments" / "portable.toml"
+
+
+@pytest.fixture(scope="module")
+def cross_framework():
+    spec = importlib.util.spec_from_file_location("cross_framework", ROOT / "benchmarks" / "cross_framework.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_each_run_trains_the_file_with_the_benchmarks_groups_evaluations_and_seed(cross_framework):
+    base = cross_framework.settings_experiment(PORTABLE, [])
+    run = cross_framework.run_experiment(base, seed=2, eval_every=10)
+    assert (run.seed, run.group_size, run.eval_every) == (2, 2, 10)
+    assert run.updates == base.updates == 30 and run.lr == base.lr and run.estimator == base.estimator
+    assert cross_framework.eval_points(run) == [10, 20, 30]
+    assert cross_framework.eval_points(cross_framework.run_experiment(base, 0, 7)) == [7, 14, 21, 28, 30]
+    assert cross_framework.eval_points(cross_framework.run_experiment(base, 0, 0)) == [30]  # the end alone
+
+
+def test_set_replaces_a_key_of_the_file_and_is_checked_as_the_file_is(cross_framework):
+    changed = cross_framework.settings_experiment(PORTABLE, ["training.updates=4", "rollout.episodes_per_update=8", 'model.id="elsewhere"'])
+    assert (changed.updates, changed.episodes_per_update, changed.model) == (4, 8, "elsewhere")
+    bad = {
+        "training.updatez=4": "unknown key training.updatez",
+        "optimizer.lr=-1.0": "optimizer.lr=-1.0 is not allowed",
+        "training.updates": "expected SECTION.KEY=VALUE",
+        "model.id=elsewhere": "is not a TOML value",
+    }
+    for setting, message in bad.items():
+        with pytest.raises(cross_framework.BenchmarkError, match=message):
+            cross_framework.settings_experiment(PORTABLE, [setting])
+
+
+def test_a_group_size_the_episodes_cannot_hold_is_one_line(cross_framework, capsys):
+    status = cross_framework.main(["--set", "rollout.group_size=3", "--trainers", "reference", "--out", "/nonexistent/never-written"])
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cross_framework: error: --set:") and "group_size" in err[0]
+    assert cross_framework.main(["--eval-every", "-1"]) == 2 and "--eval-every -1" in capsys.readouterr().err
+
+
+def test_a_bad_python_is_one_line(cross_framework, capsys, tmp_path):
+    for pair, message in (("trl", "expected NAME=PATH"), ("verl=/usr/bin/python3", "NAME one of"), (f"trl={tmp_path}/none", "not an executable")):
+        assert cross_framework.main(["--python", pair, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    # a Python without the trainer: named, with how to get one
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'trl'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    assert cross_framework.main(["--trainers", "trl", "--python", f"trl={fake}", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot import gem_integrations.trl (ModuleNotFoundError: No module named 'trl')" in err[0] and "nox -s trl" in err[0]
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def _result(cross_framework, trainer, seed, finals, status=0):
+    curve = {0: {"success_rate": 0.1, "hint_right_after_lower_rate": None}}
+    curve |= {10 * (i + 1): {"success_rate": value, "hint_right_after_lower_rate": 0.5} for i, value in enumerate(finals)}
+    record = {"status": status, "version": "1.0", "wall_seconds": 600.0, "peak_rss_gb": 3.0, "seconds_per_update": 20.0, "error": "boom"}
+    return cross_framework.RunResult(trainer, seed, record, curve)
+
+
+def test_the_table_reads_each_trainer_against_the_reference_range_over_seeds(cross_framework):
+    results = [
+        _result(cross_framework, "reference", 0, [0.2, 0.40]),
+        _result(cross_framework, "reference", 1, [0.3, 0.60]),
+        _result(cross_framework, "trl", 0, [0.3, 0.50]),  # inside [0.40, 0.60]
+        _result(cross_framework, "verl", 0, [0.3, 0.35]),  # below it
+        _result(cross_framework, "openrlhf", 0, [], status=1),
+    ]
+    assert cross_framework.reference_range(results) == (0.40, 0.60)
+    rows = cross_framework.table(results, [10, 20]).splitlines()
+    assert rows[0].startswith("| trainer | seed | success @0 | success @10 | success @20 |")
+    assert "| 0.500 | 0.500 | yes |" in rows[4] and "| 0.350 | 0.500 | no |" in rows[5]
+    assert "failed: boom" in rows[6]
+    assert "| 0.400 | 0.500 | - | 20.0 | 10.0 | 3.00 |" in rows[2]  # the reference is the range, not read against it
+
+
+def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
+    """A shell (a few MB itself) whose child holds 200 MB: the tree's memory is the child's and more."""
+    code = "import time; b = bytearray(200_000_000); time.sleep(30)"
+    shell = subprocess.Popen(["sh", "-c", f"{sys.executable} -c '{code}' & wait"])
+    try:
+        for _ in range(200):
+            if cross_framework.tree_rss_bytes(shell.pid) > 200_000_000:
+                break
+            time.sleep(0.1)
+        assert cross_framework.tree_rss_bytes(shell.pid) > 200_000_000
+        with open(f"/proc/{shell.pid}/status") as handle:
+            own = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmRSS:"))
+        assert own < 50_000_000
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)])
+        shell.kill()
+        shell.wait()
+    assert cross_framework.tree_rss_bytes(shell.pid) == 0  # ended
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_framework, tiny, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "out"
+    argv = ["--trainers", "reference", "--seeds", "0", "1", "--eval-every", "1", "--out", str(out)]
+    argv += ["--set", f'model.id="{tiny[0]}"', "--set", "training.updates=2", "--set", "rollout.episodes_per_update=4", "--set", "seeds.eval_episodes=10"]
+    assert cross_framework.main(argv) == 0
+    for seed in (0, 1):
+        run = out / f"reference-seed{seed}"
+        record = json.loads((run / "run.json").read_text())
+        assert record["status"] == 0 and record["seed"] == seed and record["peak_rss_gb"] > 0.1 and record["seconds_per_update"] > 0
+        assert sorted(record["checkpoints"]) == ["1", "2"]
+        assert f"seed = {seed}" in (run / "experiment.toml").read_text() and "group_size = 2" in (run / "experiment.toml").read_text()
+        for update in (1, 2):
+            summary = json.loads((run / "eval" / f"update-{update}.json").read_text())
+            assert summary["episodes"] == 10 and summary["model"] == record["checkpoints"][str(update)] and 0 <= summary["success_rate"] <= 1
+            episodes = [json.loads(line) for line in open(run / "eval" / f"update-{update}.jsonl")]
+            assert sorted(e["seed"] for e in episodes) == sorted(e["seed"] for e in map(json.loads, open(out / "start" / "eval.jsonl")))
+    report = (out / "cross_framework.md").read_text()
+    assert report.count("| reference ") == 2 and "random valid" in report.lower() or "random" in report
+    assert (out / "cross_framework.png").stat().st_size > 1000
+    # run again: every run and evaluation is read back, none redone
+    before = {p: p.stat().st_mtime for p in out.rglob("*.json")}
+    capsys.readouterr()
+    assert cross_framework.main(argv) == 0
+    assert "training" not in capsys.readouterr().out
+    assert {p: p.stat().st_mtime for p in out.rglob("*.json")} == before
