@@ -140,6 +140,7 @@ trainer = GemGRPOTrainer(
     **TRAINER,
 )
 trainer.train()
+trainer.save_model(output_dir)  # the trained model, for gem-core eval --model OUTPUT_DIR
 PY'''
 
 

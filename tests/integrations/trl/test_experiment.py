@@ -120,3 +120,47 @@ def test_the_written_script_trains_the_experiment_on_cpu(tmp_path, tokenizer, ti
     assert [entry["step"] for entry in logged] == [1, 2]
     args = torch.load(out / "checkpoint-2" / "training_args.bin", weights_only=False)
     assert args.use_cpu and args.bf16 == bf16_by_default("cpu") and args.learning_rate == 1e-3 and args.num_generations == 2
+    # the trained model is saved at the end (with eval_every 0 there is no checkpoint): the last checkpoint's
+    from safetensors.torch import load_file
+
+    final, last = load_file(out / "model.safetensors"), load_file(out / "checkpoint-2" / "model.safetensors")
+    assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    assert (out / "tokenizer_config.json").exists()
+
+
+def test_the_cross_framework_benchmark_runs_trl_and_evaluates_its_checkpoints(tmp_path, tiny_model):
+    """benchmarks/cross_framework.py's TRL arm: the script ``gem-core experiment --trainer trl`` writes, run in this
+    Python, 2 updates with a model saved after each; each checkpoint (its training state removed) and the
+    starting weights evaluated by gem-core eval on the same held-out seeds; TRL's train_runtime read per update."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    from gem_core.testing.tokenizer import save_test_tokenizer
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("cross_framework", root / "benchmarks" / "cross_framework.py")
+    cross_framework = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = cross_framework
+    try:
+        spec.loader.exec_module(cross_framework)
+        model_dir = tmp_path / "model"
+        tiny_model.save_pretrained(model_dir)
+        save_test_tokenizer(model_dir, "qwen3")
+        out = tmp_path / "out"
+        settings = [f'model.id="{model_dir}"', "training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6", "env.max_turn_tokens=8"]
+        argv = ["--trainers", "trl", "--eval-every", "1", "--out", str(out), *(arg for s in settings for arg in ("--set", s))]
+        assert cross_framework.main(argv) == 0
+    finally:
+        sys.modules.pop(spec.name, None)
+    record = json.loads((out / "trl-seed0" / "run.json").read_text())
+    assert record["status"] == 0 and record["version"] == "1.16.0" and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.1
+    assert record["checkpoints"] == {str(k): str(out / "trl-seed0" / "train" / f"checkpoint-{k}") for k in (1, 2)}
+    for update, checkpoint in record["checkpoints"].items():
+        assert (Path(checkpoint) / "model.safetensors").exists() and not (Path(checkpoint) / "optimizer.pt").exists()
+        summary = json.loads((out / "trl-seed0" / "eval" / f"update-{update}.json").read_text())
+        assert summary["model"] == checkpoint and summary["episodes"] == 6 and summary["errors"] == 0
+    start = sorted(json.loads(line)["seed"] for line in open(out / "start" / "eval.jsonl"))
+    assert sorted(json.loads(line)["seed"] for line in open(out / "trl-seed0" / "eval" / "update-2.jsonl")) == start
+    assert "| trl 1.16.0 | 0 |" in (out / "cross_framework.md").read_text()
