@@ -58,6 +58,7 @@ TRAINERS = ("reference", "trl")
 DEFAULT_EXPERIMENT = ROOT / "examples" / "experiments" / "portable.toml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cross_framework"
 EVAL_SEED = 0  # every model's evaluation samples with this seed: the same episodes, the same draws
+EVAL_BATCH = 32  # episodes gem-core eval plays at once (the HF policy's batch)
 # what TRL's checkpoints hold besides the model, which only a resumed TRL run reads (about 1 GB each)
 TRL_TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin")
 
@@ -216,7 +217,7 @@ def evaluate(model: str, experiment: Experiment, out: Path, python: str) -> dict
     out.parent.mkdir(parents=True, exist_ok=True)
     episodes = out.with_suffix(".jsonl")
     argv = [*cli(python), *eval_command(dataclasses.replace(experiment, seed=EVAL_SEED), model)[1:]]
-    argv += ["--out", str(episodes), "--overwrite", "--save-transcripts", "--no-progress", "--dtype", "float32"]
+    argv += ["--out", str(episodes), "--overwrite", "--save-transcripts", "--no-progress", "--dtype", "float32", "--concurrency", str(EVAL_BATCH)]
     status, wall, _ = run_process(argv, out.with_suffix(".log"), env=python_env(python), cwd=ROOT)
     if status != 0:
         raise BenchmarkError(f"gem-core eval of {model} failed: {log_tail(out.with_suffix('.log'))}")
