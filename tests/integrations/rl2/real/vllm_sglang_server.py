@@ -9,8 +9,9 @@ vLLM's: ``max_new_tokens`` -> ``max_tokens``, ``stop_token_ids``, ``temperature`
 ``POST /gem_reference``: the core runner (``gem_core.rollout.run_episode`` + ``VLLMPolicy``) over THIS
 engine for the given task specs, so RL2's rows and the reference come from one engine. Other POSTs
 (RL2's ``release_memory_occupation``, ``update_weights_from_tensor``, ...) answer 200 and are recorded
-(``GET /calls``). Run as ``python vllm_sglang_server.py MODEL_DIR PORT_FILE``; the port is written once
-the engine is up. One request at a time (the engine is not shared between threads)."""
+(``GET /calls``), unless ``main``'s ``handlers`` answer them (vllm_sglang_reload_server.py: the weight
+sync, for the two-update test). Run as ``python vllm_sglang_server.py MODEL_DIR PORT_FILE``; the port is
+written once the engine is up. One request at a time (the engine is not shared between threads)."""
 
 from __future__ import annotations
 
@@ -82,8 +83,11 @@ def _die_with_parent() -> None:
     os.killpg(0, signal.SIGKILL)
 
 
-def main() -> None:
+def main(handlers: dict | None = None) -> None:
+    """Serve until killed. ``handlers``: endpoint name (the POST path's last part) -> ``handler(llm, body)``,
+    its JSON answer; such a POST is recorded (``GET /calls``) without its body."""
     model_dir, port_file = sys.argv[1], sys.argv[2]
+    handlers = handlers or {}
     threading.Thread(target=_die_with_parent, daemon=True).start()
     from vllm import LLM
 
@@ -108,6 +112,11 @@ def main() -> None:
         def do_POST(self):
             path = self.path.rstrip("/")
             left = int(self.headers.get("Content-Length") or 0)
+            handler = handlers.get(path.rsplit("/", 1)[-1])
+            if handler is not None:
+                body = json.loads(self.rfile.read(left) or b"{}")
+                calls.append([path, {}])
+                return self._send(handler(llm, body))
             if not path.endswith(("/generate", "/gem_reference")):  # a weight sync's body: about 150 MB, read and dropped
                 while left > 0:
                     left -= len(self.rfile.read(min(left, 1 << 20)) or b"x" * left)
