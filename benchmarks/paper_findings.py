@@ -223,13 +223,15 @@ def paired_difference(reference: list[float | None], other: list[float | None], 
 
 
 def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS) -> str:
-    """One table per finding whose arms are all in ``arms``: each arm's measures, then each comparison's
-    paired difference on the finding's measure."""
+    """One table per finding whose reference arm and at least one compared arm are in ``arms`` (the
+    comparisons of those arms alone): each arm's measures, then each comparison's paired difference on the
+    finding's measure."""
     by_name = {arm.name: arm for arm in arms}
     labels = dict(MEASURES)
     lines = []
-    for title, reference, others, measure, direction in FINDINGS:
-        if any(name not in by_name for name in (reference, *others)):
+    for title, reference, compared, measure, direction in FINDINGS:
+        others = tuple(name for name in compared if name in by_name)
+        if reference not in by_name or not others:
             continue
         numbers = {name: arm_numbers(out, by_name[name], seeds, scale) for name in (reference, *others)}
         lines += [f"**{title}** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; mean [95% confidence interval over seeds])", ""]

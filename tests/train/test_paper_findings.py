@@ -154,7 +154,9 @@ def test_tables_read_each_seeds_run(findings, tmp_path):
     assert rows["rebn-0.9 - grpo-g4"].endswith("| reproduces |")
     assert rows["rebn-0.9 - rebn-0.999"].endswith("| reproduces |")  # 2.90-2.92 turns against 3.58-3.60
     only_one = findings.tables(str(tmp_path), [0, 1, 2], "real", tuple(a for a in findings.ARMS if a.name != "grpo-g4"))
-    assert "grpo" not in only_one and "(2) gamma" in only_one and "(1) ReBN" not in only_one
+    assert "grpo-g4" not in only_one and "(2) gamma" in only_one and "(1) ReBN" in only_one  # the comparisons of the arms run
+    assert "| rebn-0.9 - reinforce-0.9 |" in only_one
+    assert "(1) ReBN" not in findings.tables(str(tmp_path), [0, 1, 2], "real", tuple(a for a in findings.ARMS if a.name == "rebn-0.9"))
 
 
 def test_the_figure_is_drawn_from_the_runs(findings, tmp_path):
