@@ -5,15 +5,14 @@ verdicts, against hand-computed numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
+from gem_core.testing.scripts import script_module  # noqa: E402
 from gem_core.train.trainer import TINY_RUN, TrainConfig, config_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,12 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def findings():
-    spec = importlib.util.spec_from_file_location("paper_findings", ROOT / "benchmarks" / "paper_findings.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module(ROOT / "benchmarks" / "paper_findings.py") as module:
+        yield module
 
 
 def _finished_run(directory: Path, steps: int, final: float = 0.3, turns: float | None = 3.0, train: tuple = (0.2, 0.4), **config) -> None:

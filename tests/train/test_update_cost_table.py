@@ -4,22 +4,16 @@ the rollout column keeps every update."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from gem_core.testing.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _update_cost():
-    spec = importlib.util.spec_from_file_location("update_cost", ROOT / "benchmarks" / "update_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(spec.name, None)
-    return module
+    with script_module(ROOT / "benchmarks" / "update_cost.py") as module:
+        return module
 
 
 def test_an_update_without_signal_is_counted_apart_not_averaged():

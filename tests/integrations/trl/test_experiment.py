@@ -132,19 +132,14 @@ def test_the_cross_framework_benchmark_runs_trl_and_evaluates_its_checkpoints(tm
     """benchmarks/cross_framework.py's TRL arm: the script ``gem-core experiment --trainer trl`` writes, run in this
     Python, 2 updates with a model saved after each; each checkpoint (its training state removed) and the
     starting weights evaluated by gem-core eval on the same held-out seeds; TRL's train_runtime read per update."""
-    import importlib.util
     import json
-    import sys
     from pathlib import Path
 
+    from gem_core.testing.scripts import script_module
     from gem_core.testing.tokenizer import save_test_tokenizer
 
     root = Path(__file__).resolve().parents[3]
-    spec = importlib.util.spec_from_file_location("cross_framework", root / "benchmarks" / "cross_framework.py")
-    cross_framework = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = cross_framework
-    try:
-        spec.loader.exec_module(cross_framework)
+    with script_module(root / "benchmarks" / "cross_framework.py") as cross_framework:
         model_dir = tmp_path / "model"
         tiny_model.save_pretrained(model_dir)
         save_test_tokenizer(model_dir, "qwen3")
@@ -152,8 +147,6 @@ def test_the_cross_framework_benchmark_runs_trl_and_evaluates_its_checkpoints(tm
         settings = [f'model.id="{model_dir}"', "training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6", "env.max_turn_tokens=8"]
         argv = ["--trainers", "trl", "--eval-every", "1", "--out", str(out), *(arg for s in settings for arg in ("--set", s))]
         assert cross_framework.main(argv) == 0
-    finally:
-        sys.modules.pop(spec.name, None)
     record = json.loads((out / "trl-seed0" / "run.json").read_text())
     assert record["status"] == 0 and record["version"] == "1.16.0" and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.1
     assert record["checkpoints"] == {str(k): str(out / "trl-seed0" / "train" / f"checkpoint-{k}") for k in (1, 2)}
