@@ -32,3 +32,21 @@ def bound_cpu_engine() -> None:
     what the caller's environment already sets is kept."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def checkpoint_logprobs(model_dir: str, sequences: list[list[int]], attn_implementation: str = "sdpa") -> list:
+    """Each sequence's token log-probs on the action axis (token ``i + 1`` given tokens ``0..i``) under the
+    checkpoint in ``model_dir``: transformers, float32, temperature 1, ``attn_implementation`` as the trainer's
+    actor computes them. The real tier's two-update tests read a trainer's saved weights with it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn_implementation).eval()
+    out = []
+    with torch.no_grad():
+        for tokens in sequences:
+            ids = torch.tensor([tokens])
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            out.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].double())
+    del model
+    return out

@@ -37,6 +37,8 @@ import functools
 
 import pytest
 import torch
+
+from gem_core.testing.real import checkpoint_logprobs
 from test_openrlhf_real_step import LOGPROB_ATOL, SCRIPT_ENV, script_arguments
 
 CPU_ARGS = [
@@ -71,16 +73,7 @@ def update_rows(trainer: dict, update: int) -> list[dict]:
 def model_logprobs(model_dir: str, sequences: list[list[int]]) -> list[torch.Tensor]:
     """Each sequence's token log-probs (action axis) under the checkpoint in ``model_dir``: transformers, float32,
     eager attention (as OpenRLHF's actor here), temperature 1."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    out = []
-    with torch.no_grad():
-        for tokens in sequences:
-            ids = torch.tensor([tokens])
-            logits = model(input_ids=ids).logits[0, :-1].float()
-            out.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].double())
-    return out
+    return checkpoint_logprobs(model_dir, sequences, attn_implementation="eager")
 
 
 def engine_prompt_logprobs(engine, sequences: list[list[int]]) -> list[torch.Tensor]:

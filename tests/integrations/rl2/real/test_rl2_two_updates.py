@@ -50,6 +50,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from gem_core.testing.real import checkpoint_logprobs
 from test_rl2_real_step import LOGP_MAX_ABS, LOGP_MEAN_ABS, MAX_TOKENS, _post, serve_engine
 from vllm_sglang_server import MAX_MODEL_LEN
 
@@ -89,19 +91,9 @@ def update_rows(update: dict) -> list[dict]:
 
 
 def model_logprobs(model_dir: str, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """Each sequence's token log-probs (action axis) under the checkpoint in ``model_dir``: transformers,
-    float32, sdpa (RL2's actor here), temperature 1."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-    out = []
-    with torch.no_grad():
-        for tokens in sequences:
-            ids = torch.tensor([tokens])
-            logits = model(input_ids=ids).logits[0, :-1].float()
-            out.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].double())
-    del model
-    return out
+    """Each sequence's token log-probs (action axis) under the checkpoint in ``model_dir``: transformers, float32,
+    sdpa attention (RL2's actor here), temperature 1."""
+    return checkpoint_logprobs(model_dir, sequences, attn_implementation="sdpa")
 
 
 def gaps(first: list[torch.Tensor], second: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
