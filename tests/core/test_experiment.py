@@ -30,11 +30,12 @@ TRAINERS = ("verl", "openrlhf", "trl", "rl2", "oat", "roll")
 
 def test_default_file_is_the_default_experiment_and_names_every_key():
     """default.toml is every default and the [reference] phases of the default run (left out, they are off);
-    portable.toml is the same file without them, in groups of 2, and runs in every trainer but oat and ROLL."""
+    portable.toml is the same file without them, in groups of 2, without a warm-up, and runs in every trainer but
+    oat and ROLL."""
     text = DEFAULT.read_text()
     reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True}
     assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference)
-    assert load_experiment(PORTABLE) == dataclasses.replace(Experiment(), group_size=2) and "\n[reference]" not in PORTABLE.read_text()
+    assert load_experiment(PORTABLE) == dataclasses.replace(Experiment(), group_size=2, warmup_updates=0) and "\n[reference]" not in PORTABLE.read_text()
     for trainer in ("verl", "openrlhf", "trl", "rl2"):
         assert importlib.import_module(f"gem_integrations.{trainer}.experiment").render(load_experiment(PORTABLE))
     assert (Experiment().warm_start_steps, Experiment().trained_layers, Experiment().stop_after_box) == (0, 0, False)
