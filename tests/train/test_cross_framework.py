@@ -2,11 +2,11 @@
 where models are saved, the table's reading against the reference trainer's range, bad arguments in one line,
 the process-tree memory it reports, and the whole benchmark end to end on the reference trainer with a tiny
 model (trained, each saved model evaluated by gem-core eval, the table and the figure written, nothing redone
-when run again). TRL's arm runs in the trl session (tests/integrations/trl/test_experiment.py)."""
+when run again). TRL's arm runs in the trl session (tests/integrations/trl/test_experiment.py), verl's in
+the verl_real session (tests/integrations/verl/real/test_verl_experiment_run.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,20 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from gem_core.testing.scripts import script_module
+
 ROOT = Path(__file__).resolve().parents[2]
 PORTABLE = ROOT / "examples" / "experiments" / "portable.toml"
 
 
 @pytest.fixture(scope="module")
 def cross_framework():
-    spec = importlib.util.spec_from_file_location("cross_framework", ROOT / "benchmarks" / "cross_framework.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module(ROOT / "benchmarks" / "cross_framework.py") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_each_run_trains_the_file_with_the_benchmarks_groups_evaluations_and_seed(cross_framework):
@@ -64,7 +60,7 @@ def test_a_group_size_the_episodes_cannot_hold_is_one_line(cross_framework, caps
 
 
 def test_a_bad_python_is_one_line(cross_framework, capsys, tmp_path):
-    for pair, message in (("trl", "expected NAME=PATH"), ("verl=/usr/bin/python3", "NAME one of"), (f"trl={tmp_path}/none", "not an executable")):
+    for pair, message in (("trl", "expected NAME=PATH"), ("roll=/usr/bin/python3", "NAME one of"), (f"trl={tmp_path}/none", "not an executable")):
         assert cross_framework.main(["--python", pair, "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
@@ -76,6 +72,11 @@ def test_a_bad_python_is_one_line(cross_framework, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot import gem_integrations.trl (ModuleNotFoundError: No module named 'trl')" in err[0] and "nox -s trl" in err[0]
     assert not (tmp_path / "out").exists()  # refused before anything ran
+    # verl has no default Python (its CPU run needs the verl_real virtualenv): asked for, it is named
+    assert cross_framework.main(["--trainers", "verl", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --python verl=PATH" in err[0] and "nox -s verl_real" in err[0], err
+    assert not (tmp_path / "out").exists()
 
 
 def _result(cross_framework, trainer, seed, finals, status=0):
@@ -133,6 +134,8 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
         record = json.loads((run / "run.json").read_text())
         assert record["status"] == 0 and record["seed"] == seed and record["peak_rss_gb"] > 0.1 and record["seconds_per_update"] > 0
         assert sorted(record["checkpoints"]) == ["1", "2"]
+        steps = [json.loads(line) for line in open(run / "train" / "metrics.jsonl") if '"phase": "rl"' in line]
+        assert record["seconds_per_update"] == pytest.approx(sum(s["update_seconds"] for s in steps) / 2)  # rollouts included
         assert f"seed = {seed}" in (run / "experiment.toml").read_text() and "group_size = 2" in (run / "experiment.toml").read_text()
         for update in (1, 2):
             summary = json.loads((run / "eval" / f"update-{update}.json").read_text())

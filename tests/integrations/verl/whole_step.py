@@ -74,7 +74,7 @@ def script_commands(script: str) -> tuple[list[list[str]], list[str]]:
     with ``$MODEL``/``$DATA`` left for the caller."""
     text = script.replace("\\\n", " ")
     datasets = [shlex.split(line.split("gem-core", 1)[1]) for line in text.splitlines() if line.strip().startswith("gem-core make-dataset")]
-    block = text.split("python -m verl.trainer.main_ppo", 1)[1].split('"$@"', 1)[0]
+    block = re.split(r"python\s+-m\s+verl\.trainer\.main_ppo", text, maxsplit=1)[1].split('"$@"', 1)[0]  # `python \` + `-m ...` too
     return datasets, shlex.split(block)
 
 

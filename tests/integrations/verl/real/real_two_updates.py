@@ -4,7 +4,8 @@ weights each step trained reaching the engine before the next rollout (run by te
 
 real_step.py's run (its ``main``: the script's datasets and overrides, the CPU ``"$@"``, the Ray cluster,
 TransferQueue, the same CPU PATCHes), with :data:`TWO_UPDATE_OVERRIDES` in place of its greedy ``top_k=1`` and
-:func:`two_steps` in place of its one step. What differs:
+:func:`two_steps` (:func:`set_up`, then :func:`one_update` per step; experiment_run.py runs them for a whole
+experiment) in place of its one step. What differs:
 
 * PATCH (GPU weight sync): verl 0.9.1's sync trainer (``PPOTrainerSync.on_step_end``, what ``fit()`` calls after
   each ``step``) calls ``self.checkpoint_manager.update_weights(global_steps)``; verl's
@@ -142,16 +143,15 @@ def engine_prompt_logprobs(server, sequences: list[tuple[list[int], list[int]]])
     ]
 
 
-def two_steps(config, model_dir: str, data_dir: Path, report: dict, started: float) -> None:
-    """real_step._one_step's set-up (the same pieces), then what ``fit()`` does for two steps: ``step``,
-    ``on_step_end`` (the weight sync), metrics, TransferQueue cleared, the next step."""
+def set_up(config, model_dir: str, data_dir: Path, report: dict, started: float):
+    """real_step._one_step's set-up (the same pieces), the engine reloaded after each update
+    (:class:`ReloadingCheckpointManager`, its checkpoints under WORKDIR/gem-test-weight-sync); returns the trainer,
+    the actor worker, the server actor and the checkpoint manager, ready for :func:`one_update`."""
     import ray
-    import transfer_queue as tq
     import verl.utils.transferqueue_utils as tq_utils
     from omegaconf import OmegaConf
     from verl.experimental.reward_loop.reward_loop import RewardLoopManager
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls
-    from verl.utils.debug import marked_timer
     from verl.utils.skip import SkipManager
     from verl.workers.engine_workers import ActorRolloutRefWorker
     from verl.workers.rollout.llm_server import LLMServerClient
@@ -190,26 +190,42 @@ def two_steps(config, model_dir: str, data_dir: Path, report: dict, started: flo
 
     SkipManager.init(config)
     trainer.curr_step_profile = False
+    return trainer, worker, server, checkpoint_manager
+
+
+def one_update(trainer, worker, global_steps: int, with_rows: bool = True) -> dict:
+    """What ``fit()`` does for step ``global_steps``: ``step``, ``on_step_end`` (the weight sync), metrics,
+    TransferQueue cleared; the update's rows (``with_rows``), the optimizer's lr and the metrics."""
+    import transfer_queue as tq
+    from verl.utils.debug import marked_timer
+    from verl.utils.skip import SkipManager
+
+    trainer.global_steps = global_steps
+    SkipManager.set_step(global_steps)
+    lr = [float(group["lr"]) for group in worker.actor.engine.optimizer.param_groups]
+    metrics: dict = {}
+    trainer.timing_raw = timing_raw = {}
+    with marked_timer("step", timing_raw):
+        batch = trainer.step(metrics, timing_raw)
+        rows = read_rows(batch) if with_rows else []  # before the sync (nothing of it changes them) and before the cleanup
+        trainer.on_step_end()  # verl's: checkpoint_manager.update_weights(global_steps)
+    trainer._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=0)
+    tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)
+    return {
+        "rows": rows,
+        "lr_used": lr,
+        "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) or getattr(v, "ndim", 1) == 0},
+    }
+
+
+def two_steps(config, model_dir: str, data_dir: Path, report: dict, started: float) -> None:
+    """:func:`set_up`, then what ``fit()`` does for two steps (:func:`one_update`)."""
+    import ray
+
+    trainer, worker, server, checkpoint_manager = set_up(config, model_dir, data_dir, report, started)
     report["updates"] = []
     for global_steps in (1, 2):
-        trainer.global_steps = global_steps
-        SkipManager.set_step(global_steps)
-        lr = [float(group["lr"]) for group in worker.actor.engine.optimizer.param_groups]
-        metrics: dict = {}
-        trainer.timing_raw = timing_raw = {}
-        with marked_timer("step", timing_raw):
-            batch = trainer.step(metrics, timing_raw)
-            rows = read_rows(batch)  # before the sync (nothing of it changes them) and before the cleanup
-            trainer.on_step_end()  # verl's: checkpoint_manager.update_weights(global_steps)
-        trainer._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=0)
-        tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)
-        report["updates"].append(
-            {
-                "rows": rows,
-                "lr_used": lr,
-                "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) or getattr(v, "ndim", 1) == 0},
-            }
-        )
+        report["updates"].append(one_update(trainer, worker, global_steps))
         report["timing"][f"step_{global_steps}"] = time.monotonic() - started
     report["reloads"] = checkpoint_manager.reloads
     # after update 2's reload: the engine's prompt log-probs of update 2's sequences (the test compares them with

