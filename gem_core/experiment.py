@@ -213,7 +213,10 @@ KEYS: dict[str, Key] = {
     "mini_batches": Key("training", "mini_batches", Param(int, low=1, high=100_000), "optimizer steps per pass (the batch split in this many)"),
     "gradient_checkpointing": Key("training", "gradient_checkpointing", Param(bool), "recompute activations in the backward pass (memory, not results)"),
     "eval_every": Key(
-        "training", "eval_every", Param(int, low=0, high=10_000_000), "evaluate on the held-out seeds every N updates and save the model there (0: only before and after)"
+        "training",
+        "eval_every",
+        Param(int, low=0, high=10_000_000),
+        "evaluate on the held-out seeds every N updates and save the model there (0: only before and after)",
     ),
     "warm_start_steps": Key(
         "reference",

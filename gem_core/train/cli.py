@@ -99,7 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"warm start on the whole transcripts (the env's text too), or on the moves alone (default: {'transcripts' if d.warmup_transcript else 'the moves alone'})",
     )
     parser.add_argument(
-        "--eval-every", type=whole_number(0), default=None, help=f"evaluate every N updates, besides at the start and the end, and save the model there (OUT/checkpoints/update-N) (default {d.eval_every})"
+        "--eval-every",
+        type=whole_number(0),
+        default=None,
+        help=f"evaluate every N updates, besides at the start and the end, and save the model there (OUT/checkpoints/update-N) (default {d.eval_every})",
     )
     parser.add_argument(
         "--eval-episodes", type=whole_number(1), default=None, help=f"episodes per evaluation, each played greedy and sampled (default {d.eval_episodes})"
