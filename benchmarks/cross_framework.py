@@ -416,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
 def settings_experiment(path: Path, settings: list[str]) -> Experiment:
     """The experiment file with each ``--set SECTION.KEY=VALUE`` (a TOML value) in place of the file's key,
     checked as the file is (``experiment_from_dict``)."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: tomli, a core dependency there
+        import tomli as tomllib
 
     try:
         data = tomllib.loads(to_toml(load_experiment(path)))

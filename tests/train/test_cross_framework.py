@@ -123,8 +123,10 @@ def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
 
 
 @pytest.mark.slow
-def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_framework, tiny, tmp_path, capsys):
+def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_framework, request, tmp_path, capsys):
+    pytest.importorskip("torch")  # the core_py sessions have none
     pytest.importorskip("transformers")
+    tiny = request.getfixturevalue("tiny")
     out = tmp_path / "out"
     argv = ["--trainers", "reference", "--seeds", "0", "1", "--eval-every", "1", "--out", str(out)]
     argv += ["--set", f'model.id="{tiny[0]}"', "--set", "training.updates=2", "--set", "rollout.episodes_per_update=4", "--set", "seeds.eval_episodes=10"]
