@@ -8,6 +8,8 @@ the verl_real session (tests/integrations/verl/real/test_verl_experiment_run.py)
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -105,7 +107,7 @@ def test_the_table_reads_each_trainer_against_the_reference_range_over_seeds(cro
 def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
     """A shell (a few MB itself) whose child holds 200 MB: the tree's memory is the child's and more."""
     code = "import time; b = bytearray(200_000_000); time.sleep(30)"
-    shell = subprocess.Popen(["sh", "-c", f"{sys.executable} -c '{code}' & wait"])
+    shell = subprocess.Popen(["sh", "-c", f"{sys.executable} -c '{code}' & wait"], start_new_session=True)
     try:
         for _ in range(200):
             if cross_framework.tree_rss_bytes(shell.pid) > 200_000_000:
@@ -116,8 +118,7 @@ def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
             own = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmRSS:"))
         assert own < 50_000_000
     finally:
-        subprocess.run(["pkill", "-P", str(shell.pid)])
-        shell.kill()
+        os.killpg(shell.pid, signal.SIGKILL)  # the shell and its child: their own process group
         shell.wait()
     assert cross_framework.tree_rss_bytes(shell.pid) == 0  # ended
 
