@@ -265,19 +265,28 @@ def evaluate(model: str, experiment: Experiment, out: Path, python: str) -> dict
     status, wall, _ = run_process(argv, out.with_suffix(".log"), env=python_env(python), cwd=ROOT)
     if status != 0:
         raise BenchmarkError(f"gem-core eval of {model} failed: {log_tail(out.with_suffix('.log'))}")
-    rows = [json.loads(line) for line in open(episodes)]
+    summary = eval_summary(model, [json.loads(line) for line in open(episodes)], wall)
+    out.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def eval_summary(model: str, played: list[dict], seconds: float) -> dict:
+    """Held-out success and hint use over the episodes of a ``gem-core eval`` results file (with transcripts)."""
+    # an episode the evaluation's infrastructure failed (a request error) says nothing about the model: counted
+    # apart, out of every rate
+    rows = [row for row in played if row["error"] is None]
+    if not rows:
+        raise BenchmarkError(f"gem-core eval of {model}: every episode failed ({played[0]['error'] if played else 'none played'})")
     use = hint_use([turn["observation"] for turn in row["transcript"]["turns"]] for row in rows)
-    summary = {
+    return {
         "model": model,
         "episodes": len(rows),
         "success_rate": sum(row["success"] for row in rows) / len(rows),
-        "errors": sum(row["error"] is not None for row in rows),
+        "errors": len(played) - len(rows),
         "hint_right_after_lower_rate": use.right_after_lower_rate,
         "hint_consistent_rate": use.consistent_rate,
-        "seconds": wall,
+        "seconds": seconds,
     }
-    out.write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 def held_out_baselines(experiment: Experiment) -> dict[str, float]:

@@ -154,3 +154,22 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     assert cross_framework.main(argv) == 0
     assert "training" not in capsys.readouterr().out
     assert {p: p.stat().st_mtime for p in out.rglob("*.json")} == before
+
+
+def test_an_evaluation_episode_the_infrastructure_failed_is_out_of_every_rate(cross_framework):
+    """A request error says nothing about the model: counted apart, out of the success and hint-use rates."""
+
+    def episode(success, observations, error=None):
+        return {"success": success, "error": error, "transcript": {"turns": [{"observation": o} for o in observations]}}
+
+    lower = "At turn 1, you guessed 5, and the target number is lower than 5."  # GuessTheNumber's own feedback
+    played = [
+        episode(True, [lower, "Congratulations! You guessed the correct number 3 in 2 turns."]),
+        episode(False, [lower, "At turn 2, you guessed 7, and the target number is lower than 7."]),
+        episode(False, [lower, "At turn 2, you guessed 2, and the target number is higher than 2."], error="timeout after 3 retries"),
+    ]
+    summary = cross_framework.eval_summary("m", played, 1.0)
+    assert (summary["episodes"], summary["errors"], summary["success_rate"]) == (2, 1, 0.5)
+    assert summary["hint_right_after_lower_rate"] == 0.5  # 3 went down after 5, 7 went up
+    with pytest.raises(cross_framework.BenchmarkError, match="every episode failed \\(timeout"):
+        cross_framework.eval_summary("m", played[2:], 1.0)
