@@ -56,21 +56,26 @@ def model_dir() -> str:
     return resolve_model(DEFAULT_MODEL, prefer_hub=False)
 
 
-@pytest.fixture(scope="module")
-def step(model_dir, tmp_path_factory):
-    """real_step.py's report of the step and of the core runner on the same engine (see its docstring)."""
-    workdir = tmp_path_factory.mktemp("verl_real_step")
+def run_harness(script: str, model_dir: str, workdir: Path) -> dict:
+    """One of this folder's harness scripts run as ``python SCRIPT EXAMPLE MODEL_DIR WORKDIR OUT_JSON`` in a fresh
+    process (verl's Ray cluster and vLLM engine end with it); its report, or its stderr's tail on failure."""
     out = workdir / "report.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
     result = subprocess.run(
-        [sys.executable, str(HERE / "real_step.py"), str(EXAMPLE), model_dir, str(workdir), str(out)],
+        [sys.executable, str(HERE / script), str(EXAMPLE), model_dir, str(workdir), str(out)],
         env=env,
         capture_output=True,
         text=True,
         timeout=1700,  # a hang guard: 12 min in a clean CI run, over 15 min once at load 8-9
     )
     assert result.returncode == 0 and out.exists(), result.stderr[-6000:]
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def step(model_dir, tmp_path_factory):
+    """real_step.py's report of the step and of the core runner on the same engine (see its docstring)."""
+    report = run_harness("real_step.py", model_dir, tmp_path_factory.mktemp("verl_real_step"))
     print("verl_real timing (s since start):", report["timing"])
     return report
 
@@ -153,15 +158,20 @@ def test_advantages_are_rebn_over_the_real_rollout(step):
         np.testing.assert_allclose(row["advantages"], expected, atol=1e-5)
 
 
-@pytest.mark.timeout(1800)
-def test_engine_logprobs_agree_with_verls_old_log_prob(step):
+def engine_actor_gaps(rows: list[dict]) -> np.ndarray:
+    """|engine's generation-time log-prob - verl's ``old_log_prob``| over the response tokens of ``rows``."""
     differences = []
-    for row in real_rows(step):
+    for row in rows:
         mask = np.array(row["response_mask"], dtype=bool)
         engine, actor = np.array(row["rollout_log_probs"]), np.array(row["old_log_probs"])
         assert engine.shape == actor.shape == mask.shape
         differences.append(np.abs(engine - actor)[mask])
-    difference = np.concatenate(differences)
+    return np.concatenate(differences)
+
+
+@pytest.mark.timeout(1800)
+def test_engine_logprobs_agree_with_verls_old_log_prob(step):
+    difference = engine_actor_gaps(real_rows(step))
     assert difference.size > 50
     print(
         f"logprob agreement (float32 vLLM vs float32 verl actor, _compute_old_log_prob): max {difference.max():.3e}, "

@@ -22,11 +22,8 @@ from update 1's.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -37,33 +34,22 @@ pytest.importorskip("verl")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from test_verl_real_step import EXAMPLE, HERE, LOGPROB_ATOL  # noqa: E402
+from test_verl_real_step import LOGPROB_ATOL, engine_actor_gaps, run_harness  # noqa: E402
+
+from gem_core.testing.real import embedded_model_dir  # noqa: E402
 
 MOVED = 50 * LOGPROB_ATOL  # update 1 moves some update-2 token's log-prob by more than this
 
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from gem_core.models import DEFAULT_MODEL, resolve_model
-
-    return resolve_model(DEFAULT_MODEL, prefer_hub=False)
+    return embedded_model_dir()
 
 
 @pytest.fixture(scope="module")
 def two_updates(model_dir, tmp_path_factory):
     """real_two_updates.py's report (see its docstring)."""
-    workdir = tmp_path_factory.mktemp("verl_two_updates")
-    out = workdir / "report.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
-    result = subprocess.run(
-        [sys.executable, str(HERE / "real_two_updates.py"), str(EXAMPLE), model_dir, str(workdir), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1700,  # a hang guard
-    )
-    assert result.returncode == 0 and out.exists(), result.stderr[-6000:]
-    report = json.loads(out.read_text())
+    report = run_harness("real_two_updates.py", model_dir, tmp_path_factory.mktemp("verl_two_updates"))
     print("verl two updates timing (s since start):", report["timing"])
     yield report
     for reload in report["reloads"]:  # the update checkpoints (0.5 GB each)
@@ -135,13 +121,7 @@ def test_verl_runs_two_sampled_updates_and_reloads_the_engine_after_each(two_upd
 @pytest.mark.timeout(1800)
 def test_engine_logprobs_equal_verls_old_log_prob_in_each_update(two_updates):
     for update in (1, 2):  # 1: both the initial weights; 2: the engine reloaded from update 1's
-        differences = []
-        for row in rows(two_updates, update):
-            mask = np.array(row["response_mask"], dtype=bool)
-            engine, actor = np.array(row["rollout_log_probs"]), np.array(row["old_log_probs"])
-            assert engine.shape == actor.shape == mask.shape
-            differences.append(np.abs(engine - actor)[mask])
-        difference = np.concatenate(differences)
+        difference = engine_actor_gaps(rows(two_updates, update))
         assert difference.size > 50
         print(f"update {update}: max |engine - verl old_log_prob| {difference.max():.3e}, mean {difference.mean():.3e} over {difference.size} tokens")
         assert difference.max() < LOGPROB_ATOL, f"update {update}: max |engine - actor| = {difference.max():.3e}"
