@@ -36,7 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="local path, hub id or smollm2-135m-instruct (the embedded real model, the default) of a causal LM; tiny: a two-layer model built here",
     )
-    parser.add_argument("--steps", type=whole_number(1), default=None, help=f"RL updates (default {d.steps}; with --resume, the saved run's)")
+    parser.add_argument(
+        "--steps",
+        type=whole_number(0),
+        default=None,
+        help=f"RL updates (default {d.steps}; with --resume, the saved run's); 0: the warm start alone, its model evaluated and saved",
+    )
     parser.add_argument("--batch-size", dest="episodes", metavar="N", type=whole_number(1), default=None, help=f"episodes per update (default {d.episodes})")
     parser.add_argument("--group-size", type=whole_number(1), default=None, help="episodes per start state (GRPO/RLOO need 2+)")
     parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help=f"advantage estimator (default {d.estimator})")
@@ -215,7 +220,7 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
     print(summary.table(), file=out)
     where = "held-out" if summary.eval_set == "heldout" else "validation"
     print(file=out)
-    if summary.start is not None:
+    if summary.start is not None and summary.steps:
         for mode in ("greedy", "sampled"):
             before, after = getattr(summary.start, mode).success_rate, getattr(summary.final, mode).success_rate
             print(f"RL changed the {where} success rate by {after - before:+.3f} {mode} ({before:.3f} {summary.start_label} -> {after:.3f})", file=out)

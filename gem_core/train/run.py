@@ -207,8 +207,9 @@ class Summary:
         if self.start is not None:
             rows.append((f"{self.start_label}, greedy", *_cells(self.start.greedy)))
             rows.append((f"{self.start_label}, {sampled}", *_cells(self.start.sampled)))
-        rows.append((f"after {self.steps} RL updates, greedy", *_cells(self.final.greedy)))
-        rows.append((f"after {self.steps} RL updates, {sampled}", *_cells(self.final.sampled)))
+        if self.steps or self.start is None:
+            rows.append((f"after {self.steps} RL updates, greedy", *_cells(self.final.greedy)))
+            rows.append((f"after {self.steps} RL updates, {sampled}", *_cells(self.final.sampled)))
         for baseline in self.baselines:
             rows.append((f"baseline: {baseline.name}", *_baseline_cells(baseline)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -338,8 +339,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
                 torch.save({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
         if bar is not None:
             bar.close()
-        if final is None:
-            final = trainer.evaluate()
+        if final is None:  # no RL update (--steps 0: the warm start alone) is evaluated once, at the start
+            final = start if config.steps == 0 and start is not None else trainer.evaluate()
         save_model(trainer, tokenizer, os.path.join(out, "model"))
         plot(metrics_path, os.path.join(out, "curves.png"))
         if config.tensorboard:

@@ -137,7 +137,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.tools = tuple(self.tools)
-        _check_int(self, "steps", 1)
+        _check_int(self, "steps", 0)  # 0: the warm start alone, its model saved
         _check_int(self, "lr_warmup", 0)
         _check_int(self, "episodes", 1)
         _check_int(self, "group_size", 1)

@@ -405,6 +405,25 @@ def test_the_cli_resumes_to_the_saved_number_of_updates(tiny, tmp_path, capsys):
     assert "at the start" in printed and "warm start" not in printed  # no warm start ran: not labelled as one
 
 
+def test_steps_0_is_the_warm_start_alone_its_model_evaluated_once_and_saved(tiny, tmp_path, capsys):
+    """`gem-core train --steps 0`: the warm start, one evaluation after it, its model saved (the start other
+    trainers take in the cross-framework benchmark); no RL update, and no "RL changed" line."""
+    from safetensors.torch import load_file
+
+    from gem_core.cli import main
+
+    out = tmp_path / "r"
+    argv = ["train", "--steps", "0", "--model", tiny[0], "--out", str(out), "--no-progress", "--batch-size", "2", "--eval-episodes", "2"]
+    assert main([*argv, "--warmup-steps", "1"]) == 0
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [line["phase"] for line in lines] == ["warm_start"]
+    printed = capsys.readouterr().out
+    assert "after the warm start, greedy" in printed and "RL updates" not in printed and "RL changed" not in printed
+    saved = load_file(str(out / "model" / "model.safetensors"))
+    start = {name: param for name, param in tiny[1].state_dict().items() if name in saved}
+    assert start and any(not torch.equal(saved[name], start[name]) for name in start)  # the warm start moved it
+
+
 def test_episode_stats_count_malformed_and_illegal_turns():
     """The rates a run reports beside success, per turn and apart from each other: a turn with no
     readable move (a format error, which ends the episode) and a move the rules refuse (out of range,
