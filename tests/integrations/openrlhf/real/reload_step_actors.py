@@ -9,7 +9,8 @@ plugin (``integrations/``):
 * :class:`ReloadingPolicyModelActor` (the one-step test's float32 CPU policy actor): ``broadcast_to_vllm``
   writes the actor's current weights as a Hugging Face checkpoint (``save_pretrained``: safetensors, the
   checkpoint format vLLM loads) under ``--ckpt.path``/``SYNC_DIR``, and asks every engine to reload from it;
-  it records, per call, the folder and the norm of the change since the weights the engine last had.
+  it records, per call, the folder and the norm of the change since the weights the engine last had; the
+  folder is removed once reloaded unless its update is kept (:func:`kept_updates`).
 * :class:`ReloadingRolloutRayActor` (OpenRLHF's ``RolloutRayActor``, float32 as in the one-step test) with
   one method more, :meth:`reload_weights_from`: vLLM's own in-place reload, ``Worker.reload_weights
   (weights_path=...)`` reached through ``AsyncLLM.collective_rpc`` (vLLM 0.29: ``GPUModelRunner.reload_weights``,
@@ -24,13 +25,23 @@ OpenRLHF's ``PPOTrainer.train_step``.
 from __future__ import annotations
 
 import os
+import shutil
+import time
 
 import ray
 import ray_step_actors
 import real_step_actors
 import torch
+from real_launch import KEEP_ENV
 
 SYNC_DIR = "gem-test-weight-sync"  # under --ckpt.path: one checkpoint folder per update, update-<n>
+
+
+def kept_updates() -> set[int] | range:
+    """The updates whose checkpoint folder stays after the engines reloaded it (:data:`KEEP_ENV`: the
+    cross-framework benchmark keeps its evaluation points; the tests keep every one)."""
+    listed = os.environ.get(KEEP_ENV)
+    return range(1, 1 << 30) if listed is None else {int(update) for update in listed.split(",") if update}
 
 
 class _ReloadingRolloutRayActor(real_step_actors._Float32RolloutRayActor):
@@ -79,7 +90,10 @@ class _ReloadingPolicyModelActor(real_step_actors._Float32PolicyModelActor):
         change = sum(float((current[name] - self.synced[name]).double().pow(2).sum()) for name in current) ** 0.5
         self.synced = current
         engine_reloads = ray.get([engine.reload_weights_from.remote(path) for engine in self.vllm_engines], timeout=600)
-        self.reloads.append({"path": path, "weight_change_norm": change, "engine_reloads": engine_reloads})
+        kept = self.broadcasts in kept_updates()
+        if not kept:
+            shutil.rmtree(path)  # the engines have reloaded it (about 0.5 GB)
+        self.reloads.append({"path": path, "kept": kept, "weight_change_norm": change, "engine_reloads": engine_reloads})
         self._save_report()
 
     def _save_report(self) -> None:
@@ -99,8 +113,6 @@ def remove_placement_groups(timeout: float = 60.0) -> int:
     OpenRLHF's ``train()`` (``--train.colocate_all``) creates a placement group and leaves it when it returns;
     it holds the cluster's one logical GPU, so a second ``train()`` in the same session (this test's, after
     the one-step test's, or the other way round) would wait for its own placement group forever."""
-    import time
-
     from ray._raylet import PlacementGroupID
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 

@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import real_launch
 import torch
 
 from gem_core.algo import rebn
@@ -69,16 +67,8 @@ LOGPROB_ATOL = 2e-4  # measured here: max 4.4e-5, mean 1.1e-5 over 718 tokens
 
 
 def script_arguments(env: dict[str, str], extra: list[str], record: Path) -> list[str]:
-    """Run the example script (its make-dataset for real); return the exact arguments it passes to
-    `gem-core openrlhf train`, which is recorded instead of run."""
-    wrapper = (
-        'gem-core() { if [ "$1" = openrlhf ] && [ "$2" = train ]; then shift 2; printf "%s\\0" "$@" > "$GEM_TEST_ARGV"; '
-        'else command gem-core "$@"; fi; }; export -f gem-core; exec bash ' + SCRIPT + ' "$@"'
-    )
-    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    done = subprocess.run(["bash", "-c", wrapper, "train_gtn_rebn.sh", *extra], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [a for a in record.read_bytes().decode().split("\0") if a]
+    """The exact arguments the example script passes to `gem-core openrlhf train` (real_launch.script_arguments)."""
+    return real_launch.script_arguments(SCRIPT, env, extra, record)
 
 
 @pytest.fixture(scope="module")

