@@ -233,7 +233,7 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
     if summary.no_signal_updates:
         print(f"{summary.no_signal_updates} of {summary.steps} updates had no learning signal (every advantage 0) and made no optimizer step", file=out)
     print(
-        f"run directory: {summary.out} (metrics.jsonl, config.json, checkpoint.pt, model/, curves.png); {summary.seconds:.0f} s, peak memory (RSS) {summary.peak_rss_gb:.2f} GB",
+        f"run directory: {summary.out} (metrics.jsonl, config.json, {'checkpoint.pt, ' if summary.steps else ''}model/, curves.png); {summary.seconds:.0f} s, peak memory (RSS) {summary.peak_rss_gb:.2f} GB",
         file=out,
     )
     return 0

@@ -419,6 +419,7 @@ def test_steps_0_is_the_warm_start_alone_its_model_evaluated_once_and_saved(tiny
     assert [line["phase"] for line in lines] == ["warm_start"]
     printed = capsys.readouterr().out
     assert "after the warm start, greedy" in printed and "RL updates" not in printed and "RL changed" not in printed
+    assert "checkpoint.pt" not in printed and not (out / "checkpoint.pt").exists()  # nothing to resume: no RL state
     saved = load_file(str(out / "model" / "model.safetensors"))
     start = {name: param for name, param in tiny[1].state_dict().items() if name in saved}
     assert start and any(not torch.equal(saved[name], start[name]) for name in start)  # the warm start moved it
