@@ -35,7 +35,8 @@ wired here yet. ROLL refuses the experiment (its optimizer steps count turn samp
 Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``eval/update-<K>.json``, the log)
 and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
 evaluation already recorded is not redone, so the benchmark can be stopped and started again; a run stopped
-midway is started over. ``OUT/cross_framework.md`` holds the table, ``OUT/cross_framework.png`` the figure.
+midway, or recorded as failed, is started over; a record of another experiment (or another model's evaluation)
+is refused. ``OUT/cross_framework.md`` holds the table, ``OUT/cross_framework.png`` the figure.
 """
 
 from __future__ import annotations
@@ -306,8 +307,11 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
     if record_path.exists():
         if load_experiment(experiment_file) != experiment:  # compared as experiments: a key added since keeps its default
             raise BenchmarkError(f"{run} holds a run of another experiment than this one: pass another --out, or remove it")
-        return json.loads(record_path.read_text())
-    if run.exists():  # stopped midway: started over
+        record = json.loads(record_path.read_text())
+        if record["status"] == 0:
+            return record
+        print(f"{run.name}: the recorded run failed ({record.get('error', '?')}): run again", flush=True)
+    if run.exists():  # stopped midway, or failed: started over
         shutil.rmtree(run)
     run.mkdir(parents=True)
     experiment_file.write_text(to_toml(experiment))

@@ -84,6 +84,26 @@ def test_a_bad_python_is_one_line(cross_framework, capsys, tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+def test_a_recorded_run_is_read_back_a_failed_one_run_again_another_experiments_refused(cross_framework, monkeypatch, tmp_path, capsys):
+    experiment = cross_framework.run_experiment(cross_framework.settings_experiment(PORTABLE, []), 0, 10)
+    trained = []
+
+    def fake_runner(experiment_file, run, python, experiment):
+        trained.append(run.name)
+        return {"status": 1 if len(trained) == 1 else 0, "wall_seconds": 1.0, "peak_rss_gb": 0.1}  # fails the first time only
+
+    monkeypatch.setitem(cross_framework.RUNNERS, "reference", fake_runner)
+    monkeypatch.setattr(cross_framework, "trainer_version", lambda trainer, python: "0")
+    run = tmp_path / "reference-seed0"
+    assert cross_framework.train("reference", experiment, run, sys.executable)["status"] == 1
+    assert cross_framework.train("reference", experiment, run, sys.executable)["status"] == 0  # the failed run, run again
+    assert "reference-seed0: the recorded run failed" in capsys.readouterr().out
+    assert cross_framework.train("reference", experiment, run, sys.executable)["status"] == 0  # read back, not run
+    assert trained == ["reference-seed0"] * 2
+    with pytest.raises(cross_framework.BenchmarkError, match="another experiment"):
+        cross_framework.train("reference", cross_framework.run_experiment(experiment, 1, 10), run, sys.executable)
+
+
 def _result(cross_framework, trainer, seed, finals, status=0):
     curve = {0: {"success_rate": 0.1, "hint_right_after_lower_rate": None}}
     curve |= {10 * (i + 1): {"success_rate": value, "hint_right_after_lower_rate": 0.5} for i, value in enumerate(finals)}

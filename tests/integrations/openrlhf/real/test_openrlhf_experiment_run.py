@@ -22,7 +22,7 @@ SETTINGS = ["training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_e
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoints(tmp_path):
-    from gem_core.testing.scripts import script_module
+    from gem_core.testing.scripts import check_arm_evaluations, script_module
 
     out = tmp_path / "out"
     argv = ["--trainers", "openrlhf", "--python", f"openrlhf={sys.executable}", "--eval-every", "1", "--warm-start", "0", "--out", str(out)]
@@ -34,7 +34,7 @@ def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoin
     try:
         record = json.loads((run / "run.json").read_text())
         print("openrlhf run:", {k: record.get(k) for k in ("wall_seconds", "seconds_per_update", "peak_rss_gb")})
-        assert record["status"] == 0 and record["version"] == "0.11.2" and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.5
+        assert record["status"] == 0 and record["version"] == "0.11.2"
         sync = run / "train" / "gem-test-weight-sync"
         assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
         # OpenRLHF ran the experiment's settings (the written script's, by its own parser), not the two-update test's
@@ -54,16 +54,7 @@ def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoin
         assert all(reload["kept"] for reload in policy["reloads"])
         assert [[engine["reloads"] for engine in reload["engine_reloads"]] for reload in policy["reloads"]] == [[1], [2]]
 
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        start = sorted(json.loads(line)["seed"] for line in open(out / "start" / "eval.jsonl"))
-        for update, checkpoint in record["checkpoints"].items():
-            AutoModelForCausalLM.from_pretrained(checkpoint)  # a Hugging Face model folder, tokenizer beside it
-            AutoTokenizer.from_pretrained(checkpoint)
-            summary = json.loads((run / "eval" / f"update-{update}.json").read_text())
-            assert summary["model"] == checkpoint and summary["episodes"] == 6 and summary["errors"] == 0
-            assert sorted(json.loads(line)["seed"] for line in open(run / "eval" / f"update-{update}.jsonl")) == start
-        assert "| openrlhf 0.11.2 | 0 |" in (out / "cross_framework.md").read_text()
+        assert check_arm_evaluations(out, "openrlhf", episodes=6) == record  # each kept model, evaluated on the same seeds
     finally:  # the kept checkpoints and OpenRLHF's final model (0.5 GB each)
         for folder in ("gem-test-weight-sync", "final"):
             shutil.rmtree(run / "train" / folder, ignore_errors=True)

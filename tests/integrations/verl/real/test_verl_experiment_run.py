@@ -27,7 +27,7 @@ SETTINGS = ["training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_e
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(tmp_path):
-    from gem_core.testing.scripts import script_module
+    from gem_core.testing.scripts import check_arm_evaluations, script_module
 
     out = tmp_path / "out"
     argv = [
@@ -50,7 +50,7 @@ def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(t
     try:
         record = json.loads((run / "run.json").read_text())
         print("verl run:", {k: record.get(k) for k in ("wall_seconds", "seconds_per_update", "peak_rss_gb")})
-        assert record["status"] == 0 and record["version"] == "0.9.1" and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.5
+        assert record["status"] == 0 and record["version"] == "0.9.1"
         sync = run / "train" / "gem-test-weight-sync"
         assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
         # verl ran the experiment's settings (the written script's), not the two-update test's lr or entropy bonus
@@ -67,15 +67,6 @@ def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(t
         assert experiment.warmup_updates == 0
         assert [update["lr_used"] for update in verl["updates"]] == [[pytest.approx(experiment.lr)]] * 2
 
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        start = sorted(json.loads(line)["seed"] for line in open(out / "start" / "eval.jsonl"))
-        for update, checkpoint in record["checkpoints"].items():
-            AutoModelForCausalLM.from_pretrained(checkpoint)  # a Hugging Face model folder, tokenizer beside it
-            AutoTokenizer.from_pretrained(checkpoint)
-            summary = json.loads((run / "eval" / f"update-{update}.json").read_text())
-            assert summary["model"] == checkpoint and summary["episodes"] == 6 and summary["errors"] == 0
-            assert sorted(json.loads(line)["seed"] for line in open(run / "eval" / f"update-{update}.jsonl")) == start
-        assert "| verl 0.9.1 | 0 |" in (out / "cross_framework.md").read_text()
+        assert check_arm_evaluations(out, "verl", episodes=6) == record  # each kept model, evaluated on the same seeds
     finally:  # the kept checkpoints (0.5 GB each)
         shutil.rmtree(out / "verl-seed0" / "train" / "gem-test-weight-sync", ignore_errors=True)
