@@ -13,7 +13,7 @@ from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
-ROOT = Path(HERE).parents[2]
+ROOT = Path(HERE).parents[3]
 #: comma-separated updates whose weight-sync checkpoint folder is kept (reload_step_actors.kept_updates); unset: every one
 KEEP_ENV = "GEM_TEST_KEEP_UPDATES"
 
