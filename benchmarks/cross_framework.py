@@ -1,7 +1,7 @@
 """One experiment in every trainer, on CPU: held-out success against updates, the trainers on one figure.
 
     python benchmarks/cross_framework.py [--experiment examples/experiments/portable.toml] [--trainers reference trl]
-        [--seeds 0 1 2] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
+        [--seeds 0 1 2] [--warm-start 8] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
         [--python openrlhf=.nox/openrlhf_real/bin/python] [--out benchmarks/results/cross_framework]
 
 The experiment (default: ``portable.toml``, the default run without what only ``gem-core train`` runs, in groups
@@ -13,6 +13,10 @@ NAME=PATH``: a virtualenv with that trainer, e.g. the one ``nox -s trl --install
 one, except for verl and OpenRLHF, which need one: ``nox -s verl_real --install-only``, ``nox -s openrlhf_real
 --install-only``), the reference trainer over
 ``--seeds`` (its spread over seeds is the band the others are read against), the others over the first seed.
+Every run starts from the same weights: the experiment's model after gem-core train's warm start (``--warm-start``
+8 supervised steps on hint-blind random moves, the default run's: the move's format, not the game), run once by
+``gem-core train --steps 0`` into ``OUT/start/`` and pinned by its sha256 in every run's experiment; 0: the
+experiment's model as it is (from the instruct weights nothing learns: see :data:`WARM_START_STEPS`).
 
 One evaluator for every trainer: each saved model, and the starting weights, is played by ``gem-core eval`` on
 the experiment's held-out command (``gem_core.experiment.eval_command``: 200 balanced seeds from 1000000, sampled
