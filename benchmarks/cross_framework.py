@@ -39,8 +39,8 @@ wired here yet. ROLL refuses the experiment (its optimizer steps count turn samp
 Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``eval/update-<K>.json``, the log)
 and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
 evaluation already recorded is not redone, so the benchmark can be stopped and started again; a run stopped
-midway, or recorded as failed, is started over; a record of another experiment (or another model's evaluation)
-is refused. ``OUT/cross_framework.md`` holds the table, ``OUT/cross_framework.png`` the figure.
+midway, or recorded as failed, is started over (a gem-core train run stopped after a checkpoint is continued,
+``gem-core train --resume``); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the table, ``OUT/cross_framework.png`` the figure.
 """
 
 from __future__ import annotations
@@ -170,11 +170,11 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def run_process(argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[int, float, float]:
-    """Run ``argv`` with its output to ``log``; returns its exit status, wall seconds and the peak resident
-    memory of its process tree in GB."""
+def run_process(argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None, append: bool = False) -> tuple[int, float, float]:
+    """Run ``argv`` with its output to ``log`` (after what it holds, with ``append``); returns its exit status,
+    wall seconds and the peak resident memory of its process tree in GB."""
     peak = [0]
-    with open(log, "w") as handle:
+    with open(log, "a" if append else "w") as handle:
         started = time.perf_counter()
         process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd)
 
@@ -206,12 +206,15 @@ def python_env(python: str) -> dict[str, str]:
     return {**os.environ, "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONHASHSEED": "0"}
 
 
-def train_reference(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
-    """``gem-core train --experiment``: its model at each evaluation point (``checkpoints/update-K``)."""
+def train_reference(experiment_file: Path, run: Path, python: str, experiment: Experiment, resume: bool = False) -> dict:
+    """``gem-core train --experiment``: its model at each evaluation point (``checkpoints/update-K``). With
+    ``resume``: ``gem-core train --resume``, the stopped run continued from its last checkpoint (its wall time
+    and peak memory are then this part's)."""
     out = run / "train"
-    argv = [*cli(python), "train", "--experiment", str(experiment_file), "--out", str(out), "--no-progress"]
-    status, wall, peak = run_process(argv, run / "train.log", env=python_env(python), cwd=ROOT)
-    record = {"command": argv, "status": status, "wall_seconds": wall, "peak_rss_gb": peak}
+    start = ["--resume"] if resume else ["--experiment", str(experiment_file)]
+    argv = [*cli(python), "train", *start, "--out", str(out), "--no-progress"]
+    status, wall, peak = run_process(argv, run / "train.log", env=python_env(python), cwd=ROOT, append=resume)
+    record = {"command": argv, "status": status, "wall_seconds": wall, "peak_rss_gb": peak, "resumed": resume}
     if status == 0:
         steps = [json.loads(line) for line in open(out / "metrics.jsonl") if '"phase": "rl"' in line]
         record["seconds_per_update"] = sum(s["update_seconds"] for s in steps) / len(steps)  # rollout included
@@ -304,8 +307,17 @@ def trainer_version(trainer: str, python: str) -> str:
     return found.stdout.strip() or "?"
 
 
+def resumable(trainer: str, experiment: Experiment, run: Path) -> bool:
+    """Whether ``run`` holds this experiment's gem-core train run stopped midway after a checkpoint (a run of the
+    reference trainer is hours on this CPU, longer than a working session; the other trainers start over)."""
+    experiment_file = run / "experiment.toml"
+    checkpoint = run / "train" / "checkpoint.pt"
+    return trainer == "reference" and checkpoint.exists() and experiment_file.exists() and load_experiment(experiment_file) == experiment
+
+
 def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
-    """Train one run into ``run`` (recorded in run.json); a run already recorded there is read back."""
+    """Train one run into ``run`` (recorded in run.json); a run already recorded there is read back; a
+    reference run stopped after a checkpoint is continued (:func:`resumable`), any other stopped run started over."""
     record_path = run / "run.json"
     experiment_file = run / "experiment.toml"
     if record_path.exists():
@@ -315,13 +327,17 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
         if record["status"] == 0:
             return record
         print(f"{run.name}: the recorded run failed ({record.get('error', '?')}): run again", flush=True)
-    if run.exists():  # stopped midway, or failed: started over
-        shutil.rmtree(run)
-    run.mkdir(parents=True)
-    experiment_file.write_text(to_toml(experiment))
-    print(f"{run.name}: training ({trainer}, {experiment.updates} updates)", flush=True)
     record = {"trainer": trainer, "seed": experiment.seed, "version": trainer_version(trainer, python)}
-    record |= RUNNERS[trainer](experiment_file, run, python, experiment)
+    if resumable(trainer, experiment, run) and not record_path.exists():  # stopped midway, with a checkpoint
+        print(f"{run.name}: resuming ({trainer}, {experiment.updates} updates)", flush=True)
+        record |= train_reference(experiment_file, run, python, experiment, resume=True)
+    else:
+        if run.exists():  # stopped midway (without a checkpoint to continue), or failed: started over
+            shutil.rmtree(run)
+        run.mkdir(parents=True)
+        experiment_file.write_text(to_toml(experiment))
+        print(f"{run.name}: training ({trainer}, {experiment.updates} updates)", flush=True)
+        record |= RUNNERS[trainer](experiment_file, run, python, experiment)
     if record["status"] != 0:
         record.setdefault("error", log_tail(run / "train.log"))
         print(f"{run.name}: failed: {record['error']}", flush=True)
@@ -421,7 +437,11 @@ def table(results: list[RunResult], points: list[int]) -> str:
         cells += [_rate(r.curve[k]["success_rate"]) if k in r.curve else "-" for k in [0, *points]]
         cells += [_rate(final and final["hint_right_after_lower_rate"]), inside]
         spu = r.record.get("seconds_per_update")
-        cells += ["-" if spu is None else f"{spu:.1f}", f"{r.record['wall_seconds'] / 60:.1f}", f"{r.record['peak_rss_gb']:.2f}"]
+        cells += [
+            "-" if spu is None else f"{spu:.1f}",
+            f"{r.record['wall_seconds'] / 60:.1f}" + (" (resumed: the last part)" if r.record.get("resumed") else ""),
+            f"{r.record['peak_rss_gb']:.2f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -185,6 +185,14 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     assert cross_framework.main(argv) == 0
     assert "training" not in capsys.readouterr().out
     assert {p: p.stat().st_mtime for p in out.rglob("*.json")} == before
+    # a reference run stopped after a checkpoint (no run.json) is continued by gem-core train --resume, not redone
+    run = out / "reference-seed1"
+    (run / "run.json").unlink()
+    assert cross_framework.main(argv) == 0
+    assert "reference-seed1: resuming" in capsys.readouterr().out
+    record = json.loads((run / "run.json").read_text())
+    assert record["resumed"] and "--resume" in record["command"] and "--experiment" not in record["command"]
+    assert [json.loads(line)["step"] for line in open(run / "train" / "metrics.jsonl") if '"phase": "rl"' in line] == [1, 2]
     # a record of another experiment is not read back as this one's: one line
     assert cross_framework.main([a if a != "training.updates=2" else "training.updates=3" for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
