@@ -110,6 +110,14 @@ def eval_points(experiment: Experiment) -> list[int]:
     return sorted({*range(every, experiment.updates + 1, every), experiment.updates})
 
 
+WARM_START_SETTINGS = ("--warmup-steps", "--model", "--env", "--env-kwargs", "--max-tokens", "--seed")  # what makes the weights
+
+
+def warm_start_settings(argv: list[str]) -> dict[str, str]:
+    """The options of a warm start's command line that decide its weights (not where it writes or how it looks)."""
+    return {flag: argv[argv.index(flag) + 1] for flag in WARM_START_SETTINGS if flag in argv}
+
+
 def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
     """The experiment's model after ``steps`` of gem-core train's warm start (``gem-core train --steps 0``: the
     default run's, on the experiment's env and token limit, seed 0), saved in ``out/train/model``, which every run
@@ -119,12 +127,7 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
     from gem_core.experiment import weights_sha256
 
     record_path = out / "warm_start.json"
-    if record_path.exists():
-        return json.loads(record_path.read_text())
     train_dir = out / "train"
-    if train_dir.exists():  # stopped midway: started over
-        shutil.rmtree(train_dir)
-    out.mkdir(parents=True, exist_ok=True)
     argv = [*cli(python), "train", "--steps", "0", "--warmup-steps", str(steps), "--model", base.model, "--env", base.env_ids[0]]
     if base.env_kwargs:
         argv += ["--env-kwargs", json.dumps(dict(base.env_kwargs))]
@@ -141,6 +144,14 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
         str(train_dir),
         "--no-progress",
     ]
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        if warm_start_settings(record["command"]) != warm_start_settings(argv):  # another model, env, length or seed
+            raise BenchmarkError(f"{out} holds another warm start ({' '.join(record['command'][2:])}): pass another --out, or remove it")
+        return record
+    if train_dir.exists():  # stopped midway: started over
+        shutil.rmtree(train_dir)
+    out.mkdir(parents=True, exist_ok=True)
     print(f"warm start: {steps} supervised steps (gem-core train --steps 0)", flush=True)
     status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python), cwd=ROOT)
     if status != 0:
@@ -526,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run_benchmark(args)
-    except BenchmarkError as exc:
+    except (BenchmarkError, InvalidArgumentError) as exc:  # InvalidArgumentError: a recorded experiment.toml unreadable
         print(f"cross_framework: error: {exc}", file=sys.stderr)
         return 2
 

@@ -193,6 +193,12 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     record = json.loads((run / "run.json").read_text())
     assert record["resumed"] and "--resume" in record["command"] and "--experiment" not in record["command"]
     assert [json.loads(line)["step"] for line in open(run / "train" / "metrics.jsonl") if '"phase": "rl"' in line] == [1, 2]
+    # a warm start of other settings is not read back as this one's: one line
+    other = list(argv)
+    other[argv.index("--warm-start") + 1] = "2"
+    assert cross_framework.main(other) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds another warm start" in err[0], err
     # a record of another experiment is not read back as this one's: one line
     assert cross_framework.main([a if a != "training.updates=2" else "training.updates=3" for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
