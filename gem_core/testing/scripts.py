@@ -1,10 +1,14 @@
-"""A script of the repository (a benchmark under benchmarks/, not a package) loaded as a module in a test, and
-what the tests of benchmarks/cross_framework.py's arms check of its records."""
+"""A script of the repository (a benchmark under benchmarks/, not a package) loaded as a module in a test, what
+the tests of benchmarks/cross_framework.py's arms check of its records, and the arguments a written launch script
+hands its trainer (for the arms' CPU drivers)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shlex
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,3 +52,24 @@ def check_arm_evaluations(out: Path, trainer: str, seed: int = 0, episodes: int 
         assert sorted(json.loads(line)["seed"] for line in open(run / "eval" / f"update-{update}.jsonl")) == start
     assert f"| {trainer} {record['version']} | {seed} |" in (out / "cross_framework.md").read_text()
     return record
+
+
+def script_arguments(script: str | Path, command: list[str], env: dict[str, str], extra: list[str], record: Path, cwd: Path) -> list[str]:
+    """Run the launch script ``script`` (as ``gem-core experiment --trainer NAME`` writes it) in ``cwd`` with ``env``
+    added and ``extra`` as its ``"$@"``: its other commands (``gem-core make-dataset ...``) run for real; the exact
+    arguments it passes to ``gem-core COMMAND...`` (e.g. ``["openrlhf", "train"]``) are recorded in ``record``
+    instead of run, and returned. A test platform then runs the trainer on them its own way (CPU stand-ins)."""
+    words = " && ".join(f'[ "${i + 1}" = {shlex.quote(word)} ]' for i, word in enumerate(command))
+    wrapper = (
+        f'gem-core() {{ if {words}; then shift {len(command)}; printf "%s\\0" "$@" > "$GEM_TEST_ARGV"; '
+        'else command gem-core "$@"; fi; }; export -f gem-core; exec bash "$0" "$@"'
+    )
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # this Python's gem-core
+    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record), "PATH": path}
+    record.unlink(missing_ok=True)
+    done = subprocess.run(["bash", "-c", wrapper, str(script), *extra], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"{script} failed: {done.stderr[-3000:]}")
+    if not record.exists():
+        raise RuntimeError(f"{script} never ran `gem-core {' '.join(command)}`")
+    return [a for a in record.read_bytes().decode().split("\0") if a]

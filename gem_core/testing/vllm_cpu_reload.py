@@ -1,10 +1,22 @@
 """Test machinery for the real-engine tier (not used by any plugin): a vLLM 0.29 CPU gap in its in-place weight
 reload (still there in 0.32), run inside the engine's worker through ``collective_rpc`` with a callable. The
 two-update tests of OpenRLHF, verl, RL2 and oat (tests/integrations/*/real) use it; it imports nothing, so the
-engine's processes can load it.
+engine's processes can load it. Also which of the reloaded checkpoints a long run keeps (:func:`kept_updates`).
 """
 
 from __future__ import annotations
+
+import os
+
+#: comma-separated updates whose weight-sync checkpoint folder is kept once the engine reloaded it (the
+#: cross-framework benchmark's evaluation points; about 0.5 GB each on the real model); unset: every one
+KEEP_ENV = "GEM_TEST_KEEP_UPDATES"
+
+
+def kept_updates() -> set[int] | range:
+    """The updates whose weight-sync checkpoint folder stays after the engine reloaded it (:data:`KEEP_ENV`)."""
+    listed = os.environ.get(KEEP_ENV)
+    return range(1, 1 << 30) if listed is None else {int(update) for update in listed.split(",") if update}
 
 
 def repack_tied_lm_head(worker) -> bool:

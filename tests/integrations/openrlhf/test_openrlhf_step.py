@@ -20,10 +20,7 @@ One request is aborted by the engine: that episode must be out of the loss and o
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -65,15 +62,9 @@ def model_dir():
 def script_arguments(clone: Path, env: dict[str, str], extra: list[str]) -> list[str]:
     """Run the example script in ``clone`` (its make-dataset for real); return the exact arguments it
     passes to `gem-core openrlhf train`, which is recorded instead of run."""
-    record = clone / "train-argv"
-    wrapper = (
-        'gem-core() { if [ "$1" = openrlhf ] && [ "$2" = train ]; then shift 2; printf "%s\\0" "$@" > "$GEM_TEST_ARGV"; '
-        'else command gem-core "$@"; fi; }; export -f gem-core; exec bash ' + SCRIPT + ' "$@"'
-    )
-    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    done = subprocess.run(["bash", "-c", wrapper, "train_gtn_rebn.sh", *extra], cwd=clone, env=full_env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [a for a in record.read_bytes().decode().split("\0") if a]
+    from gem_core.testing.scripts import script_arguments as recorded
+
+    return recorded(SCRIPT, ["openrlhf", "train"], env, extra, clone / "train-argv", cwd=clone)
 
 
 @pytest.fixture(scope="module")

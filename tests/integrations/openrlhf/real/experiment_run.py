@@ -40,6 +40,7 @@ import real_launch  # noqa: E402
 import real_stubs  # noqa: E402  (the deepspeed/flash_attn import stubs, as the tier's conftest installs them)
 
 from gem_core.testing.real import bound_cpu_engine  # noqa: E402
+from gem_core.testing.vllm_cpu_reload import KEEP_ENV  # noqa: E402
 
 
 def cpu_arguments(workdir: Path) -> list[str]:
@@ -126,7 +127,7 @@ def main(script: str, model_dir: str, workdir: str, out: str, keep: str) -> None
     real_stubs.install()  # before anything imports OpenRLHF (run() imports it, after this)
     bound_cpu_engine()
     os.environ["GEM_OPENRLHF_TURNS"] = "1"  # what the launcher sets in every Ray worker
-    cluster = real_launch.start_cluster({real_launch.KEEP_ENV: keep})
+    cluster = real_launch.start_cluster({KEEP_ENV: keep})
     try:
         report = run(script, model_dir, Path(workdir), {int(k) for k in keep.split(",") if k})
     finally:

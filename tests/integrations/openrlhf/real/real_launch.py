@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from gem_core.testing import scripts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
 ROOT = Path(HERE).parents[3]
-#: comma-separated updates whose weight-sync checkpoint folder is kept (reload_step_actors.kept_updates); unset: every one
-KEEP_ENV = "GEM_TEST_KEEP_UPDATES"
 
 
 def start_cluster(extra_env: dict[str, str] | None = None) -> str:
@@ -55,12 +53,4 @@ def stop_cluster(temp_dir: str) -> None:
 def script_arguments(script: str | Path, env: dict[str, str], extra: list[str], record: Path) -> list[str]:
     """Run ``script`` (an OpenRLHF launch script: its make-dataset for real, from the project root); return the
     exact arguments it passes to `gem-core openrlhf train`, which is recorded instead of run."""
-    wrapper = (
-        'gem-core() { if [ "$1" = openrlhf ] && [ "$2" = train ]; then shift 2; printf "%s\\0" "$@" > "$GEM_TEST_ARGV"; '
-        'else command gem-core "$@"; fi; }; export -f gem-core; exec bash "$0" "$@"'
-    )
-    full_env = {**os.environ, **env, "GEM_TEST_ARGV": str(record), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    done = subprocess.run(["bash", "-c", wrapper, str(script), *extra], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"{script} failed: {done.stderr[-3000:]}")
-    return [a for a in record.read_bytes().decode().split("\0") if a]
+    return scripts.script_arguments(script, ["openrlhf", "train"], env, extra, record, cwd=ROOT)

@@ -32,16 +32,9 @@ import ray
 import ray_step_actors
 import real_step_actors
 import torch
-from real_launch import KEEP_ENV
+from gem_core.testing.vllm_cpu_reload import kept_updates
 
 SYNC_DIR = "gem-test-weight-sync"  # under --ckpt.path: one checkpoint folder per update, update-<n>
-
-
-def kept_updates() -> set[int] | range:
-    """The updates whose checkpoint folder stays after the engines reloaded it (:data:`KEEP_ENV`: the
-    cross-framework benchmark keeps its evaluation points; the tests keep every one)."""
-    listed = os.environ.get(KEEP_ENV)
-    return range(1, 1 << 30) if listed is None else {int(update) for update in listed.split(",") if update}
 
 
 class _ReloadingRolloutRayActor(real_step_actors._Float32RolloutRayActor):
