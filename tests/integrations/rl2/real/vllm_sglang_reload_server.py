@@ -19,8 +19,10 @@ TEST MACHINERY for the engine side, SGLang's ``update_weights_from_tensor`` done
   ``Worker.reload_weights(weights_path=...)`` through ``LLM.collective_rpc``, then the tied LM head's weight
   processing redone (gem_core.testing.vllm_cpu_reload; still needed on vLLM 0.32: measured |engine -
   reloaded checkpoint| up to 2.1e-1 without it, 3.3e-5 with it), then the prefix cache reset (what SGLang's
-  ``flush_cache`` is for). The callable needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set below, before
-  vLLM starts).
+  ``flush_cache`` is for). A checkpoint folder whose update is not kept (``GEM_TEST_KEEP_UPDATES``,
+  gem_core.testing.vllm_cpu_reload.kept_updates; unset: every one, as the tests) is removed after the next
+  reload (it is read for the change); the benchmark's long runs keep their evaluation points. The callable
+  needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set below, before vLLM starts).
 
 Answered too: ``POST /gem_reloads`` (each reload: its folder, tensors, the norm of the change since the
 weights the engine had before, each tensor's sum, whether the head was repacked), ``POST /gem_prompt_logprobs`` (the engine's
@@ -77,7 +79,7 @@ class WeightSync:
         from safetensors import safe_open
         from safetensors.torch import save_file
 
-        from gem_core.testing.vllm_cpu_reload import repack_tied_lm_head
+        from gem_core.testing.vllm_cpu_reload import kept_updates, repack_tied_lm_head
 
         started = time.monotonic()
         path = os.path.join(self.root, f"update-{len(self.reloads) + 1}")
@@ -97,10 +99,12 @@ class WeightSync:
                             missing.append(key)
                             continue
                         change += float((weights[key].double() - previous.get_tensor(key).double()).pow(2).sum())
-        self.synced = path
+        previous, self.synced = self.synced, path
         llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         tied = llm.collective_rpc(repack_tied_lm_head)
         llm.reset_prefix_cache()
+        if self.reloads and not self.reloads[-1]["kept"]:
+            shutil.rmtree(previous)  # read above for the change; the engine holds the new weights now (about 0.5 GB)
         self.reloads.append(
             {
                 "path": path, "tensors": len(weights), "dtypes": sorted({str(v.dtype) for v in weights.values()}),
@@ -108,6 +112,7 @@ class WeightSync:
                 "sums": {k: float(v.double().sum()) for k, v in weights.items()},
                 "copies": copies, "copies_differ": self.copies_differ, "seconds": time.monotonic() - started,
                 "float32": all(v.dtype == torch.float32 for v in weights.values()),
+                "kept": len(self.reloads) + 1 in kept_updates(),
             }
         )  # fmt: skip
 

@@ -4,7 +4,8 @@ the rl2 tests' stand-in (../sglang_server.py) answers and RL2 0.0.2 reads (``RL2
 async_generate``: ``text``, ``meta_info.output_token_logprobs`` as ``[logp, id, None]``,
 ``meta_info.finish_reason.type``, ``meta_info.completion_tokens``). SGLang's sampling params mapped to
 vLLM's: ``max_new_tokens`` -> ``max_tokens``, ``stop_token_ids``, ``temperature``, ``top_p``, ``top_k``,
-``skip_special_tokens`` (SGLang's default true), ``no_stop_trim`` -> ``include_stop_str_in_output``.
+``skip_special_tokens`` (SGLang's default true), ``no_stop_trim`` -> ``include_stop_str_in_output``,
+``sampling_seed`` -> ``seed`` (none by default, as SGLang: a group's responses to one prompt differ).
 
 ``POST /gem_reference``: the core runner (``gem_core.rollout.run_episode`` + ``VLLMPolicy``) over THIS
 engine for the given task specs, so RL2's rows and the reference come from one engine. Other POSTs
@@ -35,8 +36,10 @@ def sglang_answer(llm, body: dict) -> dict:
         max_tokens=sp.get("max_new_tokens"), temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
         top_k=int(sp.get("top_k", -1) or -1) if sp.get("top_k", -1) not in (None, 0) else -1, stop_token_ids=sp.get("stop_token_ids") or None,
         logprobs=0, skip_special_tokens=bool(sp.get("skip_special_tokens", True)), include_stop_str_in_output=bool(sp.get("no_stop_trim", False)),
-        seed=0,
+        seed=sp.get("sampling_seed"),
     )  # fmt: skip
+    # no seed unless given: SGLang samples each request afresh (one fixed seed would make a group's responses to a
+    # prompt all the same); the engine's own seed (main) is fixed
     out = llm.generate([TokensPrompt(prompt_token_ids=list(body["input_ids"]))], params, use_tqdm=False)[0].outputs[0]
     triples = [[record[t].logprob, t, None] for t, record in zip(out.token_ids, out.logprobs)]
     reason = out.finish_reason if out.finish_reason in ("stop", "length") else "abort"

