@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 @contextmanager
@@ -30,6 +31,42 @@ def script_module(path: str | Path) -> Iterator[ModuleType]:
         yield module
     finally:
         sys.modules.pop(spec.name, None)
+
+
+#: a test of one of benchmarks/cross_framework.py's arms: 2 updates of 4 episodes, 6 held-out episodes
+ARM_TEST_SETTINGS = ("training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6")
+
+
+def run_arm(root: Path, trainer: str, out: Path) -> tuple[Any, dict]:
+    """For a test of one of benchmarks/cross_framework.py's arms: the benchmark (``root``'s) run for ``trainer`` alone,
+    in this Python, into ``out``, over :data:`ARM_TEST_SETTINGS`, from the experiment's model as it is (no warm
+    start), a model kept and evaluated after every update; it must end well (else the run's train.log tail is the
+    failure). Returns the run's experiment (as written into its experiment.toml) and its record (run.json)."""
+    argv = ["--trainers", trainer, "--python", f"{trainer}={sys.executable}", "--eval-every", "1", "--warm-start", "0", "--out", str(out)]
+    argv += [arg for setting in ARM_TEST_SETTINGS for arg in ("--set", setting)]
+    run = out / f"{trainer}-seed0"
+    with script_module(Path(root) / "benchmarks" / "cross_framework.py") as cross_framework:
+        status = cross_framework.main(argv)
+        log = run / "train.log"
+        assert status == 0, log.read_text(errors="replace")[-3000:] if log.exists() else f"exit status {status}"
+        experiment = cross_framework.load_experiment(run / "experiment.toml")
+    record = json.loads((run / "run.json").read_text())
+    print(f"{trainer} run:", {k: record.get(k) for k in ("wall_seconds", "seconds_per_update", "peak_rss_gb")})
+    return experiment, record
+
+
+def keep_checkpoints(model_dir: str, folders: list[str], keep: set[int]) -> dict[str, str]:
+    """For an arm's CPU driver: of the weight-sync checkpoint folders of updates 1, 2, ... (``folders``), those of the
+    ``keep`` updates, each given the model's tokenizer (a Hugging Face model folder gem-core eval loads); {update: folder}."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    kept = {}
+    for update, folder in enumerate(folders, start=1):
+        if update in keep:
+            tokenizer.save_pretrained(folder)
+            kept[str(update)] = folder
+    return kept
 
 
 def check_arm_evaluations(out: Path, trainer: str, seed: int = 0, episodes: int | None = None) -> dict:

@@ -40,6 +40,7 @@ import real_launch  # noqa: E402
 import real_stubs  # noqa: E402  (the deepspeed/flash_attn import stubs, as the tier's conftest installs them)
 
 from gem_core.testing.real import bound_cpu_engine  # noqa: E402
+from gem_core.testing.scripts import keep_checkpoints  # noqa: E402
 from gem_core.testing.vllm_cpu_reload import KEEP_ENV  # noqa: E402
 
 
@@ -90,8 +91,6 @@ def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
     import real_step_actors as recording
     import reload_step_actors as reloading
     import torch
-    from transformers import AutoTokenizer
-
     from gem_integrations.openrlhf import train_ppo_ray
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -110,12 +109,7 @@ def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
         raise RuntimeError(f"OpenRLHF's train ended with status {status}")
     logs = torch.load(workdir / recording.TRAINER_REPORT, weights_only=False)["logs"]
     reloads = torch.load(workdir / reloading.ray_step_actors.POLICY_REPORT, weights_only=False)["reloads"]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    report["checkpoints"] = {}
-    for update, reload in enumerate(reloads, start=1):
-        if update in keep:
-            tokenizer.save_pretrained(reload["path"])
-            report["checkpoints"][str(update)] = reload["path"]
+    report["checkpoints"] = keep_checkpoints(model_dir, [reload["path"] for reload in reloads], keep)
     scalars = [{k: v for k, v in log.items() if isinstance(v, (int, float))} for log in logs]
     report["updates"] = scalars
     report["seconds_per_update"] = {str(log["global_step"]): log["timing/step_total"] - log["timing/broadcast"] for log in scalars}

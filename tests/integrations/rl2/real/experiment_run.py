@@ -40,7 +40,7 @@ from test_rl2_real_step import _post, serve_engine  # noqa: E402
 from vllm_sglang_server import MAX_MODEL_LEN  # noqa: E402
 
 from gem_core.testing.real import bound_cpu_engine  # noqa: E402
-from gem_core.testing.scripts import script_arguments  # noqa: E402
+from gem_core.testing.scripts import keep_checkpoints, script_arguments  # noqa: E402
 from gem_core.testing.vllm_cpu_reload import KEEP_ENV  # noqa: E402
 
 ROOT = HERE.parents[3]
@@ -94,8 +94,6 @@ def per_step(logged: list[tuple[dict, int | None]]) -> dict[int, dict]:
 
 def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
     """The written script's overrides through RL2's trainer (see the module docstring); the report."""
-    from transformers import AutoTokenizer
-
     workdir.mkdir(parents=True, exist_ok=True)
     env = {"MODEL": model_dir, "DATA": str(workdir / "data")}
     args = script_arguments(script, ["rl2", "train"], env, cpu_overrides(workdir), workdir / "train-argv", cwd=ROOT)
@@ -109,12 +107,7 @@ def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
     report["config"] = rl2_config(ranks[0]["config"])
     if len(reloads) != len(steps):
         raise RuntimeError(f"{len(reloads)} weight syncs reloaded for {len(steps)} RL2 steps")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    report["checkpoints"] = {}
-    for update, reload in enumerate(reloads, start=1):
-        if update in keep:
-            tokenizer.save_pretrained(reload["path"])
-            report["checkpoints"][str(update)] = reload["path"]
+    report["checkpoints"] = keep_checkpoints(model_dir, [reload["path"] for reload in reloads], keep)
     report["reloads"] = [{k: v for k, v in r.items() if k != "sums"} for r in reloads]
     report["updates"] = [{"step": step, **scalars} for step, scalars in sorted(steps.items())]
     report["seconds_per_update"] = {

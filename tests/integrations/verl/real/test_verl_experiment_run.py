@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,35 +20,17 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[4]
-SETTINGS = ["training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(tmp_path):
-    from gem_core.testing.scripts import check_arm_evaluations, script_module
+    from gem_core.testing.scripts import check_arm_evaluations, run_arm
 
     out = tmp_path / "out"
-    argv = [
-        "--trainers",
-        "verl",
-        "--python",
-        f"verl={sys.executable}",
-        "--eval-every",
-        "1",
-        "--warm-start",
-        "0",
-        "--out",
-        str(out),
-        *(a for s in SETTINGS for a in ("--set", s)),
-    ]
-    with script_module(ROOT / "benchmarks" / "cross_framework.py") as cross_framework:
-        assert cross_framework.main(argv) == 0
-        experiment = cross_framework.load_experiment(out / "verl-seed0" / "experiment.toml")
+    experiment, record = run_arm(ROOT, "verl", out)
     run = out / "verl-seed0"
     try:
-        record = json.loads((run / "run.json").read_text())
-        print("verl run:", {k: record.get(k) for k in ("wall_seconds", "seconds_per_update", "peak_rss_gb")})
         assert record["status"] == 0 and record["version"] == "0.9.1"
         sync = run / "train" / "gem-test-weight-sync"
         assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
