@@ -18,7 +18,9 @@ if ! "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.__version__.split(
     "${pip[@]}" torch==2.13.0
   else
     echo "scripts/train.sh: no NVIDIA GPU here: installing torch 2.13.0's CPU build" >&2
-    "${pip[@]}" torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    # an extra index, not the only one: torch's dependencies come from your usual index, and where PyTorch's CPU
+    # index cannot be reached (an offline mirror) the same pin comes from the usual index alone
+    "${pip[@]}" torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu --retries 1
   fi
 fi
 "${pip[@]}" -e "$root[train]"

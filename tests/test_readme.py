@@ -189,8 +189,9 @@ def check_pip_install(command: Command, cwd: Path, outputs: list[str]) -> bool:
         assert len(words) == 2, command
         pip_install_spec_ok(words[1])
         return False
-    # pip install torch==V --index-url https://download.pytorch.org/whl/cpu: the pinned version, CPU build
-    assert re.fullmatch(r"torch==[\w.]+", words[0]) and words[1:] == ["--index-url", "https://download.pytorch.org/whl/cpu"], command
+    # pip install torch==V --extra-index-url https://download.pytorch.org/whl/cpu: the pinned version, CPU build (an
+    # extra index: torch's dependencies still come from the usual one, which is all an offline mirror has)
+    assert re.fullmatch(r"torch==[\w.]+", words[0]) and words[1:] == ["--extra-index-url", "https://download.pytorch.org/whl/cpu"], command
     pins = {dep for name in ("torch", "train") for dep in extras()[name] if dep.startswith("torch")}
     assert pins == {words[0]}, f"{command}: the extras pin {pins}"
     return False
