@@ -27,7 +27,7 @@ def test_the_trainer_command_is_recorded_not_run_and_the_others_run(tmp_path):
 
 
 def test_another_trainers_command_is_not_taken_for_it(tmp_path):
-    script = write(tmp_path / "run.sh", 'gem-core openrlhf train --x 1 || true\n')  # the real CLI: not rl2's
+    script = write(tmp_path / "run.sh", "gem-core openrlhf train --x 1 || true\n")  # the real CLI: not rl2's
     with pytest.raises(RuntimeError, match="never ran `gem-core rl2 train`"):
         script_arguments(script, ["rl2", "train"], {}, [], tmp_path / "argv", cwd=tmp_path)
 
