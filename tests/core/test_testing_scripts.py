@@ -36,3 +36,14 @@ def test_a_failing_script_is_an_error_with_its_output(tmp_path):
     script = write(tmp_path / "run.sh", 'echo "no such dataset" >&2\nexit 3\n')
     with pytest.raises(RuntimeError, match="no such dataset"):
         script_arguments(script, ["rl2", "train"], {}, [], tmp_path / "argv", cwd=tmp_path)
+
+
+def test_kept_updates_reads_the_benchmarks_evaluation_points(monkeypatch):
+    from gem_core.testing.vllm_cpu_reload import KEEP_ENV, kept_updates
+
+    monkeypatch.delenv(KEEP_ENV, raising=False)
+    assert 1 in kept_updates() and 10_000 in kept_updates()  # unset (the tests): every update's checkpoint stays
+    monkeypatch.setenv(KEEP_ENV, "10,20,30")
+    assert kept_updates() == {10, 20, 30}
+    monkeypatch.setenv(KEEP_ENV, "")
+    assert kept_updates() == set()  # none listed: none kept

