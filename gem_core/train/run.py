@@ -91,7 +91,9 @@ def load_model_and_weights(name_or_path: str | None, seed: int = 0) -> tuple[Any
         raise TrainError(f"--model {name_or_path!r}: no such directory")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path)
+        # float32 master weights whatever the checkpoint's dtype (transformers keeps a bfloat16 checkpoint's): --bf16
+        # autocasts the forward, the weights and AdamW's state stay float32
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype="float32")
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TrainError(f"--model {name_or_path!r} could not be loaded: {first}") from None

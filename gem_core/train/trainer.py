@@ -39,6 +39,7 @@ import numpy as np
 from gem_core import algo
 from gem_core.batch import TokenBatch, infra_metrics, sequence_batch, turn_batch
 from gem_core.envs.games.guess_the_number import GuessTheNumber, hint_use
+from gem_core.precision import auto_precision
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
 from gem_core.tasks import TaskSpec, episode_seeds
@@ -70,7 +71,7 @@ class TrainConfig:
     (the batch is split into micro-batches within it and their gradients accumulated: the same gradient
     as one pass, with memory bounded by the budget, not the batch), ``logprob_chunk_tokens``: positions
     whose full-vocabulary logits exist at once, ``bf16``: the forward under bfloat16 autocast (None: where the device
-    computes in bfloat16, :func:`cpu_has_bf16` on CPU), ``gradient_checkpointing``: recompute the decoder's
+    computes in bfloat16, :func:`gem_core.precision.cpu_has_bf16` on CPU; ``$GEM_PRECISION`` where set), ``gradient_checkpointing``: recompute the decoder's
     activations in the backward pass (less memory, more time), ``train_layers``: train only the top N decoder
     layers (:func:`freeze_lower_layers`; 0, or N at or above the model's layer count: every weight), ``rollout_engine``: ``auto`` (:func:`resolve_rollout_engine`), ``hf`` (the model's
     own ``generate``) or ``vllm`` (vLLM in this process, given the trainer's weights before every
@@ -636,7 +637,7 @@ class Trainer:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device_type = torch.device(config.device).type
         self.rollout_engine = resolve_rollout_engine(config)
-        self.bf16 = bf16_by_default(self.device_type) if config.bf16 is None else config.bf16
+        self.bf16 = auto_precision(self.device_type) == "bf16" if config.bf16 is None else config.bf16
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -897,30 +898,6 @@ class Trainer:
         self.torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
-
-
-def bf16_by_default(device_type: str) -> bool:
-    """Whether a run on ``device_type`` ("cuda", "cpu", ...) computes its forward under bfloat16 autocast when
-    it is not told: where the device computes in bfloat16 (a CUDA device that supports it; a CPU with
-    :func:`cpu_has_bf16`). The rule of ``TrainConfig.bf16=None``, and of the scripts ``gem-core experiment``
-    writes, so that an experiment runs at the same precision in every trainer on the same machine."""
-    if device_type == "cuda":
-        import torch
-
-        return torch.cuda.is_bf16_supported()
-    return device_type == "cpu" and cpu_has_bf16()
-
-
-def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX-BF16, read from ``cpuinfo``'s flags;
-    False where there is no such file): there bf16 autocast makes the update's matmuls faster (the default
-    run's training forward and backward about 1.35x on two cores), elsewhere slower (emulated)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
-            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def closing_brace_ids(tokenizer: Any) -> list[int]:

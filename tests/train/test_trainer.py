@@ -29,12 +29,12 @@ def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path, mo
     """bf16 (on by default where the device computes in bfloat16) runs the forward under bfloat16 autocast:
     log-probs close to float32's but not equal (so autocast really ran), float32 out, and the weights and their
     gradients stay float32."""
-    from gem_core.train import trainer as trainer_module
+    from gem_core import precision
 
-    monkeypatch.setattr(trainer_module, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
     plain = _trainer(tiny, tmp_path)
     assert plain.bf16 is False  # the default on a CPU without bfloat16 arithmetic
-    monkeypatch.setattr(trainer_module, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
     assert _trainer(tiny, tmp_path).bf16 is True and _trainer(tiny, tmp_path, bf16=False).bf16 is False
     half = _trainer(tiny, tmp_path, bf16=True)
     try:
@@ -122,7 +122,7 @@ def test_a_run_saved_before_train_layers_existed_resumes_training_every_weight(t
 
 
 def test_cpu_bf16_is_read_from_the_cpus_flags(tmp_path):
-    from gem_core.train.trainer import cpu_has_bf16
+    from gem_core.precision import cpu_has_bf16
 
     info = tmp_path / "cpuinfo"
     for flags, has in (("fpu avx2 avx512f", False), ("fpu avx512f avx512_bf16 avx512_vnni", True), ("fpu amx_bf16 amx_tile", True)):
@@ -583,3 +583,19 @@ def test_the_tiny_scale_names_a_model_built_here():
     model, tokenizer = load_model(config.model)
     assert config.warmup_steps > 0 and model.config.num_hidden_layers == 2
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>")
+
+
+def test_a_bfloat16_checkpoint_trains_float32_master_weights(tiny, tmp_path):
+    """A checkpoint saved in bfloat16 (most hub models, SmolLM2's included) is loaded in float32: --bf16 autocasts
+    the forward, and the weights and AdamW's state stay float32 (transformers alone would keep bfloat16)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gem_core.train.run import load_model
+
+    path, _, tokenizer = tiny
+    AutoModelForCausalLM.from_pretrained(path).to(torch.bfloat16).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).dtype == torch.bfloat16  # what transformers' default keeps
+    model, _ = load_model(str(tmp_path))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
