@@ -2,7 +2,8 @@
 
 An :class:`Experiment` says what a run is (the model and its exact weights, the envs and seeds, the batch,
 the estimator, the optimizer and its schedule, the PPO loss, the token limits, the temperature, the number
-of updates, the evaluation), and nothing about where it runs. ``gem-core train --experiment FILE`` runs it
+of updates, the precision, the evaluation), and nothing about where it runs (``training.precision = "auto"``
+is the one setting decided there, by one rule for every trainer: :mod:`gem_core.precision`). ``gem-core train --experiment FILE`` runs it
 in the reference trainer; ``gem-core experiment FILE --trainer NAME`` writes that trainer's own
 configuration (each plugin's ``experiment`` module), every setting mapped explicitly and the trainer's own
 defaults that would change the run pinned. A trainer that cannot express a setting refuses it in one line
@@ -39,6 +40,7 @@ from typing import Any
 from gem_core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from gem_core.models import EMBEDDED_MODELS
 from gem_core.params import Param, invalid
+from gem_core.precision import PRECISIONS
 
 #: The estimators the experiment names (gem-core train's): ``rebn`` (ReBN, per-turn returns normalised over
 #: the batch), ``reinforce`` (per-turn discounted returns), ``grpo``, ``drgrpo`` (GRPO without the std) and
@@ -123,6 +125,7 @@ class Experiment:
     ppo_epochs: int = 1
     mini_batches: int = 1
     gradient_checkpointing: bool = False
+    precision: str = "auto"
     eval_every: int = 0
     # [reference]: what only gem-core train runs. Left out, they are off (every trainer runs a file without
     # them); examples/experiments/default.toml sets the default run's. Other trainers refuse them on:
@@ -212,6 +215,13 @@ KEYS: dict[str, Key] = {
     "ppo_epochs": Key("training", "epochs", Param(int, low=1, high=1000), "passes over each update's batch"),
     "mini_batches": Key("training", "mini_batches", Param(int, low=1, high=100_000), "optimizer steps per pass (the batch split in this many)"),
     "gradient_checkpointing": Key("training", "gradient_checkpointing", Param(bool), "recompute activations in the backward pass (memory, not results)"),
+    "precision": Key(
+        "training",
+        "precision",
+        Param(str, choices=PRECISIONS),
+        "bf16 (the update in bfloat16, float32 master weights and optimizer state), float32, or auto: bf16 where the "
+        "machine computes in bfloat16 (a CUDA GPU with it, a CPU with AVX512-BF16 or AMX), float32 elsewhere, decided where the run starts",
+    ),
     "eval_every": Key(
         "training",
         "eval_every",
@@ -492,7 +502,9 @@ def shell_command(argv: list[str]) -> str:
     """``argv`` as one bash command, each ``--option values`` or ``key=value`` on its own continued line."""
     lines: list[str] = []
     for index, arg in enumerate(argv):
-        starts_line = index > 0 and (arg.startswith("-") or ("=" in arg and not argv[index - 1].startswith("-")))
+        # a flag held in a variable (the precision's, e.g. $BF16_FLAG) starts a line too, read as the option it is
+        flag = arg.startswith("-") or (arg.startswith("$") and arg.endswith("_FLAG"))
+        starts_line = index > 0 and (flag or ("=" in arg and not argv[index - 1].startswith("-")))
         if not lines or starts_line:
             lines.append(shell_word(arg))
         else:
@@ -520,6 +532,50 @@ def model_assignment(experiment: Experiment) -> str:
         resolve = f"from gem_core.models import resolve_model; print(resolve_model({json.dumps(name)}))"
         return f"MODEL=${{MODEL:-$(python -c {shlex.quote(resolve)})}}"
     return f"MODEL=${{MODEL:-{shlex.quote(name)}}}"
+
+
+#: What each precision means, in the comment above a written script's precision settings.
+PRECISION_MEANING = {
+    "bf16": "the update in bfloat16, master weights and optimizer state in float32",
+    "float32": "the update in float32 throughout",
+    "auto": "bf16 where this machine computes in bfloat16 (a CUDA GPU with it, a CPU with AVX512-BF16 or AMX), float32 elsewhere",
+}
+
+
+def require_precision(trainer: str, experiment: Experiment, variables: Mapping[str, Mapping[str, str] | str]) -> None:
+    """Refuse ``training.precision`` where the trainer cannot train in it: ``variables[precision]`` is then the
+    reason (a string) instead of the trainer's settings (see :func:`precision_lines`). ``auto`` is decided where
+    the script runs."""
+    reason = variables.get(experiment.precision)
+    require(trainer, experiment, "training.precision", not isinstance(reason, str), reason if isinstance(reason, str) else "")
+
+
+def precision_lines(trainer: str, experiment: Experiment, variables: Mapping[str, Mapping[str, str] | str]) -> list[str]:
+    """The shell lines that set the trainer's precision settings as shell variables, which its command names
+    (``$NAME``): ``variables`` maps ``bf16`` and ``float32`` each to ``{NAME: value}``, or to the reason the trainer
+    cannot train in it. An explicit precision is written as its values; ``auto`` as both, chosen where the script
+    runs by ``python -m gem_core.precision`` (``$GEM_PRECISION`` where it is set), one that the trainer cannot
+    train in stopping the script in one line."""
+    require_precision(trainer, experiment, variables)
+    precision = experiment.precision
+
+    def assignments(values: Mapping[str, str]) -> str:
+        return " ".join(f"{name}={shlex.quote(value)}" for name, value in values.items())
+
+    comment = f"# training.precision = {precision!r}: {PRECISION_MEANING[precision]}".replace("'", '"')
+    if precision != "auto":
+        return [comment, assignments(variables[precision])]  # type: ignore[arg-type]
+    lines = [comment + " ($GEM_PRECISION, where set, decides)", "PRECISION=$(python -m gem_core.precision)", 'case "$PRECISION" in']
+    for name in ("bf16", "float32"):
+        values = variables[name]
+        if isinstance(values, str):
+            other = "float32" if name == "bf16" else "bf16"
+            stop = f"training.precision auto is {name} on this machine, which {trainer} cannot train in ({values}); set training.precision = {other}"
+            lines.append(f"  {name}) echo {shlex.quote(stop)} >&2; exit 2 ;;")
+        else:
+            lines.append(f"  {name}) {assignments(values)} ;;")
+    lines.append("  *) echo \"python -m gem_core.precision gave '$PRECISION', not bf16 or float32\" >&2; exit 2 ;;")
+    return lines + ["esac"]
 
 
 def warmup_optimizer_steps(experiment: Experiment) -> int:

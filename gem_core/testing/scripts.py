@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -111,3 +112,29 @@ def script_arguments(script: str | Path, command: list[str], env: dict[str, str]
     if not record.exists():
         raise RuntimeError(f"{script} never ran `gem-core {' '.join(command)}`")
     return [a for a in record.read_bytes().decode().split("\0") if a]
+
+
+def script_precision(script: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The precision settings a written launch script gives its trainer where it runs here: its
+    ``# training.precision`` lines (:func:`gem_core.experiment.precision_lines`) run by bash with ``env`` added
+    (``PRECISION`` decides an ``auto`` script's), ``{NAME: value}`` of the variables they set; ``{}`` for a script
+    without them. For a platform that reads the trainer's arguments from the script's text (verl's)."""
+    lines = script.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("# training.precision")), None)
+    if start is None:
+        return {}
+    end = lines.index("esac", start) if lines[start + 1].startswith("PRECISION=") else start + 1
+    block = "\n".join(lines[start : end + 1])
+    names = sorted(set(re.findall(r"\b([A-Z][A-Z0-9_]*)=", block)) - {"PRECISION"})
+    printed = " ".join(f'"${name}"' for name in names)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # this Python's gem_core
+    done = subprocess.run(
+        ["bash", "-c", f"set -eu\n{block}\nprintf '%s\\0' {printed}"],
+        env={**os.environ, "PATH": path, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the script's precision lines failed: {done.stderr.strip()}")
+    return dict(zip(names, done.stdout.split("\0")))

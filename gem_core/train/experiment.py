@@ -2,9 +2,9 @@
 trainer's options.
 
 The file says what the run is; the command line says where it runs. So an option that the file sets
-(``--lr``, ``--env``, ``--steps``...) given beside ``--experiment`` is refused in one line (edit the file, or
-copy it), while the options the file does not hold (``--out``, ``--device``, ``--micro-batch-tokens``,
-``--bf16``, ``--rollout-engine``, ``--resume``, ``--checkpoint-every``, ``--tensorboard``, ``--eval-set``...)
+(``--lr``, ``--env``, ``--steps``, ``--bf16``...) given beside ``--experiment`` is refused in one line (edit the
+file, or copy it), while the options the file does not hold (``--out``, ``--device``, ``--micro-batch-tokens``,
+``--rollout-engine``, ``--resume``, ``--checkpoint-every``, ``--tensorboard``, ``--eval-set``...)
 apply as usual. To tell an option given from one left at its default, the options
 the file sets get an :class:`Unset` default (:func:`mark_defaults`); :func:`apply_experiment` puts the
 real defaults back when no file is given.
@@ -23,6 +23,8 @@ from gem_core.models import EMBEDDED_MODELS, resolve_model
 from gem_core.train.trainer import EVAL_SEED_BASE, TrainConfig
 
 TRAINER = "gem-core train"
+#: training.precision as ``--bf16``: on, off, or (auto) the device's rule (gem_core.precision.bf16_by_default).
+BF16_OF_PRECISION = {"auto": None, "bf16": True, "float32": False}
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ OPTION_VALUES: dict[str, Any] = {
     "entropy_coef": lambda e: e.entropy_coef,
     "max_grad_norm": lambda e: e.max_grad_norm,
     "gradient_checkpointing": lambda e: e.gradient_checkpointing,
+    "bf16": lambda e: BF16_OF_PRECISION[e.precision],
     "temperature": lambda e: e.temperature,
     "max_tokens": lambda e: e.max_turn_tokens,
     "max_turns": lambda e: e.max_turns or None,
@@ -188,6 +191,7 @@ def experiment_of(config: TrainConfig) -> Experiment:
         updates=config.steps,
         ppo_epochs=config.epochs,
         gradient_checkpointing=config.gradient_checkpointing,
+        precision={value: key for key, value in BF16_OF_PRECISION.items()}[config.bf16],
         eval_every=config.eval_every,
         warm_start_steps=config.warmup_steps,
         trained_layers=config.train_layers,

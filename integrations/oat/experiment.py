@@ -3,8 +3,10 @@
 
 Imports nothing from oat: it writes text. oat's defaults that would change the run are pinned: Adam's betas
 (0.9, 0.95), the scheduler (cosine with a 3% warm-up), ``beta`` (0.1, the KL in the loss), the
-``critic_type`` (drgrpo: a token sum over a constant), ``gradient_checkpointing``, the seed (42) and the
-batch sizes (128). The run's length is not mapped: oat counts it in epochs over its prompt dataset, which the
+``critic_type`` (drgrpo: a token sum over a constant), ``gradient_checkpointing``, the seed (42), the
+batch sizes (128) and the precision (``--bf16``, oat's default: DeepSpeed's bf16 weights with float32 master weights
+and optimizer state, the vLLM engine in bfloat16; float32: ``--no-bf16``, and ``--no-flash-attn``, whose kernels
+compute in 16 bits only). The run's length is not mapped: oat counts it in epochs over its prompt dataset, which the
 GEM actor does not read (stop the run after ``training.updates`` learner steps). oat's multi-turn learner trains each turn as its own sample and averages each sample's
 token mean (``critic_type grpo``): the experiment must say ``view = "turn"`` and
 ``loss_aggregation = "seq-mean-token-mean"``; anything else is refused by name.
@@ -14,18 +16,34 @@ token mean (``critic_type grpo``): the experiment must say ``view = "turn"`` and
 
 from __future__ import annotations
 
-from gem_core.experiment import Experiment, dataset_command, require, require_portable, script, shell_command
+from gem_core.experiment import (
+    Experiment,
+    dataset_command,
+    precision_lines,
+    require,
+    require_portable,
+    require_precision,
+    script,
+    shell_command,
+)
 
 TRAINER = "oat"
 #: The most transitions (turns) one update holds when the experiment sets no turn limit (oat's batch sizes
 #: count transitions; they must hold the whole update so that oat does not subsample it).
 TURN_CAP = 100
+#: training.precision as the shell variables the arguments name: oat's precision flag and its attention
+#: (flash-attention 2, oat's default, computes in 16 bits only).
+PRECISION = {
+    "bf16": {"BF16_FLAG": "--bf16", "ATTENTION_FLAG": "--flash-attn"},
+    "float32": {"BF16_FLAG": "--no-bf16", "ATTENTION_FLAG": "--no-flash-attn"},
+}
 
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what oat cannot run."""
     require_portable(TRAINER, experiment)
     e = experiment
+    require_precision(TRAINER, e, PRECISION)
     require(TRAINER, e, "algorithm.estimator", e.estimator == "rebn", "the oat plugin's learner is ReBN (oat's whitening of per-turn returns)")
     require(
         TRAINER,
@@ -51,7 +69,8 @@ def transitions_per_update(experiment: Experiment) -> int:
 
 
 def arguments(experiment: Experiment) -> list[str]:
-    """The arguments of ``gem-core oat train`` (``$MODEL``/``$DATA`` stand for the paths)."""
+    """The arguments of ``gem-core oat train`` (``$MODEL``/``$DATA`` stand for the paths, ``$BF16_FLAG`` and
+    ``$ATTENTION_FLAG`` for the precision's: :data:`PRECISION`)."""
     check(experiment)
     e = experiment
     batch = str(transitions_per_update(e))
@@ -82,6 +101,7 @@ def arguments(experiment: Experiment) -> list[str]:
         "--train-batch-size", batch,
         "--train-batch-size-per-device", "1",
         "--seed", str(e.seed),
+        "$BF16_FLAG", "--no-fp16", "$ATTENTION_FLAG",
     ]  # fmt: skip
     if e.max_turns:
         args += ["--gem-max-turns", str(e.max_turns)]
@@ -93,5 +113,10 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     """The script: the training rows (played in order), then the launcher."""
     train = dataset_command(TRAINER, experiment, "$DATA/train.jsonl")
     command = ["gem-core", "oat", "train", *arguments(experiment)]
-    body = [shell_command(train), "# oat's launchpad, vLLM and GPU options are yours to add:", shell_command(command) + ' \\\n  "$@"']
+    body = [
+        shell_command(train),
+        *precision_lines(TRAINER, experiment, PRECISION),
+        "# oat's launchpad, vLLM and GPU options are yours to add:",
+        shell_command(command) + ' \\\n  "$@"',
+    ]
     return script(TRAINER, experiment, source, body)

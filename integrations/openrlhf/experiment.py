@@ -4,7 +4,9 @@
 Imports nothing from OpenRLHF: it writes text. OpenRLHF's defaults that would change the run are pinned:
 the KL (``--algo.kl.init_coef`` 0.01 in the reward by default), Adam's betas (0.9, 0.95), the scheduler
 (cosine with a 3% warm-up down to 10%), the reward clip (-10, 10), the evaluation temperature (0.6) and
-samples (4), the seed (42). ``tests/integrations/openrlhf/test_experiment.py`` parses these arguments with
+samples (4), the seed (42), the precision (``--ds.param_dtype``, bf16 by default: DeepSpeed's bf16 weights
+with float32 master weights and optimizer state, the vLLM engine in bfloat16; OpenRLHF has no float32, which is
+refused). ``tests/integrations/openrlhf/test_experiment.py`` parses these arguments with
 OpenRLHF's own parser (the launcher's) and checks what OpenRLHF will use.
 """
 
@@ -13,8 +15,10 @@ from __future__ import annotations
 from gem_core.experiment import (
     Experiment,
     dataset_command,
+    precision_lines,
     require,
     require_portable,
+    require_precision,
     script,
     shell_command,
     train_rows,
@@ -27,12 +31,18 @@ ESTIMATOR = {"rebn": "rebn", "grpo": "group_norm", "drgrpo": "dr_grpo", "rloo": 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 #: A reward clip no GEM reward reaches (OpenRLHF clips rewards to (-10, 10) by default).
 NO_REWARD_CLIP = ("-1000000000.0", "1000000000.0")  # argparse reads "-1e9" as an option
+#: training.precision as the shell variable the arguments name (float32: the reason OpenRLHF cannot).
+PRECISION = {
+    "bf16": {"PARAM_DTYPE": "bf16"},
+    "float32": "OpenRLHF 0.11's --ds.param_dtype is bf16 or fp16 and its vLLM engine bfloat16",
+}
 
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what OpenRLHF cannot run."""
     require_portable(TRAINER, experiment)
     e = experiment
+    require_precision(TRAINER, e, PRECISION)
     require(
         TRAINER,
         e,
@@ -61,7 +71,8 @@ def warmup_ratio(experiment: Experiment) -> float:
 
 
 def arguments(experiment: Experiment) -> list[str]:
-    """The arguments of ``gem-core openrlhf train`` (``$MODEL``/``$DATA`` stand for the paths)."""
+    """The arguments of ``gem-core openrlhf train`` (``$MODEL``/``$DATA`` stand for the paths, ``$PARAM_DTYPE``
+    for the precision: :data:`PRECISION`)."""
     check(experiment)
     e = experiment
     args = [
@@ -99,6 +110,7 @@ def arguments(experiment: Experiment) -> list[str]:
         "--algo.kl.init_coef", repr(e.kl_coef),
         "--algo.kl.estimator", e.kl_estimator,
         "--reward.clip_range", *NO_REWARD_CLIP,
+        "--ds.param_dtype", "$PARAM_DTYPE",
     ]  # fmt: skip
     if e.estimator == "rebn":
         args += ["--algo.advantage.rebn_ddof", "0", "--algo.advantage.rebn_eps", "1e-06"]
@@ -117,6 +129,7 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     body = [
         shell_command(train),
         shell_command(held_out),
+        *precision_lines(TRAINER, experiment, PRECISION),
         "# OpenRLHF shuffles the prompt rows (seeded by --train.seed); its Ray, vLLM and GPU options are yours to add:",
         shell_command(command) + ' \\\n  "$@"',
     ]

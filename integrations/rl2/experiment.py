@@ -4,7 +4,10 @@
 Imports nothing from RL2: it writes text. RL2's defaults that would change the run are pinned:
 ``actor.weight_decay`` (0.01), ``actor.gradient_checkpointing`` (true), ``actor.warmup_ratio`` (0.1),
 ``rollout.dynamic_filtering`` (true: groups whose rewards are all equal dropped), the test sampling's
-temperature (0: greedy), ``adv.global_norm``/``norm_var``. ``tests/integrations/rl2/test_experiment.py``
+temperature (0: greedy), ``adv.global_norm``/``norm_var``, the SGLang engine's dtype (bfloat16 by default).
+RL2's training precision is fixed in its code: FSDP mixed precision in bfloat16 (gradients reduced in bfloat16
+too), the weights loaded in the checkpoint's own dtype (a bfloat16 checkpoint trains bfloat16 master weights:
+give it a float32 one); float32 is refused. ``tests/integrations/rl2/test_experiment.py``
 composes RL2's config with these overrides and checks what RL2 will use.
 """
 
@@ -12,18 +15,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from gem_core.experiment import Experiment, dataset_command, require, require_portable, script, shell_command, warmup_optimizer_steps
+from gem_core.experiment import (
+    Experiment,
+    dataset_command,
+    precision_lines,
+    require,
+    require_portable,
+    require_precision,
+    script,
+    shell_command,
+    warmup_optimizer_steps,
+)
 
 TRAINER = "rl2"
 AVG_LEVEL = {"token-mean": "token", "seq-mean-token-mean": "sequence"}
 #: What stands for "no turn limit" (the launcher's own default: far above every env's limit).
 MAX_TURNS = 1000
+#: training.precision as the shell variable the overrides name (float32: the reason RL2 cannot).
+PRECISION = {
+    "bf16": {"ROLLOUT_DTYPE": "bfloat16"},
+    "float32": "RL2 0.0.2's FSDP mixed precision is bfloat16, fixed in its code",
+}
 
 
 def check(experiment: Experiment) -> None:
     """Refuse, naming the key, what RL2 cannot run."""
     require_portable(TRAINER, experiment)
     e = experiment
+    require_precision(TRAINER, e, PRECISION)
     require(TRAINER, e, "algorithm.estimator", e.estimator == "rebn", "RL2's own estimators are episode-level; the plugin's is rebn")
     require(TRAINER, e, "algorithm.loss_aggregation", e.loss_aggregation in AVG_LEVEL, "RL2's actor.avg_level is token or sequence")
     require(TRAINER, e, "algorithm.clip_high", e.clip_high == e.clip_low, "RL2 clips symmetrically (actor.clip)")
@@ -43,7 +62,8 @@ def check(experiment: Experiment) -> None:
 
 
 def settings(experiment: Experiment) -> dict[str, Any]:
-    """Every RL2 config key the experiment sets (``$MODEL``/``$DATA`` stand for the paths)."""
+    """Every RL2 config key the experiment sets (``$MODEL``/``$DATA`` stand for the paths, ``$ROLLOUT_DTYPE`` for
+    the precision's: :data:`PRECISION`)."""
     check(experiment)
     e = experiment
     total = e.updates * e.mini_batches
@@ -74,6 +94,7 @@ def settings(experiment: Experiment) -> dict[str, Any]:
         "rollout.train_sampling_params.max_new_tokens": e.max_turn_tokens,
         "rollout.test_sampling_params.temperature": e.temperature,
         "rollout.max_turns": e.max_turns or MAX_TURNS,
+        "rollout.server_args.dtype": "$ROLLOUT_DTYPE",
         "rollout.dynamic_filtering": False,
         "rollout.env_path": "$(gem-core rl2 env-path)",
         "adv.estimator": "reinforce",
@@ -111,6 +132,7 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     body = [
         shell_command(train),
         shell_command(held_out),
+        *precision_lines(TRAINER, experiment, PRECISION),
         "# RL2 shuffles the rows (its dataloader); torchrun, SGLang and GPU options are yours to add:",
         shell_command(command) + ' \\\n  "$@"',
     ]

@@ -4,8 +4,9 @@ arguments, the ``GemGRPOTrainer``/``GemRollout`` arguments, and a script that tr
 Imports nothing from TRL: it writes text. TRL's defaults that would change the run are pinned:
 ``gradient_checkpointing`` (TRL True), ``beta`` and ``loss_type`` (TRL "dapo"), ``scale_rewards``,
 ``epsilon_high``, ``shuffle_dataset`` (TRL True: the rows play in order), the scheduler (HF "linear" decay),
-``top_k``/``top_p``, the seed; the script picks the device and bf16 as ``gem-core train`` does
-(``gem_core.train.trainer.bf16_by_default``: TRL's defaults, bf16 without ``use_cpu``, refuse any machine
+``top_k``/``top_p``, the seed, the precision (``bf16``: TRL's default, accelerate's autocast; the model loaded in
+float32, which transformers would not do for a bfloat16 checkpoint; ``auto`` decided where the script runs, as
+``gem-core train`` does: ``gem_core.precision``); the script picks the device as ``gem-core train`` does (TRL's defaults, bf16 without ``use_cpu``, refuse any machine
 without a GPU).
 ``tests/integrations/trl/test_experiment.py`` builds ``GRPOConfig(**kwargs)``
 and checks its fields.
@@ -121,19 +122,23 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
-from gem_core.train.trainer import bf16_by_default
+from gem_core.precision import machine_precision
 from gem_integrations.trl import GemGRPOTrainer, GemRollout
 
 CONFIG = {config}
 TRAINER = {trainer}
+PRECISION = {precision}  # training.precision
 model_path, rows = sys.argv[1], sys.argv[2]
 output_dir = sys.argv[3] if len(sys.argv) > 3 else "runs/trl-experiment"
 rollout = TRAINER.pop("rollout")
-# the device and precision gem-core train would pick here (TRL's defaults, bf16 without use_cpu, refuse any machine without a GPU)
+# the device gem-core train would pick here (TRL's own defaults refuse a machine without a GPU); "auto" is the
+# precision gem-core train picks on it (gem_core.precision); bf16 is accelerate's autocast over float32 weights
 device = "cuda" if torch.cuda.is_available() else "cpu"
+precision = machine_precision() if PRECISION == "auto" else PRECISION
 trainer = GemGRPOTrainer(
-    AutoModelForCausalLM.from_pretrained(model_path),
-    args=GRPOConfig(output_dir=output_dir, use_cpu=device == "cpu", bf16=bf16_by_default(device), **CONFIG),
+    # float32 master weights whatever the checkpoint's dtype (transformers would keep a bfloat16 checkpoint's)
+    AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+    args=GRPOConfig(output_dir=output_dir, use_cpu=device == "cpu", bf16=precision == "bf16", fp16=False, **CONFIG),
     processing_class=AutoTokenizer.from_pretrained(model_path),
     train_dataset=datasets.load_dataset("json", data_files=rows, split="train"),
     rollout_func=GemRollout(**rollout),
@@ -151,5 +156,6 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     config = pprint.pformat(grpo_config(experiment), sort_dicts=False)
     trainer = pprint.pformat(trainer_arguments(experiment), sort_dicts=False)
     evaluate = "# Held-out success of a saved checkpoint: " + " ".join(shell_word(arg) for arg in eval_command(experiment))
-    body = [shell_command(train), evaluate, SCRIPT.replace("{config}", config).replace("{trainer}", trainer).strip()]
+    code = SCRIPT.replace("{config}", config).replace("{trainer}", trainer).replace("{precision}", repr(experiment.precision))
+    body = [shell_command(train), evaluate, code.strip()]
     return script(TRAINER, experiment, source, body)

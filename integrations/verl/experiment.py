@@ -5,7 +5,9 @@ Imports nothing from verl: it writes text. Every setting is mapped, and verl's d
 run are pinned: ``weight_decay`` (verl 0.01), ``enable_gradient_checkpointing`` (verl true), ``entropy_coeff``,
 ``use_kl_loss``/``use_kl_in_reward``, ``loss_agg_mode``, ``clip_ratio_c`` (verl's dual clip, 3.0: off here),
 ``data.shuffle`` (verl true: the rows play in order), the validation sampling (verl greedy: the experiment's
-temperature), the seeds. ``tests/integrations/verl/test_experiment.py`` composes verl's config with these
+temperature), the seeds, and the precision (:data:`PRECISION`: FSDP's mixed precision, bf16 by default, the
+weights loaded in float32, the rollout engine's dtype, bfloat16 by default, and the attention, flash-attention 2 by
+default, which has no float32 kernel). ``tests/integrations/verl/test_experiment.py`` composes verl's config with these
 overrides and checks what verl will use.
 """
 
@@ -16,9 +18,11 @@ from typing import Any
 from gem_core.experiment import (
     Experiment,
     dataset_command,
+    precision_lines,
     refuse,
     require,
     require_portable,
+    require_precision,
     script,
     shell_command,
     warmup_optimizer_steps,
@@ -33,10 +37,19 @@ KL_TYPE = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}
 NO_DUAL_CLIP = 1.0e9
 #: max_grad_norm 0 (no clipping): a norm no gradient reaches.
 NO_GRAD_CLIP = 1.0e9
+#: training.precision as the shell variables the overrides name: FSDP's compute dtype (gradients reduced and
+#: buffers kept in float32, the weights loaded in float32: their master copy), the rollout engine's dtype, the
+#: attention (flash-attention 2, verl's default, computes in 16 bits only).
+PRECISION = {
+    "bf16": {"ACTOR_DTYPE": "bf16", "ROLLOUT_DTYPE": "bfloat16", "ATTENTION": "flash_attention_2"},
+    "float32": {"ACTOR_DTYPE": "fp32", "ROLLOUT_DTYPE": "float32", "ATTENTION": "sdpa"},
+}
+MIXED_PRECISION = "{param_dtype:$ACTOR_DTYPE,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 
 def settings(experiment: Experiment) -> dict[str, Any]:
-    """Every verl config key the experiment sets, with its value (``$MODEL``/``$DATA`` stand for the paths)."""
+    """Every verl config key the experiment sets, with its value (``$MODEL``/``$DATA`` stand for the paths, the
+    variables of :data:`PRECISION` for the precision's values)."""
     check(experiment)
     e = experiment
     context = e.max_context_tokens or 32768
@@ -54,6 +67,12 @@ def settings(experiment: Experiment) -> dict[str, Any]:
         "data.max_response_length": context,
         "actor_rollout_ref.model.path": "$MODEL",
         "actor_rollout_ref.model.enable_gradient_checkpointing": e.gradient_checkpointing,
+        "+actor_rollout_ref.model.override_config.attn_implementation": "$ATTENTION",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision": MIXED_PRECISION,
+        "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32",
+        "+actor_rollout_ref.ref.fsdp_config.mixed_precision": MIXED_PRECISION,
+        "actor_rollout_ref.rollout.dtype": "$ROLLOUT_DTYPE",
         "actor_rollout_ref.actor.optim.optimizer": "AdamW",
         "actor_rollout_ref.actor.optim.lr": e.lr,
         "actor_rollout_ref.actor.optim.lr_warmup_steps": warmup_optimizer_steps(e),
@@ -110,6 +129,7 @@ def check(experiment: Experiment) -> None:
     require_portable(TRAINER, experiment)
     e = experiment
     require(TRAINER, e, "rollout.logprob_temperature", e.logprob_temperature == e.temperature, "verl recomputes logprobs at rollout.temperature")
+    require_precision(TRAINER, e, PRECISION)
     require(TRAINER, e, "optimizer.eps", e.eps == 1e-8, "verl's FSDP optimizer config has no eps (torch's AdamW default 1e-8)")
     require(
         TRAINER,
@@ -140,5 +160,5 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     train = dataset_command(TRAINER, experiment, "$DATA/train.parquet")
     held_out = dataset_command(TRAINER, experiment, "$DATA/eval.parquet", held_out=True, extra=("--split", "test"))
     command = ["python", "-m", "verl.trainer.main_ppo", *overrides(experiment)]
-    body = [shell_command(train), shell_command(held_out), shell_command(command) + ' \\\n  "$@"']
+    body = [shell_command(train), shell_command(held_out), *precision_lines(TRAINER, experiment, PRECISION), shell_command(command) + ' \\\n  "$@"']
     return script(TRAINER, experiment, source, body)

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "examples" / "experiments" / "default.toml"
 PORTABLE = ROOT / "examples" / "experiments" / "portable.toml"
 TRAINERS = ("verl", "openrlhf", "trl", "rl2", "oat", "roll")
+#: the default experiment as oat runs it (its learner's view and loss; no warm-up)
+OAT_EXPERIMENT = '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\n[optimizer]\nwarmup_updates = 0\n'
 
 
 def test_default_file_is_the_default_experiment_and_names_every_key():
@@ -104,6 +106,7 @@ BAD = [
     ('[algorithm]\nestimator = "ppo"\n', InvalidArgumentError, "algorithm.estimator='ppo' is not allowed"),
     ('[algorithm]\nloss_aggregation = "sum"\n', InvalidArgumentError, "algorithm.loss_aggregation='sum' is not allowed"),
     ("[algorithm]\ngamma = 1.5\n", InvalidArgumentError, "algorithm.gamma=1.5 is not allowed"),
+    ('[training]\nprecision = "fp16"\n', InvalidArgumentError, "training.precision='fp16' is not allowed"),
     ('[model]\nsha256 = "abc"\n', InvalidArgumentError, "model.sha256='abc' is not allowed"),
     ('[model]\nid = " "\n', InvalidArgumentError, "model.id=' ' is not allowed"),
     ("[optimizer\nlr = 1\n", InvalidArgumentError, "not valid TOML"),
@@ -173,6 +176,8 @@ REFUSED = [
     ("oat", '[algorithm]\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.view='sequence'"),
     ("oat", '[algorithm]\nloss_aggregation = "seq-mean-token-mean"\nview = "turn"\nentropy_coef = 0.01\n', "algorithm.entropy_coef=0.01"),
     ("roll", "", "training.mini_batches=1"),
+    ("openrlhf", '[training]\nprecision = "float32"\n', "training.precision='float32'"),
+    ("rl2", '[training]\nprecision = "float32"\n', "training.precision='float32'"),
 ]
 
 
@@ -287,3 +292,50 @@ def test_every_trainer_is_held_out_on_the_seeds_gem_core_train_evaluates_on(tmp_
     command = eval_command(experiment)
     assert "--balanced" in command and command[command.index("--seed-start") + 1] == "1000000"
     assert "--balanced" in shlex.split(render(experiment).split("gem-core eval ", 1)[1].splitlines()[0])
+
+
+#: the trainers whose script sets the precision in shell variables (TRL's sets it in its Python)
+SHELL_PRECISION = ("verl", "openrlhf", "rl2", "oat")
+
+
+@pytest.mark.parametrize("trainer", SHELL_PRECISION)
+def test_an_auto_precision_is_decided_where_the_script_runs(trainer):
+    """training.precision = "auto" (the default) is decided by the written script where it runs: this machine's
+    precision (gem_core.precision), or $GEM_PRECISION where set; the trainer's values for it (its PRECISION), or one
+    line where the trainer cannot train in it; anything else for $GEM_PRECISION is one line too."""
+    from gem_core.precision import machine_precision
+    from gem_core.testing.scripts import script_precision
+
+    module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+    experiment = parse_experiment(OAT_EXPERIMENT if trainer == "oat" else "[rollout]\ngroup_size = 2\n")
+    script = module.render(experiment)
+    for precision in ("bf16", "float32", None):
+        env = {"GEM_PRECISION": precision} if precision else {}
+        values = module.PRECISION[precision or machine_precision()]
+        if isinstance(values, str):
+            with pytest.raises(RuntimeError) as caught:
+                script_precision(script, env)
+            line = str(caught.value).split(": ", 1)[1]
+            assert line == f"training.precision auto is float32 on this machine, which {trainer} cannot train in ({values}); set training.precision = bf16"
+        else:
+            assert script_precision(script, env) == values
+    with pytest.raises(RuntimeError, match="GEM_PRECISION must be bf16 or float32, got 'fp16'"):
+        script_precision(script, {"GEM_PRECISION": "fp16"})
+
+
+@pytest.mark.parametrize("trainer", SHELL_PRECISION)
+@pytest.mark.parametrize("precision", ["bf16", "float32"])
+def test_a_pinned_precision_is_written_as_its_values(trainer, precision):
+    """An explicit training.precision is written as the trainer's values, whatever the machine or $GEM_PRECISION;
+    one the trainer cannot train in is refused when the script is written (REFUSED)."""
+    from gem_core.testing.scripts import script_precision
+
+    module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+    values = module.PRECISION[precision]
+    if isinstance(values, str):
+        return
+    base = OAT_EXPERIMENT if trainer == "oat" else "[rollout]\ngroup_size = 2\n"
+    script = module.render(parse_experiment(f'{base}[training]\nprecision = "{precision}"\n'))
+    other = "float32" if precision == "bf16" else "bf16"
+    assert script_precision(script, {"GEM_PRECISION": other}) == values
+    assert f'# training.precision = "{precision}"' in script and "gem_core.precision" not in script

@@ -134,3 +134,15 @@ def test_the_cli_says_a_bad_file_in_one_line(tmp_path, capsys):
     assert "training.updates=0 is not allowed" in err and err.count("\n") == 1
     assert main(["train", "--experiment", str(DEFAULT), "--steps", "3"]) == 2
     assert "--steps: set by the experiment file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("precision", "bf16"), [("auto", None), ("bf16", True), ("float32", False)])
+def test_the_precision_is_the_bf16_option_and_refused_beside_it(precision, bf16, tmp_path):
+    """training.precision is gem-core train's --bf16 (auto: None, the device's rule), so --bf16 beside the file is
+    refused like every option the file sets."""
+    path = tmp_path / "run.toml"
+    path.write_text(f'[training]\nprecision = "{precision}"\n')
+    config = config_of("--experiment", str(path))
+    assert config.bf16 is bf16 and experiment_of(config).precision == precision
+    with pytest.raises(ValueError, match="--bf16: set by the experiment file"):
+        config_of("--experiment", str(path), "--no-bf16")

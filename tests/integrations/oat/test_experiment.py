@@ -4,8 +4,12 @@ that would change the run pinned."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from gem_core.experiment import parse_experiment
-from gem_integrations.oat.experiment import arguments, transitions_per_update
+from gem_integrations.oat.experiment import PRECISION, arguments, transitions_per_update
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 8\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
@@ -15,15 +19,25 @@ EXPERIMENT = parse_experiment(
 )
 
 
-def test_oat_uses_the_experiments_values(monkeypatch, tmp_path):
+def parsed(experiment, monkeypatch, tmp_path, precision="bf16"):
+    """oat's args of the experiment's arguments, ``$MODEL``/``$DATA`` and the precision's variables set as the script sets them."""
     import torch
 
     from gem_integrations.oat.launch import build_args
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # oat's validation counts GPUs; this machine has none
+    values = {"MODEL": "tiny", "DATA": str(tmp_path), **PRECISION[precision]}
+    argv = []
+    for arg in arguments(experiment):
+        for name, value in values.items():
+            arg = arg.replace(f"${name}", value)
+        argv.append(arg)
+    return build_args([*argv, "--gpus", "1", "--pi-buffer-maxlen-per-device", str(transitions_per_update(experiment))])
+
+
+def test_oat_uses_the_experiments_values(monkeypatch, tmp_path):
     e = EXPERIMENT
-    argv = [a.replace("$MODEL", "tiny").replace("$DATA", str(tmp_path)) for a in arguments(e)]
-    args = build_args([*argv, "--gpus", "1", "--pi-buffer-maxlen-per-device", str(transitions_per_update(e))])
+    args = parsed(e, monkeypatch, tmp_path)
     assert (args.critic_type, args.whiten_adv, args.gamma, args.lam, args.num_samples) == ("grpo", True, e.gamma, 1.0, 1)
     assert args.lr_warmup_ratio == 0.0
     assert (args.learning_rate, args.lr_scheduler, args.adam_beta_1, args.adam_beta_2, args.l2, args.max_norm) == (
@@ -34,3 +48,12 @@ def test_oat_uses_the_experiments_values(monkeypatch, tmp_path):
     assert (args.gem_episodes_per_step, args.gem_max_turns, args.gem_max_context_tokens) == (e.episodes_per_update, e.max_turns, e.max_context_tokens)
     assert args.rollout_batch_size_per_device == args.train_batch_size == e.episodes_per_update * e.max_turns  # no subsampling of an update
     assert args.gradient_checkpointing is True and args.seed == e.seed
+
+
+@pytest.mark.parametrize(("precision", "bf16", "flash_attn"), [("bf16", True, True), ("float32", False, False)])
+def test_the_precision_is_pinned(precision, bf16, flash_attn, monkeypatch, tmp_path):
+    """training.precision as oat's flags: bf16 (its DeepSpeed bf16, vLLM in bfloat16) or neither bf16 nor fp16
+    (float32 weights, DeepSpeed and vLLM), with flash-attention only where it can compute (16 bits)."""
+    e = dataclasses.replace(EXPERIMENT, precision=precision)
+    args = parsed(e, monkeypatch, tmp_path, precision)
+    assert (args.bf16, args.fp16, args.flash_attn) == (bf16, False, flash_attn)

@@ -11,7 +11,7 @@ import pytest
 
 from gem_core.experiment import parse_experiment, train_rows, warmup_optimizer_steps
 from gem_integrations.openrlhf import agent_path, train_ppo_ray
-from gem_integrations.openrlhf.experiment import arguments, render
+from gem_integrations.openrlhf.experiment import PRECISION, arguments, render
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 16\ngroup_size = 4\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
@@ -24,7 +24,10 @@ EXPERIMENT = parse_experiment(
 
 def parsed(experiment, tmp_path):
     argv = [
-        a.replace("$MODEL", "some/model").replace("$DATA", str(tmp_path)).replace("$(gem-core openrlhf agent-path)", agent_path())
+        a.replace("$MODEL", "some/model")
+        .replace("$DATA", str(tmp_path))
+        .replace("$(gem-core openrlhf agent-path)", agent_path())
+        .replace("$PARAM_DTYPE", PRECISION["bf16"]["PARAM_DTYPE"])  # as the script sets it (test_the_precision...)
         for a in arguments(experiment)
     ]
     return train_ppo_ray.parse_args(argv)
@@ -77,3 +80,19 @@ def test_openrlhfs_defaults_that_would_change_the_default_run_are_pinned(tmp_pat
 def test_group_estimators_map_to_openrlhfs_own(estimator, name, tmp_path):
     e = parse_experiment(f'[rollout]\ngroup_size = 4\n[algorithm]\nestimator = "{estimator}"\n')
     assert parsed(e, tmp_path).algo.advantage.estimator == name
+
+
+def test_the_precision_is_bf16_and_float32_is_refused(tmp_path):
+    """OpenRLHF trains in bf16 (DeepSpeed's, float32 master weights) and has no float32: an experiment that says
+    float32 is refused naming the key; an ``auto`` one stops where the machine would train in float32, in one line."""
+    from gem_core.experiment import UnsupportedSettingError
+    from gem_core.testing.scripts import script_precision
+
+    assert parsed(EXPERIMENT, tmp_path).ds.param_dtype == "bf16"
+    with pytest.raises(UnsupportedSettingError, match="openrlhf cannot run this experiment: training.precision="):
+        arguments(parse_experiment('[training]\nprecision = "float32"\n'))
+    script = render(EXPERIMENT)  # auto
+    assert script_precision(script, {"GEM_PRECISION": "bf16"}) == {"PARAM_DTYPE": "bf16"}
+    with pytest.raises(RuntimeError, match="training.precision auto is float32 on this machine, which openrlhf cannot train in"):
+        script_precision(script, {"GEM_PRECISION": "float32"})
+    assert script_precision(render(parse_experiment('[training]\nprecision = "bf16"\n'))) == {"PARAM_DTYPE": "bf16"}

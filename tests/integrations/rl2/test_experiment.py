@@ -9,7 +9,7 @@ from test_rl2 import compose_rl2
 
 from gem_core.experiment import parse_experiment, warmup_optimizer_steps
 from gem_integrations.rl2.advantage import rebn_settings
-from gem_integrations.rl2.experiment import overrides
+from gem_integrations.rl2.experiment import PRECISION, overrides, render
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 16\ngroup_size = 4\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
@@ -20,7 +20,12 @@ EXPERIMENT = parse_experiment(
 
 
 def composed(experiment, tmp_path):
-    argv = [o.replace("$MODEL", "some/model").replace("$DATA", str(tmp_path)).replace("$(gem-core rl2 env-path)", "env.py") for o in overrides(experiment)]
+    values = {"$MODEL": "some/model", "$DATA": str(tmp_path), "$(gem-core rl2 env-path)": "env.py", "$ROLLOUT_DTYPE": PRECISION["bf16"]["ROLLOUT_DTYPE"]}
+    argv = []
+    for override in overrides(experiment):
+        for name, value in values.items():
+            override = override.replace(name, value)
+        argv.append(override)
     return compose_rl2(argv)
 
 
@@ -47,3 +52,25 @@ def test_rl2_uses_the_experiments_values(tmp_path):
 def test_the_warmup_ratio_gives_the_exact_step_count(updates, warmup, tmp_path):
     e = parse_experiment(f"[training]\nupdates = {updates}\n[optimizer]\nwarmup_updates = {warmup}\n")
     assert int(composed(e, tmp_path).actor.warmup_ratio * updates) == warmup
+
+
+def test_the_precision_is_rl2s_bf16_and_float32_is_refused(tmp_path):
+    """RL2 trains in bfloat16, fixed in its code (FSDP's MixedPrecision, checked here in rl-square 0.0.2): the
+    experiment pins its engine's dtype to match, refuses float32 naming the key, and an ``auto`` script stops in
+    one line where the machine would train in float32."""
+    import inspect
+
+    from RL2.utils import data_parallelism
+
+    from gem_core.experiment import UnsupportedSettingError
+    from gem_core.testing.scripts import script_precision
+
+    source = inspect.getsource(data_parallelism)
+    assert all(f"{name}=torch.bfloat16" in source for name in ("param_dtype", "reduce_dtype", "buffer_dtype"))
+    assert composed(EXPERIMENT, tmp_path).rollout.server_args.dtype == "bfloat16"
+    with pytest.raises(UnsupportedSettingError, match="rl2 cannot run this experiment: training.precision="):
+        overrides(parse_experiment('[training]\nprecision = "float32"\n'))
+    script = render(EXPERIMENT)
+    assert script_precision(script, {"GEM_PRECISION": "bf16"}) == {"ROLLOUT_DTYPE": "bfloat16"}
+    with pytest.raises(RuntimeError, match="training.precision auto is float32 on this machine, which rl2 cannot train in"):
+        script_precision(script, {"GEM_PRECISION": "float32"})

@@ -86,7 +86,10 @@ def test_the_written_script_trains_the_experiment_on_cpu(tmp_path, tokenizer, ti
     """`gem-core experiment FILE --trainer trl`'s script, run as a user runs it (bash, its make-dataset, TRL's
     train()) on this CPU with a local model: two updates, a checkpoint after each (`eval_every = 1`), TRL's
     arguments the experiment's, the device and precision gem-core train would pick here (the script once left
-    TRL's defaults, bf16 without use_cpu, which GRPOConfig refuses with a ValueError on any machine without a GPU)."""
+    TRL's defaults, bf16 without use_cpu, which GRPOConfig refuses with a ValueError on any machine without a GPU).
+    The model is saved in bfloat16 and trained with float32 master weights all the same (transformers would keep
+    the checkpoint's dtype)."""
+    import copy
     import json
     import os
     import subprocess
@@ -95,10 +98,10 @@ def test_the_written_script_trains_the_experiment_on_cpu(tmp_path, tokenizer, ti
     import torch
 
     from gem_core.testing.tokenizer import save_test_tokenizer
-    from gem_core.train.trainer import bf16_by_default
+    from gem_core.precision import machine_precision
 
     model_dir = tmp_path / "model"
-    tiny_model.save_pretrained(model_dir)
+    copy.deepcopy(tiny_model).to(torch.bfloat16).save_pretrained(model_dir)
     save_test_tokenizer(model_dir, "qwen3")
     toml = tmp_path / "experiment.toml"
     toml.write_text(
@@ -119,12 +122,13 @@ def test_the_written_script_trains_the_experiment_on_cpu(tmp_path, tokenizer, ti
     logged = [entry for entry in state["log_history"] if "gem/success_rate" in entry]
     assert [entry["step"] for entry in logged] == [1, 2]
     args = torch.load(out / "checkpoint-2" / "training_args.bin", weights_only=False)
-    assert args.use_cpu and args.bf16 == bf16_by_default("cpu") and args.learning_rate == 1e-3 and args.num_generations == 2
+    assert args.use_cpu and args.bf16 == (machine_precision() == "bf16") and args.learning_rate == 1e-3 and args.num_generations == 2
     # the trained model is saved at the end (with eval_every 0 there is no checkpoint): the last checkpoint's
     from safetensors.torch import load_file
 
     final, last = load_file(out / "model.safetensors"), load_file(out / "checkpoint-2" / "model.safetensors")
     assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    assert {t.dtype for t in final.values()} == {torch.float32}  # float32 master weights from a bfloat16 checkpoint
     assert (out / "tokenizer_config.json").exists()
 
 
@@ -157,3 +161,14 @@ def test_the_cross_framework_benchmark_runs_trl_and_evaluates_its_checkpoints(tm
     start = sorted(json.loads(line)["seed"] for line in open(out / "start" / "eval.jsonl"))
     assert sorted(json.loads(line)["seed"] for line in open(out / "trl-seed0" / "eval" / "update-2.jsonl")) == start
     assert "| trl 1.16.0 | 0 |" in (out / "cross_framework.md").read_text()
+
+
+@pytest.mark.parametrize(("precision", "bf16"), [("bf16", True), ("float32", False)])
+def test_a_pinned_precision_is_written_into_the_script(precision, bf16):
+    """An explicit training.precision is the script's, whatever the machine: TRL's bf16 (accelerate's autocast
+    over the float32 weights it loads) on or off."""
+    from gem_integrations.trl.experiment import render
+
+    script = render(dataclasses.replace(EXPERIMENT, precision=precision))
+    assert f"PRECISION = {precision!r}  # training.precision" in script
+    assert 'bf16=precision == "bf16"' in script and "dtype=torch.float32" in script

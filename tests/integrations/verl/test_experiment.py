@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from gem_core.experiment import parse_experiment, warmup_optimizer_steps
-from gem_integrations.verl.experiment import overrides, render
+from gem_integrations.verl.experiment import PRECISION, overrides, render
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 16\ngroup_size = 4\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
@@ -22,11 +22,17 @@ EXPERIMENT = parse_experiment(
 )
 
 
-def composed(experiment, model_dir, data_dir):
+def composed(experiment, model_dir, data_dir, precision="float32"):
+    """verl's config of the overrides, ``$MODEL``/``$DATA`` and the precision's variables set as the script sets them."""
     import verl
     from hydra import compose, initialize_config_dir
 
-    argv = [o.replace("$MODEL", model_dir).replace("$DATA", data_dir) for o in overrides(experiment)]
+    values = {"MODEL": model_dir, "DATA": data_dir, **PRECISION[precision]}
+    argv = []
+    for override in overrides(experiment):
+        for name, value in values.items():
+            override = override.replace(f"${name}", value)
+        argv.append(override)
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose("ppo_trainer", overrides=[*argv, "actor_rollout_ref.rollout.name=vllm"])
@@ -104,3 +110,40 @@ def test_group_estimators_map_to_verls_own(estimator, verl_name, norm, model_dir
     assert config.algorithm.adv_estimator == verl_name
     if norm is not None:
         assert config.algorithm.norm_adv_by_std_in_grpo is norm
+
+
+@pytest.mark.parametrize(
+    ("precision", "compute", "rollout_dtype", "attention"),
+    [("bf16", "bfloat16", "bfloat16", "flash_attention_2"), ("float32", "float32", "float32", "sdpa")],
+)
+def test_the_precision_is_pinned_through_verls_own_config(precision, compute, rollout_dtype, attention, model_dir, tmp_path):
+    """training.precision as verl's FSDP engine reads it: the weights loaded in float32 (the master copy), the
+    forward and backward in the precision's dtype with gradients reduced in float32, the engine's dtype, and an
+    attention that computes in it; for the actor and the reference model (the KL's) alike."""
+    import torch
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.torch_dtypes import PrecisionType
+
+    config = composed(EXPERIMENT, model_dir, str(tmp_path), precision)
+    for role in ("actor", "ref"):
+        fsdp = omega_conf_to_dataclass(config.actor_rollout_ref[role].fsdp_config)
+        assert PrecisionType.to_dtype(fsdp.model_dtype) == torch.float32, role
+        mixed = fsdp.mixed_precision
+        assert PrecisionType.to_dtype(mixed["param_dtype"]) == getattr(torch, compute), role
+        assert PrecisionType.to_dtype(mixed["reduce_dtype"]) == PrecisionType.to_dtype(mixed["buffer_dtype"]) == torch.float32, role
+    assert config.actor_rollout_ref.rollout.dtype == rollout_dtype
+    assert config.actor_rollout_ref.model.override_config.attn_implementation == attention
+
+
+def test_an_auto_script_picks_its_precision_where_it_runs():
+    """``auto`` (the default) is decided by the script where it runs: this machine's precision
+    (gem_core.precision), or ``$GEM_PRECISION``; each gives verl the values above."""
+    from gem_core.precision import machine_precision
+    from gem_core.testing.scripts import script_precision
+
+    script = render(EXPERIMENT)
+    assert script_precision(script) == PRECISION[machine_precision()]
+    for precision in ("bf16", "float32"):
+        assert script_precision(script, {"GEM_PRECISION": precision}) == PRECISION[precision]
+    pinned = render(parse_experiment('[training]\nprecision = "bf16"\n'))
+    assert script_precision(pinned, {"GEM_PRECISION": "float32"}) == PRECISION["bf16"]  # a pinned precision is not the machine's

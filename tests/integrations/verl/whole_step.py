@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from gem_core.testing.scripts import script_precision
+
 HERE = Path(__file__).resolve().parent
 
 #: The script's ``"$@"``: CPU sizes. 3 prompts x rollout.n 4 = 12 episodes; the actor's mini-batch of
@@ -71,11 +73,12 @@ ENV = {
 
 def script_commands(script: str) -> tuple[list[list[str]], list[str]]:
     """The ``gem-core make-dataset`` argument lists and the ``main_ppo`` overrides of the example script,
-    with ``$MODEL``/``$DATA`` left for the caller."""
+    with ``$MODEL``/``$DATA`` left for the caller and a written experiment's precision variables (its
+    ``# training.precision`` lines) set as they are here (gem_core.testing.scripts.script_precision)."""
     text = script.replace("\\\n", " ")
     datasets = [shlex.split(line.split("gem-core", 1)[1]) for line in text.splitlines() if line.strip().startswith("gem-core make-dataset")]
     block = re.split(r"python\s+-m\s+verl\.trainer\.main_ppo", text, maxsplit=1)[1].split('"$@"', 1)[0]  # `python \` + `-m ...` too
-    return datasets, shlex.split(block)
+    return datasets, substitute(shlex.split(block), **script_precision(script))  # the precision the script picks here
 
 
 def substitute(args: list[str], **values: str) -> list[str]:

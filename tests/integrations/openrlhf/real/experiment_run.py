@@ -94,7 +94,9 @@ def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
     from gem_integrations.openrlhf import train_ppo_ray
 
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {"MODEL": model_dir, "DATA": str(workdir / "data")}
+    # PATCH (CPU precision): an "auto" script is asked for bf16, OpenRLHF's one precision (its --ds.param_dtype is
+    # bf16 or fp16), and this tier runs float32 underneath, as it does everywhere
+    env = {"MODEL": model_dir, "DATA": str(workdir / "data"), "GEM_PRECISION": "bf16"}
     argv = real_launch.script_arguments(script, env, cpu_arguments(workdir), workdir / "train-argv")
     report: dict = {"argv": argv, "config": openrlhf_config(argv)}
     trainer_ray.create_vllm_engines = functools.partial(recording.recorded_vllm_engines, rollout_actor=reloading.ReloadingRolloutRayActor)

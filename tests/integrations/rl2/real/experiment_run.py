@@ -95,7 +95,9 @@ def per_step(logged: list[tuple[dict, int | None]]) -> dict[int, dict]:
 def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
     """The written script's overrides through RL2's trainer (see the module docstring); the report."""
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {"MODEL": model_dir, "DATA": str(workdir / "data")}
+    # PATCH (CPU precision): an "auto" script is asked for bf16, RL2's one precision (its FSDP mixed precision is
+    # bfloat16 in its code), and this tier runs float32 underneath, as it does everywhere
+    env = {"MODEL": model_dir, "DATA": str(workdir / "data"), "GEM_PRECISION": "bf16"}
     args = script_arguments(script, ["rl2", "train"], env, cpu_overrides(workdir), workdir / "train-argv", cwd=ROOT)
     report: dict = {"argv": args}
     engine = workdir / "engine"

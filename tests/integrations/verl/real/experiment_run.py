@@ -28,6 +28,7 @@ scalar metrics.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -113,6 +114,9 @@ def experiment_steps(config, model_dir: str, data_dir: Path, report: dict, start
 
 
 def main(script: str, model_dir: str, workdir: str, out: str) -> None:
+    # PATCH (CPU precision): this platform computes in float32, so an "auto" script is read at float32 (its FSDP
+    # mixed precision, engine dtype and attention: sdpa, where bf16 asks for flash-attention, a GPU kernel)
+    os.environ.setdefault("GEM_PRECISION", "float32")
     # real_step.main's run with the written script's datasets as written, this run's overrides and steps
     real_step.CPU_OVERRIDES = cpu_overrides(Path(script).read_text())
     real_step.override_env = list
