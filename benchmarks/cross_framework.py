@@ -65,11 +65,17 @@ sys.path.insert(0, str(ROOT))
 
 from gem_core.envs.games.guess_the_number import GuessTheNumber, baselines, hint_use  # noqa: E402
 from gem_core.errors import InvalidArgumentError  # noqa: E402
+from gem_core.precision import ENV as PRECISION_ENV  # noqa: E402
 from gem_core.experiment import Experiment, eval_command, experiment_from_dict, load_experiment, to_toml  # noqa: E402
 from gem_core.registry import make  # noqa: E402
 from gem_core.tasks import episode_seeds  # noqa: E402
 
 TRAINERS = ("reference", "trl", "verl", "openrlhf", "rl2")
+#: The precision every run computes in. verl's, OpenRLHF's and RL2's CPU platforms compute in float32 (their
+#: tiers' PATCH, whatever the script asks: OpenRLHF and RL2 have no float32, their scripts ask for bf16), so the
+#: experiment's ``training.precision = "auto"`` is decided as float32 for every trainer (``$GEM_PRECISION``):
+#: gem-core train and TRL would take bf16 autocast on a CPU with bfloat16 arithmetic.
+PRECISION = "float32"
 NEEDS_PYTHON = {"verl": "verl_real", "openrlhf": "openrlhf_real", "rl2": "rl2_real"}  # trainer -> the nox session whose virtualenv it needs
 TRAINER_MODULES = {
     "reference": "gem_core.train",
@@ -158,7 +164,7 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
         shutil.rmtree(train_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(f"warm start: {steps} supervised steps (gem-core train --steps 0)", flush=True)
-    status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python), cwd=ROOT)
+    status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python, precision=False), cwd=ROOT)
     if status != 0:
         raise BenchmarkError(f"the warm start failed: {log_tail(out / 'warm_start.log')}")
     model = train_dir / "model"
@@ -216,10 +222,17 @@ def cli(python: str) -> list[str]:
     return [python, "-m", "gem_core.cli"]
 
 
-def python_env(python: str) -> dict[str, str]:
+def python_env(python: str, precision: bool = True) -> dict[str, str]:
     """The environment of a process run with ``python``: its virtualenv's scripts first on PATH (the written
-    scripts call ``gem-core`` and ``python``)."""
-    return {**os.environ, "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONHASHSEED": "0"}
+    scripts call ``gem-core`` and ``python``), the experiment's precision ``auto`` decided as :data:`PRECISION`
+    (not for the warm start, which is gem-core train's own, at its own precision)."""
+    path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, "PYTHONHASHSEED": "0"}
+    if precision:
+        env[PRECISION_ENV] = PRECISION
+    else:
+        env.pop(PRECISION_ENV, None)
+    return env
 
 
 def train_reference(experiment_file: Path, run: Path, python: str, experiment: Experiment, resume: bool = False) -> dict:
@@ -588,6 +601,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         raise BenchmarkError(f"--warm-start {args.warm_start}: expected 0 (none) or more steps")
     args.out = args.out.resolve()  # the trainers run in their run folders
     base = settings_experiment(args.experiment, args.settings)
+    if base.precision not in ("auto", PRECISION):  # verl's, OpenRLHF's and RL2's CPU platforms compute in it
+        raise BenchmarkError(f"training.precision {base.precision!r}: the benchmark runs every trainer in {PRECISION} (auto, or {PRECISION})")
     pythons = {name: sys.executable for name in TRAINERS if name not in NEEDS_PYTHON} | parse_pythons(args.pythons)
     if args.trainers is None:
         args.trainers = [trainer for trainer in TRAINERS if trainer in pythons]
@@ -622,6 +637,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         f"`python benchmarks/cross_framework.py {args.command}`: {args.experiment.name}, a saved, evaluated model every {args.eval_every} updates.",
         f"Held-out: {evaluation.eval_episodes} balanced episodes from seed {evaluation.eval_seed_start}, sampled at temperature {evaluation.temperature} (sampling seed {EVAL_SEED}), every model by gem-core eval.",
         "Scripted players on the same episodes: " + ", ".join(f"{name} {value:.3f}" for name, value in scripted.items()),
+        f"Every run trains in {PRECISION} ({PRECISION_ENV}={PRECISION}: the CPU platforms of verl, OpenRLHF and RL2 compute in it).",
         "",
         table(results, points),
     ]
