@@ -6,8 +6,8 @@ Replaced in the README's commands: make-dataset's ``--env`` (``game:GuessTheNumb
 rows all start from one prompt, so greedy episodes would all be one episode) and ``--n``; the launcher's
 ``--pretrain`` (the real model's local checkpoint), ``--rollout-batch-size`` and ``--gem-episodes-per-step``
 (ROWS: one CPU-sized step), ``--generate-max-length`` (MAX_TOKENS). Added: ``--rollout-batch-size-per-device``
-(ROWS: one learner trains every step), ``--no-bf16`` (float32 on both sides: this
-CPU has no bf16 arithmetic), ``--max-model-len 1024``, ``--top-k 1`` (greedy at
+(ROWS: one learner trains every step), ``--no-bf16`` (float32 on both sides: the
+logprob check compares like with like), ``--max-model-len 1024``, ``--top-k 1`` (greedy at
 temperature 1.0, so that the learner's ``get_batch_logps``, which divides by the sampling temperature,
 recomputes the engine's logprobs).
 

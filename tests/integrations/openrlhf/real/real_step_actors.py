@@ -12,9 +12,9 @@ the Ray workers; the deepspeed/flash_attn import stubs are installed there first
   each micro-batch the experience maker built (sequences, masks, the actor's log-probs, the advantages from
   the patched ``compute_advantages_and_returns``) and the logged metrics into ``--ckpt.path``.
 
-FLOAT32: this CPU (AVX2, no AVX512-BF16/AMX) has no bf16 arithmetic: OpenRLHF's bf16 actor took 7 minutes for
-one step's three training micro-batches here, and vLLM's bf16 linear layers fall back from oneDNN. Both
-sides run float32 (as the `real` tier does); everything else is OpenRLHF's.
+FLOAT32: the logprob checks compare like with like, and a CPU without bf16 arithmetic (AVX2, where this was
+measured) took 7 minutes for OpenRLHF's bf16 actor on one step's three training micro-batches, its vLLM bf16
+linear layers falling back from oneDNN. Both sides run float32 (as the `real` tier does); everything else is OpenRLHF's.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ Patched, each because it cannot run (or not in CI's time) on this CPU (labelled 
   fp32 masters, DeepSpeed's 1/gas accumulation); deepspeed and flash_attn are import stubs (real_stubs.py);
 * PATCH (CUDA device calls): ``torch.cuda.current_device``/``synchronize`` in the policy actor's process;
 * PATCH (GPU weight sync): ``broadcast_to_vllm`` (CUDA IPC into vLLM) is only counted;
-* PATCH (CPU precision): float32 for the vLLM engine and the actor instead of OpenRLHF's bfloat16 (this
-  AVX2 CPU has no bf16 arithmetic: the bf16 actor took 7 minutes for the step's three micro-batches);
+* PATCH (CPU precision): float32 for the vLLM engine and the actor instead of OpenRLHF's bfloat16 (on an
+  AVX2 CPU, without bf16 arithmetic, the bf16 actor took 7 minutes for the step's three micro-batches);
 * GPU placement: one *logical* GPU in the Ray cluster so that OpenRLHF's own placement group schedules;
 * what a user appends on CPU: eager attention (flash-attn is GPU-only), ``--vllm.enforce_eager``.
 

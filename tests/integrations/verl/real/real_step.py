@@ -17,7 +17,7 @@ world size 1)), with, instead of the tiny model and the scripted player:
 
 CPU patches (each also in :data:`CPU_OVERRIDES` or named where done):
 * PATCH (CPU precision): float32 rollout (``rollout.dtype``) and FSDP mixed precision (bf16 by default:
-  this CPU has no fast bf16, and the logprob check wants both sides in the same precision);
+  a CPU without bf16 arithmetic is slow in it, and the logprob check wants both sides in the same precision);
 * PATCH (no GPU server): verl's ``vLLMHttpServer`` -> ``RealVerlServer`` (see real_server.py);
 * PATCH (GPU weight sync): ``checkpoint_manager`` syncs nothing (weight sync into vLLM is CUDA IPC/NCCL);
 * PATCH (GPU placement): the actor worker in this process, not behind a ``RayWorkerGroup`` (NCCL, GPU
