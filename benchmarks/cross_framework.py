@@ -484,7 +484,8 @@ def table(results: list[RunResult], points: list[int]) -> str:
 
 def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> None:
     """Held-out success and the share right after "lower" against updates: the reference trainer's seeds as a
-    band (min to max) around their mean, every other trainer's run as a line; the scripted players as lines."""
+    band (min to max) around their mean, every other trainer's run as a line; the scripted players as lines. A
+    model with no hint use (it never saw "lower") has no point in the second panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -492,15 +493,18 @@ def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> 
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, title in ((axes[0], "success_rate", "held-out success"), (axes[1], "hint_right_after_lower_rate", 'after "lower": moved down')):
+        # a model that never saw "lower" (e.g. every first answer malformed) has no hint use: no point, not 0
         reference = [r for r in results if r.trainer == "reference" and r.record["status"] == 0 and len(r.curve) > 1]
         if reference:
-            points = sorted(set.intersection(*(set(r.curve) for r in reference)))
-            values = [[r.curve[k][key] or 0.0 for r in reference] for k in points]
+            shared = sorted(set.intersection(*(set(r.curve) for r in reference)))
+            measured = {k: [r.curve[k][key] for r in reference if r.curve[k][key] is not None] for k in shared}
+            points = [k for k in shared if measured[k]]
+            values = [measured[k] for k in points]
             ax.fill_between(points, [min(v) for v in values], [max(v) for v in values], alpha=0.25, color="C0")
             ax.plot(points, [sum(v) / len(v) for v in values], color="C0", marker="o", label=f"gem-core train ({len(reference)} seeds)")
         for i, r in enumerate(r for r in results if r.trainer != "reference" and r.record["status"] == 0 and len(r.curve) > 1):
-            points = sorted(r.curve)
-            ax.plot(points, [r.curve[k][key] or 0.0 for k in points], color=f"C{i + 1}", marker="s", label=f"{r.trainer} (seed {r.seed})")
+            points = [k for k in sorted(r.curve) if r.curve[k][key] is not None]
+            ax.plot(points, [r.curve[k][key] for k in points], color=f"C{i + 1}", marker="s", label=f"{r.trainer} (seed {r.seed})")
         if key == "success_rate":
             for (name, value), style in zip(scripted.items(), (":", "--", "-.")):
                 ax.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{name} {value:.2f}")

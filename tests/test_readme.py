@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 
 import gem_core
+from gem_core.experiment import FIELD_OF
 
 ROOT = Path(__file__).resolve().parents[1]
 # README.md first, then the docs pages by name; DESIGN.md (design notes, no commands): its links only
@@ -276,7 +277,30 @@ def check_verl_main(command: Command, cwd: Path, outputs: list[str]) -> bool:
     return False
 
 
+def check_benchmark(command: Command, cwd: Path, outputs: list[str]) -> bool:
+    """``python benchmarks/NAME.py [options]``: the repository's benchmark, every option given is in its
+    ``--help``, each ``--python NAME=PATH`` a nox session's virtualenv and each ``--set`` an experiment key (a
+    benchmark runs for long: its arms are tested by tests/train/test_cross_framework.py and the real tiers)."""
+    script = command.words[1]
+    assert (ROOT / script).is_file(), f"{command}: no {script}"
+    shown = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    words = list(command.words[2:])
+    noxfile = (ROOT / "noxfile.py").read_text()
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            assert word in shown.stdout, f"{script} --help does not show {word}"
+        if word == "--python":
+            session = re.fullmatch(r"\w+=\.nox/(\w+)/bin/python", words[index + 1])
+            assert session and f"def {session.group(1)}(" in noxfile, f"{words[index + 1]}: not a nox session's virtualenv"
+        if word == "--set":
+            assert words[index + 1].partition("=")[0] in FIELD_OF, f"--set {words[index + 1]}: not an experiment key"
+    return False
+
+
 def check_python_m(command: Command, cwd: Path, outputs: list[str]) -> bool:
+    if command.words[1].startswith("benchmarks/"):
+        return check_benchmark(command, cwd, outputs)
     if command.words[2].startswith("verl."):
         return check_verl_main(command, cwd, outputs)
     if command.words[2] == "venv":
