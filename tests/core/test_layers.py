@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "params", "parsing", "utils", "cli_support", "algo", "models", "experiment"),  # L0: no other gem_core module (experiment: plain data)
+    ("errors", "params", "parsing", "utils", "cli_support", "algo", "models", "precision", "experiment"),  # L0: no module above (experiment: plain data)
     (
         "core",
         "tools",
