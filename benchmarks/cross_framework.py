@@ -1,7 +1,7 @@
 """One experiment in every trainer, on CPU: held-out success against updates, the trainers on one figure.
 
     python benchmarks/cross_framework.py [--experiment examples/experiments/portable.toml] [--trainers reference trl]
-        [--seeds 0 1 2] [--warm-start 8] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
+        [--seeds 0 1 2] [--trainer-seeds 0] [--warm-start 8] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
         [--python openrlhf=.nox/openrlhf_real/bin/python] [--python rl2=.nox/rl2_real/bin/python]
         [--out benchmarks/results/cross_framework]
 
@@ -13,7 +13,8 @@ for it (the reference trainer: ``gem-core train --experiment FILE``), in its own
 NAME=PATH``: a virtualenv with that trainer, e.g. the one ``nox -s trl --install-only`` builds; default: this
 one, except for verl, OpenRLHF and RL2, which need one: ``nox -s verl_real --install-only``, ``nox -s openrlhf_real
 --install-only``, ``nox -s rl2_real --install-only``), the reference trainer over
-``--seeds`` (its spread over seeds is the band the others are read against), the others over the first seed.
+``--seeds`` (its spread over seeds is the band the others are read against), the others over ``--trainer-seeds``
+(default: the first of ``--seeds``; more than one shows whether a trainer's outcome is its own or a seed's).
 Every run starts from the same weights: the experiment's model after gem-core train's warm start (``--warm-start``
 8 supervised steps on hint-blind random moves, the default run's: the move's format, not the game), run once by
 ``gem-core train --steps 0`` into ``OUT/start/`` and pinned by its sha256 in every run's experiment; 0: the
@@ -333,6 +334,30 @@ def train_rl2(experiment_file: Path, run: Path, python: str, experiment: Experim
     return train_on_driver("rl2", RL2_DRIVER, experiment_file, run, python, experiment, keep)
 
 
+def batch_returns(trainer: str, run: Path) -> list[float] | None:
+    """Each update's training-batch mean episode return, from the trainer's own logs in ``run``: gem-core train's
+    ``mean_return`` (metrics.jsonl), TRL's logged ``gem/episode_return``, verl's ``critic/score/mean``, OpenRLHF's
+    ``reward`` and RL2's ``scores/train`` (their drivers' reports); None where the logs are not here (a record
+    read back from git keeps what it was written with)."""
+    train_dir = run / "train"
+    try:
+        if trainer == "reference":
+            return [m["mean_return"] for m in map(json.loads, open(train_dir / "metrics.jsonl")) if m.get("phase") == "rl"]
+        if trainer == "trl":
+            return [float(v) for v in re.findall(r"'gem/episode_return': '?([-0-9.e]+)", (run / "train.log").read_text(errors="replace"))]
+        key = {"verl": "critic/score/mean", "openrlhf": "reward", "rl2": "scores/train"}[trainer]
+        updates = json.loads((train_dir / f"{trainer}_run.json").read_text())["updates"]
+        return [u["metrics"][key] if trainer == "verl" else u[key] for u in updates]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def collapsed_at(returns: list[float] | None, format_error_reward: float) -> int | None:
+    """The first update whose every training episode ended on an unreadable first answer (the batch's mean return
+    is the format error's reward): from there every advantage is 0 and nothing moves again."""
+    return next((k for k, value in enumerate(returns or [], start=1) if abs(value - format_error_reward) < 1e-6), None)
+
+
 RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl, "openrlhf": train_openrlhf, "rl2": train_rl2}
 
 
@@ -361,6 +386,9 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
             raise BenchmarkError(f"{run} holds a run of another experiment than this one: pass another --out, or remove it")
         record = json.loads(record_path.read_text())
         if record["status"] == 0:
+            if record.get("batch_returns") is None and (found := batch_returns(trainer, run)) is not None:  # recorded before it was kept
+                record["batch_returns"] = found
+                record_path.write_text(json.dumps(record, indent=2))
             return record
         print(f"{run.name}: the recorded run failed ({record.get('error', '?')}): run again", flush=True)
     record = {"trainer": trainer, "seed": experiment.seed, "version": trainer_version(trainer, python)}
@@ -377,6 +405,8 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
     if record["status"] != 0:
         record.setdefault("error", log_tail(run / "train.log"))
         print(f"{run.name}: failed: {record['error']}", flush=True)
+    else:
+        record["batch_returns"] = batch_returns(trainer, run)
     record_path.write_text(json.dumps(record, indent=2))
     return record
 
@@ -457,11 +487,13 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def table(results: list[RunResult], points: list[int]) -> str:
-    """One row per run: held-out success at each point, hint use at the end, cost; whether a trainer's final
-    success lies inside the reference trainer's range over seeds."""
+def table(results: list[RunResult], points: list[int], format_error_reward: float | None = None) -> str:
+    """One row per run: held-out success at each point, hint use at the end, the update it collapsed at
+    (:func:`collapsed_at`, with the env's ``format_error_reward``), cost; whether a trainer's final success lies
+    inside the reference trainer's range over seeds."""
     band = reference_range(results)
-    head = ["trainer", "seed", *(f"success @{k}" for k in [0, *points]), 'right after "lower"', "inside reference range", "s / update", "wall (min)", "peak GB"]
+    head = ["trainer", "seed", *(f"success @{k}" for k in [0, *points]), 'right after "lower"', "collapsed at", "inside reference range"]
+    head += ["s / update", "wall (min)", "peak GB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if r.record["status"] != 0:
@@ -471,7 +503,9 @@ def table(results: list[RunResult], points: list[int]) -> str:
         inside = "-" if r.trainer == "reference" or band is None or final is None else ("yes" if band[0] <= final["success_rate"] <= band[1] else "no")
         cells = [f"{r.trainer} {r.record.get('version', '')}", str(r.seed)]
         cells += [_rate(r.curve[k]["success_rate"]) if k in r.curve else "-" for k in [0, *points]]
-        cells += [_rate(final and final["hint_right_after_lower_rate"]), inside]
+        returns = r.record.get("batch_returns")
+        collapse = None if format_error_reward is None else collapsed_at(returns, format_error_reward)
+        cells += [_rate(final and final["hint_right_after_lower_rate"]), "?" if returns is None else ("-" if collapse is None else str(collapse)), inside]
         spu = r.record.get("seconds_per_update")
         cells += [
             "-" if spu is None else f"{spu:.1f}",
@@ -502,9 +536,12 @@ def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> 
             values = [measured[k] for k in points]
             ax.fill_between(points, [min(v) for v in values], [max(v) for v in values], alpha=0.25, color="C0")
             ax.plot(points, [sum(v) / len(v) for v in values], color="C0", marker="o", label=f"gem-core train ({len(reference)} seeds)")
-        for i, r in enumerate(r for r in results if r.trainer != "reference" and r.record["status"] == 0 and len(r.curve) > 1):
+        others = [r for r in results if r.trainer != "reference" and r.record["status"] == 0 and len(r.curve) > 1]
+        colours = {trainer: f"C{i + 1}" for i, trainer in enumerate(dict.fromkeys(r.trainer for r in others))}  # a colour a trainer
+        for r in others:
             points = [k for k in sorted(r.curve) if r.curve[k][key] is not None]
-            ax.plot(points, [r.curve[k][key] for k in points], color=f"C{i + 1}", marker="s", label=f"{r.trainer} (seed {r.seed})")
+            style = ("-", "--", ":", "-.")[sum(o.trainer == r.trainer for o in others[: others.index(r)]) % 4]  # a line style a seed
+            ax.plot(points, [r.curve[k][key] for k in points], color=colours[r.trainer], linestyle=style, marker="s", label=f"{r.trainer} (seed {r.seed})")
         if key == "success_rate":
             for (name, value), style in zip(scripted.items(), (":", "--", "-.")):
                 ax.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{name} {value:.2f}")
@@ -551,7 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trainers", nargs="+", choices=TRAINERS, default=None, help="default: every trainer, verl, openrlhf and rl2 only with --python NAME=PATH"
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the reference trainer's seeds (the others: the first)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the reference trainer's seeds (default 0 1 2)")
+    parser.add_argument(
+        "--trainer-seeds", nargs="+", type=int, default=None, metavar="SEED", help="every other trainer's seeds (default: the first of --seeds)"
+    )
     parser.add_argument("--eval-every", type=int, default=10, help="updates between saved, evaluated models (default 10)")
     parser.add_argument(
         "--warm-start",
@@ -598,6 +638,13 @@ def settings_experiment(path: Path, settings: list[str]) -> Experiment:
         raise BenchmarkError(str(exc)) from None
 
 
+def benchmark_jobs(trainers: list[str], seeds: list[int], trainer_seeds: list[int] | None) -> list[tuple[str, int]]:
+    """(trainer, seed) of each run: the reference trainer on ``seeds``, every other on ``trainer_seeds`` (default:
+    the first of ``seeds``, the seed a reference run shares with it); a seed named twice runs once."""
+    others = seeds[:1] if trainer_seeds is None else trainer_seeds
+    return [(trainer, seed) for trainer in trainers for seed in dict.fromkeys(seeds if trainer == "reference" else others)]
+
+
 def run_benchmark(args: argparse.Namespace) -> int:
     if args.eval_every < 0:
         raise BenchmarkError(f"--eval-every {args.eval_every}: expected 0 (the end alone) or more")
@@ -612,7 +659,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         args.trainers = [trainer for trainer in TRAINERS if trainer in pythons]
     for trainer in args.trainers:
         check_trainer_python(trainer, pythons.get(trainer))
-    jobs = [(trainer, seed) for trainer in args.trainers for seed in (args.seeds if trainer == "reference" else args.seeds[:1])]
+    jobs = benchmark_jobs(args.trainers, args.seeds, args.trainer_seeds)
     try:
         experiments = {job: run_experiment(base, job[1], args.eval_every) for job in jobs}
     except InvalidArgumentError as exc:
@@ -635,6 +682,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         results.append(RunResult(trainer, seed, record, curve))
     points = eval_points(evaluation)
     scripted = held_out_baselines(evaluation)
+    format_error_reward = getattr(make(evaluation.env_ids[0], **dict(evaluation.env_kwargs)).unwrapped, "format_error_reward", None)
     report = [
         "# One experiment, every trainer",
         "",
@@ -643,8 +691,14 @@ def run_benchmark(args: argparse.Namespace) -> int:
         "Scripted players on the same episodes: " + ", ".join(f"{name} {value:.3f}" for name, value in scripted.items()),
         f"Every run trains in {PRECISION} ({PRECISION_ENV}={PRECISION}: the CPU platforms of verl, OpenRLHF and RL2 compute in it).",
         "",
-        table(results, points),
+        table(results, points, format_error_reward),
     ]
+    if format_error_reward is not None:
+        report += [
+            "",
+            "collapsed at: the first update whose every training episode ended on an unreadable first answer (the batch's mean return,"
+            f" from the trainer's own logs, is the format error's {format_error_reward}): every advantage is 0 from there, and nothing moves again.",
+        ]
     (args.out / "cross_framework.md").write_text("\n".join(report) + "\n")
     print("\n".join(report))
     try:

@@ -43,6 +43,17 @@ def test_each_run_trains_the_file_with_the_benchmarks_groups_evaluations_and_see
     assert cross_framework.eval_points(cross_framework.run_experiment(base, 0, 0)) == [30]  # the end alone
 
 
+def test_the_reference_runs_over_seeds_the_others_over_trainer_seeds(cross_framework, monkeypatch):
+    jobs = cross_framework.benchmark_jobs(["reference", "trl", "verl"], [0, 1, 2], None)
+    assert jobs == [("reference", 0), ("reference", 1), ("reference", 2), ("trl", 0), ("verl", 0)]  # others: the first seed
+    jobs = cross_framework.benchmark_jobs(["reference", "trl"], [0, 1], [1, 2, 1])
+    assert jobs == [("reference", 0), ("reference", 1), ("trl", 1), ("trl", 2)]  # a seed named twice runs once
+    parsed = []
+    monkeypatch.setattr(cross_framework, "run_benchmark", lambda args: parsed.append(args) or 0)
+    assert cross_framework.main(["--seeds", "3", "4", "--trainer-seeds", "5", "6"]) == 0
+    assert (parsed[0].seeds, parsed[0].trainer_seeds) == ([3, 4], [5, 6])
+
+
 def test_set_replaces_a_key_of_the_file_and_is_checked_as_the_file_is(cross_framework):
     changed = cross_framework.settings_experiment(PORTABLE, ["training.updates=4", "rollout.episodes_per_update=8", 'model.id="elsewhere"'])
     assert (changed.updates, changed.episodes_per_update, changed.model) == (4, 8, "elsewhere")
@@ -121,12 +132,15 @@ def test_the_table_reads_each_trainer_against_the_reference_range_over_seeds(cro
         _result(cross_framework, "verl", 0, [0.3, 0.35]),  # below it
         _result(cross_framework, "openrlhf", 0, [], status=1),
     ]
+    results[3].record["batch_returns"] = [0.2, -0.1, -0.1]  # verl: every episode malformed from update 2
+    results[2].record["batch_returns"] = [0.2, -0.1 + 1e-3, 0.3]  # trl: near, not at, the floor
     assert cross_framework.reference_range(results) == (0.40, 0.60)
-    rows = cross_framework.table(results, [10, 20]).splitlines()
-    assert rows[0].startswith("| trainer | seed | success @0 | success @10 | success @20 |")
-    assert "| 0.500 | 0.500 | yes |" in rows[4] and "| 0.350 | 0.500 | no |" in rows[5]
+    rows = cross_framework.table(results, [10, 20], format_error_reward=-0.1).splitlines()
+    assert rows[0].startswith('| trainer | seed | success @0 | success @10 | success @20 | right after "lower" | collapsed at |')
+    assert "| 0.500 | 0.500 | - | yes |" in rows[4] and "| 0.350 | 0.500 | 2 | no |" in rows[5]
     assert "failed: boom" in rows[6]
-    assert "| 0.400 | 0.500 | - | 20.0 | 10.0 | 3.00 |" in rows[2]  # the reference is the range, not read against it
+    assert "| 0.400 | 0.500 | ? | - | 20.0 | 10.0 | 3.00 |" in rows[2]  # no returns recorded; the reference is the range
+    assert cross_framework.collapsed_at(None, -0.1) is None and cross_framework.collapsed_at([-0.1], -0.1) == 1
 
 
 def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
@@ -170,6 +184,7 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
         assert sorted(record["checkpoints"]) == ["1", "2"]
         steps = [json.loads(line) for line in open(run / "train" / "metrics.jsonl") if '"phase": "rl"' in line]
         assert record["seconds_per_update"] == pytest.approx(sum(s["update_seconds"] for s in steps) / 2)  # rollouts included
+        assert record["batch_returns"] == [s["mean_return"] for s in steps]  # each update's batch, from the trainer's log
         written = load_experiment(run / "experiment.toml")
         assert (written.seed, written.group_size, written.model, written.model_sha256) == (seed, 2, str(model), warm["sha256"])
         assert json.loads((run / "train" / "config.json").read_text())["model"] == str(model)  # trained from the warm start
@@ -180,6 +195,7 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
             assert sorted(e["seed"] for e in episodes) == sorted(e["seed"] for e in map(json.loads, open(out / "start" / "eval.jsonl")))
     report = (out / "cross_framework.md").read_text()
     assert report.count("| reference ") == 2 and "random valid guesses" in report
+    assert "| collapsed at |" in report and "the format error's -0.1" in report
     assert f"`python benchmarks/cross_framework.py {shlex.join(argv)}`" in report  # the command run, not the test runner's
     assert (out / "cross_framework.png").stat().st_size > 1000
     # run again: every run and evaluation is read back, none redone
