@@ -516,6 +516,23 @@ def table(results: list[RunResult], points: list[int], format_error_reward: floa
     return "\n".join(lines)
 
 
+def trainer_table(results: list[RunResult], format_error_reward: float | None = None) -> str:
+    """One row per trainer over its seeds: how many runs ended and collapsed (:func:`collapsed_at`), each final held-out
+    success, their mean, and the mean of the runs that did not collapse (what a trainer reaches when it keeps a signal)."""
+    lines = ["| trainer | runs | collapsed | final success by seed | mean | mean, not collapsed |", "|---|---|---|---|---|---|"]
+    for trainer in dict.fromkeys(r.trainer for r in results):
+        ended = [r for r in results if r.trainer == trainer and r.record["status"] == 0 and r.final]
+        if not ended:
+            continue
+        collapsed = [format_error_reward is not None and collapsed_at(r.record.get("batch_returns"), format_error_reward) is not None for r in ended]
+        finals = [r.final["success_rate"] for r in ended]
+        kept = [value for value, fell in zip(finals, collapsed) if not fell]
+        cells = [trainer, str(len(ended)), str(sum(collapsed)), ", ".join(f"{value:.3f} ({r.seed})" for value, r in zip(finals, ended))]
+        cells += [_rate(sum(finals) / len(finals)), _rate(sum(kept) / len(kept) if kept else None)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> None:
     """Held-out success and the share right after "lower" against updates: the reference trainer's seeds as a
     band (min to max) around their mean, every other trainer's run as a line; the scripted players as lines. A
@@ -699,6 +716,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
             "collapsed at: the first update whose every training episode ended on an unreadable first answer (the batch's mean return,"
             f" from the trainer's own logs, is the format error's {format_error_reward}): every advantage is 0 from there, and nothing moves again.",
         ]
+    report += ["", "Each trainer over its seeds (final held-out success, its seed in brackets):", "", trainer_table(results, format_error_reward)]
     (args.out / "cross_framework.md").write_text("\n".join(report) + "\n")
     print("\n".join(report))
     try:

@@ -141,6 +141,15 @@ def test_the_table_reads_each_trainer_against_the_reference_range_over_seeds(cro
     assert "failed: boom" in rows[6]
     assert "| 0.400 | 0.500 | ? | - | 20.0 | 10.0 | 3.00 |" in rows[2]  # no returns recorded; the reference is the range
     assert cross_framework.collapsed_at(None, -0.1) is None and cross_framework.collapsed_at([-0.1], -0.1) == 1
+    results.append(_result(cross_framework, "verl", 1, [0.3, 0.45]))  # a second verl seed that kept its signal
+    results[-1].record["batch_returns"] = [0.2, 0.3, 0.1]
+    rows = cross_framework.trainer_table(results, format_error_reward=-0.1).splitlines()
+    assert rows[0] == "| trainer | runs | collapsed | final success by seed | mean | mean, not collapsed |"
+    assert rows[2:] == [
+        "| reference | 2 | 0 | 0.400 (0), 0.600 (1) | 0.500 | 0.500 |",
+        "| trl | 1 | 0 | 0.500 (0) | 0.500 | 0.500 |",
+        "| verl | 2 | 1 | 0.350 (0), 0.450 (1) | 0.400 | 0.450 |",
+    ]  # the failed OpenRLHF run has no row
 
 
 def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
