@@ -353,9 +353,14 @@ def batch_returns(trainer: str, run: Path) -> list[float] | None:
 
 
 def collapsed_at(returns: list[float] | None, format_error_reward: float) -> int | None:
-    """The first update whose every training episode ended on an unreadable first answer (the batch's mean return
-    is the format error's reward): from there every advantage is 0 and nothing moves again."""
-    return next((k for k, value in enumerate(returns or [], start=1) if abs(value - format_error_reward) < 1e-6), None)
+    """The update from which every training episode to the end ended on an unreadable first answer (every batch's mean
+    return is the format error's reward): every advantage is 0 there and nothing moves again. One such batch
+    followed by others is not a collapse: its samples were unlucky, the policy still answers."""
+    at_floor = [abs(value - format_error_reward) < 1e-6 for value in returns or []]
+    start = len(at_floor)
+    while start > 0 and at_floor[start - 1]:
+        start -= 1
+    return start + 1 if start < len(at_floor) else None
 
 
 RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl, "openrlhf": train_openrlhf, "rl2": train_rl2}
@@ -713,8 +718,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     if format_error_reward is not None:
         report += [
             "",
-            "collapsed at: the first update whose every training episode ended on an unreadable first answer (the batch's mean return,"
-            f" from the trainer's own logs, is the format error's {format_error_reward}): every advantage is 0 from there, and nothing moves again.",
+            "collapsed at: the update from which every training episode to the end ended on an unreadable first answer (each batch's mean"
+            f" return, from the trainer's own logs, is the format error's {format_error_reward}): every advantage is 0 there, and nothing moves again.",
         ]
     report += ["", "Each trainer over its seeds (final held-out success, its seed in brackets):", "", trainer_table(results, format_error_reward)]
     (args.out / "cross_framework.md").write_text("\n".join(report) + "\n")

@@ -141,6 +141,8 @@ def test_the_table_reads_each_trainer_against_the_reference_range_over_seeds(cro
     assert "failed: boom" in rows[6]
     assert "| 0.400 | 0.500 | ? | - | 20.0 | 10.0 | 3.00 |" in rows[2]  # no returns recorded; the reference is the range
     assert cross_framework.collapsed_at(None, -0.1) is None and cross_framework.collapsed_at([-0.1], -0.1) == 1
+    assert cross_framework.collapsed_at([0.5, -0.1, 0.4, -0.1, -0.1], -0.1) == 4  # one unlucky batch is not a collapse
+    assert cross_framework.collapsed_at([0.5, -0.1, 0.4], -0.1) is None
     results.append(_result(cross_framework, "verl", 1, [0.3, 0.45]))  # a second verl seed that kept its signal
     results[-1].record["batch_returns"] = [0.2, 0.3, 0.1]
     rows = cross_framework.trainer_table(results, format_error_reward=-0.1).splitlines()
