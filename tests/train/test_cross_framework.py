@@ -205,8 +205,8 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
             episodes = [json.loads(line) for line in open(run / "eval" / f"update-{update}.jsonl")]
             assert sorted(e["seed"] for e in episodes) == sorted(e["seed"] for e in map(json.loads, open(out / "start" / "eval.jsonl")))
     report = (out / "cross_framework.md").read_text()
-    assert report.count("| reference ") == 2 and "random valid guesses" in report
-    assert "| collapsed at |" in report and "the format error's -0.1" in report
+    assert report.count("| reference ") == 3 and "random valid guesses" in report  # a row a run, and the trainer's over both
+    assert "| collapsed at |" in report and "the format error's -0.1" in report and "| reference | 2 |" in report
     assert f"`python benchmarks/cross_framework.py {shlex.join(argv)}`" in report  # the command run, not the test runner's
     assert (out / "cross_framework.png").stat().st_size > 1000
     # run again: every run and evaluation is read back, none redone
