@@ -570,9 +570,10 @@ def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> 
         ax.set_xlabel("updates")
         ax.set_title(title)
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()  # one legend beside both panels: inside, it hid the lines
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
