@@ -231,6 +231,7 @@ class ServeGuard:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         refused = self._refusal(scope)
         if refused is not None:
+            await self._drain(receive)
             await _reply(send, *refused)
             return
         length = dict(scope.get("headers", ())).get(b"content-length")
@@ -286,6 +287,20 @@ class ServeGuard:
             self.events.note("error", f"{scope['method']} {scope['path']}: {type(err).__name__}: {err}")
             if not started:
                 await _reply(send, 500, f"{type(err).__name__}: {err}")
+
+    async def _drain(self, receive: Receive) -> None:
+        """Read a refused request's body, unkept, bounded as any body is (size and time): a body left unread makes the
+        server's close a reset, which can reach the client before the refusal and lose it."""
+        read = 0
+        deadline = time.monotonic() + self.body_timeout
+        while read <= self.max_body_bytes:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
+            except asyncio.TimeoutError:
+                return
+            read += len(message.get("body", b""))
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
 
     # -- WebSocket ---------------------------------------------------------------------------------
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
