@@ -7,6 +7,7 @@ silent TCP connections stayed open forever, a JSON array dropped the session, an
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import logging
@@ -24,6 +25,7 @@ import gem_core
 from gem_core.envs.games.guess_the_number import GuessTheNumber
 from gem_core.errors import InvalidArgumentError
 from gem_core.serve import serve
+from gem_core.serve.guard import EventLog, ServeGuard
 from gem_core.serve.server import EnvServer
 
 GUESS = "game:GuessTheNumber-v0"
@@ -183,6 +185,53 @@ def test_silent_and_trickling_connections_are_closed_and_logged_once(caplog):
         assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]  # one line per 10 s, not one per connection
         with GenericEnvClient(base_url=server.url()).sync() as client:
             assert client.reset(seed=0).done is False
+
+
+def test_a_refused_request_has_its_body_read_before_the_refusal():
+    """ServeGuard reads a refused request's body (/mcp), bounded in time, before it answers 403: closed with the body
+    unread, the server's socket sends a TCP reset, which can reach the client before the refusal and lose it (seen
+    once in CI, through http.client, which sends the headers and the body apart). A body that never comes delays the
+    refusal by the body deadline, no more."""
+
+    def refused(chunks: list[bytes | None], body_timeout: float) -> list[str]:
+        events: list[str] = []
+        pending = list(chunks)
+
+        async def receive() -> dict[str, Any]:
+            chunk = pending.pop(0)
+            if chunk is None:  # a body that never comes
+                await asyncio.sleep(3600)
+            events.append("receive")
+            return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+
+        async def send(message: dict[str, Any]) -> None:
+            events.append(message["type"])
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            raise AssertionError("a refused request reached OpenEnv's app")
+
+        guard = ServeGuard(app, events=EventLog(), token=None, max_action_chars=1000, idle_timeout=None, body_timeout=body_timeout)
+        scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("127.0.0.1", 1)}
+        asyncio.run(asyncio.wait_for(guard(scope, receive, send), 30))  # hang guard
+        return events
+
+    assert refused([b'{"jsonrpc": ', b'"2.0"}'], body_timeout=30) == ["receive", "receive", "http.response.start", "http.response.body"]
+    assert refused([None], body_timeout=0.2) == ["http.response.start", "http.response.body"]
+
+
+def test_a_refused_request_whose_body_trickles_is_answered_at_the_body_deadline():
+    with serve(GUESS, body_timeout=0.5) as server:
+        host, port = server.url().removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # hang guard: the socket's 30 s timeout
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
 
 
 def test_a_body_that_trickles_is_answered_408():
