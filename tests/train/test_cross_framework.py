@@ -154,6 +154,34 @@ def test_the_table_reads_each_trainer_against_the_reference_range_over_seeds(cro
     ]  # the failed OpenRLHF run has no row
 
 
+def test_each_trainers_batch_returns_are_read_from_its_own_logs(cross_framework, tmp_path):
+    """The shapes each trainer logs in (from this machine's records): gem-core train's metrics.jsonl (its rl steps,
+    not the warm start), TRL's logged gem/episode_return, verl's critic/score/mean, OpenRLHF's reward and RL2's
+    scores/train in their drivers' reports; no logs, no returns (None, not an empty list)."""
+    logs = {
+        "reference": (
+            "train/metrics.jsonl",
+            '{"phase": "warm_start", "mean_return": 9}\n{"phase": "rl", "mean_return": 0.5}\n{"phase": "rl", "mean_return": -0.1}\n',
+        ),
+        "trl": ("train.log", "{'loss': '0.01', 'gem/episode_return': '0.5', 'x': '1'}\nnoise\n{'gem/episode_return': '-0.1'}\n"),
+        "verl": (
+            "train/verl_run.json",
+            json.dumps({"updates": [{"update": 1, "metrics": {"critic/score/mean": 0.5}}, {"update": 2, "metrics": {"critic/score/mean": -0.1}}]}),
+        ),
+        "openrlhf": (
+            "train/openrlhf_run.json",
+            json.dumps({"updates": [{"global_step": 1, "return": 7.0, "reward": 0.5}, {"global_step": 2, "return": 7.0, "reward": -0.1}]}),
+        ),
+        "rl2": ("train/rl2_run.json", json.dumps({"updates": [{"step": 1, "scores/train": 0.5}, {"step": 2, "scores/train": -0.1}]})),
+    }
+    for trainer, (name, text) in logs.items():
+        run = tmp_path / trainer
+        assert cross_framework.batch_returns(trainer, run) is None  # nothing logged (a record read back from git)
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(text)
+        assert cross_framework.batch_returns(trainer, run) == [0.5, -0.1], trainer
+
+
 def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
     """A shell (a few MB itself) whose child holds 200 MB: the tree's memory is the child's and more."""
     code = "import time; b = bytearray(200_000_000); time.sleep(30)"
