@@ -680,23 +680,32 @@ async def run_episodes(
         for slot in pool:
             free.put_nowait(slot)
 
+    # A policy that batches in rounds (HFPolicy) is told how many episodes play, how many at once, and when each
+    # ends: it then cuts a batch when every episode in play has asked, so batches do not depend on timing.
+    open_cohort = getattr(policy, "open_cohort", None)
+    cohort = open_cohort(len(jobs), limit) if callable(open_cohort) else None
+
     async def play(job: _Job) -> Trajectory:
         async with gate:
             episode_id = f"{episode_id_prefix}{job.group}" + (f"-{job.member}" if group_size > 1 else "")
             common = dict(seed=job.seed, options=options, episode_id=episode_id, group_id=f"{episode_id_prefix}{job.group}")
-            if free is not None:
-                slot = await free.get()
-                try:
-                    return await run_episode(slot, policy, formatter, config, **common)
-                finally:
-                    free.put_nowait(slot)
-            loop = asyncio.get_running_loop()
-            spec = job.spec
-            env = await loop.run_in_executor(executor, lambda: _make(spec))
             try:
-                return await run_episode(env, policy, formatter, config, env_id=spec.env_id, **common)
+                if free is not None:
+                    slot = await free.get()
+                    try:
+                        return await run_episode(slot, policy, formatter, config, **common)
+                    finally:
+                        free.put_nowait(slot)
+                loop = asyncio.get_running_loop()
+                spec = job.spec
+                env = await loop.run_in_executor(executor, lambda: _make(spec))
+                try:
+                    return await run_episode(env, policy, formatter, config, env_id=spec.env_id, **common)
+                finally:
+                    env.close()
             finally:
-                env.close()
+                if cohort is not None:
+                    cohort.episode_finished(episode_id)
 
     tasks = [asyncio.ensure_future(play(job)) for job in jobs]
     try:
@@ -706,6 +715,9 @@ async def run_episodes(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+    finally:
+        if cohort is not None:
+            cohort.close()
 
 
 def run_episodes_sync(*args: Any, **kwargs: Any) -> list[Trajectory]:

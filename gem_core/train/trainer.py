@@ -667,12 +667,21 @@ class Trainer:
         """Play one episode group per seed with the current model (sampling seeded by the episode ids),
         on envs made through the dataset-row code (:class:`~gem_core.tasks.TaskSpec`), as plugins make them.
         ``run_config``: default the run's (its temperature)."""
-        # generation batches of at most one update's episodes: the evaluation's 100 at once held 3x the KV cache
-        policy = self.policy(max(min(len(seeds) * group_size, self.config.episodes), 1))
+        # generation batches of at most one update's episodes, and as many episodes in play (each keeps its KV
+        # cache between turns): the evaluation's 100 at once held 3x the KV cache
+        batch_size = max(min(len(seeds) * group_size, self.config.episodes), 1)
+        policy = self.policy(batch_size)
         try:
             return asyncio.run(
                 run_episodes(
-                    self.envs, policy, self.formatter, run_config or self.run_config, seeds=list(seeds), group_size=group_size, episode_id_prefix=prefix
+                    self.envs,
+                    policy,
+                    self.formatter,
+                    run_config or self.run_config,
+                    seeds=list(seeds),
+                    group_size=group_size,
+                    episode_id_prefix=prefix,
+                    max_concurrency=batch_size,
                 )
             )
         finally:

@@ -259,3 +259,94 @@ def test_hf_policy_from_a_saved_model(tmp_path, tokenizer, tiny_model):
     env = gem_core.make("game:GuessTheNumber-v0-easy")
     trajectory = asyncio.run(run_episode(env, loaded, ChatFormatter(tokenizer), RunConfig(params=params), seed=0))
     assert trajectory.done
+
+
+class _JitteryEnv(ScriptedRewardEnv):
+    """A ScriptedRewardEnv whose episode with seed s lasts 2 + s % 3 turns and whose steps take a random few
+    milliseconds (a stream of its own, apart from the env's seeded one), so the episodes' requests reach the
+    policy in another order on every run. Every env of a pool alike: an episode's course is its seed's."""
+
+    def __init__(self, jitter_seed: int):
+        import random
+
+        super().__init__([0.0, 0.5, 0.0, 1.0], obs_chars=12)
+        self._jitter = random.Random(jitter_seed)
+
+    def reset(self, seed=None, options=None):
+        self.rewards = [0.0, 0.5, 0.0, 1.0][: 2 + (seed or 0) % 3]
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        import time
+
+        time.sleep(self._jitter.random() * 0.004)
+        return super().step(action)
+
+
+def _hf_episodes(tiny_model, formatter, *, jitter_seed: int, hide_cohort: bool = False, reuse_cache: bool = True, temperature: float = 1.0, record=None):
+    from gem_core.rollout import HFPolicy
+
+    policy = HFPolicy(tiny_model, seed=0, max_batch_size=4, reuse_cache=reuse_cache)
+    if record is not None:
+        original = policy._generate_batch
+
+        def recorded(batch):
+            record.append([r.request_id for r in batch])
+            return original(batch)
+
+        policy._generate_batch = recorded
+    if hide_cohort:  # a policy the runner cannot tell when episodes end: batches as requests arrive
+        policy.open_cohort = None
+    envs = [_JitteryEnv(jitter_seed * 100 + i) for i in range(6)]
+    params = SamplingParams(max_tokens=6, temperature=temperature)
+    config = RunConfig(params=params, max_context_tokens=400, step_in_thread=True)
+    return asyncio.run(run_episodes(envs, policy, formatter, config, seeds=list(range(7)), max_concurrency=5))
+
+
+def test_hf_policy_rounds_make_a_rerun_identical_whatever_the_timing(formatter, tiny_model):
+    """Under run_episodes the policy cuts a batch when every episode in play has asked (a round), in request-id
+    order: 7 episodes, 5 at a time, batches of 4, env steps of random length in threads. Reruns under other
+    timings give the same tokens and the same logprobs, bit for bit; each round holds every episode in play."""
+    rounds: list[list[str]] = []
+    runs = [_hf_episodes(tiny_model, formatter, jitter_seed=seed, record=rounds if seed == 0 else None) for seed in range(3)]
+    dumps = [[(turn.response_ids, turn.logprobs) for t in run for turn in t.turns] for run in runs]
+    assert dumps[0] == dumps[1] == dumps[2]
+    assert sum(t.num_turns for t in runs[0]) >= 14
+    # the first round: the 5 episodes in play, in request-id order, cut into batches of 4 and 1
+    assert rounds[0] == sorted(rounds[0]) and len(rounds[0]) == 4 and len(rounds[1]) == 1
+    assert all(len(batch) <= 4 for batch in rounds)
+    assert sorted(rounds[0] + rounds[1]) == [f"ep{g}/turn-0" for g in range(5)]
+
+
+def test_hf_policy_episode_cache_gives_the_numbers_of_a_whole_context(formatter, tiny_model):
+    """Each episode's keys and values kept between its turns (only the tokens a turn adds are run) give the
+    tokens of running each whole context again, and logprobs within float rounding, greedy and sampled."""
+    for temperature in (0.0, 1.0):
+        kept = _hf_episodes(tiny_model, formatter, jitter_seed=0, temperature=temperature)
+        whole = _hf_episodes(tiny_model, formatter, jitter_seed=0, temperature=temperature, reuse_cache=False)
+        assert [[turn.response_ids for turn in t.turns] for t in kept] == [[turn.response_ids for turn in t.turns] for t in whole]
+        for a, b in zip(kept, whole):
+            for x, y in zip(a.turns, b.turns):
+                assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+def test_hf_policy_episode_cache_runs_only_the_new_tokens(formatter, tiny_model):
+    """With the cache kept, a turn after the first feeds the model only what its context gained: the widest
+    forward after the first round is far narrower than the contexts."""
+    from gem_core.rollout import HFPolicy
+
+    widths: list[int] = []
+    handle = tiny_model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        envs = [ScriptedRewardEnv([0.0, 0.0, 0.0, 1.0], obs_chars=40) for _ in range(3)]
+        policy = HFPolicy(tiny_model, seed=0, max_batch_size=3)
+        config = RunConfig(params=SamplingParams(max_tokens=4, temperature=0.0), max_context_tokens=600)
+        trajectories = asyncio.run(run_episodes(envs, policy, formatter, config, seeds=[0, 1, 2]))
+    finally:
+        handle.remove()
+    last_context = max(t.turns[-1].context_len for t in trajectories)
+    delta = max(len(turn.obs_delta_ids) for t in trajectories for turn in t.turns) + 1
+    prefill = [w for w in widths if w > 1]
+    assert len(prefill) >= 4 and all(w <= delta for w in prefill[2:])  # after the first round's prefix and rest
+    assert last_context > 3 * delta
+    assert policy._episode_caches == {}  # every episode's cache dropped as it ended
