@@ -230,6 +230,12 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
             f"hint-blind ceiling on these seeds: {ceiling.success_rate:.3f} (the expected success of the best player that ignores the hints; above it, a policy reads them)",
             file=out,
         )
+        at_ceiling = [mode for mode in ("sampled", "greedy") if getattr(summary.final, mode).success_rate <= ceiling.success_rate]
+        if summary.steps and at_ceiling:
+            print(
+                f"this run ended at or below the hint-blind ceiling ({' and '.join(at_ceiling)}): what it learned, a player that ignores the hints gets as well",
+                file=out,
+            )
     if summary.no_signal_updates:
         print(f"{summary.no_signal_updates} of {summary.steps} updates had no learning signal (every advantage 0) and made no optimizer step", file=out)
     print(

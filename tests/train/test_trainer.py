@@ -403,6 +403,8 @@ def test_the_cli_resumes_to_the_saved_number_of_updates(tiny, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "RL changed the held-out success rate" in printed
     assert "at the start" in printed and "warm start" not in printed  # no warm start ran: not labelled as one
+    # the tiny model wins nothing: the summary says its run ended at the ceiling, not only the ceiling's value
+    assert "this run ended at or below the hint-blind ceiling (sampled and greedy)" in printed
 
 
 def test_steps_0_is_the_warm_start_alone_its_model_evaluated_once_and_saved(tiny, tmp_path, capsys):

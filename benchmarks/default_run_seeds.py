@@ -1,0 +1,188 @@
+"""The default run over several seeds, as a distribution: every seed's row, the median and range, and how often a
+run ends at the hint-blind ceiling (with its exact 95% interval).
+
+    python benchmarks/default_run_seeds.py [--seeds 0 1 2 3 4] [--eval-set heldout] [--name default]
+        [--out runs/default_seeds] [--report-only] [-- EXTRA gem-core train OPTIONS]
+
+Each seed is ``gem-core train --seed S --eval-set SET --out OUT/NAME-seedS EXTRA...``, the command a user runs,
+one run at a time (two runs on two cores take twice as long and spoil each other's timings). A run that is
+complete is read back; one that stopped part way (a checkpoint, no final model) is continued with ``--resume``,
+which reproduces the uninterrupted run bit for bit (tests/train/test_determinism.py): the sweep can be stopped
+and started again, across sessions. Settings are chosen on ``--eval-set validation`` with other seeds (e.g.
+100-104); the held-out set and seeds 0-4 are run once, at the end.
+
+Printed and written to ``OUT/NAME.md``: per seed, held-out (or validation) success after the warm start and
+after RL, sampled and greedy; the right way after "lower" and after "higher" (sampled / greedy); wall minutes
+and peak memory; whether the run ended at or below the hint-blind ceiling. Then the median and range of each,
+the runs that failed (no final evaluation), and the Clopper-Pearson 95% interval of the rate of runs at the
+ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def binomial_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a binomial rate, by bisection on the binomial tails."""
+
+    def tail_at_least(p: float) -> float:  # P(X >= successes)
+        return sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1))
+
+    def tail_at_most(p: float) -> float:  # P(X <= successes)
+        return sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(0, successes + 1))
+
+    def solve(f: Any, target: float, increasing: bool) -> float:
+        low, high = 0.0, 1.0
+        for _ in range(100):
+            mid = (low + high) / 2
+            if (f(mid) < target) == increasing:
+                low = mid
+            else:
+                high = mid
+        return (low + high) / 2
+
+    alpha = (1 - level) / 2
+    lower = 0.0 if successes == 0 else solve(tail_at_least, alpha, increasing=True)
+    upper = 1.0 if successes == trials else solve(tail_at_most, alpha, increasing=False)
+    return lower, upper
+
+
+def run_record(out: str) -> dict[str, Any] | None:
+    """What a run directory holds: its start and final evaluations, peak memory and wall time (None: no final evaluation)."""
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path) or not os.path.isdir(os.path.join(out, "model")):
+        return None
+    lines = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    evaluations = [line for line in lines if "eval_success_rate" in line]
+    if len(evaluations) < 2:
+        return None
+    first, last = evaluations[0], evaluations[-1]
+    ceiling = (first.get("baselines") or {}).get("hint-blind ceiling (random, no repeats)", {}).get("success_rate")
+    wall = None
+    if os.path.exists(os.path.join(out, "sweep.json")):
+        wall = json.load(open(os.path.join(out, "sweep.json"), encoding="utf-8")).get("seconds")
+    record = {
+        "steps": last["step"],
+        "start_sampled": first["eval_success_rate"],
+        "start_greedy": first["eval_greedy_success_rate"],
+        "sampled": last["eval_success_rate"],
+        "greedy": last["eval_greedy_success_rate"],
+        "lower_sampled": last.get("eval_hint_right_after_lower_rate"),
+        "lower_greedy": last.get("eval_greedy_hint_right_after_lower_rate"),
+        "higher_sampled": last.get("eval_hint_right_after_higher_rate"),
+        "higher_greedy": last.get("eval_greedy_hint_right_after_higher_rate"),
+        "peak_gb": max((line.get("peak_rss_gb") or 0.0) for line in lines),
+        "minutes": None if wall is None else wall / 60,
+        "ceiling": ceiling,
+    }
+    record["at_ceiling"] = ceiling is not None and min(record["sampled"], record["greedy"]) <= ceiling
+    return record
+
+
+def run_seed(seed: int, out: str, eval_set: str, extra: list[str]) -> None:
+    """Train (or continue) one seed with the CLI; the wall time of the runs that made it is kept in sweep.json."""
+    command = [shutil.which("gem-core") or "gem-core", "train", "--seed", str(seed), "--eval-set", eval_set, "--out", out, *extra]
+    if os.path.exists(os.path.join(out, "checkpoint.pt")):
+        command.append("--resume")
+    before = 0.0
+    if os.path.exists(os.path.join(out, "sweep.json")):
+        before = json.load(open(os.path.join(out, "sweep.json"), encoding="utf-8")).get("seconds", 0.0)
+    print("+", " ".join(command), flush=True)
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "sweep.json"), "w", encoding="utf-8") as handle:
+        json.dump({"seconds": before + time.perf_counter() - started, "command": command, "returncode": result.returncode}, handle)
+
+
+def _cell(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def report(name: str, seeds: list[int], records: dict[int, dict[str, Any] | None], eval_set: str, extra: list[str]) -> str:
+    where = "held-out" if eval_set == "heldout" else "validation"
+    command = " ".join(["gem-core train", *extra, f"--eval-set {eval_set}", "--seed S"])
+    lines = [
+        f"### {name}: `{command}`, seeds {', '.join(map(str, seeds))} ({where} set, 200 balanced episodes)",
+        "",
+        '| seed | after the warm start, sampled / greedy | after RL, sampled | after RL, greedy | right way after "lower" (s / g) | after "higher" (s / g) | minutes | peak GB | at the ceiling |',
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    done = {seed: r for seed, r in records.items() if r is not None}
+    for seed in seeds:
+        r = records.get(seed)
+        if r is None:
+            lines.append(f"| {seed} | failed or not run | | | | | | | |")
+            continue
+        lines.append(
+            f"| {seed} | {_cell(r['start_sampled'])} / {_cell(r['start_greedy'])} | {_cell(r['sampled'])} | {_cell(r['greedy'])} | "
+            f"{_cell(r['lower_sampled'])} / {_cell(r['lower_greedy'])} | {_cell(r['higher_sampled'])} / {_cell(r['higher_greedy'])} | "
+            f"{_cell(r['minutes'], 1)} | {_cell(r['peak_gb'], 2)} | {'yes' if r['at_ceiling'] else 'no'} |"
+        )
+    if done:
+
+        def summary(key: str) -> str:
+            values = [r[key] for r in done.values() if r[key] is not None]
+            return "-" if not values else f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+        lines.append(
+            f"| median [range] | {summary('start_sampled')} / {summary('start_greedy')} | {summary('sampled')} | {summary('greedy')} | "
+            f"{summary('lower_sampled')} / {summary('lower_greedy')} | {summary('higher_sampled')} / {summary('higher_greedy')} | "
+            f"{summary('minutes')} | {summary('peak_gb')} | |"
+        )
+        at = sum(1 for r in done.values() if r["at_ceiling"])
+        low, high = binomial_interval(at, len(done))
+        ceiling = next(iter(done.values()))["ceiling"]
+        lines += [
+            "",
+            f"{len(done)} of {len(seeds)} runs finished ({len(seeds) - len(done)} failed or not run); "
+            f"{at} of {len(done)} ended at or below the hint-blind ceiling ({_cell(ceiling)}, sampled or greedy): "
+            f"exact 95% interval of that rate [{low:.3f}, {high:.3f}]. Mean after RL: "
+            f"{statistics.mean(r['sampled'] for r in done.values()):.3f} sampled, {statistics.mean(r['greedy'] for r in done.values()):.3f} greedy.",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1 :]
+        argv = argv[: argv.index("--")]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--eval-set", choices=("heldout", "validation"), default="heldout")
+    parser.add_argument("--name", default="default", help="the sweep's name: runs are OUT/NAME-seedS (default: default)")
+    parser.add_argument("--out", default="runs/default_seeds")
+    parser.add_argument("--report-only", action="store_true", help="read the runs back, train none")
+    args = parser.parse_args(argv)
+    records: dict[int, dict[str, Any] | None] = {}
+    for seed in args.seeds:
+        out = os.path.join(args.out, f"{args.name}-seed{seed}")
+        record = run_record(out)
+        if record is None and not args.report_only:
+            run_seed(seed, out, args.eval_set, extra)
+            record = run_record(out)
+        records[seed] = record
+    text = report(args.name, args.seeds, records, args.eval_set, extra)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{args.name}.md"), "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""benchmarks/default_run_seeds.py: the exact binomial interval, and the report of a sweep read back from run
+directories (a finished run, one that stopped part way, one at the ceiling)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import default_run_seeds as sweep  # noqa: E402
+
+CEILING = "hint-blind ceiling (random, no repeats)"
+
+
+def test_the_exact_interval_of_a_rate():
+    # Clopper-Pearson: 0 of 5 -> [0, 1 - 0.025 ** (1 / 5)]; 5 of 5 -> [0.025 ** (1 / 5), 1]; 2 of 10 -> [0.0252, 0.5561]
+    assert sweep.binomial_interval(0, 5) == (0.0, pytest.approx(1 - 0.025 ** (1 / 5), abs=1e-9))
+    assert sweep.binomial_interval(5, 5) == (pytest.approx(0.025 ** (1 / 5), abs=1e-9), 1.0)
+    low, high = sweep.binomial_interval(2, 10)
+    assert low == pytest.approx(0.0252, abs=1e-4) and high == pytest.approx(0.5561, abs=1e-4)
+
+
+def _run(directory: Path, final: dict | None, seconds: float = 600.0) -> None:
+    directory.mkdir(parents=True)
+    start = {"step": 0, "phase": "warm_start", "eval_success_rate": 0.35, "eval_greedy_success_rate": 0.3, "baselines": {CEILING: {"success_rate": 0.4}}}
+    lines = [start, {"step": 1, "phase": "rl", "peak_rss_gb": 3.2}]
+    if final is not None:
+        lines.append({"step": 2, "phase": "rl", "peak_rss_gb": 3.5, **final})
+        (directory / "model").mkdir()
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (directory / "sweep.json").write_text(json.dumps({"seconds": seconds}))
+
+
+def test_a_sweep_is_read_back_as_a_distribution(tmp_path, capsys):
+    def final(sampled, greedy, lower=1.0, higher=0.9):
+        return {
+            "eval_success_rate": sampled,
+            "eval_greedy_success_rate": greedy,
+            "eval_hint_right_after_lower_rate": lower,
+            "eval_greedy_hint_right_after_lower_rate": lower,
+            "eval_hint_right_after_higher_rate": higher,
+            "eval_greedy_hint_right_after_higher_rate": higher,
+        }
+
+    _run(tmp_path / "x-seed0", final(0.70, 0.72))
+    _run(tmp_path / "x-seed1", final(0.39, 0.40, higher=0.0))  # "always go down": at the ceiling
+    _run(tmp_path / "x-seed2", None)  # stopped part way, not continued (--report-only)
+    assert sweep.main(["--seeds", "0", "1", "2", "--name", "x", "--out", str(tmp_path), "--report-only"]) == 0
+    text = (tmp_path / "x.md").read_text()
+    assert text.strip() == capsys.readouterr().out.strip()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 0.700 | 0.720 |" in rows["0"] and rows["0"].rstrip().endswith("| no |")
+    assert rows["1"].rstrip().endswith("| yes |") and "10.0" in rows["1"]
+    assert "failed or not run" in rows["2"]
+    assert "| 0.545 [0.390, 0.700] |" in rows["median [range]"]
+    assert "2 of 3 runs finished (1 failed or not run); 1 of 2 ended at or below the hint-blind ceiling (0.400" in text
+    low, high = sweep.binomial_interval(1, 2)
+    assert f"[{low:.3f}, {high:.3f}]" in text
