@@ -204,6 +204,7 @@ class HFPolicy:
         self._arrival: asyncio.Event | None = None
         self._cohorts: list[Cohort] = []
         self._episode_caches: dict[str, _EpisodeCache] = {}
+        self._prefix: _EpisodeCache | None = None  # the new episodes' shared instruction, within a cohort
         self._arena: Any = None
         self._model_lock = threading.Lock()
         self._keeps_logits = takes_logits_to_keep(self.model)
@@ -233,6 +234,7 @@ class HFPolicy:
             self._cohorts.remove(cohort)
         if not self._cohorts:
             self._episode_caches.clear()
+            self._prefix = None
         self._wake()
 
     def _wake(self) -> None:
@@ -287,15 +289,31 @@ class HFPolicy:
             n = 0 if cached is None else len(cached.tokens)
             if cached is not None and len(request.prompt_ids) > n and request.prompt_ids[:n] == cached.tokens:
                 lengths[b], layers[b] = n, cached.kv
-        fresh = [b for b in range(len(batch)) if layers[b] is None]
-        prefix = shared_prefix_length([batch[b].prompt_ids for b in fresh]) if self._shares_prefix else 0
+        if not self._shares_prefix:
+            return lengths, layers
+        # New episodes: the instruction they share, run once. Within a cohort it is kept for the episodes that
+        # start in later rounds (one at a time, as others end), so none of them runs it again.
+        stored = self._prefix if keep else None
+        fresh = []
+        for b in range(len(batch)):
+            prompt = batch[b].prompt_ids
+            if layers[b] is not None:
+                continue
+            if stored is not None and len(prompt) > len(stored.tokens) and prompt[: len(stored.tokens)] == stored.tokens:
+                lengths[b], layers[b] = len(stored.tokens), stored.kv
+            else:
+                fresh.append(b)
+        prefix = shared_prefix_length([batch[b].prompt_ids for b in fresh])
         if prefix >= MIN_SHARED_PREFIX:
+            tokens = batch[fresh[0]].prompt_ids[:prefix]
             with self._model_lock, torch.inference_mode():
-                shared = torch.tensor([batch[fresh[0]].prompt_ids[:prefix]], dtype=torch.long, device=self.device)
+                shared = torch.tensor([tokens], dtype=torch.long, device=self.device)
                 cache = getattr(self.model(input_ids=shared, use_cache=True, logits_to_keep=1), self._cache_name)
-            shared = torch.stack([torch.stack([k[0], v[0]]) for k, v in cache_tensors(cache)])
+            kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in cache_tensors(cache)])
             for b in fresh:
-                lengths[b], layers[b] = prefix, shared
+                lengths[b], layers[b] = prefix, kv
+            if keep and stored is None:
+                self._prefix = _EpisodeCache(list(tokens), kv)
         return lengths, layers
 
     def _generate_batch(self, batch: list[_Request]) -> list[Generation]:

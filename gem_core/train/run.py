@@ -43,6 +43,7 @@ CONFIG = "config.json"
 # the model at each evaluation every ``eval_every`` updates, as the other trainers' mappings save theirs
 # (gem_core.experiment: TRL's save_steps, RL2's save_freq), for `gem-core eval` to read
 EVAL_CHECKPOINTS = "checkpoints"
+WARM_START_SEED_BASE = 2 * 10**6  # the warm start's episodes: seed S plays from 2,000,000 + 10,000 S on
 
 
 class TrainError(ValueError):
@@ -129,7 +130,9 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
     optimizer = adamw(trainer.model.parameters(), config.warmup_lr)
     try:
         for step in range(steps):
-            seeds = [2 * 10**6 + step * batch + i for i in range(batch)]
+            # start states of the run's own (seed 0's unchanged since the warm start was added), apart from every
+            # training seed (below 1,000,000) and both evaluation sets (1,000,000 and 1,500,000 on)
+            seeds = [WARM_START_SEED_BASE + config.seed * 10**4 + step * batch + i for i in range(batch)]
             trajectories = asyncio.run(
                 run_episodes(
                     trainer.envs[:batch] if len(trainer.envs) >= batch else trainer.envs,

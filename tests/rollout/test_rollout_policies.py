@@ -330,23 +330,34 @@ def test_hf_policy_episode_cache_gives_the_numbers_of_a_whole_context(formatter,
                 assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
 
 
+class _InstructionFirstEnv(ScriptedRewardEnv):
+    """Every episode's first message starts with one long instruction; its seed comes at the end."""
+
+    def reset(self, seed=None, options=None):
+        observation, info = super().reset(seed=seed, options=options)
+        return "Read these rules with care before you answer: " + "z" * 40 + f" (episode {seed})", info
+
+
 def test_hf_policy_episode_cache_runs_only_the_new_tokens(formatter, tiny_model):
-    """With the cache kept, a turn after the first feeds the model only what its context gained: the widest
-    forward after the first round is far narrower than the contexts."""
+    """With the cache kept, a turn after the first feeds the model only what its context gained, and an episode
+    that starts in a later round (5 episodes, 2 at a time) starts from the instruction run in the first round:
+    after the first round's prefix, no forward is wider than a turn's delta, though contexts grow far wider."""
     from gem_core.rollout import HFPolicy
 
-    widths: list[int] = []
-    handle = tiny_model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    shapes: list[tuple[int, int]] = []
+    handle = tiny_model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
     try:
-        envs = [ScriptedRewardEnv([0.0, 0.0, 0.0, 1.0], obs_chars=40) for _ in range(3)]
-        policy = HFPolicy(tiny_model, seed=0, max_batch_size=3)
+        envs = [_InstructionFirstEnv([0.0, 0.0, 0.0, 1.0], obs_chars=40) for _ in range(2)]
+        policy = HFPolicy(tiny_model, seed=0, max_batch_size=2)
         config = RunConfig(params=SamplingParams(max_tokens=4, temperature=0.0), max_context_tokens=600)
-        trajectories = asyncio.run(run_episodes(envs, policy, formatter, config, seeds=[0, 1, 2]))
+        trajectories = asyncio.run(run_episodes(envs, policy, formatter, config, seeds=[0, 1, 2, 3, 4]))
     finally:
         handle.remove()
     last_context = max(t.turns[-1].context_len for t in trajectories)
     delta = max(len(turn.obs_delta_ids) for t in trajectories for turn in t.turns) + 1
-    prefill = [w for w in widths if w > 1]
-    assert len(prefill) >= 4 and all(w <= delta for w in prefill[2:])  # after the first round's prefix and rest
+    first_prompt = len(trajectories[0].prompt_ids)
+    assert shapes[0][0] == 1 and first_prompt - 16 < shapes[0][1] < first_prompt  # the instruction, once
+    later = [width for _, width in shapes[1:]]
+    assert len(later) > 20 and max(later) <= delta  # episodes 2-4 start from it too
     assert last_context > 3 * delta
-    assert policy._episode_caches == {}  # every episode's cache dropped as it ended
+    assert policy._episode_caches == {} and policy._prefix is None  # dropped as each episode ended, and at the end
