@@ -6,7 +6,8 @@ run ends at the hint-blind ceiling (with its exact 95% interval).
 
 Each seed is ``gem-core train --seed S --eval-set SET --out OUT/NAME-seedS EXTRA...``, the command a user runs,
 one run at a time (two runs on two cores take twice as long and spoil each other's timings). A run that is
-complete is read back; one that stopped part way (a checkpoint, no final model) is continued with ``--resume``,
+complete (evaluated after its last update) is read back, from its ``metrics.jsonl`` and ``config.json`` alone (what a
+sweep keeps in the repository); one that stopped part way (a checkpoint) is continued with ``--resume``,
 which reproduces the uninterrupted run bit for bit (tests/train/test_determinism.py): the sweep can be stopped
 and started again, across sessions. Settings are chosen on ``--eval-set validation`` with other seeds (e.g.
 100-104); the held-out set and seeds 0-4 are run once, at the end.
@@ -62,11 +63,13 @@ def binomial_interval(successes: int, trials: int, level: float = 0.95) -> tuple
 def run_record(out: str) -> dict[str, Any] | None:
     """What a run directory holds: its start and final evaluations, peak memory and wall time (None: no final evaluation)."""
     path = os.path.join(out, "metrics.jsonl")
-    if not os.path.exists(path) or not os.path.isdir(os.path.join(out, "model")):
+    try:
+        steps = json.load(open(os.path.join(out, "config.json"), encoding="utf-8"))["steps"]
+        lines = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    except (OSError, ValueError, KeyError):
         return None
-    lines = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     evaluations = [line for line in lines if "eval_success_rate" in line]
-    if len(evaluations) < 2:
+    if len(evaluations) < 2 or evaluations[-1]["step"] != steps:  # finished: evaluated after its last update
         return None
     first, last = evaluations[0], evaluations[-1]
     ceiling = (first.get("baselines") or {}).get("hint-blind ceiling (random, no repeats)", {}).get("success_rate")

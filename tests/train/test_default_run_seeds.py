@@ -26,11 +26,11 @@ def test_the_exact_interval_of_a_rate():
 
 def _run(directory: Path, final: dict | None, seconds: float = 600.0) -> None:
     directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"steps": 2}))
     start = {"step": 0, "phase": "warm_start", "eval_success_rate": 0.35, "eval_greedy_success_rate": 0.3, "baselines": {CEILING: {"success_rate": 0.4}}}
     lines = [start, {"step": 1, "phase": "rl", "peak_rss_gb": 3.2}]
     if final is not None:
         lines.append({"step": 2, "phase": "rl", "peak_rss_gb": 3.5, **final})
-        (directory / "model").mkdir()
     (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (directory / "sweep.json").write_text(json.dumps({"seconds": seconds}))
 
