@@ -667,10 +667,11 @@ class Trainer:
         """Play one episode group per seed with the current model (sampling seeded by the episode ids),
         on envs made through the dataset-row code (:class:`~gem_core.tasks.TaskSpec`), as plugins make them.
         ``run_config``: default the run's (its temperature)."""
-        # generation batches of at most one update's episodes, and as many episodes in play (each keeps its KV
-        # cache between turns): the evaluation's 100 at once held 3x the KV cache
+        # HF generation: batches of at most one update's episodes, and as many episodes in play (each keeps its KV
+        # cache between turns): the evaluation's 100 at once held 3x the KV cache. vLLM schedules its own.
         batch_size = max(min(len(seeds) * group_size, self.config.episodes), 1)
         policy = self.policy(batch_size)
+        in_play = batch_size if self.rollout_engine == "hf" else None
         try:
             return asyncio.run(
                 run_episodes(
@@ -681,7 +682,7 @@ class Trainer:
                     seeds=list(seeds),
                     group_size=group_size,
                     episode_id_prefix=prefix,
-                    max_concurrency=batch_size,
+                    max_concurrency=in_play,
                 )
             )
         finally:

@@ -134,16 +134,28 @@ def test_cpu_bf16_is_read_from_the_cpus_flags(tmp_path):
 def test_generation_batches_stay_within_one_updates_episodes(tiny, tmp_path):
     """The evaluation's episodes are generated at most ``episodes`` at a time (its 100 at once held three
     times the KV cache of an update's 32), and a rollout hands freed memory back without failing."""
+    import gem_core.train.trainer as trainer_module
+
     trainer = _trainer(tiny, tmp_path, episodes=2, eval_episodes=5)
     sizes: list[int] = []
+    in_play: list[int | None] = []
     policy = trainer.policy
     trainer.policy = lambda batch_size: sizes.append(batch_size) or policy(batch_size)
+    run_episodes = trainer_module.run_episodes
+
+    def recorded(*args, **kwargs):
+        in_play.append(kwargs.get("max_concurrency"))
+        return run_episodes(*args, **kwargs)
+
+    trainer_module.run_episodes = recorded
     try:
         stats = trainer.evaluate()
         trainer.update()
     finally:
+        trainer_module.run_episodes = run_episodes
         trainer.close()
     assert sizes == [2, 2, 2] and 0.0 <= stats.sampled.success_rate <= 1.0  # greedy, sampled, then the update
+    assert in_play == [2, 2, 2]  # as many episodes in play as a batch holds: each keeps its KV cache between turns
 
 
 def test_one_update_moves_good_responses_up_and_bad_ones_down(tiny, tmp_path):
