@@ -120,7 +120,7 @@ def report(name: str, seeds: list[int], records: dict[int, dict[str, Any] | None
     lines = [
         f"### {name}: `{command}`, seeds {', '.join(map(str, seeds))} ({where} set, 200 balanced episodes)",
         "",
-        '| seed | after the warm start, sampled / greedy | after RL, sampled | after RL, greedy | right way after "lower" (s / g) | after "higher" (s / g) | minutes | peak GB | at the ceiling |',
+        '| seed | after the warm start, sampled / greedy | after RL, sampled | after RL, greedy | right way after "lower" (s / g) | after "higher" (s / g) | minutes | peak GB (updates) | at the ceiling |',
         "|---|---|---|---|---|---|---|---|---|",
     ]
     done = {seed: r for seed, r in records.items() if r is not None}
