@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -96,7 +95,8 @@ def run_record(out: str) -> dict[str, Any] | None:
 
 def run_seed(seed: int, out: str, eval_set: str, extra: list[str]) -> None:
     """Train (or continue) one seed with the CLI; the wall time of the runs that made it is kept in sweep.json."""
-    command = [shutil.which("gem-core") or "gem-core", "train", "--seed", str(seed), "--eval-set", eval_set, "--out", out, *extra]
+    # the CLI of this interpreter's gem-core (`python -m gem_core.cli` is `gem-core`): no PATH needed
+    command = [sys.executable, "-m", "gem_core.cli", "train", "--seed", str(seed), "--eval-set", eval_set, "--out", out, *extra]
     if os.path.exists(os.path.join(out, "checkpoint.pt")):
         command.append("--resume")
     before = 0.0

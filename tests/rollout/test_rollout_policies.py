@@ -361,3 +361,37 @@ def test_hf_policy_episode_cache_runs_only_the_new_tokens(formatter, tiny_model)
     assert len(later) > 20 and max(later) <= delta  # episodes 2-4 start from it too
     assert last_context > 3 * delta
     assert policy._episode_caches == {} and policy._prefix is None  # dropped as each episode ended, and at the end
+
+
+def test_hf_policy_cache_of_another_kind_gives_the_same_numbers(formatter, tiny_model, monkeypatch):
+    """A model whose cache cannot be laid out ahead (a sliding window, other layer kinds: ``cache_shape`` None)
+    takes transformers' own cache, grown by concatenation: the same tokens and logprobs within float rounding."""
+    import gem_core.rollout.policies as policies
+
+    laid_out = _hf_episodes(tiny_model, formatter, jitter_seed=0, temperature=0.0)
+    monkeypatch.setattr(policies, "cache_shape", lambda model: None)
+    grown = _hf_episodes(tiny_model, formatter, jitter_seed=0, temperature=0.0)
+    assert [[turn.response_ids for turn in t.turns] for t in laid_out] == [[turn.response_ids for turn in t.turns] for t in grown]
+    for a, b in zip(laid_out, grown):
+        for x, y in zip(a.turns, b.turns):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+def test_a_growing_cache_past_its_capacity_grows_by_concatenation():
+    """The in-place cache holds the past and every update in order; an update past its buffer's capacity is
+    appended as transformers' own layer would, nothing lost."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from gem_core.rollout.policies import growing_cache
+
+    buffers = torch.zeros(2, 2, 1, 3, 4, 5)  # layers, keys/values, batch, heads, capacity 4, dim
+    buffers[:, :, :, :, :1] = 7.0  # a past of one position
+    cache = growing_cache(buffers, 1)
+    assert cache.get_seq_length() == 1
+    first = torch.ones(1, 3, 2, 5)
+    keys, values = cache.update(first, 2 * first, 0)
+    assert keys.shape[-2] == 3 and bool((keys[..., 0, :] == 7).all()) and bool((values[..., 1:, :] == 2).all())
+    assert bool((buffers[0, 0, :, :, 1:3] == 1).all())  # written in place, in the buffer
+    more = 3 * torch.ones(1, 3, 2, 5)
+    keys, values = cache.update(more, more, 0)  # 5 positions: past the capacity of 4
+    assert keys.shape[-2] == 5 and bool((keys[..., :1, :] == 7).all()) and bool((keys[..., 1:3, :] == 1).all()) and bool((keys[..., 3:, :] == 3).all())
