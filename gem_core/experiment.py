@@ -52,6 +52,8 @@ GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: The KL estimators (Schulman's): k1 = log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r, r = pi_ref / pi.
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# constant, or linear: the KL coefficient falls linearly from kl_coef at the first update to 0 after the last
+KL_SCHEDULES = ("constant", "linear")
 VIEWS = ("turn", "sequence")
 OPTIMIZERS = ("adamw",)
 #: After the linear warm-up the rate stays ``lr`` (gem-core train's schedule).
@@ -133,6 +135,7 @@ class Experiment:
     warm_start_steps: int = 0
     trained_layers: int = 0
     stop_after_box: bool = False
+    kl_schedule: str = "constant"
 
     def __post_init__(self) -> None:
         check_experiment(self)
@@ -245,6 +248,13 @@ KEYS: dict[str, Key] = {
         "stop_after_box",
         Param(bool),
         "gem-core train only: end each response at the token that closes its \\boxed{} move; other trainers refuse it",
+    ),
+    "kl_schedule": Key(
+        "reference",
+        "kl_schedule",
+        Param(str, choices=KL_SCHEDULES),
+        "gem-core train only: the KL coefficient constant, or linear: falling from kl_coef at the first update to 0 after "
+        "the last; other trainers refuse linear",
     ),
 }
 FIELD_OF = {key.path: name for name, key in KEYS.items()}
@@ -442,7 +452,12 @@ def train_rows(experiment: Experiment) -> int:
 
 
 #: The [reference] keys (what only gem-core train runs) and the value every other trainer needs.
-REFERENCE_ONLY = {"reference.warm_start_steps": 0, "reference.trained_layers": 0, "reference.stop_after_box": False}
+REFERENCE_ONLY = {
+    "reference.warm_start_steps": 0,
+    "reference.trained_layers": 0,
+    "reference.stop_after_box": False,
+    "reference.kl_schedule": "constant",
+}
 
 
 def require_portable(trainer: str, experiment: Experiment) -> str:

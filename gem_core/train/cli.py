@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from gem_core.cli_support import CliError, os_error_text, real_number, whole_number
 from gem_core.errors import GemError
+from gem_core.experiment import KL_SCHEDULES
 from gem_core.multimodal import observation_images
 from gem_core.registry import make
 from gem_core.train.experiment import add_experiment_argument, apply_experiment, config_with_experiment
@@ -51,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip", type=real_number(0.0, 10.0), default=None, help=f"PPO ratio clip (default {d.clip})")
     parser.add_argument("--epochs", type=whole_number(1), default=None, help=f"passes over each batch (default {d.epochs})")
     parser.add_argument("--kl-coef", type=real_number(0.0), default=None, help="KL penalty to the starting policy (default 0: off)")
+    parser.add_argument(
+        "--kl-schedule",
+        choices=KL_SCHEDULES,
+        default=None,
+        help=f"the KL coefficient over the run: constant, or linear (from --kl-coef at the first update to 0 after the last) (default {d.kl_schedule})",
+    )
     parser.add_argument("--entropy-coef", type=real_number(0.0), default=None, help="entropy bonus at the model tokens (default 0: off)")
     parser.add_argument("--max-grad-norm", type=real_number(0.0), default=None, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
     parser.add_argument(
@@ -133,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # TrainConfig fields set by an option of the same name (the parser's dest); None: the option was not given
 OPTION_FIELDS = (
     "model", "steps", "episodes", "group_size", "estimator", "gamma", "view", "lr", "clip", "epochs", "kl_coef",
-    "entropy_coef", "max_grad_norm", "micro_batch_tokens", "train_layers", "bf16", "rollout_engine", "temperature", "max_tokens",
+    "kl_schedule", "entropy_coef", "max_grad_norm", "micro_batch_tokens", "train_layers", "bf16", "rollout_engine", "temperature", "max_tokens",
     "max_turns", "stop_after_box", "warmup_steps", "warmup_transcript", "eval_every", "eval_episodes", "eval_set", "seed", "device",
     "out", "checkpoint_every",
 )  # fmt: skip

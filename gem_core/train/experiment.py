@@ -50,6 +50,7 @@ OPTION_VALUES: dict[str, Any] = {
     "clip": lambda e: e.clip_low,
     "epochs": lambda e: e.ppo_epochs,
     "kl_coef": lambda e: e.kl_coef,
+    "kl_schedule": lambda e: e.kl_schedule,
     "entropy_coef": lambda e: e.entropy_coef,
     "max_grad_norm": lambda e: e.max_grad_norm,
     "gradient_checkpointing": lambda e: e.gradient_checkpointing,
@@ -196,4 +197,5 @@ def experiment_of(config: TrainConfig) -> Experiment:
         warm_start_steps=config.warmup_steps,
         trained_layers=config.train_layers,
         stop_after_box=config.stop_after_box,
+        kl_schedule=config.kl_schedule,
     )

@@ -39,6 +39,7 @@ import numpy as np
 from gem_core import algo
 from gem_core.batch import TokenBatch, infra_metrics, sequence_batch, turn_batch
 from gem_core.envs.games.guess_the_number import GuessTheNumber, hint_use
+from gem_core.experiment import KL_SCHEDULES
 from gem_core.precision import auto_precision
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
@@ -76,7 +77,8 @@ class TrainConfig:
     layers (:func:`freeze_lower_layers`; 0, or N at or above the model's layer count: every weight), ``rollout_engine``: ``auto`` (:func:`resolve_rollout_engine`), ``hf`` (the model's
     own ``generate``) or ``vllm`` (vLLM in this process, given the trainer's weights before every
     rollout), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
-    batch, ``kl_coef`` (to the starting policy; 0 = off), ``entropy_coef`` (a bonus on the policy's
+    batch, ``kl_coef`` (to the starting policy; 0 = off) under ``kl_schedule`` (``constant``, or ``linear``: the
+    coefficient falls linearly to 0 over the run's ``steps``, :func:`kl_coef_at`), ``entropy_coef`` (a bonus on the policy's
     entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``. ``warmup_steps``:
     supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
     ``warmup_lr``; ``warmup_transcript``: learn the whole transcripts (the env's text too) rather than the
@@ -109,6 +111,7 @@ class TrainConfig:
     clip: float = 0.2
     epochs: int = 1
     kl_coef: float = 0.0
+    kl_schedule: str = "constant"
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 1024
@@ -173,6 +176,8 @@ class TrainConfig:
             raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {self.eval_set!r}")
         if self.view not in VIEWS:
             raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {self.view!r}")
+        if self.kl_schedule not in KL_SCHEDULES:
+            raise ValueError(f"kl_schedule must be one of {', '.join(KL_SCHEDULES)}, got {self.kl_schedule!r}")
         for name, low, high in (("gamma", 0.0, 1.0), ("clip", 0.0, 10.0), ("temperature", 1e-6, 100.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high) or not math.isfinite(value):
@@ -256,6 +261,19 @@ def _check_int(config: TrainConfig, name: str, low: int) -> None:
 # ------------------------------------------------------------------------------------------------
 # Advantages: one value per turn, from the project's estimators.
 # ------------------------------------------------------------------------------------------------
+
+
+def kl_coef_at(kl_coef: float, schedule: str, step: int, steps: int) -> float:
+    """The KL coefficient of update ``step`` (0-based) of ``steps``: ``kl_coef`` throughout (``constant``), or
+    ``kl_coef * (1 - step / steps)`` (``linear``: ``kl_coef`` at the first update, ``kl_coef / steps`` at the
+    last). A linear fall lets the KL hold the policy near its start while it is learning what the rewards say,
+    then lets it sharpen: KL(ref || pi), the direction of the k3 loss, keeps probability on every move the start
+    policy plays, which a sampled evaluation pays for."""
+    if schedule == "constant" or kl_coef == 0:
+        return kl_coef
+    if schedule == "linear":
+        return kl_coef * max(0.0, 1.0 - step / max(steps, 1))
+    raise ValueError(f"kl_schedule must be one of {', '.join(KL_SCHEDULES)}, got {schedule!r}")
 
 
 def turn_advantages(trajectories: Sequence[Trajectory], estimator: str, gamma: float, group_size: int = 1) -> list[list[float]]:
@@ -812,6 +830,7 @@ class Trainer:
                 "update_seconds": round(time.perf_counter() - started, 3),
                 "peak_rss_gb": round(peak_rss_gb(), 3),
             }
+        kl_coef = self.kl_coef
         loss, stats, grad_norm = self.optimize(rows)
         bound_heap()
         self.scheduler.step()
@@ -823,6 +842,7 @@ class Trainer:
             "loss": loss,
             "grad_norm": grad_norm,
             **stats,
+            **({"kl_coef": kl_coef} if config.kl_coef > 0 else {}),
             "rollout_seconds": round(rollout_seconds, 3),
             "update_seconds": round(time.perf_counter() - started, 3),
             "peak_rss_gb": round(peak_rss_gb(), 3),
@@ -856,6 +876,7 @@ class Trainer:
         parts = micro_batches(rows, config.micro_batch_tokens) if parts is None else parts
         references = [None] * len(parts) if references is None else references
         tokens = float((rows.targets >= 0).sum().clamp(min=1))
+        kl_coef = self.kl_coef
         self.model.train()
         total, stats = 0.0, {}
         for part, reference in zip(parts, references):
@@ -863,12 +884,18 @@ class Trainer:
                 logprobs, entropy = self.logprobs(self.model, part, with_entropy=True)
             else:
                 logprobs, entropy = self.logprobs(self.model, part), None
-            loss, part_stats = policy_loss(logprobs, part, config.clip, reference, config.kl_coef, entropy, config.entropy_coef, tokens=tokens)
+            loss, part_stats = policy_loss(logprobs, part, config.clip, reference, kl_coef, entropy, config.entropy_coef, tokens=tokens)
             loss.backward()
             total += float(loss.detach())
             for key, value in part_stats.items():
                 stats[key] = stats.get(key, 0.0) + value
         return total, stats
+
+    @property
+    def kl_coef(self) -> float:
+        """This update's KL coefficient (:func:`kl_coef_at`)."""
+        config = self.config
+        return kl_coef_at(config.kl_coef, config.kl_schedule, self.step, config.steps)
 
     def logprobs(self, model: Any, rows: Rows, *, with_entropy: bool = False) -> Any:
         """:func:`token_logprobs` with this run's temperature and chunk size, under bf16 autocast when on

@@ -48,7 +48,7 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
 @pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat"))
 @pytest.mark.parametrize(
     "reference",
-    ["warm_start_steps = 8", "trained_layers = 10", "stop_after_box = true"],
+    ["warm_start_steps = 8", "trained_layers = 10", "stop_after_box = true", 'kl_schedule = "linear"'],
 )
 def test_every_other_trainer_refuses_what_only_the_reference_trainer_runs(trainer, reference):
     """A warm start, frozen layers or the stop at the move: each other trainer refuses it in one line naming the
