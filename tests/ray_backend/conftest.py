@@ -25,13 +25,28 @@ RUNTIME_ENV = {"env_vars": {"PYTHONPATH": os.pathsep.join([CORE_TESTS, RAY_TESTS
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray cluster of 2 CPUs for one test module, shut down after it."""
+    """A local Ray cluster of 2 CPUs for one test module, shut down after it; in a short temp folder of its own
+    where the checkout's is too long for Ray's sockets (gem_core.ray.cluster.local_temp_dir)."""
+    import shutil
+
     import vector_test_envs
 
+    from gem_core.ray.cluster import local_temp_dir, ray_temp_dir_arg
+
     vector_test_envs.register_test_envs()
-    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, runtime_env=RUNTIME_ENV, namespace="gem-tests")
+    temp_dir = local_temp_dir()
+    ray.init(
+        num_cpus=2,
+        object_store_memory=100 * 1024**2,
+        include_dashboard=False,
+        runtime_env=RUNTIME_ENV,
+        namespace="gem-tests",
+        **ray_temp_dir_arg(temp_dir),
+    )
     yield ray
     ray.shutdown()
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def actor_states() -> dict[str, str]:
