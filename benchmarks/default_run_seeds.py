@@ -12,7 +12,7 @@ which reproduces the uninterrupted run bit for bit (tests/train/test_determinism
 and started again, across sessions. Settings are chosen on ``--eval-set validation`` with other seeds (e.g.
 100-104); the held-out set and seeds 0-4 are run once, at the end.
 
-Printed and written to ``OUT/NAME.md``: per seed, held-out (or validation) success after the warm start and
+Printed and written to ``OUT/NAME.md`` (and, with ``--figure PNG``, the seeds as a band: :func:`figure`): per seed, held-out (or validation) success after the warm start and
 after RL, sampled and greedy; the right way after "lower" and after "higher" (sampled / greedy); wall minutes
 and peak memory; whether the run ended at or below the hint-blind ceiling. Then the median and range of each,
 the runs that failed (no final evaluation), and the Clopper-Pearson 95% interval of the rate of runs at the
@@ -110,6 +110,83 @@ def run_seed(seed: int, out: str, eval_set: str, extra: list[str]) -> None:
         json.dump({"seconds": before + time.perf_counter() - started, "command": command, "returncode": result.returncode}, handle)
 
 
+def update_curves(out: str) -> dict[str, list[float | None]]:
+    """A run's training-batch curves per update (success rate, right way after "higher" and after "lower") and its
+    evaluations (step, sampled, greedy), from its ``metrics.jsonl``."""
+    lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") if line.strip()]
+    rl = [line for line in lines if line.get("phase") == "rl" and "success_rate" in line]
+    evaluations = [line for line in lines if "eval_success_rate" in line]
+    return {
+        "step": [line["step"] for line in rl],
+        "success_rate": [line["success_rate"] for line in rl],
+        "higher": [line.get("hint_right_after_higher_rate") for line in rl],
+        "lower": [line.get("hint_right_after_lower_rate") for line in rl],
+        "eval_step": [line["step"] for line in evaluations],
+        "eval_sampled": [line["eval_success_rate"] for line in evaluations],
+        "eval_greedy": [line["eval_greedy_success_rate"] for line in evaluations],
+        "baselines": [(name, b["success_rate"]) for name, b in ((evaluations[0].get("baselines") or {}) if evaluations else {}).items()],
+    }
+
+
+def band(rows: list[list[float | None]]) -> tuple[list[float], list[float], list[float]]:
+    """Per position across the seeds' rows (equal lengths): the median, the lowest and the highest, missing values
+    (a batch without that hint) left out; NaN where no seed has a value."""
+    medians, lows, highs = [], [], []
+    for column in zip(*rows):
+        values = [v for v in column if v is not None]
+        medians.append(statistics.median(values) if values else math.nan)
+        lows.append(min(values) if values else math.nan)
+        highs.append(max(values) if values else math.nan)
+    return medians, lows, highs
+
+
+def figure(name: str, seeds: list[int], outs: dict[int, str], path: str, eval_set: str) -> str:
+    """Every finished seed as a band: the training batch's success (median line, range shaded, each seed thin), the
+    right way after "higher" and after "lower" in the training batch (a run drifting to "always go down" shows as
+    "higher" falling to 0), and each seed's evaluations, sampled and greedy, with the scripted baselines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {seed: update_curves(out) for seed, out in outs.items()}
+    where = "held-out" if eval_set == "heldout" else "validation"
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for axis, key, title in (
+        (axes[0], "success_rate", "success (training batch)"),
+        (axes[1], "higher", 'right way after "higher" / "lower" (training batch)'),
+    ):
+        keys = [key] if key != "higher" else ["higher", "lower"]
+        for key_, color in zip(keys, ("tab:blue", "tab:orange")):
+            length = min(len(c[key_]) for c in curves.values())
+            steps = next(iter(curves.values()))["step"][:length]
+            rows = [c[key_][:length] for c in curves.values()]
+            for row in rows:
+                axis.plot(steps, [math.nan if v is None else v for v in row], color=color, alpha=0.25, linewidth=0.8)
+            median, low, high = band(rows)
+            label = {"success_rate": "success", "higher": 'after "higher"', "lower": 'after "lower"'}[key_]
+            axis.fill_between(steps, low, high, color=color, alpha=0.15)
+            axis.plot(steps, median, color=color, linewidth=2, label=f"{label}: median, range shaded, seeds thin")
+        axis.set(title=title, xlabel="update", ylim=(0, 1.05))
+        axis.legend(fontsize=7)
+    for seed, c in curves.items():
+        axes[2].plot(c["eval_step"], c["eval_sampled"], "o-", color="tab:blue", alpha=0.5)
+        axes[2].plot(c["eval_step"], c["eval_greedy"], "s--", color="tab:green", alpha=0.5)
+    axes[2].plot([], [], "o-", color="tab:blue", label="sampled (a line a seed)")
+    axes[2].plot([], [], "s--", color="tab:green", label="greedy (a line a seed)")
+    baselines = next(iter(curves.values()))["baselines"]
+    for (baseline, value), style in zip(baselines, (":", "--", "-.")):
+        for axis in (axes[0], axes[2]):
+            axis.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{baseline} {value:.3f}" if axis is axes[2] else None)
+    axes[2].set(title=f"success ({where}, 200 balanced episodes)", xlabel="update", ylim=(0, 1.05))
+    axes[2].legend(fontsize=7)
+    fig.suptitle(f"{name}: seeds {', '.join(map(str, seeds))}, {len(curves)} finished")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _cell(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -170,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="default", help="the sweep's name: runs are OUT/NAME-seedS (default: default)")
     parser.add_argument("--out", default="runs/default_seeds")
     parser.add_argument("--report-only", action="store_true", help="read the runs back, train none")
+    parser.add_argument("--figure", metavar="PNG", default=None, help="also draw the finished seeds as a band (needs matplotlib)")
     args = parser.parse_args(argv)
     records: dict[int, dict[str, Any] | None] = {}
     for seed in args.seeds:
@@ -184,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{args.name}.md"), "w", encoding="utf-8") as handle:
         handle.write(text + "\n")
+    finished = {seed: os.path.join(args.out, f"{args.name}-seed{seed}") for seed, record in records.items() if record is not None}
+    if args.figure and finished:
+        print("figure:", figure(args.name, args.seeds, finished, args.figure, args.eval_set))
     return 0
 
 

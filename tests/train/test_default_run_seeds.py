@@ -60,3 +60,21 @@ def test_a_sweep_is_read_back_as_a_distribution(tmp_path, capsys):
     assert "2 of 3 runs finished (1 failed or not run); 1 of 2 ended at or below the hint-blind ceiling (0.400" in text
     low, high = sweep.binomial_interval(1, 2)
     assert f"[{low:.3f}, {high:.3f}]" in text
+
+
+def test_the_band_is_the_median_and_range_over_seeds_missing_values_left_out():
+    median, low, high = sweep.band([[0.2, None, 0.5], [0.4, 0.0, None], [0.9, 1.0, None]])
+    assert median[:2] == [0.4, 0.5] and low[:2] == [0.2, 0.0] and high[:2] == [0.9, 1.0]
+    assert (median[2], low[2], high[2]) == (0.5, 0.5, 0.5)
+
+
+def test_the_figure_draws_the_finished_seeds(tmp_path):
+    pytest.importorskip("matplotlib")
+    final = {"eval_success_rate": 0.6, "eval_greedy_success_rate": 0.7}
+    _run(tmp_path / "x-seed0", final)
+    _run(tmp_path / "x-seed1", None)  # unfinished: not drawn, not an error
+    png = tmp_path / "band.png"
+    assert sweep.main(["--seeds", "0", "1", "--name", "x", "--out", str(tmp_path), "--report-only", "--figure", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curves = sweep.update_curves(str(tmp_path / "x-seed0"))
+    assert curves["eval_step"] == [0, 2] and curves["eval_sampled"] == [0.35, 0.6] and curves["step"] == []
