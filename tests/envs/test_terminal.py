@@ -50,7 +50,7 @@ def test_between_8_and_12_tasks_ship_with_unique_names():
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_reference_solution_passes_and_untouched_files_fail(name):
     env = make(name)
-    for _ in env.task.solution:
+    for _ in env.episode.solution:
         _obs, reward, terminated, truncated, info = env.step(env.oracle_action())
         assert reward == 0.0 and not terminated and not truncated, info
     assert env.oracle_action() == "submit"
@@ -62,6 +62,26 @@ def test_reference_solution_passes_and_untouched_files_fail(name):
     obs, reward, terminated, _truncated, info = env.step("submit")
     assert reward == 0.0 and terminated and info["checked"] and info["checker_exit_code"] != 0, obs
     env.close()
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_the_reference_solution_passes_on_every_seed(name):
+    """Each episode draws its own files, numbers and checker inputs: the reference solution solves them
+    all, and the untouched files of each fail (issue 63: checker inputs the agent cannot predict)."""
+    env = gem_core.make(ENV_ID, task=name, command_timeout=10.0)
+    try:
+        for seed in range(1, 5):
+            env.reset(seed=seed)
+            while (action := env.oracle_action()) != "submit":
+                env.step(action)
+            obs, reward, *_ = env.step("submit")
+            assert reward == 1.0, (seed, obs)
+            env.reset(seed=seed)
+            env.step(bash("true"))
+            obs, reward, _terminated, _truncated, info = env.step("submit")
+            assert reward == 0.0 and info["checked"], (seed, obs)
+    finally:
+        env.close()
 
 
 def test_shell_state_persists_and_stdin_is_not_the_shell():

@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import shutil
 import site
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # terminal_attack_child's attack programs
 
 from hostile_snippets import FILE_SECRET, LEAK_FILE, SECRET, SECRET_VAR, Host, hostile_host  # noqa: E402
 from sandbox_support import require_bwrap  # noqa: E402
@@ -204,11 +207,12 @@ def _(obs, info, host):
     "read the supervisor's memory",
     # One byte at the first mapped address of each process (offset 0 is never mapped: it reads nothing anywhere).
     'for p in /proc/[0-9]*; do a=$(head -n 1 $p/maps 2>/dev/null | cut -d- -f1); [ -n "$a" ] || continue; '
-    '[ "$(dd if=$p/mem bs=1 skip=$((16#$a)) count=1 status=none 2>/dev/null | wc -c)" = 1 ] && echo READ $p; done; echo end',
+    '[ "$(dd if=$p/mem bs=1 skip=$((16#$a)) count=1 status=none 2>/dev/null | wc -c)" = 1 ] && echo READ $p $(cat $p/comm); done; echo end',
 )
 def _(obs, info, host):
-    assert "READ /proc/" in obs  # the agent's own processes: the attack does read mapped memory
-    assert "READ /proc/1\n" not in obs  # not the supervisor's (the sandbox's pid 1)
+    read = [line for line in obs.splitlines() if line.startswith("READ /proc/")]
+    assert read  # the agent's own processes: the attack does read mapped memory
+    assert not [line for line in read if "python" in line], read  # not the supervisor's (a Python program)
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +285,15 @@ def _cmdline(pid: int) -> bytes:
 
 # -- the reward cannot be forged (issue 49) -----------------------------------------------------------
 
-FORGING = ["forge-reply", "forge-extra-key", "ptrace-pid-1", "read-memory", "checker-exit-zero", "python-tool-ptrace"]
+FORGING = [
+    "forge-reply", "forge-extra-key", "ptrace-pid-1", "read-memory", "checker-exit-zero", "python-tool-ptrace",
+    # issue 63: answer files as FIFOs answered by a leftover process from the checker's command line;
+    # scripts the checker runs that read its script, know its fixed input, or lower its open-file limit
+    "fifo-count-errors", "fifo-csv-field", "fifo-largest-file", "script-reads-checker", "sum-reads-checker", "sum-hard-coded",
+    "prlimit-checker",
+]  # fmt: skip
+# Attacks on the sandbox's limits (issue 63), each with its own assertions below.
+CONTAINED = ["prlimit-pid-1", "zombie-between-commands", "zombie-time-limit", "zombie-memory", "forge-exit-code", "capabilities"]
 UNPRIVILEGED = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
@@ -316,7 +328,7 @@ def forging(request):
     if not os.access("/usr/bin/python3", os.X_OK):
         pytest.skip("the attack programs run with the sandbox's /usr/bin/python3, which this machine lacks")
     argv, env = _child_command(request.param)
-    done = subprocess.run([*argv, *FORGING], capture_output=True, text=True, env=env, cwd="/tmp", timeout=600)
+    done = subprocess.run([*argv, *FORGING, *CONTAINED], capture_output=True, text=True, env=env, cwd="/tmp", timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
@@ -328,11 +340,181 @@ def test_the_reward_cannot_be_forged(forging, name):
     assert result["exception"] is None, result["exception"]  # never a crash from the model's output
     assert all(reward <= 0 for reward in result["rewards"]) and not result["success"], transcript
     assert "ATTACHED" not in transcript and "FORCED" not in transcript, transcript
-    assert "READ-MEMORY 1\n" not in transcript, transcript
+    read = [line for line in transcript.splitlines() if line.startswith("READ-MEMORY")]
+    assert not [line for line in read if "python" in line], read  # never the supervisor's (a Python program)
     if name == "read-memory":
-        assert "READ-MEMORY 2" in transcript  # the agent's own shell: the program does read a mapped address
+        assert "bash" in " ".join(read)  # the agent's own shell: the program does read a mapped address
     if name == "python-tool-ptrace":
         assert transcript.count("refused 1\n") == 2  # bwrap's init, from a snippet and from a test case
+
+
+def _played(forging, name) -> tuple[dict, str]:
+    result = forging[name]
+    assert result["exception"] is None, result["exception"]
+    return result, "\n---\n".join(result["observations"])
+
+
+def test_the_supervisors_limits_are_out_of_the_agents_reach(forging):
+    """``prlimit --pid 1 --nofile=8`` and ``renice -p 1`` after an honest solution: a supervisor of the
+    agent's uid (the host is not root) took them and died (reward -0.1, "sandbox lost"). Pid 1 of the
+    agent's processes is now their own init; the supervisor has no pid they can name."""
+    result, transcript = _played(forging, "prlimit-pid-1")
+    assert not any(info["sandbox_lost"] for info in result["infos"]), transcript
+    assert result["success"] and result["rewards"][-1] == 1.0, transcript
+
+
+def test_the_agents_processes_hold_no_capability(forging):
+    """When the host is not root the supervisor keeps CAP_SYS_ADMIN and CAP_SETPCAP in the sandbox's user
+    namespace (to give the agent's processes a PID namespace of their own): none of it reaches them, not
+    even in their bounding set."""
+    result, transcript = _played(forging, "capabilities")
+    caps = [line.split() for line in result["observations"][0].splitlines() if line.startswith("Cap")]
+    assert len(caps) == 10, transcript
+    assert all(int(value, 16) == 0 for _name, value in caps), transcript
+
+
+def test_a_zombie_leader_does_not_run_between_commands(forging):
+    """A process whose main thread has ended (its leader shows Z) while another thread appends a line
+    every 10 ms: between two commands the host waits 1 s; the file must not grow meanwhile."""
+    result, transcript = _played(forging, "zombie-between-commands")
+    before, after = (int(obs.split()[0]) for obs in result["observations"][:2])
+    assert before > 5 and after - before < 20, transcript
+
+
+def test_a_zombie_leader_dies_with_the_time_limit(forging):
+    result, transcript = _played(forging, "zombie-time-limit")
+    assert result["infos"][0]["timed_out"], transcript
+    assert result["observations"][1].split()[0] == "0", transcript  # nothing appends to the file any more
+
+
+def test_a_zombie_leaders_memory_is_counted(forging):
+    """Six zombie-leader processes holding 150 MB each in a sandbox of 256 MB: /proc/PID/statm reads 0
+    for a zombie leader; the memory is its threads'."""
+    result, transcript = _played(forging, "zombie-memory")
+    assert result["infos"][0]["limit"] == "memory" and "ALL-DONE" not in transcript, transcript
+
+
+def test_a_forged_exit_code_is_bounded(forging):
+    """A DEBUG trap writes the shell's status line itself, with a code of 200 digits."""
+    result, transcript = _played(forging, "forge-exit-code")
+    codes = [info["exit_code"] for info in result["infos"][:-1]]
+    assert all(code is None or 0 <= code <= 255 for code in codes), codes
+    assert "0000000000" not in transcript, transcript
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["host-user", "unprivileged-host"])
+def tmp_interpreter(request):
+    """The attack child started with an interpreter under /tmp (a link to the one it would use): the
+    sandbox then binds it at that path, below a directory it makes on its own writable /tmp."""
+    require_bwrap()
+    if platform.machine() != "x86_64":
+        pytest.skip("the ptrace attack program sets x86_64 registers")
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("the attack programs run with the sandbox's /usr/bin/python3, which this machine lacks")
+    argv, env = _child_command(request.param)
+    at = argv.index(str(ATTACK_CHILD)) - 1
+    top = Path(tempfile.mkdtemp(prefix="gem-interp-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        (top / "env" / "bin").mkdir(parents=True)
+        link = top / "env" / "bin" / "python3"
+        link.symlink_to(argv[at])
+        argv[at] = str(link)
+        done = subprocess.run([*argv, "interpreter-under-tmp"], capture_output=True, text=True, env=env, cwd="/tmp", timeout=600)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(f"{top}.moved", ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)["interpreter-under-tmp"]
+
+
+def test_no_agent_writable_directory_leads_to_the_interpreter(tmp_interpreter):
+    """The agent moves the directory above the interpreter's (bwrap made it on the sandbox's /tmp, as the
+    agent's uid when the host is not root) and plants its own ``python`` there; the old checker's
+    ``agent`` started it unconfined, and it traced the checker into exit 0 (issue 63, finding 4)."""
+    result = tmp_interpreter
+    transcript = "\n---\n".join(result["observations"])
+    assert result["exception"] is None, result["exception"]
+    assert all(reward <= 0 for reward in result["rewards"]) and not result["success"], transcript
+    assert "ATTACHED" not in transcript and "FORCED" not in transcript, transcript
+    assert "planted 0" not in transcript, transcript  # the directory cannot be moved, nor the interpreter replaced
+
+
+# -- answer files: regular files only, read without following links or blocking (issue 63) -----------
+
+
+@pytest.mark.parametrize(
+    ("kind", "task", "command"),
+    [
+        ("symlink", "count-errors", "grep -c ERROR app.log > /tmp/right; rm -f error_count.txt; ln -s /tmp/right error_count.txt"),
+        ("oversize", "count-errors", "{ grep -c ERROR app.log; head -c 2000000 /dev/zero | tr '\\0' ' '; } > error_count.txt"),
+        ("fifo", "count-errors", "rm -f error_count.txt; mkfifo error_count.txt"),
+        ("directory", "count-errors", "rm -f error_count.txt; mkdir error_count.txt"),
+        # the right tree, made under /tmp, and a link to it where it belongs
+        ("symlinked directory", "make-tree", "mkdir -p /tmp/p/src /tmp/p/tests /tmp/p/docs && echo '# Project' > /tmp/p/README.md && ln -s /tmp/p project"),
+    ],
+)
+def test_an_answer_that_is_not_a_plain_file_or_directory_is_wrong(host, kind, task, command):
+    """An answer that is a link (or lies below one), a FIFO, a directory where a file belongs or a file over
+    the size bound is a wrong answer (reward 0), at once: the checker never follows a link nor waits on
+    a FIFO. Before issue 63, the link and the oversize file passed, and the FIFO held the checker."""
+    env = gem_core.make("terminal:Tasks-v0", task=task, command_timeout=TIMEOUT, check_timeout=4.0)
+    env.reset(seed=0)
+    try:
+        obs, *_ = step(env, command)
+        started = time.monotonic()
+        obs, reward, terminated, _truncated, info = env.step("submit")
+        took = time.monotonic() - started
+    finally:
+        env.close()
+    assert terminated and reward == 0.0 and not info["success"], (kind, obs, info)
+    assert took < 3.0, f"the checker took {took:.1f} s on a {kind}"
+
+
+def test_the_honest_answer_passes_as_a_regular_file(host):
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=TIMEOUT)
+    env.reset(seed=0)
+    try:
+        step(env, "grep -c ERROR app.log > /tmp/n; cp /tmp/n error_count.txt")
+        assert env.step("submit")[1] == 1.0
+    finally:
+        env.close()
+
+
+def test_no_process_of_the_agents_is_alive_while_the_checker_runs(host):
+    """A zombie-leader process appends to a file every 10 ms (the old supervisor's kill before the checker
+    skipped it); the checker then runs a program that counts the lines twice, 0.3 s apart: nothing may
+    have been added meanwhile."""
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("the leftover process is the sandbox's /usr/bin/python3, which this machine lacks")
+    from terminal_attack_child import ZOMBIE_LEADER, heredoc
+
+    from gem_core.envs.terminal.shell import ShellSandbox
+    from gem_core.envs.terminal.tasks import runs
+
+    sandbox = ShellSandbox([]).start()
+    try:
+        obs = sandbox.run(heredoc("/tmp/z.py", ZOMBIE_LEADER) + "\npython3 /tmp/z.py tick & sleep 0.5; wc -l < /app/ticks", TIMEOUT).output
+        assert int(obs.split()[0]) > 5, obs
+        count = "a=$(wc -l < ticks); sleep 0.3; echo $(( $(wc -l < ticks) - a ))"
+        result = sandbox.check([runs(["/bin/bash", "-c", count], "0")], 10.0)
+    finally:
+        sandbox.close()
+    assert result.exit_code == 0, result
+
+
+def test_checker_inputs_change_with_the_seed():
+    """What a checker expects, and the inputs it gives the agent's scripts, are drawn per episode from the
+    env's seed: a script written for one episode's numbers fails another's (issue 63, finding 2)."""
+    from gem_core.envs.terminal.tasks import TASKS
+
+    for task in TASKS:
+        if task.name in ("make-tree", "fix-permissions"):  # nothing to compute: the instruction names the answer
+            continue
+        seen = {json.dumps(task.build(random.Random(seed)).checks, sort_keys=True) for seed in range(12)}
+        assert len(seen) >= 8, task.name
+        # the same seed, the same episode
+        assert task.build(random.Random(7)) == task.build(random.Random(7)), task.name
 
 
 def test_a_malformed_reply_is_an_infra_error_not_an_exception():
@@ -471,13 +653,15 @@ def test_the_status_pipe_cannot_grow_the_supervisor(host):
         env.close()
 
 
-def test_pid_1s_command_line_shows_no_host_path(host):
+def test_the_supervisor_is_not_among_the_agents_processes(host):
+    """The agent's processes have a PID namespace and a /proc of their own (issue 63): pid 1 is their own
+    shell, and no process they can see is the supervisor or shows a host path."""
     env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=TIMEOUT)
     env.reset(seed=0)
     try:
-        obs = step(env, "tr '\\0' ' ' < /proc/1/cmdline; echo; cat /proc/1/environ > /dev/null && echo ENVIRON")[0]
+        obs = step(env, "for p in /proc/[0-9]*; do echo \"${p#/proc/}: $(tr '\\0' ' ' < $p/cmdline)\"; done")[0]
     finally:
         env.close()
-    assert "gem-terminal-supervisor" in obs
-    for secret in (str(REPO), sys.prefix, "gem-sandbox-owner", "ENVIRON"):
+    assert obs.startswith("1: /bin/bash --noprofile --norc"), obs
+    for secret in (str(REPO), sys.prefix, "gem-sandbox-owner", "gem-terminal-supervisor", "python"):
         assert secret not in obs, obs

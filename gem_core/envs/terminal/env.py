@@ -1,11 +1,13 @@
 """TerminalEnv: a task solved with shell commands, in a persistent bash inside the bubblewrap sandbox.
 
-One episode is one task of :mod:`.tasks` (``task=`` picks one; otherwise the reset seed draws it). Each
-action is one command in a ```` ```bash ```` block (or ``<bash>...</bash>``); the observation is its
-output (stdout and stderr together, at most ``max_output_bytes``, head and tail) and exit code. The shell
+One episode is one task of :mod:`.tasks` (``task=`` picks one; otherwise the reset seed draws it), its
+files, numbers and checker inputs drawn from the reset seed too. Each action is one command in a
+```` ```bash ```` block (or ``<bash>...</bash>``); the observation is its output (stdout and stderr
+together, at most ``max_output_bytes``, head and tail) and exit code. The shell
 persists across turns (cwd, variables, background jobs), in a private ``/app`` holding the task's files.
-``submit`` (or ``done``) ends the episode; so does the turn limit (``truncated``). Either way the task's
-checker then runs in the same sandbox, after every process of the agent's is killed: exit 0 is success.
+``submit`` (or ``done``) ends the episode; so does the turn limit (``truncated``). Either way every
+process of the agent's is killed, then the sandbox's supervisor evaluates the task's checks (sent only
+then): all passing is success.
 
 Rewards: ``success_reward`` (1) when the checker passes at the end, else 0; ``format_error_reward``
 (-0.1) for a reply without a command (the episode goes on: the turn is spent); ``timeout_reward`` (-0.1)
@@ -26,6 +28,7 @@ without a sandbox.
 from __future__ import annotations
 
 import copy
+import random
 import re
 from typing import Any, ClassVar
 
@@ -35,7 +38,7 @@ from gem_core.params import Param
 from gem_core.parsing import all_fenced, all_tagged, echo
 from gem_core.tools.sandbox.policy import SandboxUnavailable, require_bwrap
 from gem_core.envs.terminal.shell import APP, CommandResult, ShellLimits, ShellSandbox, cpu_seconds_for
-from gem_core.envs.terminal.tasks import BY_NAME, TASK_NAMES, TASKS, TerminalTask
+from gem_core.envs.terminal.tasks import BY_NAME, TASK_NAMES, TASKS, Episode, TerminalTask
 
 MAX_COMMAND_CHARS = 16_384
 # ```bash / ```sh / ```shell / ```console (or bare ```) fences, or <bash>...</bash>; the last one is the command.
@@ -113,6 +116,7 @@ class TerminalEnv(Env):
         )
         self.max_output_bytes = int(max_output_bytes)
         self.task: TerminalTask = BY_NAME[task] if task is not None else TASKS[0]
+        self.episode: Episode | None = None  # this episode's files, instruction, checks and solution (drawn at reset)
         self.max_turns = max_turns or self.task.max_turns
         self.turn = 0
         self.commands: list[str] = []  # every command that reached the shell, in order (the replay record)
@@ -127,10 +131,12 @@ class TerminalEnv(Env):
         self._close_sandbox()
         if self.task_arg is None:
             self.task = TASKS[int(self.np_random.integers(len(TASKS)))]
+        # The episode's data from the seed: a script or an answer made for one episode fails another.
+        self.episode = self.task.build(random.Random(int(self.np_random.integers(2**63))))
         self.max_turns = self.max_turns_arg or self.task.max_turns
         self.turn, self.commands, self._done, self._was_reset = 0, [], False, True
         observation = (
-            f"You are in a bash shell in {APP}, inside a sandbox with no network.\n\nTask: {self.task.instruction}\n\n"
+            f"You are in a bash shell in {APP}, inside a sandbox with no network.\n\nTask: {self.episode.instruction}\n\n"
             f"{ACTION_HELP} Each command may run for {self.command_timeout:g} seconds; you have {self.max_turns} turns."
         )
         return observation, {"task": self.task.name, "turn": 0, "max_turns": self.max_turns, "format_error": False, "success": False}
@@ -213,7 +219,8 @@ class TerminalEnv(Env):
             return body + note, self.timeout_reward, False
         if result.shell_exited:
             return body + f"[the shell exited; the next command starts a new shell in {APP} (files are kept)]", 0.0, False
-        return body + f"[exit code: {result.exit_code}]", 0.0, False
+        code = "unknown" if result.exit_code is None else result.exit_code  # (a status line the agent forged)
+        return body + f"[exit code: {code}]", 0.0, False
 
     def _finish(self) -> tuple[str, bool, dict[str, Any]]:
         """Run the checker (if anything ran: untouched files fail every shipped checker) and end the episode."""
@@ -230,7 +237,8 @@ class TerminalEnv(Env):
             self._close_sandbox()
             extra.setdefault("sandbox_lost", "the sandbox was gone when the checker was due")
             return "The task could not be checked: the sandbox is gone.", False, {**extra, "checked": False}
-        result = sandbox.check(self.task.check, self.check_timeout)
+        assert self.episode is not None
+        result = sandbox.check(list(self.episode.checks), self.check_timeout)
         self._close_sandbox()
         success = result.exit_code == 0 and result.lost is None
         if result.infra_error is not None:
@@ -241,7 +249,8 @@ class TerminalEnv(Env):
     def _live_sandbox(self) -> ShellSandbox | None:
         """The episode's sandbox, started (and the recorded commands replayed) if there is none."""
         if self._sandbox is None:
-            self._sandbox = ShellSandbox(self.task.file_list(), self.limits, self.max_output_bytes).start()
+            assert self.episode is not None
+            self._sandbox = ShellSandbox(list(self.episode.files), self.limits, self.max_output_bytes).start()
             self._replayed = 0
         while self._replayed < len(self.commands):
             result = self._sandbox.run(self.commands[self._replayed], self.command_timeout)
@@ -260,8 +269,9 @@ class TerminalEnv(Env):
     def oracle_action(self) -> str:
         """The next command of the task's reference solution, then ``submit``."""
         done = len(self.commands)
-        if done < len(self.task.solution):
-            return f"```bash\n{self.task.solution[done]}\n```"
+        solution = self.episode.solution if self.episode is not None else ()
+        if done < len(solution):
+            return f"```bash\n{solution[done]}\n```"
         return "submit"
 
     # -- state

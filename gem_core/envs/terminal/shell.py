@@ -7,6 +7,10 @@ size-capped private ``/tmp``; an empty environment), the same user namespace tri
 the same per-process reaper, which ends the sandbox if this process dies. The Terminal env adds a
 size-capped tmpfs at ``/app`` (the task's files, kept across shell restarts) and its supervisor's source,
 read-only. Inside, :mod:`supervisor` runs as the sandbox's pid 1 and runs the shell and the checker.
+When the host is not root, the supervisor gets CAP_SYS_ADMIN and CAP_SETPCAP in the sandbox's user
+namespace (bwrap's ``--cap-add``): it gives every process of the agent's a PID namespace of its own, and
+drops every capability in them (see ``supervisor.py``). An interpreter that lives under ``/tmp`` is
+bound on a read-only tmpfs of its own there (:func:`interpreter_binds`).
 
 Every reply from the sandbox is checked here (:func:`validate_reply`: its keys, their types, its size):
 one that is not what the supervisor sends is an infrastructure error, never an exception.
@@ -88,7 +92,9 @@ RUN_REPLY = {
 }  # fmt: skip
 CHECK_REPLY = {"output": (str,), "exit_code": _INT_OR_NONE, "timed_out": (bool,)}
 HELLO_REPLY = {"op": (str,), "pid": (int,)}
+FAILED_REPLY = {"failed": (str,)}  # the supervisor could not set up a process of the agent's: an infra error
 LIMITS = frozenset({"memory", "files"})
+MAX_EXIT_CODE = 255  # an exit code (or minus a signal number) is within +-255; anything else is not the supervisor's
 
 
 def validate_reply(reply: Any, schema: dict[str, tuple[type, ...]]) -> str | None:
@@ -104,7 +110,34 @@ def validate_reply(reply: Any, schema: dict[str, tuple[type, ...]]) -> str | Non
             return f"{key!r} is a {type(value).__name__}"
     if reply.get("limit") is not None and reply["limit"] not in LIMITS:
         return "an unknown limit"
+    if reply.get("exit_code") is not None and not -MAX_EXIT_CODE <= reply["exit_code"] <= MAX_EXIT_CODE:
+        return "'exit_code' is out of range"
     return None
+
+
+def interpreter_binds() -> list[str]:
+    """bwrap options that put each interpreter directory under ``/tmp`` on a read-only tmpfs of its own.
+
+    The sandbox policy binds the interpreter's directories at their host paths; one under ``/tmp`` lands
+    on the sandbox's writable ``/tmp``, below directories bwrap makes there, which belong to the agent's
+    uid when the host is not root: the agent could move them away and put a program of its own where the
+    interpreter was. Here the topmost such directory becomes a read-only tmpfs (a mount point: it cannot
+    be moved or written) holding only the read-only binds again."""
+    tops: dict[str, list[str]] = {}
+    for directory in policy.kept_under_tmp():
+        tops.setdefault("/" + "/".join(Path(directory).parts[1:3]), []).append(directory)
+    binds: list[str] = []
+    for top, directories in tops.items():
+        binds += ["--perms", "0755", "--tmpfs", top]
+        made = {top}
+        for directory in directories:
+            for parent in reversed(Path(directory).parents):
+                if str(parent).startswith(top + "/") and str(parent) not in made:
+                    made.add(str(parent))
+                    binds += ["--perms", "0755", "--dir", str(parent)]
+            binds += ["--ro-bind", directory, directory]
+        binds += ["--remount-ro", top]
+    return binds
 
 
 class ShellSandbox:
@@ -148,7 +181,10 @@ class ShellSandbox:
                 helper, ns_fd = policy.user_namespace_as_root()
                 pass_fds = (ns_fd, info_w)
             binds = ["--ro-bind", str(SUPERVISOR_DIR), SUPERVISOR_MOUNT, "--size", str(self.limits.app_mb * policy.MIB), "--perms", "0755", "--tmpfs", APP]
+            binds += interpreter_binds()
             argv = [*policy.bwrap_argv(self.limits.tmp_mb, ns_fd, info_w, binds=binds, as_pid_1=True), policy.sandbox_python(), "-I", "-S"]
+            if not root:  # namespace root has every capability already; a host user's supervisor needs these two
+                argv[1:1] = ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
             argv.append(f"{SUPERVISOR_MOUNT}/supervisor.py")
             argv.append(json.dumps(config))
             self.proc = host.spawner.popen(
@@ -243,7 +279,7 @@ class ShellSandbox:
         """One request; the reply, or a CommandResult saying why the sandbox is lost (it is then closed)."""
         if not self.alive:
             self.close()
-            return "the sandbox is gone"
+            return CommandResult(lost="the sandbox is gone")
         try:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
             self.proc.stdin.flush()  # type: ignore[union-attr]
@@ -255,6 +291,9 @@ class ShellSandbox:
             why = "the sandbox's supervisor died" if not self.alive else "the sandbox's supervisor did not answer in time"
             self.close()
             return CommandResult(lost=why)
+        if isinstance(reply, dict) and validate_reply(reply, FAILED_REPLY) is None:
+            self.close()
+            return CommandResult(lost="the sandbox could not start a process", infra_error=f"the terminal sandbox failed: {reply['failed'][:300]}")
         invalid = reply if isinstance(reply, str) else validate_reply(reply, schema)
         if invalid is not None:
             self.close()
@@ -266,9 +305,11 @@ class ShellSandbox:
         reply = self._call({"op": "run", "command": command, "timeout": timeout}, timeout, RUN_REPLY)
         return reply if isinstance(reply, CommandResult) else CommandResult(**reply)
 
-    def check(self, script: str, timeout: float) -> CommandResult:
-        """Kill what the agent left running, then run ``script`` with ``bash -c`` in ``/app``."""
-        reply = self._call({"op": "check", "script": script, "timeout": timeout}, timeout, CHECK_REPLY)
+    def check(self, checks: list[dict[str, Any]], timeout: float) -> CommandResult:
+        """Kill every process of the agent's, then have the supervisor evaluate ``checks`` (see
+        :mod:`.tasks`): exit code 0 when all pass. They reach the sandbox only now, on the supervisor's
+        private pipe."""
+        reply = self._call({"op": "check", "checks": checks, "timeout": timeout}, timeout, CHECK_REPLY)
         return reply if isinstance(reply, CommandResult) else CommandResult(**reply)
 
     # -- ending

@@ -1,48 +1,61 @@
-"""The Terminal env's program inside bubblewrap: it owns the episode's shell. Standard library only.
+"""The Terminal env's program inside bubblewrap: it owns the episode's shell and judges the episode.
+Standard library only.
 
 The host starts it as ``python -I -S supervisor.py <config json>``, as the sandbox's pid 1 (bwrap's
-``--as-pid-1``): no other process holds the host's pipes, and a pid 1 gets no signal from inside its
-namespace that it has no handler for. Before anything else it makes itself non-dumpable (no process
-of the agent's can trace it, read its memory or open its descriptors through ``/proc``) and blanks its
-command line. Requests come as JSON lines on stdin, replies go as JSON lines on stdout. It writes the
-task's files into the sandbox's private ``/app`` (a size-capped tmpfs that lives as long as the
-sandbox), then answers:
+``--as-pid-1``): no other process holds the host's pipes. Before anything else it makes itself
+non-dumpable and blanks its command line. Requests come as JSON lines on stdin, replies go as JSON lines
+on stdout. It writes the task's files into the sandbox's private ``/app`` (a size-capped tmpfs that lives
+as long as the sandbox), then answers:
 
 * ``run`` -- feed one command to the persistent ``bash`` (started on first use, and again after a time
   limit or an ``exit``). The command is passed as one ANSI-C quoted word to ``eval``, so no quoting in it
   can swallow what follows; its stdin is ``/dev/null``; its end and exit code come on the shell's fd 3 as a
-  random sentinel (at most STATUS_BYTES of it are kept). Output (stdout and stderr together) is kept up
-  to a cap, head and tail. On the time limit every process but this one is killed and the shell is
-  gone; files stay. While the command runs, the sandbox's processes are counted together: over
-  ``memory_mb`` of private memory, the command is killed like on a time limit; over ``max_inodes`` files
-  on a writable tmpfs, the episode ends. Between commands every process of the agent's is stopped
-  (SIGSTOP) and continued with the next command: nothing of the agent's runs while no command does.
-* ``check`` -- kill everything the agent left running, then run the checker script in a fresh
-  ``bash -c`` (as the agent's uid, with the agent's limits). The agent's own code runs only through
-  the checker's ``agent`` function, confined (``confine.py``), so it cannot trace or signal the
-  checker's processes: the checker's exit code, which this program reaps, is the verdict.
+  random sentinel (at most STATUS_BYTES of it are kept; a code that is not 0-255 is not believed). Output
+  (stdout and stderr together) is kept up to a cap, head and tail. On the time limit every process of the
+  agent's is killed and the shell is gone; files stay. While the command runs, the agent's processes are
+  counted together: over ``memory_mb`` of private memory, the command is killed like on a time limit;
+  over ``max_inodes`` files on a writable tmpfs, the episode ends. Between commands every process of the
+  agent's is stopped (SIGSTOP) and continued with the next command: nothing of the agent's runs while no
+  command does.
+* ``check`` -- kill every process of the agent's, then evaluate the task's checks (``tasks.py``), here,
+  in this program: answer files are read without following links or blocking, and the agent's programs
+  the checks run start like its shell (below), each in a PID namespace of its own. The checks arrive
+  only with this request, so what they expect never was in the sandbox while the agent's code ran.
 
-Every process of the agent's (its shell, and what a checker runs through ``agent``) is confined by
-``confine.py``: a Landlock domain and a seccomp filter that keep it from tracing, reading, writing or
-signalling any process outside its own domain (this program, the checker).
+**The agent's processes.** The shell, and each program a check runs, is the init of a new PID namespace
+with a new mount namespace holding a ``/proc`` of that namespace (:func:`start_agent`): the agent sees
+only its own processes; this program has no pid the agent can name, so it cannot be signalled, traced,
+``prlimit``-ed or reniced by one, even when it shares the agent's uid (a host that is not root). Killing
+that init (SIGKILL from here, the parent namespace) makes the kernel kill every process of the namespace,
+whatever its state: no scan of ``/proc`` can miss one (a process whose main thread has exited while its
+other threads run shows state Z, and a scan for living states skipped such "zombie leaders"). Each one
+also runs as the agent's uid (``agent_uid``, the host's ``nobody``, when the host is root: then this
+program, namespace root, is another uid) with no capability, the agent's limits, and confined by
+``confine.py`` (a Landlock domain and a seccomp filter).
 
-When the host runs as root, this program is namespace root and the shell runs as ``agent_uid`` (the
-host's ``nobody``); otherwise they share a uid, and the non-dumpable flag, pid 1's signal rules and the
-confinement above keep the agent away from it.
+When the host is not root this program holds CAP_SYS_ADMIN (to create those namespaces) and CAP_SETPCAP
+(to empty a process's capability bounding set) in the sandbox's user namespace, given by bwrap's
+``--cap-add``; the agent's processes drop every capability, the bounding set included, before they exec.
 """
 
 import ctypes
+import errno
 import importlib.util
 import json
 import os
+import re
 import resource
 import select
+import shutil
 import signal
+import stat
+import struct
 import sys
 import time
 
+libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_DUMPABLE = 4
-ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # first: an agent of the same uid cannot trace us
+libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # first: an agent of the same uid cannot trace us
 CONFIG = json.loads(sys.argv[1])
 APP = CONFIG["app"]
 AGENT_UID = CONFIG.get("agent_uid")  # set when this program is namespace root
@@ -61,11 +74,19 @@ MAXFD = max(64, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536))
 SWEEP_ROUNDS = 500
 SAMPLE_S = 0.02  # how often a running command's processes are counted
 PAGE = os.sysconf("SC_PAGE_SIZE")
-# The checker's way to run the agent's code (the sandbox's Python runs confine.py, which execs the rest).
-AGENT_FUNCTION = 'agent() { "$GEM_PYTHON" -I -S "$GEM_CONFINE" "$@"; }\n'
-WATCHED = set()  # our own children whose wait status matters (the checker)
+WATCHED = set()  # our own children whose wait status matters (the agent's namespace inits)
 EXITED = {}  # pid -> wait status, of WATCHED children reaped while reaping orphans
 SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-./,:=+@%^")
+EXIT_CODE = re.compile(rb"[0-9]{1,3}")  # what a status line's code must be: bash's $? is 0-255
+MAX_ANSWER_BYTES = 1 << 20  # an answer file (or a checked program's output) over this is a wrong answer
+STOPPED = (b"T", b"t", b"Z", b"X")  # thread states that are not running
+# Namespaces and mounts (<sched.h>, <sys/mount.h>), capabilities (<linux/capability.h>, <sys/prctl.h>).
+CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 1 << 14, 1 << 18
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")  # what bwrap's own /proc covers read-only, as we do
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+CAP_LAST = 63  # the highest capability number a kernel could have (dropping one it lacks fails: ignored)
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
 def quote(text):
@@ -100,42 +121,154 @@ class Output:
         return (bytes(self.head) + marker + tail).decode("utf-8", "replace"), True
 
 
-def agent_process(confined=True):
-    """In a forked child: own session, the agent's uid and limits, confined. The caller then execs."""
-    os.setsid()
-    if AGENT_UID is not None:
-        os.setgroups([])
-        os.setresgid(AGENT_UID, AGENT_UID, AGENT_UID)
-        os.setresuid(AGENT_UID, AGENT_UID, AGENT_UID)
-    for name, value in LIMITS.items():
-        which = getattr(resource, name)
-        hard = value + 1 if name == "RLIMIT_CPU" else value
-        try:
-            resource.setrlimit(which, (value, hard))
-        except (ValueError, OSError):
-            resource.setrlimit(which, (value, value))
-    for number in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(number, signal.SIG_DFL)
-    os.chdir(APP)
-    if confined:
+# -- the agent's processes ---------------------------------------------------------------------------
+
+
+class AgentStartError(Exception):
+    """The sandbox could not set up a process of the agent's (not the agent's doing)."""
+
+
+def _check(result, what):
+    if result != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def drop_bounding_set():
+    """Empty the capability bounding set (needs CAP_SETPCAP, which we hold until the agent's uid is taken):
+    no exec can ever bring a capability back, no_new_privs or not."""
+    for cap in range(CAP_LAST + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+
+
+def drop_capabilities():
+    """No capability left, none to come back at exec (no ambient ones; no_new_privs follows in confine)."""
+    _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clearing ambient capabilities")
+    header = ctypes.create_string_buffer(struct.pack("=Ii", LINUX_CAPABILITY_VERSION_3, 0))
+    data = ctypes.create_string_buffer(24)  # effective, permitted, inheritable: zero, twice (64 capabilities)
+    _check(libc.capset(header, data), "capset")
+
+
+def become_agent(argv, fds, env, report):
+    """In the new PID namespace's init (a child of ours): its own /proc, the agent's uid and limits, no
+    capability, confined; then exec ``argv`` with ``fds`` (target fd -> our fd). Never returns. What
+    fails before the exec is written to ``report``, as ``setup: why`` or ``exec: why``."""
+    stage = "setup"
+    try:
+        # Our own mount namespace, so that a /proc of the new PID namespace can cover the sandbox's.
+        _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
+        _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
+        for name in PROC_READ_ONLY:
+            path = f"/proc/{name}".encode()
+            if libc.mount(path, path, None, MS_BIND, None) == 0:
+                libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        os.setsid()
+        drop_bounding_set()
+        if AGENT_UID is not None:
+            os.setgroups([])
+            os.setresgid(AGENT_UID, AGENT_UID, AGENT_UID)
+            os.setresuid(AGENT_UID, AGENT_UID, AGENT_UID)
+        drop_capabilities()
+        for name, value in LIMITS.items():
+            which = getattr(resource, name)
+            hard = value + 1 if name == "RLIMIT_CPU" else value
+            try:
+                resource.setrlimit(which, (value, hard))
+            except (ValueError, OSError):
+                resource.setrlimit(which, (value, value))
+        for number in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(number, signal.SIG_DFL)
+        os.chdir(APP)
         confinement.confine()
-
-
-def spawn(argv, stdin_fd, out_fd, status_fd=None, confined=True, env=None):
-    pid = os.fork()
-    if pid == 0:
+        for target, fd in fds.items():
+            os.dup2(fd, target)
+        keep = max(fds) + 1
+        os.closerange(keep, report)  # everything but the targets and the report pipe (close-on-exec)
+        os.closerange(report + 1, MAXFD)
+        stage = "exec"
+        os.execve(argv[0], argv, env)
+    except BaseException as exc:  # noqa: BLE001 - whatever it was, it is reported and this process ends
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
         try:
-            agent_process(confined)
-            os.dup2(stdin_fd, 0)
-            os.dup2(out_fd, 1)
-            os.dup2(out_fd, 2)
-            if status_fd is not None:
-                os.dup2(status_fd, STATUS_FD)
-            os.closerange(STATUS_FD + (status_fd is not None), MAXFD)
-            os.execve(argv[0], argv, env or SHELL_ENV)
+            os.write(report, f"{stage}: {why}"[:500].encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(127)
+
+
+def start_agent(argv, fds, env=None):
+    """Start ``argv`` as the init of a new PID namespace (see the module docstring); its pid (ours to wait
+    for). Raises AgentStartError when the sandbox failed to set it up, and OSError(why) when ``argv``
+    cannot be executed (a program of the agent's that is not executable, say).
+
+    unshare(CLONE_NEWPID) only chooses the namespace of the caller's next children and cannot be undone
+    here (bwrap's user namespace owns our own PID namespace), so a short-lived middle process does it
+    and forks the init; once it has exited, the init is ours (we are the sandbox's pid 1, its reaper)."""
+    pid_r, pid_w = os.pipe()
+    report_r, report_w = os.pipe()  # close-on-exec: EOF and no text once the init has exec'd
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(pid_r)
+            os.close(report_r)
+            _check(libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+            init = os.fork()
+            if init == 0:
+                os.close(pid_w)
+                become_agent(argv, fds, env or SHELL_ENV, report_w)
+            os.write(pid_w, str(init).encode())
+        except BaseException as exc:  # noqa: BLE001 - reported below through the report pipe
+            try:
+                os.write(report_w, f"setup: {exc}"[:500].encode())
+            except OSError:
+                pass
         finally:
-            os._exit(127)
-    return pid
+            os._exit(0)
+    os.close(pid_w)
+    os.close(report_w)
+    try:
+        text, report = _read_all(pid_r), _read_all(report_r)  # the report pipe: until the init's exec
+    finally:
+        os.close(pid_r)
+        os.close(report_r)
+        os.waitpid(middle, 0)
+    init = int(text) if text.isdigit() else None
+    if init is not None:
+        WATCHED.add(init)
+    if report:
+        if init is not None:
+            end_agent(init)
+        stage, _, why = report.decode(errors="replace").partition(": ")
+        if stage == "exec":
+            raise OSError(why)
+        raise AgentStartError(f"a process of the agent's could not be set up: {why}")
+    if init is None:
+        raise AgentStartError("a process of the agent's could not be started")
+    return init
+
+
+def _read_all(fd):
+    data = b""
+    while chunk := os.read(fd, 4096):
+        data += chunk
+    return data
+
+
+def end_agent(pid):
+    """SIGKILL the init of one of the agent's PID namespaces, which ends every process in it, and reap
+    it (its exit waits for the whole namespace to be gone)."""
+    try:
+        os.kill(pid, signal.SIGKILL)  # from the parent namespace, even a namespace's init cannot refuse it
+    except ProcessLookupError:
+        pass
+    if pid not in EXITED:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    EXITED.pop(pid, None)
+    WATCHED.discard(pid)
 
 
 class Shell:
@@ -143,9 +276,13 @@ class Shell:
         r_in, self.w_in = os.pipe()
         self.r_out, w_out = os.pipe()
         self.r_status, w_status = os.pipe()
-        self.pid = spawn(["/bin/bash", "--noprofile", "--norc"], r_in, w_out, w_status)
-        for fd in (r_in, w_out, w_status):
-            os.close(fd)
+        try:
+            self.pid = start_agent(["/bin/bash", "--noprofile", "--norc"], {0: r_in, 1: w_out, 2: w_out, STATUS_FD: w_status})
+        except OSError as exc:  # /bin/bash would not run: not the agent's doing
+            raise AgentStartError(f"the shell could not start: {exc}") from None
+        finally:
+            for fd in (r_in, w_out, w_status):
+                os.close(fd)
         for fd in (self.r_out, self.r_status):
             os.set_blocking(fd, False)
 
@@ -160,21 +297,22 @@ class Shell:
 shell = None
 
 
+# -- every process but this one ----------------------------------------------------------------------
+
+
 def sweep():
-    """SIGKILL every process in the sandbox but this one (pid 1), until none is left."""
+    """SIGKILL every process in the sandbox but this one (pid 1), whatever its state, until none is
+    left. The agent's processes all die with their namespace's init (end_agent); this is the backstop."""
     for _ in range(SWEEP_ROUNDS):
-        living = []
-        for pid in others():
-            state = state_of(pid)
-            if state not in (b"Z", b"X"):
-                living.append(pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
         reap()
-        if not living:
+        left = others()
+        if not left:
             return True
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)  # a zombie leader's live threads die too; a true zombie ignores it
+            except OSError:
+                pass
         time.sleep(0.002)
     return False
 
@@ -196,22 +334,44 @@ def others():
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != 1]
 
 
-def state_of(pid):
+def stat_fields(path):
+    """The fields of a /proc stat file after the command name, or None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0]
+        with open(path, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return b"X"
+        return None
+
+
+def running(pid):
+    """Whether any thread of ``pid`` is neither stopped nor dead. A process's state is its main thread's:
+    one whose main thread has exited shows Z while its other threads run on, so then (and whenever it
+    has several threads) each thread is looked at."""
+    fields = stat_fields(f"/proc/{pid}/stat")
+    if fields is None:
+        return False
+    if fields[0] not in (b"Z", b"X") and fields[17] == b"1":  # one thread, alive: its state says it
+        return fields[0] not in STOPPED
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in threads:
+        fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if fields is not None and fields[0] not in STOPPED:
+            return True
+    return False
 
 
 def freeze():
-    """Stop every process of the agent's (SIGSTOP cannot be caught); those that will not stop are killed."""
+    """Stop every process of the agent's (SIGSTOP cannot be caught); those that will not stop are killed.
+    A SIGSTOP to a process stops all its threads, also when its main thread is a zombie."""
     for _ in range(SWEEP_ROUNDS):
-        running = [pid for pid in others() if state_of(pid) not in (b"T", b"t", b"Z", b"X")]
-        if not running:
+        moving = [pid for pid in others() if running(pid)]
+        if not moving:
             reap()
             return
-        for pid in running:
+        for pid in moving:
             try:
                 os.kill(pid, signal.SIGSTOP)
             except OSError:
@@ -234,17 +394,34 @@ def thaw():
             pass
 
 
+def _statm(path):
+    """Private resident pages of one statm file (resident - shared); 0 when gone."""
+    try:
+        with open(path, "rb") as f:
+            fields = f.read().split()
+        return int(fields[1]) - int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def private_memory():
-    """Resident private memory of every process but this one, in bytes (statm: resident - shared)."""
-    total = 0
+    """Resident private memory of every process but this one, in bytes. A zombie leader's own statm reads
+    0 (its main thread holds no memory any more); its memory is that of its live threads, which share it:
+    the first thread that has any is counted."""
+    pages = 0
     for pid in others():
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as f:
-                fields = f.read().split()
-            total += (int(fields[1]) - int(fields[2])) * PAGE
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+        own = _statm(f"/proc/{pid}/statm")
+        if own <= 0:
+            try:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                threads = []
+            for tid in threads:
+                own = _statm(f"/proc/{pid}/task/{tid}/statm")
+                if own > 0:
+                    break
+        pages += max(own, 0)
+    return pages * PAGE
 
 
 def too_many_files():
@@ -268,11 +445,30 @@ def over_limit():
 
 
 def end_shell():
+    """End the shell and every process of the agent's (its PID namespace's), then make sure none is left."""
     global shell
     if shell is not None:
+        end_agent(shell.pid)
         shell.close()
         shell = None
     sweep()
+
+
+# -- commands ----------------------------------------------------------------------------------------
+
+
+def parse_status(status, nonce):
+    """Whether the status pipe's tail ends with the command's sentinel line, and its exit code: an int
+    0-255, or None when the line's code is anything else (the agent can write this pipe: a DEBUG trap
+    can print the sentinel itself, with a code of 200 digits)."""
+    if not status.endswith(b"\n"):
+        return False, None
+    word, _, code = status[:-1].rpartition(b"\n")[2].rpartition(b" ")
+    if not word.endswith(nonce.encode()):
+        return False, None
+    if EXIT_CODE.fullmatch(code) and int(code) <= 255:
+        return True, int(code)
+    return True, None
 
 
 def run(command, timeout):
@@ -286,7 +482,7 @@ def run(command, timeout):
     line = f"eval {quote(command)} </dev/null {STATUS_FD}>&-; printf '{nonce} %d\\n' $? >&{STATUS_FD}\n".encode()
     output, status = Output(), b""
     deadline = time.monotonic() + timeout
-    exit_code, exited, timed_out, limit = None, False, False, None
+    exit_code, ended, exited, timed_out, limit = None, False, False, False, None
     next_sample = time.monotonic() + SAMPLE_S
     try:
         view = memoryview(line)
@@ -298,7 +494,7 @@ def run(command, timeout):
         poller = select.poll()
         for fd in (shell.r_out, shell.r_status):
             poller.register(fd, select.POLLIN)
-        while exit_code is None:
+        while not ended:
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
@@ -320,10 +516,7 @@ def run(command, timeout):
                         poller.unregister(fd)
                 elif data:
                     status = (status + data)[-STATUS_BYTES:]  # a writer that never ends a line gets nowhere
-                    if status.endswith(b"\n"):
-                        word, _, code = status.decode(errors="replace").strip().rpartition(" ")
-                        if word.endswith(nonce):
-                            exit_code = int(code)
+                    ended, exit_code = parse_status(status, nonce)
                 else:  # fd 3 closed: the shell is gone (an `exit`, a killed bash)
                     exited = True
                     raise EOFError
@@ -365,39 +558,197 @@ def read(fd):
         return b""
 
 
-def check(script, timeout):
-    """The checker, after everything of the agent's is gone: exit code and output."""
-    end_shell()
+# -- the checker -------------------------------------------------------------------------------------
+
+
+class Wrong(Exception):
+    """The answer is wrong (or is not a plain file where one belongs): the check fails with this text."""
+
+
+def open_in_app(path, directory=False):
+    """A descriptor of ``APP/path``, opened without following any link on the way (each directory on the
+    path a real one, the last component not a link) and without blocking (a FIFO opens at once, to be
+    refused by its type). The caller closes it."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise Wrong(f"{path!r} is not a path under {APP}")
+    fd = os.open(APP, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0)
+        return os.open(parts[-1], flags, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Wrong(f"{path} is (or lies below) a symbolic link") from None
+        if exc.errno == errno.ENOTDIR:
+            raise Wrong(f"{path} is not a directory, or lies below something that is not one") from None
+        raise Wrong(f"{path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def regular_file(path):
+    """(fd, fstat) of a regular file at ``path`` (see open_in_app); anything else is Wrong."""
+    fd = open_in_app(path)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise Wrong(f"{path} is not a regular file")
+    return fd, info
+
+
+def read_answer(path):
+    """The text of the regular file ``path`` (at most MAX_ANSWER_BYTES), or Wrong."""
+    fd, info = regular_file(path)
+    try:
+        if info.st_size > MAX_ANSWER_BYTES:
+            raise Wrong(f"{path} is over {MAX_ANSWER_BYTES} bytes")
+        data = b""
+        while len(data) <= MAX_ANSWER_BYTES and (chunk := os.read(fd, MAX_ANSWER_BYTES + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_ANSWER_BYTES:
+        raise Wrong(f"{path} is over {MAX_ANSWER_BYTES} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def matches(got, spec):
+    """Whether ``got`` is one of ``spec["want"]`` under ``spec["compare"]`` (see tasks.py)."""
+    how = spec.get("compare", "exact")
+    normal = {
+        "exact": lambda text: text,
+        "lines": lambda text: text.rstrip("\n"),  # what "$(cat file)" keeps
+        "no_space": lambda text: "".join(text.split()),
+        "first_line": lambda text: text.split("\n", 1)[0],
+    }[how]
+    wants = spec["want"] if isinstance(spec["want"], list) else [spec["want"]]
+    return normal(got) in [normal(want) for want in wants]
+
+
+def check_text(spec, deadline):
+    if not matches(read_answer(spec["path"]), spec):
+        raise Wrong(f"{spec['path']} does not hold the right answer")
+
+
+def check_dir(spec, deadline):
+    os.close(open_in_app(spec["path"], directory=True))
+
+
+def check_names(spec, deadline):
+    fd = open_in_app(spec["path"], directory=True)
+    try:
+        found = sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+    if found != spec["want"]:
+        raise Wrong(f"{spec['path']} does not hold exactly the right files")
+
+
+def check_mode(spec, deadline):
+    fd, info = regular_file(spec["path"])
+    os.close(fd)
+    if stat.S_IMODE(info.st_mode) != spec["want"]:
+        raise Wrong(f"{spec['path']} has mode {stat.S_IMODE(info.st_mode):o}")
+
+
+def check_executable(spec, deadline):
+    fd, info = regular_file(spec["path"])
+    os.close(fd)
+    if not info.st_mode & stat.S_IXUSR:
+        raise Wrong(f"{spec['path']} is not executable by its owner")
+
+
+def check_run(spec, deadline):
+    """The agent's program, as its shell would run it, on the check's inputs (written to a directory of a
+    random name made now); its stdout compared with what the check wants."""
+    inputs = None
+    if spec.get("inputs"):
+        inputs = f"/tmp/gem-check-{os.urandom(16).hex()}"
+        os.mkdir(inputs, 0o755)  # fails if the name exists: nothing of the agent's is followed
+        os.chmod(inputs, 0o755)
+        for name, content in spec["inputs"].items():
+            fd = os.open(f"{inputs}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(content)
+    argv = [arg.replace("{inputs}", inputs or "") for arg in spec["argv"]]
     r_out, w_out = os.pipe()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    env = {**SHELL_ENV, "GEM_PYTHON": sys.executable, "GEM_CONFINE": CONFIG["confine"]}
-    # Not confined itself: the agent's code, which it runs through `agent`, is, in a domain of its own.
-    pid = spawn(["/bin/bash", "--noprofile", "--norc", "-c", AGENT_FUNCTION + script], devnull, w_out, confined=False, env=env)
-    WATCHED.add(pid)
-    os.close(w_out)
-    os.close(devnull)
-    os.set_blocking(r_out, False)
-    output, deadline, code, timed_out = Output(), time.monotonic() + timeout, None, False
+    devnull = os.open(os.devnull, os.O_RDWR)
+    pid = None
+    try:
+        try:
+            pid = start_agent(argv, {0: devnull, 1: w_out, 2: devnull})
+        except OSError as exc:
+            raise Wrong(f"{argv[0]} could not run: {exc}") from None
+        finally:
+            os.close(w_out)
+        got, too_much = _collect(r_out, pid, deadline)
+        if too_much:
+            raise Wrong(f"{' '.join(argv)} wrote over {MAX_ANSWER_BYTES} bytes")
+        if not matches(got.decode("utf-8", "replace"), spec):
+            raise Wrong(f"{' '.join(argv)} did not print the right answer")
+    finally:
+        if pid is not None:
+            end_agent(pid)
+        os.close(r_out)
+        os.close(devnull)
+        if inputs is not None:
+            shutil.rmtree(inputs, ignore_errors=True)
+
+
+def _collect(fd, pid, deadline):
+    """A checked program's stdout, read until it has exited (and with it every process of its namespace:
+    nothing holds the pipe any more), or until it is over MAX_ANSWER_BYTES (then ``too_much``); past the
+    deadline, TimeoutError."""
+    os.set_blocking(fd, False)
+    data = b""
     while True:
         reap()
-        if pid in EXITED:
-            code = os.waitstatus_to_exitcode(EXITED.pop(pid))
+        done = pid in EXITED
+        remaining = deadline - time.monotonic()
+        if not done and remaining <= 0:
+            raise TimeoutError
+        if not done:
+            select.select([fd], [], [], min(remaining, 0.01))
+        while chunk := read(fd):
+            data += chunk
+            if len(data) > MAX_ANSWER_BYTES:
+                return data, True
+        if done:
+            return data, False
+
+
+CHECKS = {"text": check_text, "dir": check_dir, "names": check_names, "mode": check_mode, "executable": check_executable, "run": check_run}
+
+
+def check(checks, timeout):
+    """Every process of the agent's ends first; then each check in turn, the first that fails deciding.
+    Exit code 0 (all passed), 1 (one failed) or None (out of time); never an exception: a check that
+    breaks on what the agent left fails."""
+    end_shell()
+    deadline = time.monotonic() + timeout
+    code, timed_out, text = 0, False, f"all {len(checks)} checks passed"
+    for index, spec in enumerate(checks, 1):
+        try:
+            CHECKS[spec["check"]](spec, deadline)
+        except Wrong as exc:
+            code, text = 1, f"check {index} of {len(checks)} failed: {exc}"
+        except TimeoutError:
+            code, timed_out, text = None, True, f"check {index} of {len(checks)} ran past the time limit"
+        except AgentStartError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fail closed
+            code, text = 1, f"check {index} of {len(checks)} failed: {type(exc).__name__}: {exc}"
+        if code != 0:
             break
-        if time.monotonic() > deadline:
-            timed_out = True
-            break
-        select.select([r_out], [], [], 0.01)
-        data = read(r_out)
-        if data:
-            output.add(data)
-    data = read(r_out)
-    while data:
-        output.add(data)
-        data = read(r_out)
-    os.close(r_out)
     sweep()
-    text, _ = output.text()
-    return {"exit_code": code, "timed_out": timed_out, "output": text}
+    return {"exit_code": code, "timed_out": timed_out, "output": text[:2000]}
+
+
+# -- start-up ----------------------------------------------------------------------------------------
 
 
 def write_files(files):
@@ -416,8 +767,9 @@ def write_files(files):
 
 
 def blank_command_line():
-    """Overwrite our argv in memory (what /proc/1/cmdline shows): the host's paths and pids are not the
-    agent's business. Python keeps its own copy of argv; this is the kernel's view only."""
+    """Overwrite our argv in memory (what /proc/1/cmdline shows to the sandbox's processes, none of which
+    is the agent's: they have a /proc of their own). Python keeps its own copy of argv; this is the
+    kernel's view only."""
     try:
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
@@ -433,7 +785,6 @@ def limit_files():
     """When namespace root (the host is root): a hard cap on the number of files of each tmpfs."""
     if AGENT_UID is None:
         return
-    libc = ctypes.CDLL(None, use_errno=True)
     ms_remount, ms_nosuid, ms_nodev = 32, 2, 4
     for path in WRITABLE:
         libc.mount(None, path.encode(), None, ms_remount | ms_nosuid | ms_nodev, f"nr_inodes={MAX_INODES}".encode())
@@ -453,12 +804,15 @@ def main():
     os.close(devnull)
     for line in sys.stdin:
         request = json.loads(line)
-        if request["op"] == "run":
-            reply = run(request["command"], request["timeout"])
-        elif request["op"] == "check":
-            reply = check(request["script"], request["timeout"])
-        else:
-            break
+        try:
+            if request["op"] == "run":
+                reply = run(request["command"], request["timeout"])
+            elif request["op"] == "check":
+                reply = check(request["checks"], request["timeout"])
+            else:
+                break
+        except AgentStartError as exc:  # the host ends the episode as an infrastructure error
+            reply = {"failed": str(exc)[:300]}
         replies.write(json.dumps(reply) + "\n")
     end_shell()
 
