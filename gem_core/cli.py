@@ -115,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     served.add_argument("--insecure", action="store_true", help="serve off loopback without a token: anyone who reaches the port plays (and runs code)")
     served.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (scheme://host[:port]) whose pages may use the server; repeatable (default: a browser's request is refused)",
+    )
+    served.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a DNS name clients reach the server by, besides localhost and IP addresses; repeatable (checked without a token, against DNS rebinding)",
+    )
+    served.add_argument(
         "--max-action-chars",
         type=whole_number(1, 16 * 1024 * 1024),
         default=DEFAULT_MAX_ACTION_CHARS,
@@ -413,6 +427,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         max_connections=args.max_connections,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        allow_origins=args.allow_origin,
+        allow_hosts=args.allow_host,
     )
     try:
         server.start()

@@ -1,12 +1,15 @@
 """What stands between OpenEnv's app and a hostile or careless client: bounds on every read, and one line each.
 
-* :class:`ServeGuard` (an ASGI app wrapped around OpenEnv's ``create_app``): the token, a bounded HTTP body
-  (size and time), the HTTP MCP session API turned off (sessions are made by a WebSocket and end with it),
-  WebSocket messages checked before OpenEnv reads them (size, JSON object, numbers, the action's length:
-  a clear error and the session kept), an idle WebSocket closed, a client gone mid-step one log line.
+* :class:`ServeGuard` (an ASGI app wrapped around OpenEnv's ``create_app``): web pages kept out (a browser's
+  Origin unless allowed; without a token, a Host that is not this server's, as DNS rebinding sends), the token,
+  a bounded HTTP body (size and time), the HTTP MCP session API turned off (sessions are made by a WebSocket
+  and end with it), WebSocket messages checked before OpenEnv reads them (size, JSON object, numbers, the
+  action's length: a clear error and the session kept), an idle WebSocket closed, a client gone mid-step one
+  log line.
 * :func:`guarded_http_protocol`: uvicorn's h11 protocol with a deadline for each request's headers (a silent
-  or trickling connection is closed) and a cap on open connections (the next one is closed at once, so the
-  process never reaches its file-descriptor limit).
+  or trickling connection is closed), a cap on open connections (the next one is closed at once, so the
+  process never reaches its file-descriptor limit), and a lingering close after an answer given before the
+  request's body was read (so that the client reads the answer instead of a reset).
 * :class:`EventLog`: one log line per kind of event, at most one per interval, with a count of the rest.
 """
 
@@ -14,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -35,10 +40,19 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LOGGER = logging.getLogger("gem_core.serve")
 #: The longest integer (in digits) a message may hold: a seed is far shorter; Python refuses over 4300.
 MAX_NUMBER_DIGITS = 64
-#: Room for the message around the action (type, data, JSON escapes are counted in the action's own length).
-MESSAGE_OVERHEAD_CHARS = 65_536
+#: The most bytes one character of an action takes in a message's JSON: 12 for a character outside the BMP that the
+#: sender escapes as a surrogate pair (``\ud83d\ude00``: ``json.dumps``, and so OpenEnv's client, escape everything
+#: outside ASCII), 6 for any other escaped one, at most 4 unescaped in UTF-8.
+JSON_BYTES_PER_CHAR = 12
+#: Room for the message around the action (its type, field names, reset's seed and options).
+MESSAGE_OVERHEAD_BYTES = 65_536
 #: How long a WebSocket that the server closed waits for the client's close frame.
 CLOSE_WAIT_S = 5.0
+#: uvicorn's line after a WebSocket the guard refused with an HTTP answer (its websockets-sansio protocol counts only an
+#: accept or a close as completing the handshake): a second, misleading line for one refusal, dropped by RepeatFilter.
+_UNFINISHED_HANDSHAKE = "ASGI callable returned without completing handshake."
+#: True in the task of a WebSocket the guard refused with an HTTP answer (uvicorn logs from that task, right after).
+_REFUSED_OVER_HTTP: ContextVar[bool] = ContextVar("gem_core_serve_refused_over_http", default=False)
 
 
 class EventLog:
@@ -69,7 +83,8 @@ class EventLog:
 
 class RepeatFilter(logging.Filter):
     """A logging filter that lets one record per (logger, message template) through every ``interval`` seconds:
-    uvicorn's and asyncio's own warnings (an accept loop out of file descriptors) become one line, not a flood."""
+    uvicorn's and asyncio's own warnings (an accept loop out of file descriptors) become one line, not a flood.
+    uvicorn's complaint about a WebSocket the guard answered over HTTP (a 403) is dropped: the guard logged it."""
 
     def __init__(self, interval: float = 10.0):
         super().__init__()
@@ -78,6 +93,8 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _UNFINISHED_HANDSHAKE and _REFUSED_OVER_HTTP.get():
+            return False
         key = (record.name, str(record.msg))
         now = time.monotonic()
         with self._lock:
@@ -92,21 +109,79 @@ def _client(scope: Scope) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
-def guarded_http_protocol(*, header_timeout: float, max_connections: int, events: EventLog) -> type[H11Protocol]:
+class _LingeringClose:
+    """A connection's transport as uvicorn's h11 code sees it: the same transport, but ``close()`` asks the protocol
+    to linger first (see ``GuardedH11Protocol.linger``), and the transport counts as closing while it lingers."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Any):
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        if not self._protocol.linger():
+            self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+
+def guarded_http_protocol(*, header_timeout: float, max_connections: int, events: EventLog, linger_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol, plus: a connection must send a whole request's headers within ``header_timeout``
     seconds of opening (or of its last response), else it is closed; past ``max_connections`` open
-    connections (WebSockets included) a new one is closed at once."""
+    connections (WebSockets included) a new one is closed at once; a connection closed while its client is still
+    sending a request body that was answered unread (a 413) lingers, reading and dropping that body, for at most
+    ``linger_timeout`` seconds, so that the answer reaches the client."""
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _linger_timer: asyncio.TimerHandle | None = None
+        lingering = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._raw = transport
             if len(self.connections) > max_connections:
                 events.note("connection refused", f"{len(self.connections) - 1} connections are open, the cap is {max_connections} (--max-connections)")
                 transport.abort()
                 return
+            self.transport = _LingeringClose(transport, self)  # type: ignore[assignment]  # what each request's cycle closes
             self._arm()
+
+        def linger(self) -> bool:
+            """Whether the close lingers instead (True), when the client is still sending a body that the answer did
+            not wait for. Closed at once with that body unread, the socket makes the kernel answer the client's next
+            bytes with a reset, which can reach the client before the answer and lose it (a client that sends its
+            whole body, then reads, saw 'connection reset' instead of its 413). Lingering: the answer is followed by
+            the end of the stream (FIN), the rest of the body is read and dropped unparsed, and the socket is closed
+            when the client closes its side, or dropped at the deadline."""
+            raw = self._raw
+            if raw.is_closing() or raw.get_protocol() is not self:  # closed, or a WebSocket now
+                return False
+            if self.lingering:
+                return True
+            if self.conn.their_state is not h11.SEND_BODY:  # the request was read whole: a plain close loses nothing
+                return False
+            self.lingering = True
+            self._disarm()
+            self._unset_keepalive_if_required()
+            raw.write_eof()  # after the answer (the transport sends what it holds first)
+            self.flow.resume_reading()  # paused while the unread body filled uvicorn's buffer
+            self._linger_timer = self.loop.call_later(linger_timeout, raw.abort)
+            return True
+
+        def data_received(self, data: bytes) -> None:
+            if self.lingering:
+                return  # the rest of an answered body: dropped, never parsed nor kept
+            super().data_received(data)
+
+        def shutdown(self) -> None:
+            if self.lingering:  # the server is stopping: no more waiting for the client's body
+                self._raw.abort()
+                return
+            super().shutdown()
 
         def _arm(self) -> None:
             self._disarm()
@@ -135,6 +210,10 @@ def guarded_http_protocol(*, header_timeout: float, max_connections: int, events
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
+            self.lingering = False
             super().connection_lost(exc)
 
     return GuardedH11Protocol
@@ -157,11 +236,56 @@ class _TooManyDigits(ValueError):
         self.digits = digits
 
 
+def normalize_origin(origin: str) -> str:
+    """A web origin as browsers send it (``scheme://host[:port]``, lowercase, no path), for ``--allow-origin``; a
+    ValueError says what is wrong."""
+    value = origin.strip().lower().rstrip("/") if isinstance(origin, str) else ""
+    scheme, sep, host = value.partition("://")
+    if not sep or not scheme.isascii() or not scheme.isalpha() or not host or any(c in host for c in "/?#@ \t"):
+        raise ValueError(f"{origin!r} is not a web origin: give it as a browser sends it, scheme://host[:port] (e.g. http://localhost:8888)")
+    return value
+
+
+def normalize_host(name: str) -> str:
+    """A host name for ``--allow-host`` (a DNS name, no port), lowercase; a ValueError says what is wrong."""
+    value = name.strip().lower().rstrip(".") if isinstance(name, str) else ""
+    if not value or not all(c.isascii() and (c.isalnum() or c in "-.") for c in value):
+        raise ValueError(f"{name!r} is not a host name: give a DNS name without scheme or port (e.g. envs.example.org)")
+    return value
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header (``name``, ``name:port``, ``[v6]:port``), lowercase, without the port."""
+    value = host.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    name, sep, port = value.rpartition(":")
+    return (name if sep and port.isdigit() else value).rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _shown(value: bytes) -> str:
+    """A header value as a log line and an answer show it: quoted, at most 100 characters."""
+    return repr(value.decode("latin-1")[:100])
+
+
 class ServeGuard:
     """The ASGI app uvicorn runs: checks each request and WebSocket message, then hands it to ``app`` (OpenEnv's).
 
     ``token``: required on every request but ``GET /health``, as ``Authorization: Bearer TOKEN``.
-    ``max_action_chars``: the longest action a step takes (a WebSocket message or an HTTP body is bounded by it).
+    ``allow_origins``: the web origins whose pages may use the server; a request from any other (a browser sends
+    ``Origin``; OpenEnv's client and gem-core's send none) is refused. ``allow_hosts``: the DNS names clients may
+    reach the server by besides ``localhost`` (IP addresses always pass): without a token, a request whose Host
+    names another is refused, which stops DNS rebinding (a page whose own name was made to resolve here).
+    ``max_action_chars``: the longest action a step takes (a WebSocket message or an HTTP body is bounded by the
+    longest JSON of such an action: ``max_message_bytes``).
     ``idle_timeout``: a WebSocket with no message for this long is closed (its session and env with it);
     ``None``: never. ``body_timeout``: the seconds an HTTP body has to arrive whole.
     """
@@ -175,13 +299,19 @@ class ServeGuard:
         max_action_chars: int,
         idle_timeout: float | None,
         body_timeout: float,
+        allow_origins: Iterable[str] = (),
+        allow_hosts: Iterable[str] = (),
     ):
         self.app = app
         self.events = events
         self._token = None if token is None else token.encode()
+        self.allow_origins = frozenset(normalize_origin(o) for o in allow_origins)
+        self.allow_hosts = frozenset({"localhost"} | {normalize_host(h) for h in allow_hosts})
         self.max_action_chars = max_action_chars
-        self.max_message_chars = max_action_chars + MESSAGE_OVERHEAD_CHARS
-        self.max_body_bytes = 4 * max_action_chars + MESSAGE_OVERHEAD_CHARS  # UTF-8: at most 4 bytes a character
+        #: The longest WebSocket message (uvicorn's frame limit: a longer one is closed with 1009 as its header
+        #: arrives) and HTTP body (413): the JSON of one maximal action, however its sender escapes it, and room.
+        self.max_message_bytes = JSON_BYTES_PER_CHAR * max_action_chars + MESSAGE_OVERHEAD_BYTES
+        self.max_body_bytes = self.max_message_bytes
         self.idle_timeout = idle_timeout
         self.body_timeout = body_timeout
 
@@ -205,10 +335,38 @@ class ServeGuard:
         self.events.note("server", detail)
 
     # -- checks common to both ---------------------------------------------------------------------
+    def _web_page_refusal(self, scope: Scope) -> tuple[str, str] | None:
+        """(log detail, answer) when a request comes from a web page the server does not serve: a browser's Origin not
+        allowed, or (without a token) a Host that is not a name of this server. None otherwise."""
+        for name, value in scope.get("headers", ()):
+            if name == b"origin" and value.decode("latin-1").strip().lower().rstrip("/") not in self.allow_origins:
+                try:
+                    allow = f" (gem-core serve --allow-origin {normalize_origin(value.decode('latin-1'))} allows it)"
+                except ValueError:
+                    allow = ""
+                return f"Origin {_shown(value)} (not in --allow-origin)", f"web pages may not use this server: Origin {_shown(value)} is not allowed{allow}"
+            # with a token a web page cannot get in anyway (it does not have the token), and the server may be reached
+            # by any name (a cluster's service name): the Host is checked only without one
+            if name == b"host" and self._token is None:
+                host = _host_name(value.decode("latin-1"))
+                if host not in self.allow_hosts and not _is_ip(host):
+                    allow = f"gem-core serve --allow-host {host} allows it" if host else "give the address clients use"
+                    return (
+                        f"Host {_shown(value)} (not a name of this server: --allow-host)",
+                        f"Host {_shown(value)} is not a name of this server (a web page that reaches it by DNS rebinding sends its own): {allow}",
+                    )
+        return None
+
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         """(status, one line) when the request is refused before OpenEnv sees it; None when it may go on."""
         path = scope.get("path", "")
-        if self._token is not None and not (scope["type"] == "http" and path.endswith("/health")):
+        health = scope["type"] == "http" and path.endswith("/health")
+        web_page = None if health else self._web_page_refusal(scope)
+        if web_page is not None:
+            detail, line = web_page
+            self.events.note("refused", f"{_client(scope)} {path}: {detail}")
+            return 403, line
+        if self._token is not None and not health:
             given = b""
             for name, value in scope.get("headers", ()):
                 if name == b"authorization" and value[:7].lower() == b"bearer ":
@@ -309,6 +467,7 @@ class ServeGuard:
             await receive()  # websocket.connect
             status, line = refused
             if "websocket.http.response" in scope.get("extensions", {}):  # the reason reaches the client as the HTTP answer
+                _REFUSED_OVER_HTTP.set(True)
                 await send({"type": "websocket.http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "websocket.http.response.body", "body": json.dumps({"detail": line}).encode()})
             else:
@@ -324,9 +483,9 @@ class ServeGuard:
 
     def check_message(self, text: str) -> str | None:
         """Why a WebSocket message is refused (one line), or None when OpenEnv may read it."""
-        if len(text) > self.max_message_chars:
+        if len(text) > self.max_message_bytes:  # uvicorn's frame limit comes first; this bounds the guard on its own
             return (
-                f"the message has {len(text)} characters; this server takes at most {self.max_message_chars} "
+                f"the message has {len(text)} characters; this server takes at most {self.max_message_bytes} "
                 f"(an action of at most {self.max_action_chars}: --max-action-chars)"
             )
         try:

@@ -10,9 +10,11 @@ with no message for ``idle_timeout`` seconds is closed with its session, and :me
 session and closes every env. Several ids are served side by side, each under ``/<env id>`` (its base URL:
 :meth:`EnvServer.url`).
 
-In front of OpenEnv's app stands :class:`~gem_core.serve.guard.ServeGuard` (the token, bounded reads, the
-MCP session API off, clear errors) and uvicorn runs a guarded h11 protocol (a deadline for each request's
-headers, a cap on open connections): docs/openenv.md's threat model says what each bounds.
+In front of OpenEnv's app stands :class:`~gem_core.serve.guard.ServeGuard` (web pages kept out, the token,
+bounded reads, the MCP session API off, clear errors) and uvicorn runs a guarded h11 protocol (a deadline for
+each request's headers, a cap on open connections, a lingering close after an early answer), with WebSocket
+compression off and a frame limit of one maximal action's JSON: docs/openenv.md's threat model says what each
+bounds.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from gem_core.serve import (
     MAX_SESSIONS_LIMIT,
 )
 from gem_core.serve.environment import GemAction, GemEnvironment, GemObservation, GemState
-from gem_core.serve.guard import EventLog, RepeatFilter, ServeGuard, guarded_http_protocol
+from gem_core.serve.guard import EventLog, RepeatFilter, ServeGuard, guarded_http_protocol, normalize_host, normalize_origin
 from gem_core.tasks import make_task_env
 from gem_core.tools.factory import parse_tools
 
@@ -65,8 +67,6 @@ _READ_TIMEOUT = Param(float, above=0)
 #: WebSocket pings: a peer that answers none within the timeout is closed (uvicorn's defaults, pinned).
 WS_PING_INTERVAL_S = 20.0
 WS_PING_TIMEOUT_S = 20.0
-#: The largest WebSocket frame uvicorn reads; a larger one closes the connection with 1009 (its default, pinned).
-WS_MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: File descriptors kept free of connections for the envs (sandboxes, pipes) and the server itself.
 _FD_RESERVE = 128
 _LOGGERS_FILTERED = ("uvicorn.error", "asyncio")
@@ -113,6 +113,8 @@ class EnvServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         header_timeout: float = DEFAULT_HEADER_TIMEOUT,
         body_timeout: float = DEFAULT_BODY_TIMEOUT,
+        allow_origins: Sequence[str] = (),
+        allow_hosts: Sequence[str] = (),
     ):
         ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
         if not ids or not all(isinstance(i, str) for i in ids):
@@ -139,6 +141,8 @@ class EnvServer:
                 name="host",
                 value=host,
             )
+        self.allow_origins = _checked_names("allow_origins", allow_origins, normalize_origin)
+        self.allow_hosts = _checked_names("allow_hosts", allow_hosts, normalize_host)
         self.token = token
         self.insecure = bool(insecure)
         self.max_action_chars = int(max_action_chars)
@@ -231,6 +235,8 @@ class EnvServer:
             max_action_chars=self.max_action_chars,
             idle_timeout=self.idle_timeout,
             body_timeout=self.body_timeout,
+            allow_origins=self.allow_origins,
+            allow_hosts=self.allow_hosts,
         )
 
     def _openenv_apps(self) -> FastAPI:
@@ -294,9 +300,16 @@ class EnvServer:
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             backlog=2048,
-            http=guarded_http_protocol(header_timeout=self.header_timeout, max_connections=self.max_connections, events=self.events),
+            http=guarded_http_protocol(
+                header_timeout=self.header_timeout, max_connections=self.max_connections, events=self.events, linger_timeout=self.body_timeout
+            ),
             ws="websockets-sansio",
-            ws_max_size=WS_MAX_FRAME_BYTES,
+            # a longer message is closed with 1009 as its frame's header arrives, before it is read
+            ws_max_size=self.app.max_message_bytes,
+            # no per-message deflate: with it a frame of a few KiB inflated to the whole limit before any check (issue
+            # 63: 64 such frames took the server from 169 MB to 3.3 GB, kept after they closed); without it a message
+            # costs its own size on the wire. Text actions on a local link gain little from compression.
+            ws_per_message_deflate=False,
             ws_ping_interval=WS_PING_INTERVAL_S,
             ws_ping_timeout=WS_PING_TIMEOUT_S,
             limit_concurrency=self.max_connections,
@@ -360,11 +373,24 @@ class EnvServer:
         self.stop()
 
 
+def _checked_names(name: str, values: Sequence[str], normalize: Any) -> tuple[str, ...]:
+    """``allow_origins`` / ``allow_hosts`` normalized, or one line saying which is wrong."""
+    if isinstance(values, str) or not isinstance(values, (list, tuple, set, frozenset)):
+        raise invalid(name, values, "a list of names", "serve", wrong_type=True)
+    try:
+        return tuple(normalize(value) for value in values)
+    except ValueError as err:
+        flag = "--" + name.removesuffix("s").replace("_", "-")
+        raise InvalidArgumentError(f"serve: {flag}: {err}", name=name, value=values) from None
+
+
 def serve(env_ids: str | Sequence[str], **kwargs: Any) -> EnvServer:
     """Serve ``env_ids`` over OpenEnv's protocol (a started :class:`EnvServer`; use it as a context manager
     or call ``stop()``). ``kwargs``: ``host``, ``port`` (0: a free one), ``env_kwargs``, ``tools``,
     ``max_sessions`` (per id), ``idle_timeout`` (seconds; None: never), ``token`` (needed off loopback unless
-    ``insecure``), ``max_action_chars``, ``max_connections``, ``header_timeout``, ``body_timeout``."""
+    ``insecure``), ``max_action_chars``, ``max_connections``, ``header_timeout``, ``body_timeout``,
+    ``allow_origins`` (web origins whose pages may use it), ``allow_hosts`` (DNS names it may be reached by
+    besides localhost, checked without a token)."""
     return EnvServer(env_ids, **kwargs).start()
 
 

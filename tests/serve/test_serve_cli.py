@@ -14,6 +14,8 @@ import time
 import pytest
 from openenv.core.generic_client import GenericEnvClient
 from serve_helpers import guesses, play_local, record
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from gem_core import cli
 
@@ -106,6 +108,14 @@ BAD = [
     (["serve", GUESS, "--max-connections", "1"], "gem-core serve: error: argument --max-connections: expected a number in 2..1000000, got 1"),
     (["serve", GUESS, "--header-timeout", "-1"], "gem-core serve: error: argument --header-timeout: expected a number of seconds > 0, got -1"),
     (["serve", GUESS, "--body-timeout", "never"], "gem-core serve: error: argument --body-timeout: expected a number of seconds, got 'never'"),
+    (
+        ["serve", GUESS, "--allow-origin", "null"],
+        "gem-core: error: serve: --allow-origin: 'null' is not a web origin: give it as a browser sends it, scheme://host[:port] (e.g. http://localhost:8888)",
+    ),
+    (
+        ["serve", GUESS, "--allow-host", "envs.example:8000"],
+        "gem-core: error: serve: --allow-host: 'envs.example:8000' is not a host name: give a DNS name without scheme or port (e.g. envs.example.org)",
+    ),
 ]
 
 
@@ -176,3 +186,31 @@ def test_at_a_low_fd_limit_silent_connections_neither_starve_clients_nor_flood_t
     assert "Traceback" not in err
     assert len(err) < 5000, err[-2000:]  # a few rate-limited lines, not a flood (a burst may still meet EMFILE once: one line)
     assert "connection refused" in err and "slow client" in err
+
+
+def test_allow_origin_and_allow_host_reach_the_server():
+    """--allow-origin: that web origin's pages are served (others refused); --allow-host: that name is served."""
+    proc = subprocess.Popen(
+        [*_script(), "serve", GUESS, "--port", "0", "--allow-origin", "http://nb.example:8888", "--allow-host", "envs.example"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline()).group(1)
+        ws = url.replace("http://", "ws://") + "/ws"
+        with connect(ws, origin="http://nb.example:8888", open_timeout=30):  # allowed
+            pass
+        with pytest.raises(InvalidStatus):
+            connect(ws, origin="http://evil.example", open_timeout=30)
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(f"GET /schema HTTP/1.1\r\nHost: envs.example:{port}\r\nConnection: close\r\n\r\n".encode())
+            assert sock.recv(12) == b"HTTP/1.1 200"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err

@@ -8,12 +8,18 @@ silent TCP connections stayed open forever, a JSON array dropped the session, an
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
 import logging
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
+import zlib
 from typing import Any
 
 import pytest
@@ -223,7 +229,7 @@ def test_a_refused_request_whose_body_trickles_is_answered_at_the_body_deadline(
     with serve(GUESS, body_timeout=0.5) as server:
         host, port = server.url().removeprefix("http://").split(":")
         sock = socket.create_connection((host, int(port)), timeout=30)
-        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
         answer = b""
         while b"\r\n\r\n" not in answer:  # hang guard: the socket's 30 s timeout
             chunk = sock.recv(4096)
@@ -238,7 +244,7 @@ def test_a_body_that_trickles_is_answered_408():
     with serve(GUESS, body_timeout=0.5) as server:
         host, port = server.url().removeprefix("http://").split(":")
         sock = socket.create_connection((host, int(port)), timeout=30)
-        sock.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        sock.sendall(b"POST /reset HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
         answer = b""
         while b"\r\n\r\n" not in answer:  # hang guard: the socket's 30 s timeout
             chunk = sock.recv(4096)
@@ -359,9 +365,10 @@ def test_a_client_leaving_mid_step_is_one_log_line_not_a_traceback(caplog):
 
 
 # -- 7. what held ---------------------------------------------------------------------------------------
-def test_a_frame_over_16_mib_is_closed_with_1009():
+def test_a_message_over_the_limit_is_closed_with_1009():
     with serve(GUESS) as server, connect(ws_url(server), open_timeout=30, max_size=None) as ws:
-        ws.send("x" * (16 * 1024 * 1024 + 1))
+        assert server.app.max_message_bytes == 12 * 262_144 + 65_536  # the JSON of a maximal action, however escaped
+        ws.send("x" * (server.app.max_message_bytes + 1))
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=60)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
@@ -413,3 +420,213 @@ def test_an_openenv_id_sends_the_token_from_the_environment(monkeypatch):
         finally:
             env.close()
         assert wait_for(lambda: server.open_envs == 0)
+
+
+# -- 8. issue 63: compressed bombs, web pages (Origin, DNS rebinding), a 413 the client reads -------------
+def _host_port(server: EnvServer) -> tuple[str, int]:
+    host, port = server.url().removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _read_head(sock: socket.socket) -> bytes:
+    """An HTTP response's status line and headers (and whatever came with them), read until the blank line."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:  # hang guard: the socket's timeout
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def _ws_handshake(host: str, port: int, headers: dict[str, str], path: str = "/ws") -> tuple[socket.socket, bytes]:
+    """A WebSocket opening handshake written by hand (a browser's headers, or an attacker's); the socket and the
+    server's answer (status line, headers, and any bytes after them)."""
+    sock = socket.create_connection((host, port), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = [f"GET {path} HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    return sock, _read_head(sock)
+
+
+def _deflate_bomb(inflated_bytes: int) -> bytes:
+    """One masked text frame, compressed with permessage-deflate (RSV1 set, a 12-bit window as the server offers),
+    whose payload inflates to ``inflated_bytes`` of 'x': a thousand times smaller on the wire."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -12)
+    payload = (compressor.compress(b"x" * inflated_bytes) + compressor.flush(zlib.Z_SYNC_FLUSH))[:-4]  # RFC 7692: no 00 00 ff ff
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    size = len(payload)
+    length = bytes([0x80 | 126]) + size.to_bytes(2, "big") if size < 65536 else bytes([0x80 | 127]) + size.to_bytes(8, "big")
+    return bytes([0x80 | 0x40 | 0x1]) + length + mask + masked  # FIN, RSV1 (compressed), text
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return int(re.search(r"^VmHWM:\s+(\d+) kB", status.read(), re.M).group(1)) * 1024
+
+
+def test_permessage_deflate_is_off_and_an_oversized_message_is_closed_with_1009():
+    """Before: the server took permessage-deflate, so a message of a megabyte of one letter took a few kilobytes on
+    the wire and was inflated whole; its frame limit was 16 MiB whatever --max-action-chars."""
+    with serve(GUESS, max_action_chars=1000) as server:
+        with connect(ws_url(server), open_timeout=30, compression="deflate", max_size=None) as ws:  # offers deflate
+            assert ws.protocol.extensions == []  # not taken: a message costs its own size on the wire
+            assert ask(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+            ws.send("x" * (1 << 20))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=60)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        assert wait_for(lambda: server.open_envs == 0)
+
+
+def test_the_largest_action_fits_in_a_message_however_it_is_escaped():
+    """The message limit leaves room for one maximal action as JSON: OpenEnv's client escapes each character outside
+    ASCII (12 bytes for one outside the BMP). Before: such an action under the limit was refused as a too-long message."""
+    with serve(GUESS, max_action_chars=10_000) as server:
+        with GenericEnvClient(base_url=server.url()).sync() as client:
+            client.reset(seed=3)
+            assert client.step({"action": "\U0001f600" * 10_000}).observation["info"] is not None  # 120 KB of JSON
+            with pytest.raises(RuntimeError, match=r"the action has 10001 characters; this server takes at most 10000 \(--max-action-chars\)"):
+                client.step({"action": "\U0001f600" * 10_001})
+            assert client.state()["step_count"] == 1
+
+
+def test_a_compressed_bomb_is_not_inflated():
+    """16 WebSockets offer permessage-deflate and send one 15 KB frame each that inflates to 15 MiB (under the old
+    16 MiB frame limit): before, the server inflated every one (its peak memory grew by hundreds of MiB and stayed)."""
+    command = [sys.executable, "-m", "gem_core.cli", "serve", GUESS, "--port", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sockets: list[socket.socket] = []
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline()).group(1)
+        host, port = url.removeprefix("http://").split(":")
+        with GenericEnvClient(base_url=url).sync() as client:  # warm: a session made, played and closed
+            client.reset(seed=1)
+            client.step({"action": "\\boxed{3}"})
+        bomb = _deflate_bomb(15 << 20)
+        assert len(bomb) < 32 * 1024
+        before = _peak_rss_bytes(proc.pid)
+        answers = []
+        for _ in range(16):
+            sock, answer = _ws_handshake(host, int(port), {"Host": f"{host}:{port}", "Sec-WebSocket-Extensions": "permessage-deflate"})
+            assert answer.startswith(b"HTTP/1.1 101"), answer[:200]
+            sockets.append(sock)
+            answers.append(answer)
+        for sock in sockets:
+            sock.sendall(bomb)
+        first = [sock.recv(2) for sock in sockets]  # the server's answer to each (hang guard: the socket's timeout)
+        grown = _peak_rss_bytes(proc.pid) - before
+        assert grown < 16 << 20, f"the server's peak memory grew by {grown >> 20} MiB"
+        assert not [a for a in answers if b"permessage-deflate" in a.lower()]  # the extension is not taken...
+        assert all(frame[:1] == b"\x88" for frame in first), first  # ...and a compressed frame is a protocol error: closed
+        for sock in sockets:
+            assert _read_to_end(sock)  # ...then the end of the stream
+        with GenericEnvClient(base_url=url).sync() as client:
+            assert client.reset(seed=2).done is False
+    finally:
+        for sock in sockets:
+            sock.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err
+
+
+def _read_to_end(sock: socket.socket) -> bool:
+    """Whether the server ends the stream (or resets it) within the socket's timeout."""
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+EVIL = "http://evil.example"
+
+
+def test_a_web_page_origin_is_refused_unless_allowed(caplog):
+    """Before: a WebSocket from any web page (Origin: http://evil.example) played the envs (and ran `id` in the
+    terminal sandbox): any page open in a browser on this machine could reach the loopback server."""
+    caplog.set_level(logging.WARNING)
+    uvicorn_log = logging.getLogger("uvicorn.error")  # set up by uvicorn at start; its lines do not reach the root logger
+    with serve(GUESS) as server:
+        uvicorn_log.addHandler(caplog.handler)
+        try:
+            with pytest.raises(InvalidStatus) as refused:
+                connect(ws_url(server), open_timeout=30, origin=EVIL)
+            assert refused.value.response.status_code == 403
+            assert json.loads(refused.value.response.body)["detail"] == (
+                "web pages may not use this server: Origin 'http://evil.example' is not allowed (gem-core serve --allow-origin http://evil.example allows it)"
+            )
+            host, port = _host_port(server)
+            conn = http.client.HTTPConnection(host, port, timeout=30)  # the stateless HTTP API too
+            conn.request("POST", "/reset", "{}", {"Content-Type": "application/json", "Origin": EVIL})
+            response = conn.getresponse()
+            assert response.status == 403 and "--allow-origin" in json.loads(response.read())["detail"]
+            conn.close()
+            with connect(ws_url(server), open_timeout=30) as ws:  # no Origin (OpenEnv's client, gem-core's): served
+                assert ask(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+            assert server.events.counts["refused"] == 2
+            assert wait_for(lambda: server.open_envs == 0)
+        finally:
+            uvicorn_log.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if "Origin" in r.getMessage()]
+    assert lines and all("\n" not in line for line in lines), lines
+    assert not [r for r in caplog.records if r.exc_info or "handshake" in r.getMessage()]  # uvicorn's complaint: dropped
+    with serve(GUESS, allow_origins=[EVIL, "https://notebook.example:8888"]) as server:
+        with connect(ws_url(server), open_timeout=30, origin=EVIL) as ws:
+            assert ask(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws_url(server), open_timeout=30, origin="http://other.example")
+        assert refused.value.response.status_code == 403
+
+
+def test_a_dns_rebinding_host_is_refused():
+    """A page of evil.example whose name is made to resolve to 127.0.0.1 is same-origin with the server (no Origin
+    check stops it); its requests carry Host: evil.example. Before: served."""
+    with serve(GUESS) as server:
+        host, port = _host_port(server)
+        for bad in (f"evil.example:{port}", "evil.example", f"localhost.evil.example:{port}"):
+            sock, answer = _ws_handshake(host, port, {"Host": bad})
+            sock.close()
+            assert answer.startswith(b"HTTP/1.1 403"), answer[:300]
+            assert b"is not a name of this server" in answer and b"--allow-host" in answer
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            conn.request("POST", "/reset", "{}", {"Content-Type": "application/json", "Host": bad})
+            response = conn.getresponse()
+            assert response.status == 403 and "--allow-host" in json.loads(response.read())["detail"]
+            conn.close()
+        for good in (f"{host}:{port}", f"localhost:{port}", "localhost:9999", f"[::1]:{port}", "127.0.0.1"):  # a tunnel may change the port
+            sock, answer = _ws_handshake(host, port, {"Host": good})
+            sock.close()
+            assert answer.startswith(b"HTTP/1.1 101"), (good, answer[:300])
+        with GenericEnvClient(base_url=f"http://localhost:{port}").sync() as client:
+            assert client.reset(seed=0).done is False
+    with serve(GUESS, allow_hosts=["envs.internal"]) as server:
+        host, port = _host_port(server)
+        sock, answer = _ws_handshake(host, port, {"Host": f"envs.internal:{port}"})
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 101"), answer[:300]
+
+
+def test_a_too_large_body_gets_a_413_the_client_can_read():
+    """A client that sends its whole 64 MiB body, then reads: before, the server answered 413 and closed with the body
+    unread, so the kernel reset the connection and the client saw 'connection reset' instead of the 413."""
+    with serve(GUESS, max_action_chars=1000) as server:
+        host, port = _host_port(server)
+        body = b'{"action": {"action": "' + b"x" * (64 << 20) + b'"}}'
+        for _ in range(3):
+            sock = socket.create_connection((host, port), timeout=30)
+            head = f"POST /step HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            try:
+                sock.sendall(head.encode() + body)
+                answer = _read_head(sock)
+            finally:
+                sock.close()
+            assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+            assert b"this server takes at most" in answer
+        assert server.events.counts["body too large"] == 3
