@@ -189,12 +189,17 @@ def become_agent(argv, fds, env, report):
         os.execve(argv[0], argv, env)
     except BaseException as exc:  # noqa: BLE001 - whatever it was, it is reported and this process ends
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
-        try:
-            os.write(report, f"{stage}: {why}"[:500].encode())
-        except OSError:
-            pass
+        _report(report, f"{stage}: {why}")
     finally:
         os._exit(127)
+
+
+def _report(fd, text):
+    """Tell the parent why a child failed to set up (best effort: the child ends either way)."""
+    try:
+        os.write(fd, text[:500].encode())
+    except OSError:
+        pass
 
 
 def start_agent(argv, fds, env=None):
@@ -219,10 +224,7 @@ def start_agent(argv, fds, env=None):
                 become_agent(argv, fds, env or SHELL_ENV, report_w)
             os.write(pid_w, str(init).encode())
         except BaseException as exc:  # noqa: BLE001 - reported below through the report pipe
-            try:
-                os.write(report_w, f"setup: {exc}"[:500].encode())
-            except OSError:
-                pass
+            _report(report_w, f"setup: {exc}")
         finally:
             os._exit(0)
     os.close(pid_w)
