@@ -123,10 +123,14 @@ def hold(mb):
         block[i] = 1
     time.sleep(600)
 
+def spin():
+    while True:
+        pass
+
 def work():
     while open("/proc/self/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # until the leader is a zombie
         time.sleep(0.01)
-    {"fifo": lambda: fifo(sys.argv[2], sys.argv[3]), "tick": tick, "hold": lambda: hold(int(sys.argv[2]))}[sys.argv[1]]()
+    {"fifo": lambda: fifo(sys.argv[2], sys.argv[3]), "tick": tick, "hold": lambda: hold(int(sys.argv[2])), "spin": spin}[sys.argv[1]]()
 
 threading.Thread(target=work).start()
 ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process goes on in its other thread
@@ -281,6 +285,13 @@ ATTACKS = {
         "count-errors",
         [heredoc("/tmp/z.py", ZOMBIE_LEADER) + "\nfor i in 1 2 3 4 5 6; do python3 /tmp/z.py hold 150 & done; sleep 4; echo ALL-DONE"],
         memory_mb=256,
+    ),
+    # Four zombie-leader processes spinning, each under its own CPU limit (2 s), in a sandbox of 2 CPU-seconds a
+    # command: their CPU is summed.
+    "zombie-cpu": lambda: play(
+        "count-errors",
+        [heredoc("/tmp/z.py", ZOMBIE_LEADER) + "\nfor i in 1 2 3 4; do python3 /tmp/z.py spin & done; wait; echo ALL-DONE"],
+        cpu_seconds=2,
     ),
     # What the agent's processes hold of capabilities (the supervisor holds some when the host is not root).
     "capabilities": lambda: play("count-errors", ["grep ^Cap /proc/self/status; (grep ^Cap /proc/self/status)"]),

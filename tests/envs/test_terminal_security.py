@@ -293,7 +293,7 @@ FORGING = [
     "prlimit-checker",
 ]  # fmt: skip
 # Attacks on the sandbox's limits (issue 63), each with its own assertions below.
-CONTAINED = ["prlimit-pid-1", "zombie-between-commands", "zombie-time-limit", "zombie-memory", "forge-exit-code", "capabilities"]
+CONTAINED = ["prlimit-pid-1", "zombie-between-commands", "zombie-time-limit", "zombie-memory", "zombie-cpu", "forge-exit-code", "capabilities"]
 UNPRIVILEGED = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
@@ -392,6 +392,14 @@ def test_a_zombie_leaders_memory_is_counted(forging):
     for a zombie leader; the memory is its threads'."""
     result, transcript = _played(forging, "zombie-memory")
     assert result["infos"][0]["limit"] == "memory" and "ALL-DONE" not in transcript, transcript
+
+
+def test_a_zombie_leaders_cpu_is_counted(forging):
+    """Four zombie-leader processes spinning in a sandbox of 2 CPU-seconds a command: each dies at its own 2
+    CPU-seconds (RLIMIT_CPU), so only the sum over the sandbox's processes stops the command."""
+    result, transcript = _played(forging, "zombie-cpu")
+    info = result["infos"][0]
+    assert info["limit"] == "cpu" and not info["timed_out"] and "ALL-DONE" not in transcript, transcript
 
 
 def test_a_forged_exit_code_is_bounded(forging):
@@ -617,6 +625,21 @@ def test_memory_is_counted_across_the_sandboxs_processes(host):
         obs, reward, terminated, _truncated, info = step(env, six)
         assert info["limit"] == "memory" and not info["timed_out"] and reward == env.timeout_reward and not terminated, obs
         assert "256 MB of memory together" in obs and "ALL-DONE" not in obs
+        assert "42\n" in step(env, "echo $((6 * 7))")[0]
+    finally:
+        env.close()
+
+
+def test_cpu_is_counted_across_the_sandboxs_processes(host):
+    """Processes each under their own CPU limit (RLIMIT_CPU, 2 s) cannot together use more than the sandbox's
+    CPU-seconds in one command: the command is ended, the episode goes on with a new shell."""
+    env = gem_core.make("terminal:Tasks-v0", task="count-errors", command_timeout=60.0, cpu_seconds=2)
+    env.reset(seed=0)
+    try:
+        burners = "for i in 1 2 3 4; do (while :; do :; done) & done; wait; echo ALL-DONE"
+        obs, reward, terminated, _truncated, info = step(env, burners)
+        assert info["limit"] == "cpu" and not info["timed_out"] and reward == env.timeout_reward and not terminated, obs
+        assert "2 CPU-seconds together" in obs and "ALL-DONE" not in obs
         assert "42\n" in step(env, "echo $((6 * 7))")[0]
     finally:
         env.close()

@@ -88,6 +88,7 @@ class TerminalEnv(Env):
         "command_timeout": Param(float, low=0.5, high=600.0),
         "check_timeout": Param(float, low=0.5, high=600.0),
         "memory_mb": Param(int, low=64, high=65536),
+        "cpu_seconds": Param(int, low=1, high=36000, none="the command time limit rounded up, plus one"),
         "max_processes": Param(int, low=4, high=1024),
         "max_output_bytes": Param(int, low=256, high=6000),
         "disk_mb": Param(int, low=1, high=4096),
@@ -104,6 +105,7 @@ class TerminalEnv(Env):
         command_timeout: float = 10.0,
         check_timeout: float = 10.0,
         memory_mb: int = 1024,
+        cpu_seconds: int | None = None,
         max_processes: int = 32,
         max_output_bytes: int = 4096,
         disk_mb: int = 64,
@@ -112,7 +114,11 @@ class TerminalEnv(Env):
         self.task_arg, self.max_turns_arg = task, max_turns
         self.command_timeout, self.check_timeout = float(command_timeout), float(check_timeout)
         self.limits = ShellLimits(
-            memory_mb=int(memory_mb), max_processes=int(max_processes), cpu_seconds=cpu_seconds_for(command_timeout), app_mb=int(disk_mb), tmp_mb=int(disk_mb)
+            memory_mb=int(memory_mb),
+            max_processes=int(max_processes),
+            cpu_seconds=cpu_seconds_for(command_timeout) if cpu_seconds is None else int(cpu_seconds),
+            app_mb=int(disk_mb),
+            tmp_mb=int(disk_mb),
         )
         self.max_output_bytes = int(max_output_bytes)
         self.task: TerminalTask = BY_NAME[task] if task is not None else TASKS[0]
@@ -205,6 +211,12 @@ class TerminalEnv(Env):
             note = f"[the sandbox holds more than {self.limits.max_inodes} files in one place; the episode ends]"
             info["sandbox_lost"] = "too many files"
             return body + note, self.timeout_reward, True
+        if result.limit == "cpu":
+            note = (
+                f"[the command's processes used more than {self.limits.cpu_seconds} CPU-seconds together and were killed, "
+                f"with every process it started; the next command starts a new shell in {APP} (files are kept)]"
+            )
+            return body + note, self.timeout_reward, False
         if result.limit == "memory":
             note = (
                 f"[the command's processes used more than {self.limits.memory_mb} MB of memory together and were killed, "

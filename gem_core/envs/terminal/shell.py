@@ -47,7 +47,7 @@ class ShellLimits:
     max_processes: int = 32
     max_file_mb: int = 16
     max_open_files: int = 256
-    cpu_seconds: int = 30
+    cpu_seconds: int = 30  # each process's RLIMIT_CPU, and all of them together during one command
     app_mb: int = 64  # the /app tmpfs
     tmp_mb: int = 64  # the /tmp and /dev/shm tmpfs
 
@@ -78,7 +78,7 @@ class CommandResult:
     truncated: bool = False
     shell_exited: bool = False
     restarted: bool = False
-    limit: str | None = None  # "memory" or "files": the sandbox's processes together went over a limit
+    limit: str | None = None  # "memory", "files" or "cpu": the sandbox's processes together went over a limit
     lost: str | None = None
     infra_error: str | None = None  # the sandbox could not start or broke its protocol: not the agent's doing
 
@@ -93,7 +93,7 @@ RUN_REPLY = {
 CHECK_REPLY = {"output": (str,), "exit_code": _INT_OR_NONE, "timed_out": (bool,)}
 HELLO_REPLY = {"op": (str,), "pid": (int,)}
 FAILED_REPLY = {"failed": (str,)}  # the supervisor could not set up a process of the agent's: an infra error
-LIMITS = frozenset({"memory", "files"})
+LIMITS = frozenset({"memory", "files", "cpu"})
 MAX_EXIT_CODE = 255  # an exit code (or minus a signal number) is within +-255; anything else is not the supervisor's
 
 
@@ -166,6 +166,7 @@ class ShellSandbox:
             # The uid's own count: the supervisor shares it when the host is not root.
             "limits": self.limits.rlimits(extra_processes=0 if root else 1),
             "memory_mb": self.limits.memory_mb,
+            "cpu_seconds": self.limits.cpu_seconds,
             "max_inodes": self.limits.max_inodes,
             "confine": f"{policy.WORKER_MOUNT}/confine.py",
             "output_bytes": self.output_bytes,

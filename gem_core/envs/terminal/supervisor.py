@@ -64,6 +64,10 @@ CAP = CONFIG["output_bytes"]
 SHELL_ENV = CONFIG["env"]
 MEMORY_BYTES = CONFIG["memory_mb"] * 1024 * 1024  # the private memory of all the agent's processes together
 MAX_INODES = CONFIG["max_inodes"]  # files (and directories) on each writable tmpfs
+TICKS = os.sysconf("SC_CLK_TCK")
+# the CPU of all the agent's processes together during one command (each also has it as RLIMIT_CPU): many
+# processes cannot use the time limit times the cores
+CPU_TICKS = CONFIG["cpu_seconds"] * TICKS
 WRITABLE = (APP, "/tmp", "/dev/shm")
 _spec = importlib.util.spec_from_file_location("_gem_confine", CONFIG["confine"])
 confinement = importlib.util.module_from_spec(_spec)
@@ -437,12 +441,31 @@ def too_many_files():
     return False
 
 
-def over_limit():
-    """ "memory" or "files" when the agent's processes together are over a limit of the sandbox's, else None."""
+def agent_cpu_ticks():
+    """The CPU the agent's processes have used, in clock ticks: every live process's own and what it reaped
+    (utime, stime, cutime, cstime: a thread group's, its leader a zombie or not), and the processes this
+    supervisor reaped (the agent's inits, with everything they reaped). A process's time moves from its own
+    line to its reaper's when it is reaped: counted once at any moment."""
+    total = 0
+    for pid in others():
+        fields = stat_fields(f"/proc/{pid}/stat")
+        try:
+            total += sum(int(value) for value in fields[11:15]) if fields is not None else 0
+        except ValueError:
+            pass
+    times = os.times()
+    return total + round((times.children_user + times.children_system) * TICKS)
+
+
+def over_limit(cpu_since=None):
+    """ "files", "memory" or "cpu" when the agent's processes together are over a limit of the sandbox's,
+    else None. ``cpu_since``: :func:`agent_cpu_ticks` when the command began."""
     if too_many_files():
         return "files"
     if private_memory() > MEMORY_BYTES:
         return "memory"
+    if cpu_since is not None and agent_cpu_ticks() - cpu_since > CPU_TICKS:
+        return "cpu"
     return None
 
 
@@ -480,6 +503,7 @@ def run(command, timeout):
     thaw()  # what the agent left running goes on, only while a command runs
     if shell is None:
         shell = Shell()
+    cpu_since = agent_cpu_ticks()
     nonce = os.urandom(8).hex()
     line = f"eval {quote(command)} </dev/null {STATUS_FD}>&-; printf '{nonce} %d\\n' $? >&{STATUS_FD}\n".encode()
     output, status = Output(), b""
@@ -504,7 +528,7 @@ def run(command, timeout):
             if now >= next_sample:
                 next_sample = now + SAMPLE_S
                 reap()
-                limit = over_limit()
+                limit = over_limit(cpu_since)
                 if limit is not None:
                     raise TimeoutError
             for fd, _ in poller.poll(max(1, int(min(remaining, SAMPLE_S) * 1000))):
@@ -540,7 +564,7 @@ def run(command, timeout):
             output.add(data)
         end_shell()
     if limit is None and shell is not None:
-        limit = over_limit()  # what the last moments of the command made
+        limit = over_limit(cpu_since)  # what the last moments of the command made
         if limit is not None:
             end_shell()
     freeze()
