@@ -161,9 +161,14 @@ def main(out_dir: str) -> None:
     dist.barrier()  # the trainer's next collective (TRL gathers after the rollout): ranks out of step pair it wrongly
     result = {"rank": rank, "generate_calls": counter.generates, "forwards": counter.forwards, "fields": fields}
     result["train"] = train_step(trainer, counter)
+    dist.barrier()  # both ranks are done with every collective
     Path(out_dir, f"rank-{rank}.json.tmp").write_text(json.dumps(result))
     os.replace(Path(out_dir, f"rank-{rank}.json.tmp"), Path(out_dir, f"rank-{rank}.json"))
-    dist.destroy_process_group()
+    # Out without the interpreter's teardown: gloo's process group, torn down after the peer had already gone,
+    # once aborted a rank (SIGABRT) after its results were written. What is checked is written and flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
