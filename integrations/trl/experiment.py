@@ -2,7 +2,8 @@
 arguments, the ``GemGRPOTrainer``/``GemRollout`` arguments, and a script that trains with them.
 
 Imports nothing from TRL: it writes text. TRL's defaults that would change the run are pinned:
-``gradient_checkpointing`` (TRL True), ``beta`` and ``loss_type`` (TRL "dapo"), ``scale_rewards``,
+``gradient_checkpointing`` (TRL True), ``beta`` and ``loss_type`` (TRL "dapo"), ``use_bias_correction_kl`` (TRL True:
+the KL times the ratio, another gradient), ``scale_rewards``,
 ``epsilon_high``, ``shuffle_dataset`` (TRL True: the rows play in order), the scheduler (HF "linear" decay),
 ``top_k``/``top_p``, the seed, the precision (``bf16``: TRL's default, accelerate's autocast; the model loaded in
 float32, which transformers would not do for a bfloat16 checkpoint; ``auto`` decided where the script runs, as
@@ -88,6 +89,9 @@ def grpo_config(experiment: Experiment) -> dict[str, Any]:
         "entropy_coef": e.entropy_coef,
         "mask_truncated_completions": False,
         "importance_sampling_level": "token",
+        # TRL 1.16 multiplies the k3 KL by the (differentiable) ratio by default, which changes the KL's gradient
+        # even on-policy; the experiment's KL is the plain k3 loss (found by the Tier 1 check, benchmarks/same_update.py)
+        "use_bias_correction_kl": False,
         "gradient_checkpointing": e.gradient_checkpointing,
         "shuffle_dataset": False,
         "seed": e.seed,
