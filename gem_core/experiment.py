@@ -126,6 +126,7 @@ class Experiment:
     updates: int = 30
     ppo_epochs: int = 1
     mini_batches: int = 1
+    turns_per_step: int = 0
     gradient_checkpointing: bool = False
     precision: str = "auto"
     eval_every: int = 0
@@ -147,7 +148,8 @@ class Experiment:
 
     @property
     def mini_batch_episodes(self) -> int:
-        """Episodes in one optimizer step (``episodes_per_update / mini_batches``)."""
+        """Episodes in one optimizer step (``episodes_per_update / mini_batches``; ``mini_batches`` 1 or more:
+        with 0 the steps count turn samples, ``turns_per_step``)."""
         return self.episodes_per_update // self.mini_batches
 
     @property
@@ -216,7 +218,21 @@ KEYS: dict[str, Key] = {
     "max_grad_norm": Key("optimizer", "max_grad_norm", Param(float, low=0.0, high=1e6), "gradient clipping by global norm (0: off)"),
     "updates": Key("training", "updates", Param(int, low=1, high=10_000_000), "RL updates (one rollout batch each)"),
     "ppo_epochs": Key("training", "epochs", Param(int, low=1, high=1000), "passes over each update's batch"),
-    "mini_batches": Key("training", "mini_batches", Param(int, low=1, high=100_000), "optimizer steps per pass (the batch split in this many)"),
+    "mini_batches": Key(
+        "training",
+        "mini_batches",
+        Param(int, low=0, high=100_000),
+        "optimizer steps per pass (the batch split in this many); 0: no fixed count, a step per training.turns_per_step turn samples",
+    ),
+    "turns_per_step": Key(
+        "training",
+        "turns_per_step",
+        Param(int, low=0, high=10_000_000),
+        'with mini_batches = 0 (and view = "turn"): turn samples per optimizer step, so an update\'s step count follows its '
+        "turn count (ROLL's): each pass takes the update's turns in a random order, this many a step; the remainder "
+        "(turns mod this) is dropped at random before the advantages' batch statistics (an update with fewer turns: "
+        "random copies fill its one step); 0: mini_batches counts the steps",
+    ),
     "gradient_checkpointing": Key("training", "gradient_checkpointing", Param(bool), "recompute activations in the backward pass (memory, not results)"),
     "precision": Key(
         "training",
@@ -284,7 +300,13 @@ def check_experiment(experiment: Experiment, where: str = "experiment") -> None:
         raise invalid("rollout.episodes_per_update", experiment.episodes_per_update, f"a multiple of rollout.group_size ({experiment.group_size})", where)
     if experiment.estimator in GROUP_ESTIMATORS and experiment.group_size < 2:
         raise invalid("rollout.group_size", experiment.group_size, f"2 or more: estimator {experiment.estimator} compares the episodes of a group", where)
-    if experiment.episodes_per_update % experiment.mini_batches:
+    if experiment.mini_batches == 0 and not experiment.turns_per_step:
+        raise invalid("training.mini_batches", 0, "1 or more, or 0 with training.turns_per_step set (optimizer steps counted in turn samples)", where)
+    if experiment.turns_per_step and experiment.mini_batches:
+        raise invalid("training.turns_per_step", experiment.turns_per_step, "0 unless training.mini_batches = 0 (steps counted in episodes)", where)
+    if experiment.turns_per_step and experiment.view != "turn":
+        raise invalid("training.turns_per_step", experiment.turns_per_step, 'set only with algorithm.view = "turn" (turn samples are its rows)', where)
+    if experiment.mini_batches and experiment.episodes_per_update % experiment.mini_batches:
         raise invalid("training.mini_batches", experiment.mini_batches, f"a divisor of rollout.episodes_per_update ({experiment.episodes_per_update})", where)
     if experiment.max_context_tokens and experiment.max_context_tokens <= experiment.max_turn_tokens:
         raise invalid("env.max_context_tokens", experiment.max_context_tokens, f"more than env.max_turn_tokens ({experiment.max_turn_tokens}), or 0", where)
@@ -460,10 +482,18 @@ REFERENCE_ONLY = {
 }
 
 
-def require_portable(trainer: str, experiment: Experiment) -> str:
-    """What every trainer plugin checks first: the experiment's one env id (:func:`require_one_env`) and no
+def require_portable(trainer: str, experiment: Experiment, *, turn_steps: bool = False) -> str:
+    """What every trainer plugin checks first: the experiment's one env id (:func:`require_one_env`), no
     [reference] setting (a warm start, frozen layers, a stop at the move: gem-core train's own phases, which no
-    other trainer runs). Returns the env id."""
+    other trainer runs) and, unless the trainer counts optimizer steps in turn samples (``turn_steps``: ROLL),
+    steps counted in episodes (``training.mini_batches`` 1 or more). Returns the env id."""
+    require(
+        trainer,
+        experiment,
+        "training.mini_batches",
+        turn_steps or experiment.mini_batches > 0,
+        f"{trainer} counts optimizer steps in episodes, not in turn samples (training.turns_per_step: ROLL's way)",
+    )
     for path, portable in REFERENCE_ONLY.items():
         require(
             trainer,

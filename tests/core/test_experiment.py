@@ -25,15 +25,19 @@ from gem_core.experiment import (
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "examples" / "experiments" / "default.toml"
 PORTABLE = ROOT / "examples" / "experiments" / "portable.toml"
+TURN = ROOT / "examples" / "experiments" / "turn.toml"
+TURN_STEPS = ROOT / "examples" / "experiments" / "turn_steps.toml"
 TRAINERS = ("verl", "openrlhf", "trl", "rl2", "oat", "roll")
 #: the default experiment as oat runs it (its learner's view and loss; no warm-up)
 OAT_EXPERIMENT = '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\n[optimizer]\nwarmup_updates = 0\n'
+#: what ROLL needs of the default experiment: per-turn rows, steps of turn samples, reinforce, a pinned precision
+ROLL_EXPERIMENT = '[algorithm]\nview = "turn"\nestimator = "reinforce"\n[optimizer]\nwarmup_updates = 0\n[training]\nmini_batches = 0\nturns_per_step = 8\nprecision = "bf16"\n'
 
 
 def test_default_file_is_the_default_experiment_and_names_every_key():
     """default.toml is every default and the [reference] phases of the default run (left out, they are off);
     portable.toml is the same file without them, in groups of 2, without a warm-up, and runs in every trainer but
-    oat and ROLL."""
+    oat and ROLL; turn.toml is the default run as oat trains it (oat alone), turn_steps.toml ROLL's (ROLL alone)."""
     text = DEFAULT.read_text()
     reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True}
     assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference)
@@ -41,11 +45,23 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
     for trainer in ("verl", "openrlhf", "trl", "rl2"):
         assert importlib.import_module(f"gem_integrations.{trainer}.experiment").render(load_experiment(PORTABLE))
     assert (Experiment().warm_start_steps, Experiment().trained_layers, Experiment().stop_after_box) == (0, 0, False)
+    turn = dataclasses.replace(Experiment(), view="turn", loss_aggregation="seq-mean-token-mean", warmup_updates=0)
+    assert load_experiment(TURN) == turn
+    turn_steps = dataclasses.replace(turn, loss_aggregation="token-mean", estimator="reinforce", mini_batches=0, turns_per_step=32, precision="bf16")
+    assert load_experiment(TURN_STEPS) == turn_steps
+    for path, runs in ((TURN, "oat"), (TURN_STEPS, "roll")):
+        for trainer in TRAINERS:
+            module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+            if trainer == runs:
+                assert module.render(load_experiment(path))
+            else:
+                with pytest.raises(UnsupportedSettingError, match=f"^{trainer} cannot run this experiment: "):
+                    module.render(load_experiment(path))
     for key in KEYS.values():  # the shipped file spells out every key, so it documents them all
         assert f"\n{key.name} = " in text.split(f"[{key.section}]", 1)[1].split("\n[", 1)[0], key.path
 
 
-@pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat"))
+@pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat", "roll"))
 @pytest.mark.parametrize(
     "reference",
     ["warm_start_steps = 8", "trained_layers = 10", "stop_after_box = true", 'kl_schedule = "linear"'],
@@ -57,6 +73,7 @@ def test_every_other_trainer_refuses_what_only_the_reference_trainer_runs(traine
     groups = {  # what else the trainer needs of the default experiment
         "trl": "[rollout]\ngroup_size = 2\n",
         "oat": '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\n[optimizer]\nwarmup_updates = 0\n',
+        "roll": ROLL_EXPERIMENT,
     }.get(trainer, "")
     experiment = parse_experiment(f"{groups}[reference]\n{reference}\n")
     with pytest.raises(UnsupportedSettingError, match=f"{trainer} cannot run this experiment: reference.{reference.split()[0]}="):
@@ -95,6 +112,9 @@ BAD = [
     ("[training]\nepochs = 0\n", InvalidArgumentError, "training.epochs=0 is not allowed"),
     ("[training]\ngradient_checkpointing = 1\n", InvalidArgumentTypeError, "training.gradient_checkpointing=1 is not allowed"),
     ("[training]\nmini_batches = 5\n", InvalidArgumentError, "training.mini_batches=5 is not allowed: expected a divisor"),
+    ("[training]\nmini_batches = 0\n", InvalidArgumentError, "training.mini_batches=0 is not allowed: expected 1 or more, or 0 with training.turns_per_step"),
+    ("[training]\nturns_per_step = 8\n", InvalidArgumentError, "training.turns_per_step=8 is not allowed: expected 0 unless training.mini_batches = 0"),
+    ("[training]\nmini_batches = 0\nturns_per_step = 8\n", InvalidArgumentError, "turns_per_step=8 is not allowed: expected set only with algorithm.view"),
     ('[env]\nids = "game:Sudoku-v0-easy"\n', InvalidArgumentTypeError, "env.ids='game:Sudoku-v0-easy' is not allowed"),
     ("[env]\nids = []\n", InvalidArgumentError, "env.ids=[] is not allowed"),
     ("[env]\nids = [3]\n", InvalidArgumentTypeError, "env.ids=(3,) is not allowed"),
@@ -176,6 +196,12 @@ REFUSED = [
     ("oat", '[algorithm]\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.view='sequence'"),
     ("oat", '[algorithm]\nloss_aggregation = "seq-mean-token-mean"\nview = "turn"\nentropy_coef = 0.01\n', "algorithm.entropy_coef=0.01"),
     ("roll", "", "training.mini_batches=1"),
+    ("roll", ROLL_EXPERIMENT.replace('estimator = "reinforce"', 'estimator = "rebn"'), "algorithm.estimator='rebn'"),
+    ("roll", ROLL_EXPERIMENT.replace('precision = "bf16"', 'precision = "auto"'), "training.precision='auto'"),
+    ("verl", ROLL_EXPERIMENT, "training.mini_batches=0"),
+    ("openrlhf", ROLL_EXPERIMENT, "training.mini_batches=0"),
+    ("trl", ROLL_EXPERIMENT, "training.mini_batches=0"),
+    ("rl2", ROLL_EXPERIMENT, "training.mini_batches=0"),
     ("openrlhf", '[training]\nprecision = "float32"\n', "training.precision='float32'"),
     ("rl2", '[training]\nprecision = "float32"\n', "training.precision='float32'"),
 ]
@@ -222,12 +248,18 @@ def test_gem_core_experiment_writes_the_trainers_configuration(tmp_path, capsys)
     assert code == 0 and "--actor.adam.lr 0.0001" in printed
     code, _, err = run_cli(["experiment", str(DEFAULT), "--trainer", "verl"], capsys)
     assert code == 2 and "verl cannot run this experiment: reference.warm_start_steps=8" in err and err.count("\n") == 1
+    # the commands docs/experiments.md gives for oat and ROLL
+    code, _, err = run_cli(["experiment", str(TURN), "--trainer", "oat", "--out", str(tmp_path / "run_oat.sh")], capsys)
+    assert code == 0 and "--critic-type grpo" in (tmp_path / "run_oat.sh").read_text()
+    code, _, err = run_cli(["experiment", str(TURN_STEPS), "--trainer", "roll", "--out", str(tmp_path / "gem_core_turn_steps.yaml")], capsys)
+    written = (tmp_path / "gem_core_turn_steps.yaml").read_text()
+    assert code == 0 and 'adv_estimator: "step_reinforce"' in written and "gradient_accumulation_steps: 8" in written
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["--trainer", "roll"], "roll cannot run this experiment: training.mini_batches=1"),
+        (["--trainer", "roll"], "roll cannot run this experiment: reference.warm_start_steps=8"),
         (["--trainer", "oat"], "oat cannot run this experiment: reference.warm_start_steps=8"),
         (["--trainer", "verl", "--out", "/no/such/dir/x.sh"], "/no/such/dir"),
     ],

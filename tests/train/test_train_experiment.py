@@ -92,6 +92,7 @@ def test_without_a_file_the_options_keep_their_defaults_and_values():
         ("[algorithm]\nclip_high = 0.28\n", "algorithm.clip_high=0.28"),
         ('[algorithm]\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.loss_aggregation='seq-mean-token-mean'"),
         ("[training]\nmini_batches = 2\n", "training.mini_batches=2"),
+        ('[algorithm]\nview = "turn"\n[training]\nmini_batches = 0\nturns_per_step = 8\n', "training.mini_batches=0"),  # steps counted in turns (ROLL's)
         ("[rollout]\nlogprob_temperature = 0.7\n", "rollout.logprob_temperature=0.7"),
         ("[optimizer]\nweight_decay = 0.01\n", "optimizer.weight_decay=0.01"),
         ("[seeds]\neval_start = 5000\n", "seeds.eval_start=5000"),

@@ -5,11 +5,12 @@ that would change the run pinned."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from gem_core.experiment import parse_experiment
-from gem_integrations.oat.experiment import PRECISION, arguments, transitions_per_update
+from gem_core.experiment import UnsupportedSettingError, load_experiment, parse_experiment
+from gem_integrations.oat.experiment import PRECISION, TURN_CAP, arguments, transitions_per_update
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 8\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
@@ -57,3 +58,37 @@ def test_the_precision_is_pinned(precision, bf16, flash_attn, monkeypatch, tmp_p
     e = dataclasses.replace(EXPERIMENT, precision=precision)
     args = parsed(e, monkeypatch, tmp_path, precision)
     assert (args.bf16, args.fp16, args.flash_attn) == (bf16, False, flash_attn)
+
+
+TURN = Path(__file__).resolve().parents[3] / "examples" / "experiments" / "turn.toml"
+
+
+def test_the_turn_file_runs_in_oat_with_its_values(monkeypatch, tmp_path):
+    """examples/experiments/turn.toml (the default run with oat's per-turn rows and per-row token mean) through oat's own
+    parser: the values oat will use are the file's."""
+    e = load_experiment(TURN)
+    assert (e.view, e.loss_aggregation, e.estimator, e.group_size, e.warmup_updates) == ("turn", "seq-mean-token-mean", "rebn", 1, 0)
+    args = parsed(e, monkeypatch, tmp_path)
+    assert (args.critic_type, args.whiten_adv, args.gamma, args.lam, args.num_samples) == ("grpo", True, 0.9, 1.0, 1)
+    assert (args.learning_rate, args.lr_scheduler, args.lr_warmup_ratio, args.adam_beta_1, args.adam_beta_2, args.l2, args.max_norm) == (
+        1e-4, "constant", 0.0, 0.9, 0.999, 0.0, 1.0
+    )  # fmt: skip
+    assert (args.num_ppo_epochs, args.cliprange, args.beta, args.kl_penalty_coef) == (1, 0.2, 0.0, 0.0)
+    assert (args.temperature, args.top_p, args.top_k, args.generate_max_length) == (1.0, 1.0, -1, 16)
+    assert (args.gem_episodes_per_step, args.gem_max_turns, args.gem_max_context_tokens) == (32, None, 1024)
+    assert args.rollout_batch_size_per_device == args.train_batch_size == 32 * TURN_CAP  # every turn of an update in one batch
+    assert args.gradient_checkpointing is False and args.seed == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"mini_batches": 0, "turns_per_step": 32}, "training.mini_batches=0: oat counts optimizer steps in episodes"),
+        ({"warmup_updates": 2}, "optimizer.warmup_updates=2: oat's constant schedule has no warm-up"),
+        ({"view": "sequence"}, "algorithm.view='sequence'"),
+    ],
+)
+def test_what_oat_cannot_express_in_the_turn_file_is_refused_in_one_line(change, says):
+    with pytest.raises(UnsupportedSettingError) as caught:
+        arguments(dataclasses.replace(load_experiment(TURN), **change))
+    assert str(caught.value).startswith(f"oat cannot run this experiment: {says}") and "\n" not in str(caught.value)
