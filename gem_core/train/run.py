@@ -4,12 +4,17 @@ The run directory (``--out``) holds ``config.json``, ``metrics.jsonl`` (one line
 evaluation), ``checkpoint.pt`` (model, optimizer, step, RNG states: ``--resume`` continues from it and
 reproduces the uninterrupted run), ``model/`` (the final model and tokenizer, loadable with
 ``--model``), and ``curves.png`` (success rate, return and turns per episode over the updates).
+
+Beyond the numbers of every env, a run reports what its env reports of itself, and nothing else
+(:mod:`gem_core.envs.report`: extra metrics such as GuessTheNumber's hint use, scripted baselines, the blind
+ceiling): in ``metrics.jsonl``, the summary table, ``curves.png`` and the CLI's closing lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import time
@@ -18,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gem_core.envs.games.guess_the_number import Baseline, baselines
+from gem_core.envs.report import BlindCeiling, EnvReport, MetricColumn, ScriptedBaseline
 from gem_core.models import ModelUnavailableError, resolve_model, weights_record
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
@@ -196,10 +201,19 @@ class Summary:
     out: str
     peak_rss_gb: float = 0.0
     warm_started: bool = False
-    baselines: list[Baseline] = field(default_factory=list)  # scripted players on the same seeds (GuessTheNumber)
+    baselines: list[ScriptedBaseline] = field(default_factory=list)  # the env's scripted players on the same seeds
     eval_set: str = "heldout"
     temperature: float = 1.0
     no_signal_updates: int = 0  # updates whose every advantage was 0: no optimizer step
+    metric_columns: tuple[MetricColumn, ...] = ()  # the env's own metrics, a table column each (gem_core.envs.report)
+    ceiling: BlindCeiling | None = None  # the env's blind ceiling, one of the baselines
+
+    @property
+    def ceiling_baseline(self) -> ScriptedBaseline | None:
+        """The baseline that plays the env's blind ceiling (None where it has none)."""
+        if self.ceiling is None:
+            return None
+        return next((b for b in self.baselines if b.name == self.ceiling.baseline), None)
 
     @property
     def start_label(self) -> str:
@@ -207,22 +221,24 @@ class Summary:
 
     def table(self) -> str:
         """The run's evaluations (greedy and sampled) and the baselines' numbers on the same seeds, as a table."""
-        rows = [HEADER]
+        keys = [column.key for column in self.metric_columns]
+        rows = [(*HEADER, *(column.header for column in self.metric_columns))]
         sampled = f"sampled (T={self.temperature:g})"
         if self.start is not None:
-            rows.append((f"{self.start_label}, greedy", *_cells(self.start.greedy)))
-            rows.append((f"{self.start_label}, {sampled}", *_cells(self.start.sampled)))
+            rows.append((f"{self.start_label}, greedy", *_cells(self.start.greedy, keys)))
+            rows.append((f"{self.start_label}, {sampled}", *_cells(self.start.sampled, keys)))
         if self.steps or self.start is None:
-            rows.append((f"after {self.steps} RL updates, greedy", *_cells(self.final.greedy)))
-            rows.append((f"after {self.steps} RL updates, {sampled}", *_cells(self.final.sampled)))
+            rows.append((f"after {self.steps} RL updates, greedy", *_cells(self.final.greedy, keys)))
+            rows.append((f"after {self.steps} RL updates, {sampled}", *_cells(self.final.sampled, keys)))
         for baseline in self.baselines:
-            rows.append((f"baseline: {baseline.name}", *_baseline_cells(baseline)))
+            rows.append((f"baseline: {baseline.name}", *_baseline_cells(baseline, keys)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
 
+# the columns of every env; the env's own follow (its MetricColumn headers)
 HEADER = (
     "",
     "success rate",
@@ -231,10 +247,6 @@ HEADER = (
     "turns / solved",
     "malformed turns",
     "illegal turns",
-    "consistent with hints",
-    "right way after a hint",
-    "after lower",
-    "after higher",
 )
 
 
@@ -242,7 +254,7 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _cells(stats: EpisodeStats) -> tuple[str, ...]:
+def _cells(stats: EpisodeStats, keys: list[str]) -> tuple[str, ...]:
     solved = "-" if stats.turns_when_solved is None else f"{stats.turns_when_solved:.2f}"
     return (
         f"{stats.success_rate:.3f}",
@@ -251,17 +263,13 @@ def _cells(stats: EpisodeStats) -> tuple[str, ...]:
         solved,
         f"{stats.malformed_rate:.3f}",
         f"{stats.illegal_rate:.3f}",
-        _rate(stats.hint_consistent_rate),
-        _rate(stats.hint_right_way_rate),
-        _rate(stats.hint_right_after_lower_rate),
-        _rate(stats.hint_right_after_higher_rate),
+        *(_rate(stats.env_metrics.get(key)) for key in keys),
     )
 
 
-def _baseline_cells(baseline: Baseline) -> tuple[str, ...]:
+def _baseline_cells(baseline: ScriptedBaseline, keys: list[str]) -> tuple[str, ...]:
     solved = "-" if baseline.turns_when_solved is None else f"{baseline.turns_when_solved:.2f}"
-    hints = (baseline.hint_consistent_rate, baseline.hint_right_way_rate, baseline.hint_right_after_lower_rate, baseline.hint_right_after_higher_rate)
-    return (f"{baseline.success_rate:.3f}", "-", "-", solved, "-", "-", *map(_rate, hints))
+    return (f"{baseline.success_rate:.3f}", "-", "-", solved, "-", "-", *(_rate(baseline.metrics.get(key)) for key in keys))
 
 
 def eval_checkpoint(out: str, step: int) -> str:
@@ -303,7 +311,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     start: Evaluation | None = None
     try:
         seeds = trainer.eval_seeds()
-        scripted = baselines(trainer.game, seeds) if trainer.game is not None else []
+        report = trainer.report  # what the env reports of itself (gem_core.envs.report)
+        scripted = report.baselines(seeds)
         if config.resume:
             state = torch.load(checkpoint_path, weights_only=False)
             trainer.load_state(state)
@@ -313,7 +322,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             evaluation = {"set": config.eval_set, "seeds": seeds}
             write_json(os.path.join(out, CONFIG), {**config_dict(config), "weights": weights, "evaluation": evaluation})
             open(metrics_path, "w").close()
-            first = {"step": 0, "eval_set": config.eval_set, "baselines": {b.name: vars(b) for b in scripted}}
+            first = {"step": 0, "eval_set": config.eval_set, "baselines": {b.name: b.fields() for b in scripted}}
             if config.warmup_steps:
                 loss = warm_start(trainer, config.warmup_steps, config.warmup_batch)
                 start = trainer.evaluate()
@@ -340,14 +349,14 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
                 bar.update(1)
                 bar.set_postfix(ret=f"{metrics['mean_return']:+.2f}", success=f"{metrics['success_rate']:.2f}", turns=f"{metrics['mean_turns']:.1f}")
             if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
-                saved_start = None if start is None else {"greedy": vars(start.greedy), "sampled": vars(start.sampled)}
+                saved_start = None if start is None else {"greedy": start.greedy.fields(), "sampled": start.sampled.fields()}
                 torch.save({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
         if bar is not None:
             bar.close()
         if final is None:  # no RL update (--steps 0: the warm start alone) is evaluated once, at the start
             final = start if config.steps == 0 and start is not None else trainer.evaluate()
         save_model(trainer, tokenizer, os.path.join(out, "model"))
-        plot(metrics_path, os.path.join(out, "curves.png"))
+        plot(metrics_path, os.path.join(out, "curves.png"), report)
         if config.tensorboard:
             _tensorboard(metrics_path, os.path.join(out, "tensorboard"))
     finally:
@@ -365,6 +374,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
         config.eval_set,
         config.temperature,
         no_signal,
+        report.columns,
+        report.ceiling,
     )
 
 
@@ -430,8 +441,8 @@ def _evaluation(data: dict[str, Any] | None) -> Evaluation | None:
     if data is None:
         return None
     if "sampled" not in data:
-        return Evaluation(EpisodeStats(**data), EpisodeStats(**data))
-    return Evaluation(EpisodeStats(**data["greedy"]), EpisodeStats(**data["sampled"]))
+        return Evaluation(EpisodeStats.from_fields(data), EpisodeStats.from_fields(data))
+    return Evaluation(EpisodeStats.from_fields(data["greedy"]), EpisodeStats.from_fields(data["sampled"]))
 
 
 def _progress(total: int, done: int, enabled: bool) -> Any:
@@ -450,11 +461,11 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def plot(metrics_path: str, png_path: str) -> str | None:
+def plot(metrics_path: str, png_path: str, report: EnvReport | None = None) -> str | None:
     """Learning curves as a PNG: success rate (training batch, evaluation greedy and sampled, and the
-    scripted baselines as lines), hint use (evaluation greedy and sampled; each update's training batch;
-    the hint-blind player's rates as lines), mean return and turns per episode; None when matplotlib is not
-    installed."""
+    scripted baselines as lines), mean return and turns per episode; where ``report`` (the env's,
+    :mod:`gem_core.envs.report`) has metrics, also those (evaluation greedy and sampled; each update's training
+    batch; the blind ceiling's values as lines). None when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -462,13 +473,16 @@ def plot(metrics_path: str, png_path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    report = report or EnvReport(None)
+    columns, ceiling = report.columns, report.ceiling
+    keys = [column.key for column in columns]
     records = read_metrics(metrics_path)
     rl = [r for r in records if r.get("phase") == "rl"]
-    evals = [(r["step"], evaluation) for r in records if (evaluation := Evaluation.from_fields(r)) is not None]
+    evals = [(r["step"], evaluation) for r in records if (evaluation := Evaluation.from_fields(r, keys)) is not None]
     first = records[0] if records else {}
     scripted = first.get("baselines") or {}
     eval_set = "held-out" if first.get("eval_set", "heldout") == "heldout" else "validation"
-    fig, axes = plt.subplots(1, 5, figsize=(22, 3.8))
+    fig, axes = plt.subplots(1, 5 if columns else 3, figsize=(22 if columns else 13, 3.8))
     steps = [step for step, _ in evals]
     axes[0].plot([r["step"] for r in rl], [r["success_rate"] for r in rl], label="training batch", alpha=0.5)
     axes[0].plot(steps, [e.sampled.success_rate for _, e in evals], "o-", label=f"{eval_set}, sampled")
@@ -478,32 +492,30 @@ def plot(metrics_path: str, png_path: str) -> str | None:
         axes[0].axhline(baseline["success_rate"], color="grey", linestyle=style, linewidth=1, label=f"{name} {baseline['success_rate']:.3f}")
     axes[0].set(title="success rate", xlabel="update", ylim=(0, 1.05))
     axes[0].legend(fontsize=7)
-    hint_lines = (
-        ("hint_consistent_rate", "o", "consistent with hints"),
-        ("hint_right_after_lower_rate", "v", "right way after lower"),
-        ("hint_right_after_higher_rate", "^", "right way after higher"),
-    )
-    for key, marker, label in hint_lines:
-        for mode in ("sampled", "greedy"):
-            values = [getattr(getattr(e, mode), key) for _, e in evals]
-            axes[1].plot(steps, [float("nan") if v is None else v for v in values], marker + ("-" if mode == "sampled" else "--"), label=f"{label}, {mode}")
-    for key, marker, label in hint_lines:
-        values = [r.get(key) for r in rl]
-        axes[2].plot([r["step"] for r in rl], [float("nan") if v is None else v for v in values], marker + "-", markersize=3, label=label)
-    for (name, baseline), style in zip(scripted.items(), styles):
-        if name.startswith("hint-blind"):  # the rates a player that ignores the hints reaches
-            for key, label in (("hint_consistent_rate", "consistent"), ("hint_right_after_lower_rate", "right way after lower")):
-                if baseline.get(key) is not None:
-                    for axis in axes[1:3]:
-                        axis.axhline(baseline[key], color="grey", linestyle=style, linewidth=1, label=f"hint-blind: {label} {baseline[key]:.3f}")
-    axes[1].set(title=f"hint use ({eval_set})", xlabel="update", ylim=(0, 1.05))
-    axes[1].legend(fontsize=7)
-    axes[2].set(title="hint use (training batch)", xlabel="update", ylim=(0, 1.05))
-    axes[2].legend(fontsize=7)
-    axes[3].plot([r["step"] for r in rl], [r["mean_return"] for r in rl])
-    axes[3].set(title="mean return (training batch)", xlabel="update")
-    axes[4].plot([r["step"] for r in rl], [r["mean_turns"] for r in rl])
-    axes[4].set(title="turns per episode (training batch)", xlabel="update")
+    if columns:
+        env_axes = axes[1:3]
+        for column, marker in zip(columns, itertools.cycle(("o", "v", "^", "s", "D", "P", "X", "*"))):
+            for mode in ("sampled", "greedy"):
+                values = [getattr(e, mode).env_metrics.get(column.key) for _, e in evals]
+                axes[1].plot(steps, [float("nan") if v is None else v for v in values], marker + ("-" if mode == "sampled" else "--"), label=f"{column.header}, {mode}")
+            values = [r.get(column.key) for r in rl]
+            axes[2].plot([r["step"] for r in rl], [float("nan") if v is None else v for v in values], marker + "-", markersize=3, label=column.header)
+        for (name, baseline), style in zip(scripted.items(), styles):
+            if ceiling is not None and name == ceiling.baseline:  # the values a player blind to the feedback reaches
+                for column in columns:
+                    if baseline.get(column.key) is not None:
+                        for axis in env_axes:
+                            axis.axhline(baseline[column.key], color="grey", linestyle=style, linewidth=1, label=f"{ceiling.label}: {column.header} {baseline[column.key]:.3f}")
+        for axis, where in zip(env_axes, (eval_set, "training batch")):
+            axis.set(title=f"{report.title} ({where})", xlabel="update")
+            low, high = axis.get_ylim()
+            if low >= -0.05 and high <= 1.05:  # rates: on the same scale as the success rate
+                axis.set_ylim(0, 1.05)
+            axis.legend(fontsize=7)
+    axes[-2].plot([r["step"] for r in rl], [r["mean_return"] for r in rl])
+    axes[-2].set(title="mean return (training batch)", xlabel="update")
+    axes[-1].plot([r["step"] for r in rl], [r["mean_turns"] for r in rl])
+    axes[-1].set(title="turns per episode (training batch)", xlabel="update")
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)

@@ -38,7 +38,7 @@ import numpy as np
 
 from gem_core import algo
 from gem_core.batch import TokenBatch, infra_metrics, sequence_batch, turn_batch
-from gem_core.envs.games.guess_the_number import GuessTheNumber, hint_use
+from gem_core.envs.report import EnvReport
 from gem_core.experiment import KL_SCHEDULES
 from gem_core.precision import auto_precision
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
@@ -233,23 +233,22 @@ def resolve_rollout_engine(config: TrainConfig) -> str:
 def evaluation_seeds(env_id: str, env_kwargs: dict[str, Any], count: int, eval_set: str = "heldout") -> list[int]:
     """The reset seeds of an evaluation set: ``heldout`` (what a run reports) from :data:`EVAL_SEED_BASE`,
     ``validation`` (what settings are chosen on) from :data:`VALIDATION_SEED_BASE`; both above every
-    training seed. On GuessTheNumber with a fixed range, the first ``count`` seeds from the base whose
-    targets are every number equally often (:func:`~gem_core.envs.games.guess_the_number.balanced_seeds`;
-    1-10 with 200 episodes: 20 each); elsewhere ``count`` consecutive seeds."""
+    training seed. Where the env balances its start states (its ``balanced_seeds``, the report hook of
+    :mod:`gem_core.envs.report`), the first ``count`` balanced seeds from the base (GuessTheNumber with a fixed
+    range: targets every number equally often, 1-10 with 200 episodes 20 each); elsewhere ``count`` consecutive seeds."""
     env = TaskSpec(env_id, env_kwargs=dict(env_kwargs)).make_env()
     try:
-        game = getattr(env, "unwrapped", None)
-        return set_seeds(game if isinstance(game, GuessTheNumber) else None, count, eval_set)
+        return set_seeds(env, count, eval_set)
     finally:
         env.close()
 
 
-def set_seeds(game: GuessTheNumber | None, count: int, eval_set: str) -> list[int]:
-    """:func:`evaluation_seeds` given the env's GuessTheNumber game (None: another env)."""
+def set_seeds(env: Any, count: int, eval_set: str) -> list[int]:
+    """:func:`evaluation_seeds` given a made env of the run (None: consecutive seeds)."""
     if eval_set not in EVAL_SETS:
         raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {eval_set!r}")
     base = EVAL_SEED_BASE if eval_set == "heldout" else VALIDATION_SEED_BASE
-    return episode_seeds(game, count, base, balanced=True)
+    return episode_seeds(env, count, base, balanced=True)
 
 
 def _check_int(config: TrainConfig, name: str, low: int) -> None:
@@ -580,7 +579,7 @@ def policy_loss(
 
 @dataclass
 class EpisodeStats:
-    """What a batch of episodes did."""
+    """What a batch of episodes did: the numbers of every env, and those its env reports of itself."""
 
     success_rate: float
     mean_return: float
@@ -588,17 +587,14 @@ class EpisodeStats:
     turns_when_solved: float | None
     malformed_rate: float = 0.0  # share of turns whose answer held no readable move (the env's format error)
     illegal_rate: float = 0.0  # share of turns whose move the rules refused (a repeat, out of range)
-    # GuessTheNumber only (None elsewhere, or with no guess after a hint): gem_core.envs.games.guess_the_number.HintUse
-    hint_consistent_rate: float | None = None  # guesses inside every earlier hint's bounds
-    hint_right_way_rate: float | None = None  # after "lower"/"higher", next guesses that moved that way
-    hint_right_after_lower_rate: float | None = None  # the same after "lower" alone
-    hint_right_after_higher_rate: float | None = None  # and after "higher" alone
+    # the env's own numbers by their metrics.jsonl names (gem_core.envs.report; GuessTheNumber: hint use), None
+    # where there was nothing to measure; {} for an env that reports none
+    env_metrics: dict[str, float | None] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, trajectories: Sequence[Trajectory], *, hints: bool = False) -> EpisodeStats:
-        """The statistics of ``trajectories``; ``hints``: also the hint-use rates (GuessTheNumber's feedback)."""
+    def of(cls, trajectories: Sequence[Trajectory], report: EnvReport | None = None) -> EpisodeStats:
+        """The statistics of ``trajectories``; ``report``: also the env's own metrics of them."""
         totals = EpisodeTotals.of(t.episode_summary() for t in trajectories)
-        use = hint_use([turn.observation for turn in t.turns] for t in trajectories) if hints else None
         return cls(
             success_rate=totals.success_rate,
             mean_return=totals.mean_return,
@@ -606,11 +602,21 @@ class EpisodeStats:
             turns_when_solved=totals.length_when_solved,
             malformed_rate=totals.format_error_turn_rate,
             illegal_rate=totals.invalid_action_turn_rate,
-            hint_consistent_rate=None if use is None else use.consistent_rate,
-            hint_right_way_rate=None if use is None else use.right_way_rate,
-            hint_right_after_lower_rate=None if use is None else use.right_after_lower_rate,
-            hint_right_after_higher_rate=None if use is None else use.right_after_higher_rate,
+            env_metrics={} if report is None else report.metrics(trajectories),
         )
+
+    def fields(self) -> dict[str, Any]:
+        """The statistics as one flat record (``metrics.jsonl``, checkpoints): every env's, then the env's own."""
+        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "env_metrics"}
+        return {**common, **self.env_metrics}
+
+    @classmethod
+    def from_fields(cls, record: dict[str, Any], metrics: Sequence[str] | None = None) -> EpisodeStats:
+        """The statistics a flat record holds (:meth:`fields`); ``metrics``: the env's metric names to read
+        (None: every other key of ``record``; a missing one reads None)."""
+        common = [f.name for f in fields(cls) if f.name != "env_metrics"]
+        names = [k for k in record if k not in common] if metrics is None else metrics
+        return cls(**{k: record.get(k) for k in common}, env_metrics={k: record.get(k) for k in names})
 
 
 @dataclass
@@ -623,17 +629,20 @@ class Evaluation:
 
     def fields(self) -> dict[str, Any]:
         """``metrics.jsonl`` fields: ``eval_<stat>`` sampled (the name runs before greedy evaluation wrote), ``eval_greedy_<stat>``."""
-        return {**{f"eval_{k}": v for k, v in vars(self.sampled).items()}, **{f"eval_greedy_{k}": v for k, v in vars(self.greedy).items()}}
+        return {**{f"eval_{k}": v for k, v in self.sampled.fields().items()}, **{f"eval_greedy_{k}": v for k, v in self.greedy.fields().items()}}
 
     @classmethod
-    def from_fields(cls, record: dict[str, Any]) -> Evaluation | None:
-        """The evaluation a ``metrics.jsonl`` line holds (None if it holds none; an older line without greedy: sampled twice)."""
-        names = [f.name for f in fields(EpisodeStats)]
+    def from_fields(cls, record: dict[str, Any], metrics: Sequence[str] = ()) -> Evaluation | None:
+        """The evaluation a ``metrics.jsonl`` line holds, with the env's ``metrics`` of those names (None if it
+        holds none; an older line without greedy: sampled twice)."""
         if "eval_success_rate" not in record:
             return None
-        sampled = EpisodeStats(**{k: record.get(f"eval_{k}") for k in names})
-        greedy = EpisodeStats(**{k: record[f"eval_greedy_{k}"] for k in names}) if "eval_greedy_success_rate" in record else sampled
-        return cls(greedy, sampled)
+        names = [f.name for f in fields(EpisodeStats) if f.name != "env_metrics"] + list(metrics)
+
+        def stats(prefix: str) -> EpisodeStats:
+            return EpisodeStats.from_fields({k: record.get(f"{prefix}{k}") for k in names}, metrics)
+
+        return cls(stats("eval_greedy_") if "eval_greedy_success_rate" in record else stats("eval_"), stats("eval_"))
 
 
 class Trainer:
@@ -668,6 +677,7 @@ class Trainer:
         self.reference = None
         self._envs: list[Any] = []
         self._eval_seeds: dict[str, list[int]] = {}
+        self._report: EnvReport | None = None
         self._vllm: VLLMPolicy | None = None
         self._vllm_dir: Any = None
         self.step = 0
@@ -746,6 +756,7 @@ class Trainer:
         for env in self._envs:
             env.close()
         self._envs = []
+        self._report = None
         self._vllm = None
         if self._vllm_dir is not None:
             self._vllm_dir.cleanup()
@@ -757,26 +768,27 @@ class Trainer:
         return [int(s) for s in rng.integers(0, EVAL_SEED_BASE, size=groups)]
 
     @property
-    def game(self) -> GuessTheNumber | None:
-        """The env's GuessTheNumber game when it is one (its seeds can be balanced and its hint use measured), else None."""
-        game = getattr(self.envs[0], "unwrapped", None)
-        return game if isinstance(game, GuessTheNumber) else None
+    def report(self) -> EnvReport:
+        """What the run's env reports of itself beyond success, return and turns (:mod:`gem_core.envs.report`:
+        its metrics, scripted baselines and blind ceiling; nothing for an env that implements none)."""
+        if self._report is None:
+            self._report = EnvReport.of(self.envs[0])
+        return self._report
 
     def eval_seeds(self, eval_set: str | None = None) -> list[int]:
         """The seeds of ``eval_set`` (default the run's): :func:`evaluation_seeds`, worked out once on this run's env."""
         eval_set = eval_set or self.config.eval_set
         if eval_set not in self._eval_seeds:
-            self._eval_seeds[eval_set] = set_seeds(self.game, self.config.eval_episodes, eval_set)
+            self._eval_seeds[eval_set] = set_seeds(self.envs[0], self.config.eval_episodes, eval_set)
         return self._eval_seeds[eval_set]
 
     def evaluate(self) -> Evaluation:
         """The current policy on the run's evaluation seeds (the same every time), greedy and sampled at
         the run's temperature (sampling seeded per episode)."""
         seeds = self.eval_seeds()
-        hints = self.game is not None
         greedy_config = dataclasses.replace(self.run_config, params=dataclasses.replace(self.run_config.params, temperature=0.0))
-        greedy = EpisodeStats.of(self.rollout(seeds, prefix="eval-greedy-", run_config=greedy_config), hints=hints)
-        sampled = EpisodeStats.of(self.rollout(seeds, prefix="eval-"), hints=hints)
+        greedy = EpisodeStats.of(self.rollout(seeds, prefix="eval-greedy-", run_config=greedy_config), self.report)
+        sampled = EpisodeStats.of(self.rollout(seeds, prefix="eval-"), self.report)
         return Evaluation(greedy, sampled)
 
     # -- one RL update ---------------------------------------------------------------------------------
@@ -786,7 +798,7 @@ class Trainer:
         started = time.perf_counter()
         trajectories = self.rollout(self.train_seeds(self.step), prefix=f"s{self.step}-", group_size=config.group_size)
         rollout_seconds = time.perf_counter() - started
-        episodes = EpisodeStats.of(trajectories, hints=self.game is not None)
+        episodes = EpisodeStats.of(trajectories, self.report)
         infra = infra_metrics(trajectories)
         # episodes the infrastructure failed say nothing about the policy: out of the loss and the statistics
         trajectories = [t for t in trajectories if t.infra_error is None and t.turns]
@@ -797,10 +809,7 @@ class Trainer:
             "turns_when_solved": episodes.turns_when_solved,
             "malformed_rate": episodes.malformed_rate,
             "illegal_rate": episodes.illegal_rate,
-            "hint_consistent_rate": episodes.hint_consistent_rate,
-            "hint_right_way_rate": episodes.hint_right_way_rate,
-            "hint_right_after_lower_rate": episodes.hint_right_after_lower_rate,
-            "hint_right_after_higher_rate": episodes.hint_right_after_higher_rate,
+            **episodes.env_metrics,  # what the env reports of itself (gem_core.envs.report)
             "infra_failed_episodes": infra["gem/infra_failed_episodes"],
         }
         if not trajectories:

@@ -75,16 +75,17 @@ def test_hint_use_of_hand_made_trajectories():
     assert (total.right_after_lower_rate, total.right_after_higher_rate) == (0.5, pytest.approx(2 / 3))
 
     # the trainer's statistics read the same numbers off trajectories (each turn's observation)
+    from gem_core.envs.report import EnvReport
     from gem_core.train.trainer import EpisodeStats
 
     trajectories = [
         Trajectory(episode_id=str(i), prompt_ids=[], turns=[Turn(j, 0, [], None, [], 0.0, False, False, observation=o) for j, o in enumerate(e)])
         for i, e in enumerate(episodes)
     ]
-    stats = EpisodeStats.of(trajectories, hints=True)
-    assert stats.hint_consistent_rate == stats.hint_right_way_rate == pytest.approx(4 / 7)
-    assert (stats.hint_right_after_lower_rate, stats.hint_right_after_higher_rate) == (0.5, pytest.approx(2 / 3))
-    assert EpisodeStats.of(trajectories).hint_consistent_rate is None  # not asked: not measured
+    stats = EpisodeStats.of(trajectories, EnvReport.of(game)).env_metrics  # through the env's report hook
+    assert stats["hint_consistent_rate"] == stats["hint_right_way_rate"] == pytest.approx(4 / 7)
+    assert (stats["hint_right_after_lower_rate"], stats["hint_right_after_higher_rate"]) == (0.5, pytest.approx(2 / 3))
+    assert EpisodeStats.of(trajectories).env_metrics == {}  # not asked: not measured
 
 
 def test_no_guess_after_a_hint_has_no_rate():

@@ -7,15 +7,29 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from gem_core.envs.games.base import Move, TextGame, illegal, moved, won
+from gem_core.envs.report import BlindCeiling, MetricColumn, ScriptedBaseline
 from gem_core.params import Param, check_args, invalid
 from gem_core.parsing import ECHO_CHARS, echo
 
+if TYPE_CHECKING:
+    from gem_core.rollout import Trajectory
+
 _NUMBER = Param(int, low=-(10**9), high=10**9, none="a range drawn per episode")
+
+# What a trainer reports of this game beyond success (gem_core.envs.report): hint use (:class:`HintUse`), by
+# its metrics.jsonl names and table headers
+HINT_COLUMNS = (
+    MetricColumn("hint_consistent_rate", "consistent with hints"),  # guesses inside every earlier hint's bounds
+    MetricColumn("hint_right_way_rate", "right way after a hint"),  # after "lower"/"higher", next guesses that moved that way
+    MetricColumn("hint_right_after_lower_rate", "after lower"),  # the same after "lower" alone
+    MetricColumn("hint_right_after_higher_rate", "after higher"),  # and after "higher" alone
+)
+HINT_BLIND_CEILING = "hint-blind ceiling (random, no repeats)"  # the scripted baseline of that name (:func:`baselines`)
 
 
 class GuessTheNumber(TextGame):
@@ -29,6 +43,16 @@ class GuessTheNumber(TextGame):
     instructions_ask_first_move = True  # the instructions show the start and ask for the first move
 
     title = "Guess The Number"
+
+    # the report hook (gem_core.envs.report): hint use per batch, scripted players, the hint-blind ceiling
+    episode_metric_columns = HINT_COLUMNS
+    episode_metrics_title = "hint use"
+    blind_ceiling = BlindCeiling(
+        baseline=HINT_BLIND_CEILING,
+        label="hint-blind ceiling",
+        meaning="the expected success of the best player that ignores the hints; above it, a policy reads them",
+        at_or_below="what it learned, a player that ignores the hints gets as well",
+    )
 
     params: ClassVar[dict[str, Param]] = {**TextGame.params, "min_number": _NUMBER, "max_number": _NUMBER}
 
@@ -53,6 +77,19 @@ class GuessTheNumber(TextGame):
         """``count`` reset seeds from ``start`` whose targets are every number equally often
         (:func:`balanced_seeds`): what ``--balanced`` evaluations and held-out rows play."""
         return balanced_seeds(self, count, start)
+
+    def episode_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
+        """Hint use over ``trajectories`` (:func:`hint_use`, parsed from this game's feedback to each turn)."""
+        use = hint_use([turn.observation for turn in t.turns] for t in trajectories)
+        rates = (use.consistent_rate, use.right_way_rate, use.right_after_lower_rate, use.right_after_higher_rate)
+        return {column.key: rate for column, rate in zip(HINT_COLUMNS, rates)}
+
+    def scripted_baselines(self, seeds: Sequence[int]) -> list[ScriptedBaseline]:
+        """Random valid guesses, the hint-blind ceiling and binary search on ``seeds`` (:func:`baselines`)."""
+        return [
+            ScriptedBaseline(b.name, b.success_rate, b.turns_when_solved, {column.key: getattr(b, column.key) for column in HINT_COLUMNS})
+            for b in baselines(self, seeds)
+        ]
 
     def new_game(self) -> None:
         if self._random_range:
@@ -276,7 +313,7 @@ def baselines(env: GuessTheNumber, seeds: Sequence[int]) -> list[Baseline]:
         games.setdefault((env.min_number, env.max_number, env.max_turns, env.target), []).append(seed)
     players = {
         "random valid guesses": lambda numbers, turns: itertools.product(numbers, repeat=turns),
-        "hint-blind ceiling (random, no repeats)": lambda numbers, turns: itertools.permutations(numbers, turns),
+        HINT_BLIND_CEILING: lambda numbers, turns: itertools.permutations(numbers, turns),
     }
     out = []
     for name, sequences in players.items():
