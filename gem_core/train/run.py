@@ -497,7 +497,9 @@ def plot(metrics_path: str, png_path: str, report: EnvReport | None = None) -> s
         for column, marker in zip(columns, itertools.cycle(("o", "v", "^", "s", "D", "P", "X", "*"))):
             for mode in ("sampled", "greedy"):
                 values = [getattr(e, mode).env_metrics.get(column.key) for _, e in evals]
-                axes[1].plot(steps, [float("nan") if v is None else v for v in values], marker + ("-" if mode == "sampled" else "--"), label=f"{column.header}, {mode}")
+                axes[1].plot(
+                    steps, [float("nan") if v is None else v for v in values], marker + ("-" if mode == "sampled" else "--"), label=f"{column.header}, {mode}"
+                )
             values = [r.get(column.key) for r in rl]
             axes[2].plot([r["step"] for r in rl], [float("nan") if v is None else v for v in values], marker + "-", markersize=3, label=column.header)
         for (name, baseline), style in zip(scripted.items(), styles):
@@ -505,7 +507,13 @@ def plot(metrics_path: str, png_path: str, report: EnvReport | None = None) -> s
                 for column in columns:
                     if baseline.get(column.key) is not None:
                         for axis in env_axes:
-                            axis.axhline(baseline[column.key], color="grey", linestyle=style, linewidth=1, label=f"{ceiling.label}: {column.header} {baseline[column.key]:.3f}")
+                            axis.axhline(
+                                baseline[column.key],
+                                color="grey",
+                                linestyle=style,
+                                linewidth=1,
+                                label=f"{ceiling.label}: {column.header} {baseline[column.key]:.3f}",
+                            )
         for axis, where in zip(env_axes, (eval_set, "training batch")):
             axis.set(title=f"{report.title} ({where})", xlabel="update")
             low, high = axis.get_ylim()
