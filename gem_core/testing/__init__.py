@@ -4,7 +4,7 @@ and transformers (lazily), never pytest.
 """
 
 from gem_core.testing.fake_server import FakeChatServer
-from gem_core.testing.models import build_tiny_model
-from gem_core.testing.tokenizer import CHAT_TEMPLATES, build_raw_tokenizer, build_test_tokenizer, save_test_tokenizer
+from gem_core.tiny import build_tiny_model
+from gem_core.tiny import CHAT_TEMPLATES, build_raw_tokenizer, build_test_tokenizer, save_test_tokenizer
 
 __all__ = ["CHAT_TEMPLATES", "FakeChatServer", "build_raw_tokenizer", "build_test_tokenizer", "build_tiny_model", "save_test_tokenizer"]

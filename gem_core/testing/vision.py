@@ -1,5 +1,5 @@
 """A tiny LLaVA-architecture vision-language model with random weights, and its processor, built from
-local pieces (nothing is downloaded): the test tokenizer (gem_core.testing.tokenizer) plus an ``<image>``
+local pieces (nothing is downloaded): the test tokenizer (gem_core.tiny.tokenizer) plus an ``<image>``
 token, a CLIP image processor at 32x32 pixels, a one-layer CLIP vision tower (8x8 patches: 16 image tokens
 per image) and a two-layer Qwen2 language model. Saved with ``save_pretrained`` it is ~1 MB and loads with
 ``AutoProcessor``/``LlavaForConditionalGeneration.from_pretrained``; a forward pass takes milliseconds on CPU.
@@ -37,7 +37,7 @@ def build_tiny_vl_processor(image_size: int = IMAGE_SIZE) -> Any:
     Qwen-VL processor's defaults give more image tokens than a deployment's ``max_pixels`` allows."""
     from transformers import LlavaProcessor
 
-    from gem_core.testing.tokenizer import build_test_tokenizer
+    from gem_core.tiny.tokenizer import build_test_tokenizer
 
     try:  # transformers 5 names the Pillow backend; 4.x has only this class
         from transformers import CLIPImageProcessorPil as ImageProcessor

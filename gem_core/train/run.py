@@ -27,6 +27,7 @@ from gem_core.envs.report import BlindCeiling, EnvReport, MetricColumn, Scripted
 from gem_core.models import ModelUnavailableError, resolve_model, weights_record
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
+from gem_core.tiny import build_test_tokenizer, build_tiny_model
 from gem_core.train.trainer import (
     TINY_MODEL,
     EpisodeStats,
@@ -63,8 +64,6 @@ class TrainError(ValueError):
 def tiny_model(seed: int = 0) -> tuple[Any, Any]:
     """``--model tiny``: a small Qwen2-architecture transformer with random weights and the project's own
     byte-level tokenizer (ChatML template), both built locally; nothing is downloaded."""
-    from gem_core.testing import build_test_tokenizer, build_tiny_model
-
     tokenizer = build_test_tokenizer("chatml")
     model = build_tiny_model(len(tokenizer), seed=seed, hidden_size=128, num_layers=2, max_positions=2048)
     model.config.pad_token_id = tokenizer.pad_token_id

@@ -13,7 +13,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "params", "parsing", "utils", "cli_support", "algo", "models", "precision", "experiment"),  # L0: no module above (experiment: plain data)
+    (
+        "errors",
+        "params",
+        "parsing",
+        "utils",
+        "cli_support",
+        "algo",
+        "models",
+        "precision",
+        "experiment",
+        "tiny",
+    ),  # L0: no module above (experiment: plain data; tiny: the built-here model)
     (
         "core",
         "tools",
@@ -150,6 +161,29 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+def product_imports_of_testing(texts: dict[Path, str] | None = None) -> list[str]:
+    """``path:line`` of each product module (gem_core outside testing/, the plugins) that imports gem_core.testing:
+    test machinery stays out of what users run (``--model tiny`` builds from gem_core.tiny)."""
+    found = []
+    for path in sources():
+        if _module_name(path).startswith("gem_core.testing"):
+            continue
+        for target, line in imports_of(path, (texts or {}).get(path)):
+            if target == "gem_core.testing" or target.startswith("gem_core.testing."):
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    return found
+
+
+def test_no_product_module_imports_the_test_machinery():
+    assert product_imports_of_testing() == []
+
+
+def test_the_test_machinery_check_fails_on_such_an_import():
+    run = ROOT / "gem_core" / "train" / "run.py"
+    text = run.read_text() + "\n\ndef _f():\n    from gem_core.testing import FakeChatServer\n"
+    assert any(f.startswith("gem_core/train/run.py:") for f in product_imports_of_testing({run: text}))
 
 
 def test_no_modules_import_each_other_in_a_circle():

@@ -98,7 +98,7 @@ def test_the_conversion_pins_bos_eos_and_pad_to_the_model_configs_ids():
     pytest.importorskip("transformers")
     from types import SimpleNamespace
 
-    from gem_core.testing.tokenizer import build_test_tokenizer
+    from gem_core.tiny import build_test_tokenizer
 
     tokenizer = build_test_tokenizer()
     start, end = tokenizer.convert_tokens_to_ids("<|im_start|>"), tokenizer.convert_tokens_to_ids("<|im_end|>")

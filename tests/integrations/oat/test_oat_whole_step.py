@@ -154,7 +154,7 @@ def _learner(args, tokenizer, actor, model_dir):
     from oat.model import LLM
     from oat.utils.ops import masked_mean, masked_sum
 
-    from gem_core.testing.models import build_tiny_model
+    from gem_core.tiny import build_tiny_model
     from gem_integrations.oat.advantage import GemLearner
 
     if not (Path(model_dir) / "config.json").exists():

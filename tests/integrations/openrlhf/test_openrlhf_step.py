@@ -50,7 +50,7 @@ ABORTED_REQUEST = "req-7"  # the rollout engine's 7th request: one episode's tur
 def model_dir():
     """A tiny random Qwen2 model and the test tokenizer, saved where OpenRLHF loads them by path."""
     from gem_core.testing import build_test_tokenizer, save_test_tokenizer
-    from gem_core.testing.models import build_tiny_model
+    from gem_core.tiny import build_tiny_model
 
     directory = tempfile.mkdtemp(prefix="gem-tiny-")
     build_tiny_model(len(build_test_tokenizer("qwen3"))).save_pretrained(directory)

@@ -97,7 +97,7 @@ def test_the_written_script_trains_the_experiment_on_cpu(tmp_path, tokenizer, ti
 
     import torch
 
-    from gem_core.testing.tokenizer import save_test_tokenizer
+    from gem_core.tiny import save_test_tokenizer
     from gem_core.precision import machine_precision
 
     model_dir = tmp_path / "model"
@@ -140,7 +140,7 @@ def test_the_cross_framework_benchmark_runs_trl_and_evaluates_its_checkpoints(tm
     from pathlib import Path
 
     from gem_core.testing.scripts import script_module
-    from gem_core.testing.tokenizer import save_test_tokenizer
+    from gem_core.tiny import save_test_tokenizer
 
     root = Path(__file__).resolve().parents[3]
     with script_module(root / "benchmarks" / "cross_framework.py") as cross_framework:
