@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gem_core.algo.estimators import DEFAULT_GAMMA, ESTIMATOR_NAMES, GROUP_ESTIMATORS
 from gem_core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from gem_core.models import EMBEDDED_MODELS
 from gem_core.params import Param, invalid
@@ -45,8 +46,7 @@ from gem_core.precision import PRECISIONS
 #: The estimators the experiment names (gem-core train's): ``rebn`` (ReBN, per-turn returns normalised over
 #: the batch), ``reinforce`` (per-turn discounted returns), ``grpo``, ``drgrpo`` (GRPO without the std) and
 #: ``rloo`` (the last three compare the episodes of a group).
-ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
-GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+ESTIMATORS = ESTIMATOR_NAMES  # the registry's (gem_core.algo.estimators)
 #: How the per-token PPO loss becomes one number (the names verl uses): the mean over every model token of
 #: the batch; the mean over episodes of each episode's token mean; the mean over episodes of each one's sum.
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -105,7 +105,7 @@ class Experiment:
     logprob_temperature: float = 1.0
     # [algorithm]
     estimator: str = "rebn"
-    gamma: float = 0.9
+    gamma: float = DEFAULT_GAMMA
     view: str = "sequence"
     clip_low: float = 0.2
     clip_high: float = 0.2

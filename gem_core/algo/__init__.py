@@ -8,6 +8,7 @@ trainer's (batch, length) token tensors. The estimator reads top to bottom in `r
 """
 
 from .baselines import grpo, reinforce, reinforce_batch_mean, rloo
+from .estimators import DEFAULT_GAMMA, ESTIMATOR_NAMES, ESTIMATORS, GROUP_ESTIMATORS, Estimator, estimate
 from .gae import turn_gae
 from .rebn import NormStats, normalization_stats, normalize, rebn
 from .returns import EpisodeLayout, discounted_returns, flatten_episodes
@@ -19,6 +20,12 @@ from .tokens import (
 )
 
 __all__ = [
+    "DEFAULT_GAMMA",
+    "ESTIMATORS",
+    "ESTIMATOR_NAMES",
+    "Estimator",
+    "GROUP_ESTIMATORS",
+    "estimate",
     "EpisodeLayout",
     "NormStats",
     "broadcast_turns_to_tokens",

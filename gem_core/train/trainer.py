@@ -46,7 +46,7 @@ from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_p
 from gem_core.tasks import TaskSpec, episode_seeds
 from gem_core.wrappers import EpisodeTotals
 
-ESTIMATORS = ("rebn", "reinforce", "grpo", "drgrpo", "rloo")
+ESTIMATORS = algo.ESTIMATOR_NAMES  # the registry's (gem_core.algo.estimators)
 ROLLOUT_ENGINES = ("auto", "hf", "vllm")
 VIEWS = ("turn", "sequence")
 DEFAULT_ENV = "game:GuessTheNumber-v0-easy"
@@ -104,7 +104,7 @@ class TrainConfig:
     episodes: int = 32
     group_size: int = 1
     estimator: str = "rebn"
-    gamma: float = 0.9
+    gamma: float = algo.DEFAULT_GAMMA
     view: str = "sequence"  # the same gradient as "turn" (tested), a third of the compute
     lr: float = 1e-4
     lr_warmup: int = 2
@@ -288,25 +288,11 @@ def turn_advantages(trajectories: Sequence[Trajectory], estimator: str, gamma: f
 
 
 def estimate(rewards: Sequence[Sequence[float]], groups: Sequence[Any], estimator: str, gamma: float) -> np.ndarray:
-    """One advantage per turn (flat, episodes in order) from each episode's per-turn rewards and group.
+    """One advantage per turn (flat, episodes in order) from each episode's per-turn rewards and group, by the
+    estimator registry (:mod:`gem_core.algo.estimators`: rebn, reinforce, grpo, drgrpo, rloo, each stated there).
 
-    rebn: A_t = (G_t - mean(G)) / (std(G) + eps) over every turn of the batch (population std, eps 1e-6);
-    reinforce: A_t = G_t; grpo / drgrpo / rloo: each turn gets its episode's advantage within its group.
-    """
-    rewards = [list(episode) for episode in rewards]
-    if estimator == "rebn":
-        flat = algo.rebn(rewards, gamma=gamma, eps=1e-6, ddof=0)
-    elif estimator == "reinforce":
-        flat = algo.reinforce(rewards, gamma=gamma)
-    elif estimator == "grpo":
-        flat = algo.grpo(rewards, group_by=list(groups))
-    elif estimator == "drgrpo":
-        flat = algo.grpo(rewards, group_by=list(groups), scale_by_std=False)
-    elif estimator == "rloo":
-        flat = algo.rloo(rewards, group_by=list(groups))
-    else:
-        raise ValueError(f"unknown estimator {estimator!r}")
-    return np.asarray(flat, dtype=np.float64)
+    rebn: A_t = (G_t - mean(G)) / (std(G) + eps) over every turn of the batch (population std, eps 1e-6)."""
+    return algo.estimate(rewards, groups, estimator, gamma)
 
 
 # ------------------------------------------------------------------------------------------------

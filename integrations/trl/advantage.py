@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from trl import GRPOTrainer
 
-from gem_core.algo import rebn_token_level
+from gem_core.algo import DEFAULT_GAMMA, rebn_token_level
 from gem_integrations.trl.plugin_spec import PLUGIN
 from gem_integrations.trl.rollout import GROUP_ID, INFRA, TURN_IDS, TURN_REWARDS, GemRollout, episode_return
 
@@ -54,7 +54,7 @@ def rebn_advantages(
     turn_rewards: list[list[float]],
     group_keys: list[Any] | None = None,
     *,
-    gamma: float = 0.9,
+    gamma: float = DEFAULT_GAMMA,
     eps: float = 1e-6,
     ddof: int = 0,
     distributed: bool = False,
@@ -83,7 +83,7 @@ class GemGRPOTrainer(GRPOTrainer):
         *args: Any,
         rollout_func: Any = None,
         estimator: str = "rebn",
-        gamma: float = 0.9,
+        gamma: float = DEFAULT_GAMMA,
         eps: float = 1e-6,
         ddof: int = 0,
         group_by: str | None = None,
