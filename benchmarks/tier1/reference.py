@@ -32,7 +32,7 @@ from gem_core import algo
 from gem_core.batch import sequence_batch
 
 #: trainer -> its file here (``tier1/<module>.py``); the command runs ``run`` in the trainer's Python.
-TRAINERS = {"trl": "trl_update"}
+TRAINERS = {"trl": "trl_update", "openrlhf": "openrlhf_update"}
 ADVANTAGE_EPS32 = float(np.finfo(np.float32).eps)
 WEIGHT_TOLERANCE = 1e-3  # ||delta - delta_ref|| / ||delta_ref|| after the steps
 FAULTS = ("lr", "kl", "clip", "aggregation", "infra")
@@ -55,6 +55,7 @@ class Semantics:
     clip_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_aggregation: str = ""  # the KL term's own aggregation where the trainer reduces it apart (OpenRLHF: token-mean); "" = the loss's
     old_logprobs: str = "rollout"  # "rollout" (the recorded ones) or "start" (the actor's at the update's start)
     mini_batches: int = 1
     epochs: int = 1
@@ -265,8 +266,12 @@ def reference_update(recorded: Any, semantics: Semantics, steps: list[list[int]]
         mask, a, old, ref_lp = rows.mask[index], adv[index], old_all[index], ref_all[index]
         ratio = torch.exp(logp - old)
         pg = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high) * a)
-        per_token = pg + s.kl_coef * kl_term(logp, ref_lp, s.kl_estimator) if s.kl_coef else pg
-        loss = aggregate(per_token, mask, index, rows, s)
+        if s.kl_coef and s.kl_aggregation:  # pg and KL reduced apart: aggregate(pg) + kl_coef * aggregate'(kl)
+            kl_loss = aggregate(kl_term(logp, ref_lp, s.kl_estimator), mask, index, rows, s.replace(aggregation=s.kl_aggregation))
+            loss = aggregate(pg, mask, index, rows, s) + s.kl_coef * kl_loss
+        else:
+            per_token = pg + s.kl_coef * kl_term(logp, ref_lp, s.kl_estimator) if s.kl_coef else pg
+            loss = aggregate(per_token, mask, index, rows, s)
         optimizer.zero_grad()
         loss.backward()
         if s.max_grad_norm > 0:
