@@ -27,10 +27,12 @@ import importlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from gem_core.errors import InvalidArgumentError  # noqa: E402
 from gem_core.experiment import Experiment, load_experiment, parse_experiment, to_toml  # noqa: E402
 from tier1.reference import FAULTS, TRAINERS, Comparison, Update, WEIGHT_TOLERANCE, compare, reference_update  # noqa: E402
 
@@ -72,6 +74,40 @@ def check(trainer: str, work: Path, experiment: Experiment, python: str, fault: 
     return compare(theirs, ours), theirs, ours
 
 
+def python_pair(text: str) -> tuple[str, str]:
+    """``--python TRAINER=PATH``, checked: a known trainer and a path."""
+    trainer, sep, path = text.partition("=")
+    if not sep or not path or trainer not in TRAINERS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TRAINER=PATH with TRAINER one of {', '.join(TRAINERS)}")
+    return trainer, path
+
+
+def prepare(experiment_file: str | Path, out: Path, episodes: int | None = None) -> tuple[Experiment, list[str], Any]:
+    """The experiment made sensitive (:func:`sensitive`), written to ``out/experiment.toml``, and its batch recorded in
+    ``out``: (experiment, what was changed, the recorded batch)."""
+    from tier1.batch import record
+
+    experiment, changes = sensitive(load_experiment(experiment_file), episodes)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.toml").write_text(to_toml(experiment))
+    return experiment, changes, record(experiment, out)
+
+
+def saved_experiment(out: Path, **changes: Any) -> Experiment:
+    """The experiment :func:`prepare` wrote to ``out``, with ``changes``."""
+    experiment = parse_experiment((out / "experiment.toml").read_text(), str(out / "experiment.toml"))
+    return dataclasses.replace(experiment, **changes)
+
+
+def check_here(trainer: str, work: Path, experiment: Experiment, **kwargs: Any) -> tuple[Comparison, Update, Update]:
+    """:func:`check` in this process (its Python must hold the trainer): the trainer's update and the reference's."""
+    from tier1.batch import load
+
+    theirs = trainer_module(trainer).run(work, experiment, **kwargs)
+    ours = reference_update(load(work), trainer_module(trainer).semantics(experiment), steps=theirs.steps)
+    return compare(theirs, ours), theirs, ours
+
+
 def table(rows: list[tuple[str, Experiment, Comparison | None, str]]) -> str:
     lines = [
         "| trainer | estimator | loss aggregation | largest advantage difference | relative weight-change difference | result |",
@@ -92,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiment", default=str(DEFAULT_EXPERIMENT))
     parser.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=list(TRAINERS))
-    parser.add_argument("--python", action="append", default=[], metavar="TRAINER=PATH")
+    parser.add_argument("--python", action="append", default=[], metavar="TRAINER=PATH", type=python_pair)
     parser.add_argument("--episodes", type=int, default=None, help="episodes in the recorded batch (default: the experiment's episodes_per_update)")
     parser.add_argument("--fault", choices=FAULTS, default=None)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
@@ -100,18 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.run:
-        experiment = parse_experiment((out / "experiment.toml").read_text(), str(out / "experiment.toml"))
-        update = trainer_module(args.run).run(out, experiment, args.fault)
+        update = trainer_module(args.run).run(out, saved_experiment(out), args.fault)
         update.save(out / f"{args.run}{'-' + args.fault if args.fault else ''}.pt")
         return 0
 
-    from tier1.batch import record, summary
+    from tier1.batch import summary
 
-    pythons = dict(item.split("=", 1) for item in args.python)
-    experiment, changes = sensitive(load_experiment(args.experiment), args.episodes)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.toml").write_text(to_toml(experiment))
-    recorded = record(experiment, out)
+    pythons = dict(args.python)
+    try:
+        experiment, changes, recorded = prepare(args.experiment, out, args.episodes)
+    except InvalidArgumentError as exc:  # a missing, unreadable or invalid experiment file: one line, no traceback
+        parser.exit(2, f"same_update.py: error: {exc}\n")
     print(f"experiment {args.experiment}, made sensitive: {', '.join(changes)}")
     print(f"recorded batch: {summary(recorded)}")
     rows = []

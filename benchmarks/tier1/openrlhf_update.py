@@ -69,8 +69,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gem_core.experiment import Experiment, warmup_optimizer_steps
-from tier1.reference import Semantics, Update
+from gem_core.experiment import Experiment
+from tier1.reference import Semantics, Update, experiment_semantics
 
 TRAINER = "openrlhf"
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,36 +83,15 @@ USER_ARGS = ["--train.micro_batch_size", "4"]
 def semantics(experiment: Experiment) -> Semantics:
     """The update OpenRLHF declares for ``experiment``: the experiment's values (not the plugin's mapping of
     them, which is what is checked) under OpenRLHF's rules (see the module docstring)."""
-    e = experiment
-    if e.estimator != "rebn":
-        raise ValueError(f"tier1 for openrlhf: estimator {e.estimator} is not checked yet (rebn is)")
-    if e.entropy_coef:
-        raise ValueError("tier1: entropy_coef is not in the reference yet")
-    return Semantics(
-        trainer=TRAINER,
-        estimator="rebn",
-        gamma=e.gamma,
-        eps=1e-6,
-        ddof=0,
+    return experiment_semantics(
+        TRAINER,
+        experiment,
         advantage_dtype="float32",
-        aggregation=e.loss_aggregation,
         token_mean_over="step",
         seq_rows="healthy",
-        clip_low=e.clip_low,
-        clip_high=e.clip_high,
-        kl_coef=e.kl_coef,
-        kl_estimator=e.kl_estimator,
         kl_aggregation="token-mean",
         old_logprobs="start",
-        mini_batches=e.mini_batches,
-        epochs=e.ppo_epochs,
-        lr=e.lr,
-        betas=tuple(e.betas),
-        adam_eps=e.eps,
-        weight_decay=e.weight_decay,
         no_decay_bias_and_norm=True,
-        max_grad_norm=e.max_grad_norm,
-        warmup_steps=warmup_optimizer_steps(e),
         warmup="hf",
     )
 

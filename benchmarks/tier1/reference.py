@@ -30,6 +30,7 @@ import numpy as np
 
 from gem_core import algo
 from gem_core.batch import sequence_batch
+from gem_core.experiment import warmup_optimizer_steps
 
 #: trainer -> its file here (``tier1/<module>.py``); the command runs ``run`` in the trainer's Python.
 TRAINERS = {"trl": "trl_update", "openrlhf": "openrlhf_update"}
@@ -81,6 +82,39 @@ class Semantics:
 
     def replace(self, **changes: Any) -> Semantics:
         return dataclasses.replace(self, **changes)
+
+
+def experiment_semantics(trainer: str, experiment: Any, **rules: Any) -> Semantics:
+    """The update ``trainer`` declares for ``experiment``: the experiment's own values (never the plugin's mapping
+    of them, which is what the check checks) and ``rules``, what the trainer decides of its own (the loss's
+    divisors, which old log-probs, the advantages' dtype, its optimizer's groups and warm-up). Refuses in one line
+    what the reference does not compute yet."""
+    e = experiment
+    if e.estimator != "rebn":
+        raise ValueError(f"tier1 for {trainer}: estimator {e.estimator} is not checked yet (rebn is)")
+    if e.entropy_coef:
+        raise ValueError(f"tier1 for {trainer}: entropy_coef is not in the reference yet")
+    values = dict(
+        trainer=trainer,
+        estimator="rebn",
+        gamma=e.gamma,
+        eps=1e-6,
+        ddof=0,
+        aggregation=e.loss_aggregation,
+        clip_low=e.clip_low,
+        clip_high=e.clip_high,
+        kl_coef=e.kl_coef,
+        kl_estimator=e.kl_estimator,
+        mini_batches=e.mini_batches,
+        epochs=e.ppo_epochs,
+        lr=e.lr,
+        betas=tuple(e.betas),
+        adam_eps=e.eps,
+        weight_decay=e.weight_decay,
+        max_grad_norm=e.max_grad_norm,
+        warmup_steps=warmup_optimizer_steps(e),
+    )
+    return Semantics(**{**values, **rules})
 
 
 @dataclass

@@ -11,7 +11,6 @@ are those of ``python benchmarks/same_update.py --episodes 8``.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,9 +21,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import same_update  # noqa: E402
-from gem_core.experiment import load_experiment, parse_experiment, to_toml  # noqa: E402
 from tier1 import openrlhf_update  # noqa: E402
-from tier1.batch import INFRA_EPISODE, load, record  # noqa: E402
+from tier1.batch import INFRA_EPISODE, load  # noqa: E402
 from tier1.reference import ADVANTAGE_EPS32, WEIGHT_TOLERANCE, Update, compare, reference_update  # noqa: E402
 
 EPISODES = 8
@@ -32,21 +30,17 @@ EPISODES = 8
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    experiment, _ = same_update.sensitive(load_experiment(ROOT / "examples" / "experiments" / "portable.toml"), EPISODES)
     out = tmp_path_factory.mktemp("tier1")
-    (out / "experiment.toml").write_text(to_toml(experiment))
-    record(experiment, out)
+    same_update.prepare(ROOT / "examples" / "experiments" / "portable.toml", out, EPISODES)
     return out
 
 
 def experiment_of(work: Path, **changes):
-    return dataclasses.replace(parse_experiment((work / "experiment.toml").read_text()), **changes)
+    return same_update.saved_experiment(work, **changes)
 
 
 def checked(work: Path, experiment, **kwargs):
-    theirs = openrlhf_update.run(work, experiment, **kwargs)
-    ours = reference_update(load(work), openrlhf_update.semantics(experiment), steps=theirs.steps)
-    return compare(theirs, ours), theirs, ours
+    return same_update.check_here("openrlhf", work, experiment, **kwargs)
 
 
 def test_the_mapping_is_what_openrlhf_runs(work, tmp_path):
