@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=real_number(0.0, low_open=True), default=None, help=f"learning rate of the RL phase (default {d.lr})")
     parser.add_argument("--clip", type=real_number(0.0, 10.0), default=None, help=f"PPO ratio clip (default {d.clip})")
     parser.add_argument("--epochs", type=whole_number(1), default=None, help=f"passes over each batch (default {d.epochs})")
+    parser.add_argument(
+        "--mini-batches",
+        type=whole_number(1),
+        default=None,
+        help=f"optimizer steps per pass: the batch's episodes in this many consecutive parts, the advantages the whole batch's (default {d.mini_batches})",
+    )
     parser.add_argument("--kl-coef", type=real_number(0.0), default=None, help="KL penalty to the starting policy (default 0: off)")
     parser.add_argument(
         "--kl-schedule",
@@ -139,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # TrainConfig fields set by an option of the same name (the parser's dest); None: the option was not given
 OPTION_FIELDS = (
-    "model", "steps", "episodes", "group_size", "estimator", "gamma", "view", "lr", "clip", "epochs", "kl_coef",
+    "model", "steps", "episodes", "group_size", "estimator", "gamma", "view", "lr", "clip", "epochs", "mini_batches", "kl_coef",
     "kl_schedule", "entropy_coef", "max_grad_norm", "micro_batch_tokens", "train_layers", "bf16", "rollout_engine", "temperature", "max_tokens",
     "max_turns", "stop_after_box", "warmup_steps", "warmup_transcript", "eval_every", "eval_episodes", "eval_set", "seed", "device",
     "out", "checkpoint_every",

@@ -49,6 +49,7 @@ OPTION_VALUES: dict[str, Any] = {
     "lr": lambda e: e.lr,
     "clip": lambda e: e.clip_low,
     "epochs": lambda e: e.ppo_epochs,
+    "mini_batches": lambda e: e.mini_batches,
     "kl_coef": lambda e: e.kl_coef,
     "kl_schedule": lambda e: e.kl_schedule,
     "entropy_coef": lambda e: e.entropy_coef,
@@ -129,7 +130,13 @@ def check_expressible(experiment: Experiment) -> None:
         experiment.logprob_temperature == experiment.temperature,
         "gem-core train recomputes logprobs at the rollout's temperature",
     )
-    require(TRAINER, experiment, "training.mini_batches", experiment.mini_batches == 1, "gem-core train takes one optimizer step per epoch on the whole batch")
+    require(
+        TRAINER,
+        experiment,
+        "training.mini_batches",
+        experiment.mini_batches >= 1,
+        "gem-core train counts its optimizer steps in episodes (mini_batches 1 or more), not in turn samples",
+    )
     require(TRAINER, experiment, "optimizer.betas", tuple(experiment.betas) == (0.9, 0.999), "gem-core train's AdamW has torch's betas (0.9, 0.999)")
     require(TRAINER, experiment, "optimizer.eps", experiment.eps == 1e-8, "gem-core train's AdamW has torch's eps 1e-8")
     require(TRAINER, experiment, "optimizer.weight_decay", experiment.weight_decay == 0.0, "gem-core train's AdamW has no weight decay")
@@ -191,6 +198,7 @@ def experiment_of(config: TrainConfig) -> Experiment:
         max_grad_norm=float(config.max_grad_norm),
         updates=config.steps,
         ppo_epochs=config.epochs,
+        mini_batches=config.mini_batches,
         gradient_checkpointing=config.gradient_checkpointing,
         precision={value: key for key, value in BF16_OF_PRECISION.items()}[config.bf16],
         eval_every=config.eval_every,

@@ -68,7 +68,8 @@ class TrainConfig:
     it (the tokens ``max_tokens`` leaves go to reaching the move, none to talk after it). Learning: ``estimator`` (rebn, reinforce =
     vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
     ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
-    a loss mask), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
+    a loss mask), ``mini_batches``: the batch's episodes in this many consecutive parts, an optimizer step on each
+    (the advantages are the whole batch's; each part's loss is its own token mean; :func:`mini_batch_rows`), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
     (the batch is split into micro-batches within it and their gradients accumulated: the same gradient
     as one pass, with memory bounded by the budget, not the batch), ``logprob_chunk_tokens``: positions
     whose full-vocabulary logits exist at once, ``bf16``: the forward under bfloat16 autocast (None: where the device
@@ -110,6 +111,7 @@ class TrainConfig:
     lr_warmup: int = 2
     clip: float = 0.2
     epochs: int = 1
+    mini_batches: int = 1
     kl_coef: float = 0.0
     kl_schedule: str = "constant"
     entropy_coef: float = 0.0
@@ -146,6 +148,7 @@ class TrainConfig:
         _check_int(self, "episodes", 1)
         _check_int(self, "group_size", 1)
         _check_int(self, "epochs", 1)
+        _check_int(self, "mini_batches", 1)
         _check_int(self, "max_tokens", 1)
         if not isinstance(self.stop_after_box, bool):
             raise ValueError(f"stop_after_box must be true or false, got {self.stop_after_box!r}")
@@ -164,6 +167,8 @@ class TrainConfig:
             _check_int(self, "max_context_tokens", 2)
         if self.episodes % self.group_size:
             raise ValueError(f"episodes ({self.episodes}) must be a multiple of group_size ({self.group_size})")
+        if self.mini_batches > self.episodes:
+            raise ValueError(f"mini_batches ({self.mini_batches}) must be at most episodes ({self.episodes}): each optimizer step needs an episode")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
         if self.estimator in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
@@ -511,6 +516,34 @@ def micro_batches(rows: Rows, token_budget: int) -> list[Rows]:
     return parts
 
 
+def mini_batch_rows(rows: Rows, episode_ids: Sequence[str] | None, count: int) -> list[Rows]:
+    """The rows in ``count`` mini-batches of consecutive episodes, as equal in episodes as their number allows
+    (the first parts one episode larger), one optimizer step each: a trainer's mini-batches (verl's
+    ``ppo_mini_batch_size``, OpenRLHF's ``train_batch_size`` over its rollout batch). An episode's rows stay in one
+    part, so the turn and sequence views split alike. ``episode_ids``: each row's episode (rows of one episode
+    consecutive, as :func:`batch_of` writes them); None: a row per episode. ``count`` 1: ``[rows]``; more than the
+    batch's episodes (infra-failed ones left it): one part an episode."""
+    if count == 1:
+        return [rows]
+    import torch
+
+    rows_total = int(rows.input_ids.shape[0])
+    ids = list(range(rows_total)) if episode_ids is None else list(episode_ids)
+    if len(ids) != rows_total:
+        raise ValueError(f"episode_ids: {len(ids)} for {rows_total} rows")
+    starts = [row for row in range(rows_total) if row == 0 or ids[row] != ids[row - 1]]  # each episode's first row
+    count = min(count, len(starts))  # infra-failed episodes leave the batch: never a step on no episode
+    bounds = [*starts, rows_total]
+    per_part, larger = divmod(len(starts), count)
+    parts, first = [], 0
+    for index in range(count):
+        last = first + per_part + (1 if index < larger else 0)
+        picked = torch.arange(bounds[first], bounds[last])
+        parts.append(Rows(*(getattr(rows, name)[picked] for name in ("input_ids", "attention", "targets", "advantages", "old_logprobs"))))
+        first = last
+    return parts
+
+
 def policy_loss(
     logprobs: Any,
     rows: Rows,
@@ -826,7 +859,7 @@ class Trainer:
                 "peak_rss_gb": round(peak_rss_gb(), 3),
             }
         kl_coef = self.kl_coef
-        loss, stats, grad_norm = self.optimize(rows)
+        loss, stats, grad_norm = self.optimize(rows, batch.episode_ids)
         bound_heap()
         self.scheduler.step()
         self.step += 1
@@ -843,24 +876,34 @@ class Trainer:
             "peak_rss_gb": round(peak_rss_gb(), 3),
         }
 
-    def optimize(self, rows: Rows) -> tuple[float, dict[str, float], float]:
-        """``epochs`` optimizer steps on ``rows``, each on the batch's gradient (:meth:`accumulate_gradient`),
-        clipped. Returns (loss, statistics, grad norm) of the last."""
+    def optimize(self, rows: Rows, episode_ids: Sequence[str] | None = None) -> tuple[float, dict[str, float], float]:
+        """``epochs`` passes over ``rows``, each an optimizer step per mini-batch (``mini_batches`` parts of
+        consecutive episodes, :func:`mini_batch_rows`; ``episode_ids``: each row's episode, one row an episode
+        when None), each step on its part's gradient (:meth:`accumulate_gradient`), clipped. Returns the loss,
+        statistics and grad norm of the last pass, averaged over its steps (one step: that step's)."""
         torch = self.torch
         config = self.config
-        parts = micro_batches(rows, config.micro_batch_tokens)
-        references: list[Any] = [None] * len(parts)
+        steps = mini_batch_rows(rows, episode_ids, config.mini_batches)
+        parts = [micro_batches(step_rows, config.micro_batch_tokens) for step_rows in steps]
+        references: list[list[Any]] = [[None] * len(p) for p in parts]
         if config.kl_coef > 0:
             with torch.no_grad():
-                references = [self.logprobs(self._reference(), part) for part in parts]
-        loss, stats, grad_norm = 0.0, {}, 0.0
+                references = [[self.logprobs(self._reference(), part) for part in p] for p in parts]
+        losses: list[float] = []
+        step_stats: list[dict[str, float]] = []
+        norms: list[float] = []
         for _ in range(config.epochs):
-            self.optimizer.zero_grad()
-            loss, stats = self.accumulate_gradient(rows, parts, references)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))
-            grad_norm = float(norm)
-            self.optimizer.step()
-        return loss, stats, grad_norm
+            losses, step_stats, norms = [], [], []
+            for step_rows, step_parts, step_references in zip(steps, parts, references):
+                self.optimizer.zero_grad()
+                loss, stats = self.accumulate_gradient(step_rows, step_parts, step_references)
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))
+                self.optimizer.step()
+                losses.append(loss)
+                step_stats.append(stats)
+                norms.append(float(norm))
+        stats = {key: sum(s.get(key, 0.0) for s in step_stats) / len(step_stats) for key in step_stats[0]} if step_stats else {}
+        return sum(losses) / len(losses), stats, sum(norms) / len(norms)
 
     def accumulate_gradient(self, rows: Rows, parts: Sequence[Rows] | None = None, references: Sequence[Any] | None = None) -> tuple[float, dict[str, float]]:
         """Add the gradient of the batch's loss to the parameters' ``.grad``, one micro-batch at a time:

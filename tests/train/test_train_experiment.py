@@ -48,7 +48,7 @@ def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
     path.write_text(
         '[model]\nid = "tiny"\n[env]\nids = ["game:Sudoku-v0-easy"]\nkwargs = {max_turns = 6}\nmax_turns = 4\nmax_turn_tokens = 8\n'
         "max_context_tokens = 512\n[optimizer]\nlr = 3e-4\nwarmup_updates = 5\n[algorithm]\nclip_low = 0.3\nclip_high = 0.3\n"
-        "[rollout]\ngroup_size = 4\n"
+        "[rollout]\ngroup_size = 4\n[training]\nmini_batches = 2\n"
     )
     config = config_of("--experiment", str(path))
     want = dataclasses.replace(
@@ -63,6 +63,7 @@ def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
         lr_warmup=5,
         clip=0.3,
         group_size=4,
+        mini_batches=2,
         warmup_steps=0,  # [reference] left out: off
         train_layers=0,
         stop_after_box=False,
@@ -91,7 +92,6 @@ def test_without_a_file_the_options_keep_their_defaults_and_values():
     [
         ("[algorithm]\nclip_high = 0.28\n", "algorithm.clip_high=0.28"),
         ('[algorithm]\nloss_aggregation = "seq-mean-token-mean"\n', "algorithm.loss_aggregation='seq-mean-token-mean'"),
-        ("[training]\nmini_batches = 2\n", "training.mini_batches=2"),
         ('[algorithm]\nview = "turn"\n[training]\nmini_batches = 0\nturns_per_step = 8\n', "training.mini_batches=0"),  # steps counted in turns (ROLL's)
         ("[rollout]\nlogprob_temperature = 0.7\n", "rollout.logprob_temperature=0.7"),
         ("[optimizer]\nweight_decay = 0.01\n", "optimizer.weight_decay=0.01"),

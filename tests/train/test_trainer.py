@@ -613,3 +613,55 @@ def test_a_bfloat16_checkpoint_trains_float32_master_weights(tiny, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(tmp_path).dtype == torch.bfloat16  # what transformers' default keeps
     model, _ = load_model(str(tmp_path))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_mini_batches_are_consecutive_episodes_each_an_optimizer_step(tiny, tmp_path):
+    """--mini-batches N: the batch's episodes in N consecutive parts, an optimizer step on each. Two steps on
+    halves equal the one-step trainer stepping on each half in turn (weights bit for bit); a run that took
+    one step on the whole batch does not; the turn view's rows split with their episodes, as the sequence
+    view's; more parts than episodes give one an episode; update() takes N Adam steps."""
+    from gem_core.train.trainer import batch_of, mini_batch_rows, rows_of
+
+    two = _trainer(tiny, tmp_path / "two", lr=1e-2, mini_batches=2)
+    one = _trainer(tiny, tmp_path / "one", lr=1e-2)
+    whole = _trainer(tiny, tmp_path / "whole", lr=1e-2)
+    try:
+        one.model.load_state_dict(two.model.state_dict())
+        whole.model.load_state_dict(two.model.state_dict())
+        trajectories = two.rollout([0, 1, 2, 3], prefix="m-")
+        advantages = [[(-1.0) ** i * (i + 1)] * t.num_turns for i, t in enumerate(trajectories)]
+        batch = batch_of(trajectories, "sequence")
+        rows = rows_of(batch, batch.per_token([a for values in advantages for a in values]), two.pad_id)
+        halves = mini_batch_rows(rows, batch.episode_ids, 2)
+        assert [int(h.input_ids.shape[0]) for h in halves] == [2, 2]
+        assert torch.equal(torch.cat([h.advantages for h in halves]), rows.advantages)
+        two.optimize(rows, batch.episode_ids)
+        for half in halves:
+            one.optimize(half)
+        whole.optimize(rows)
+        trained = [name for name, p in two.model.named_parameters() if p.requires_grad]
+        state = {name: p for name, p in two.model.named_parameters()}
+        assert all(torch.equal(state[n], p) for n, p in one.model.named_parameters() if n in trained)
+        assert not all(torch.equal(state[n], p) for n, p in whole.model.named_parameters() if n in trained)
+
+        turns = batch_of(trajectories, "turn")
+        turn_rows = rows_of(turns, turns.per_token(np.zeros(len(turns.turn_slots()))), two.pad_id)
+        turn_parts = mini_batch_rows(turn_rows, turns.episode_ids, 2)
+        counts = [sum(t.num_turns for t in trajectories[:2]), sum(t.num_turns for t in trajectories[2:])]
+        assert [int(p.input_ids.shape[0]) for p in turn_parts] == counts
+        assert len(mini_batch_rows(rows, batch.episode_ids, 9)) == 4  # one an episode, never an empty step
+        assert [int(p.input_ids.shape[0]) for p in mini_batch_rows(rows, None, 3)] == [2, 1, 1]
+
+    finally:
+        for trainer in (two, one, whole):
+            trainer.close()
+    stepped = _trainer(tiny, tmp_path / "update", mini_batches=2, kl_coef=0.1)  # the KL term: a gradient whatever the advantages
+    try:
+        stepped.update()
+        assert {int(s["step"]) for s in stepped.optimizer.state.values()} == {2}
+    finally:
+        stepped.close()
+    with pytest.raises(ValueError, match="mini_batches"):
+        TrainConfig(episodes=4, mini_batches=5)
+    with pytest.raises(ValueError, match="mini_batches"):
+        TrainConfig(mini_batches=0)
