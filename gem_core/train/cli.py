@@ -12,6 +12,7 @@ from gem_core.errors import GemError
 from gem_core.experiment import KL_SCHEDULES
 from gem_core.multimodal import observation_images
 from gem_core.registry import make
+from gem_core.train.config import DEFAULT_ENV, ESTIMATORS, EVAL_SETS, ROLLOUT_ENGINES, VIEWS, TrainConfig
 from gem_core.train.experiment import add_experiment_argument, apply_experiment, config_with_experiment
 
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
@@ -26,8 +27,6 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gem_core.train.trainer import DEFAULT_ENV, ESTIMATORS, EVAL_SETS, ROLLOUT_ENGINES, VIEWS, TrainConfig
-
     d = TrainConfig()
     parser.add_argument("--env", default=None, help=f"env id (default {DEFAULT_ENV})")
     parser.add_argument("--env-kwargs", default=None, help="JSON object of make() kwargs, e.g. '{\"max_turns\": 6}'")
@@ -164,7 +163,6 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from gem_core.tasks import parse_env_kwargs
     from gem_core.tools.factory import parse_tools
     from gem_core.train.run import saved_config
-    from gem_core.train.trainer import TrainConfig
 
     args, experiment = apply_experiment(args)  # --experiment FILE: the options it sets (gem_core.train.experiment)
     given: dict[str, Any] = {name: getattr(args, name) for name in OPTION_FIELDS if getattr(args, name) is not None}

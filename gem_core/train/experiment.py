@@ -20,7 +20,7 @@ from typing import Any
 
 from gem_core.experiment import Experiment, load_experiment, refuse, require, weights_sha256
 from gem_core.models import EMBEDDED_MODELS, resolve_model
-from gem_core.train.trainer import EVAL_SEED_BASE, TrainConfig
+from gem_core.train.config import EVAL_SEED_BASE, TrainConfig
 
 TRAINER = "gem-core train"
 #: training.precision as ``--bf16``: on, off, or (auto) the device's rule (gem_core.precision.bf16_by_default).

@@ -28,20 +28,11 @@ from gem_core.models import ModelUnavailableError, resolve_model, weights_record
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
 from gem_core.tiny import build_test_tokenizer, build_tiny_model
-from gem_core.train.trainer import (
-    TINY_MODEL,
-    EpisodeStats,
-    Evaluation,
-    Trainer,
-    TrainConfig,
-    adamw,
-    config_dict,
-    ensure_dir,
-    micro_batches,
-    peak_rss_gb,
-    training_rows,
-    write_json,
-)
+from gem_core.train.config import TINY_MODEL, TrainConfig, config_dict
+from gem_core.train.loss import micro_batches, training_rows
+from gem_core.train.memory import peak_rss_gb
+from gem_core.train.model import adamw
+from gem_core.train.trainer import EpisodeStats, Evaluation, Trainer, ensure_dir, write_json
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"

@@ -13,10 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from gem_core.rollout.policies import MIN_SHARED_PREFIX, shared_prefix_length  # noqa: E402
-from gem_core.train.trainer import (  # noqa: E402
+from gem_core.train.loss import (  # noqa: E402
     Rows,
-    Trainer,
-    TrainConfig,
     chunked_logprobs,
     decoder_hidden_states,
     micro_batches,
@@ -24,6 +22,7 @@ from gem_core.train.trainer import (  # noqa: E402
     token_logprobs,
     training_rows,
 )
+from gem_core.train.trainer import Trainer, TrainConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
