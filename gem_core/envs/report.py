@@ -25,6 +25,10 @@ What an env author implements (every member optional)::
         def balanced_seeds(self, count, start):  # -> reset seeds whose start states are balanced
             ...  # (read by gem_core.tasks.episode_seeds: the evaluation sets, eval --balanced, make-dataset)
 
+        def start_state(self, seed):  # -> a hashable key of what reset(seed) starts
+            ...  # promise: two seeds with one key play out alike for the same moves (the env's own steps
+            # depend on the key and the moves alone), so greedy play from them is one episode
+
 :class:`EnvReport` reads these members of one env, with the defaults of an env that has none of them
 (``balanced_seeds`` is read where seeds are chosen, :func:`gem_core.tasks.episode_seeds`).
 :class:`~gem_core.envs.games.guess_the_number.GuessTheNumber` implements them all (hint use, random and
@@ -106,6 +110,13 @@ class EnvReport:
             return {}
         values = self.env.episode_metrics(trajectories)
         return {column.key: values.get(column.key) for column in self.columns}
+
+    def start_states(self, seeds: Sequence[int]) -> list[Any] | None:
+        """The key of each seed's start state (the env's ``start_state``), or None where the env promises no such
+        key: then every seed is its own start state. A trainer plays greedy evaluation once per key and counts
+        it as often as ``seeds`` hold it (greedy play from one start state is one episode)."""
+        key = getattr(self.env, "start_state", None)
+        return [key(seed) for seed in seeds] if callable(key) else None
 
     def baselines(self, seeds: Sequence[int]) -> list[ScriptedBaseline]:
         """The env's scripted players on ``seeds`` ([] when it has none, or no seeds are given)."""

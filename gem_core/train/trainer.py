@@ -329,12 +329,26 @@ class Trainer:
 
     def evaluate(self) -> Evaluation:
         """The current policy on the run's evaluation seeds (the same every time), greedy and sampled at
-        the run's temperature (sampling seeded per episode)."""
+        the run's temperature (sampling seeded per episode). Greedy play is a function of the start state: where
+        the env names its start states (the report hook's ``start_state``) and no tool answers between turns, each
+        start state is played once and counted as often as the seeds hold it (GuessTheNumber's 200 balanced
+        episodes are 10 targets: 10 episodes played, not 200)."""
         seeds = self.eval_seeds()
         greedy_config = dataclasses.replace(self.run_config, params=dataclasses.replace(self.run_config.params, temperature=0.0))
-        greedy = EpisodeStats.of(self.rollout(seeds, prefix="eval-greedy-", run_config=greedy_config), self.report)
+        greedy = EpisodeStats.of(self.greedy_rollout(seeds, greedy_config), self.report)
         sampled = EpisodeStats.of(self.rollout(seeds, prefix="eval-"), self.report)
         return Evaluation(greedy, sampled)
+
+    def greedy_rollout(self, seeds: Sequence[int], run_config: RunConfig) -> list[Trajectory]:
+        """One trajectory per seed at temperature 0, each distinct start state played once (:meth:`evaluate`)."""
+        keys = None if self.config.tools else self.report.start_states(seeds)
+        if keys is None:
+            return self.rollout(seeds, prefix="eval-greedy-", run_config=run_config)
+        first = {}
+        for seed, key in zip(seeds, keys):
+            first.setdefault(key, seed)
+        played = dict(zip(first, self.rollout(list(first.values()), prefix="eval-greedy-", run_config=run_config)))
+        return [played[key] for key in keys]
 
     # -- one RL update ---------------------------------------------------------------------------------
     def update(self) -> dict[str, Any]:

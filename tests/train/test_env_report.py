@@ -123,3 +123,52 @@ def test_columns_without_their_metrics_are_refused():
 
     with pytest.raises(TypeError, match="episode_metrics"):
         EnvReport.of(Half())
+
+
+def test_greedy_evaluation_plays_each_start_state_once_and_counts_it_as_the_set_does(tiny, tmp_path):
+    """GuessTheNumber names its start states (target and range): greedy evaluation of 40 balanced episodes plays
+    its 10 targets once each, and the trajectories (so every statistic) equal playing all 40; an env without the
+    hook, or a run with a tool between turns, plays every seed."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from gem_core.train.trainer import Trainer, TrainConfig
+
+    from gem_core.rollout import ScriptedPolicy
+
+    def step_from_the_last_hint(context: str) -> str:  # a player that reads the hints: each target its own game
+        hints = re.findall(r"you guessed (\d+), and the target number is (lower|higher)", context)
+        if not hints:
+            return "\\boxed{5}"
+        guess, hint = hints[-1]
+        return f"\\boxed{{{int(guess) + (3 if hint == 'higher' else -3)}}}"
+
+    path, _, tokenizer = tiny
+    config = TrainConfig(model=path, out=str(tmp_path / "run"), episodes=8, eval_episodes=40, warmup_steps=0)
+    trainer = Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer, log=lambda _: None)
+    trainer.policy = lambda batch_size: ScriptedPolicy(tokenizer, step_from_the_last_hint)
+    try:
+        seeds = trainer.eval_seeds()
+        greedy = dataclasses.replace(trainer.run_config, params=dataclasses.replace(trainer.run_config.params, temperature=0.0))
+        played: list[int] = []
+        rollout = trainer.rollout
+
+        def counting(seeds, **kwargs):
+            played.append(len(seeds))
+            return rollout(seeds, **kwargs)
+
+        trainer.rollout = counting
+        once = trainer.greedy_rollout(seeds, greedy)
+        assert played == [10]
+        every = rollout(seeds, prefix="eval-greedy-", run_config=greedy)
+        assert [[turn.action for turn in t.turns] for t in once] == [[turn.action for turn in t.turns] for t in every]
+        assert len({tuple(t.rewards) for t in every}) > 1  # the check compares different episodes
+
+        played.clear()
+        trainer.config = dataclasses.replace(config, tools=("python",))
+        trainer.greedy_rollout(seeds, greedy)
+        assert played == [40]
+    finally:
+        trainer.close()
+    assert EnvReport.of(make("game:Wordle-v0-easy")).start_states([1, 2]) is None

@@ -78,6 +78,12 @@ class GuessTheNumber(TextGame):
         (:func:`balanced_seeds`): what ``--balanced`` evaluations and held-out rows play."""
         return balanced_seeds(self, count, start)
 
+    def start_state(self, seed: int) -> tuple[int, int, int, int]:
+        """``(min, max, turns, target)`` of ``reset(seed)`` (the report hook): every step after the reset depends on
+        these and the guesses alone. Resets this env."""
+        self.reset(seed=seed)
+        return (self.min_number, self.max_number, self.max_turns, self.target)
+
     def episode_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
         """Hint use over ``trajectories`` (:func:`hint_use`, parsed from this game's feedback to each turn)."""
         use = hint_use([turn.observation for turn in t.turns] for t in trajectories)
