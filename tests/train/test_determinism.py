@@ -1,6 +1,9 @@
 """A seed is a seed: `gem-core train` on the embedded real model (SmolLM2-135M-Instruct), the same settings and
 seed twice, gives the same metrics.jsonl (every field but timings and memory) and the same weights, bit for
-bit; another seed gives another run; a run stopped after an update and resumed is the uninterrupted run.
+bit; another seed gives another run; a run stopped after an update and resumed is the uninterrupted run; and the
+run equals the one recorded in ``recorded_small_run.json`` where this machine computes as the recording one did:
+a refactor that changes the default run's numbers fails here (issue 67). A change meant to change them records
+the run again: ``GEM_RECORD_RUN=1 pytest tests/train/test_determinism.py``, and says why in its commit.
 
 What made the same seed differ before: HF generation batched whichever episodes asked at one moment, and
 the padding of a batch changes the logits' last bits, which flips a sampled token now and then. The policy
@@ -8,7 +11,11 @@ now batches in rounds (:class:`gem_core.rollout.policies.Cohort`), whatever the 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import platform
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +50,47 @@ def _same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+RECORDED = Path(__file__).with_name("recorded_small_run.json")
+# what decides a run's last bits beside the code: the libraries, the instruction sets the kernels pick from, the threads
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def _machine() -> dict:
+    import transformers
+
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "arch": platform.machine(),
+        "isa": [flag for flag in _ISA_FLAGS if flag in flags],
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _weights_sha256(weights: dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        digest.update(name.encode())
+        digest.update(weights[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _check_recorded(lines: list[dict], weights: dict) -> None:
+    """The run against the recorded one (``GEM_RECORD_RUN=1``: record it), where the machine matches."""
+    run = {"machine": _machine(), "metrics": lines, "weights_sha256": _weights_sha256(weights)}
+    if os.environ.get("GEM_RECORD_RUN") == "1":
+        RECORDED.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    recorded = json.loads(RECORDED.read_text())
+    if recorded["machine"] != run["machine"]:
+        pytest.skip(f"the recorded run is of another machine ({recorded['machine']}; here {run['machine']}): bit-for-bit holds on one")
+    assert run["metrics"] == recorded["metrics"], "the default run's small configuration gives other metrics than the recorded run"
+    assert run["weights_sha256"] == recorded["weights_sha256"], "the default run's small configuration gives other weights than the recorded run"
+
+
 def test_the_same_seed_gives_the_same_run_bit_for_bit_and_another_seed_another(tmp_path, monkeypatch):
     first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
     _run(first)
@@ -56,6 +104,8 @@ def test_the_same_seed_gives_the_same_run_bit_for_bit_and_another_seed_another(t
     _run(other, seed=1)
     assert _lines(other) != lines
     assert not _same_weights(_weights(other), _weights(first))
+    # the same run as recorded (after the checks above: a skip here must not hide them)
+    recorded_run = (lines, _weights(first))
 
     # stopped after update 1 (its checkpoint written), then resumed: the uninterrupted run, line for line
     stopped = tmp_path / "stopped"
@@ -74,3 +124,4 @@ def test_the_same_seed_gives_the_same_run_bit_for_bit_and_another_seed_another(t
     _run(stopped, resume=True)
     assert _lines(stopped) == lines
     assert _same_weights(_weights(stopped), _weights(first))
+    _check_recorded(*recorded_run)
