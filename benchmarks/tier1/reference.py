@@ -8,15 +8,17 @@ epochs, and AdamW's settings and schedule. :func:`reference_update` then compute
 (:mod:`tier1.batch`) and the recorded starting weights:
 
     A      = estimator(per-turn rewards of the healthy episodes), each turn's value on its model tokens
+             (rebn: the returns G_t normalised over the batch; reinforce: G_t = r_t + gamma * G_{t+1} itself)
     old    = log pi_old(token)   (the rollout's, or the actor's at the update's start)
     ratio  = exp(log pi(token) - old)
     pg     = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+             (times min(exp(start - rollout), tis_cap) where the trainer corrects for its engine: oat's tis_c)
     kl     = k3: exp(ref - logp) - (ref - logp) - 1   (k1: logp - ref; k2: (logp - ref)^2 / 2)
     loss   = aggregate(pg + kl_coef * kl)  over the step's rows, by the declared aggregation
     AdamW step (gradient clipped to max_grad_norm by global norm), the lr of the declared schedule
 
-for every optimizer step (``epochs`` passes of ``mini_batches`` steps, the rows of each step as the trainer
-chose them when it shuffles), and returns the per-token advantages and the per-parameter weight change.
+for every optimizer step (``epochs`` passes of ``mini_batches`` steps, or with ``turns_per_step`` of that many turn
+samples each, ROLL's; the rows of each step as the trainer chose them when it shuffles), and returns the per-token advantages and the per-parameter weight change.
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from gem_core import algo
-from gem_core.batch import sequence_batch
+from gem_core.batch import sequence_batch, turn_batch
 from gem_core.experiment import warmup_optimizer_steps
 
 #: trainer -> its file here (``tier1/<module>.py``); the command runs ``run`` in the trainer's Python.
-TRAINERS = {"trl": "trl_update", "openrlhf": "openrlhf_update"}
+TRAINERS = {"trl": "trl_update", "openrlhf": "openrlhf_update", "oat": "oat_update", "roll": "roll_update"}
 ADVANTAGE_EPS32 = float(np.finfo(np.float32).eps)
 WEIGHT_TOLERANCE = 1e-3  # ||delta - delta_ref|| / ||delta_ref|| after the steps
 FAULTS = ("lr", "kl", "clip", "aggregation", "infra")
@@ -58,7 +60,10 @@ class Semantics:
     kl_estimator: str = "k3"
     kl_aggregation: str = ""  # the KL term's own aggregation where the trainer reduces it apart (OpenRLHF: token-mean); "" = the loss's
     old_logprobs: str = "rollout"  # "rollout" (the recorded ones) or "start" (the actor's at the update's start)
+    tis_cap: float = 0.0  # truncated importance sampling (oat's tis_c): pg times min(exp(start - rollout), tis_cap); 0 = off
+    view: str = "sequence"  # the rows: "sequence" (a row per episode) or "turn" (a row per turn: its context, then its response)
     mini_batches: int = 1
+    turns_per_step: int = 0  # with mini_batches 0 and view "turn": a step per this many turn samples, the remainder dropped (ROLL)
     epochs: int = 1
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -72,6 +77,13 @@ class Semantics:
     @property
     def steps(self) -> int:
         return self.mini_batches * self.epochs
+
+    def step_count(self, healthy_rows: int) -> int:
+        """Optimizer steps of an update of ``healthy_rows`` rows: :attr:`steps`, or with ``turns_per_step`` a step per
+        that many turn samples each epoch (an update with fewer is filled up to one step)."""
+        if self.turns_per_step:
+            return self.epochs * max(healthy_rows // self.turns_per_step, 1)
+        return self.steps
 
     def lr_at(self, step: int) -> float:
         if step >= self.warmup_steps:
@@ -90,13 +102,15 @@ def experiment_semantics(trainer: str, experiment: Any, **rules: Any) -> Semanti
     divisors, which old log-probs, the advantages' dtype, its optimizer's groups and warm-up). Refuses in one line
     what the reference does not compute yet."""
     e = experiment
-    if e.estimator != "rebn":
-        raise ValueError(f"tier1 for {trainer}: estimator {e.estimator} is not checked yet (rebn is)")
+    if e.estimator not in ("rebn", "reinforce"):
+        raise ValueError(f"tier1 for {trainer}: estimator {e.estimator} is not checked yet (rebn and reinforce are)")
+    if e.turns_per_step and e.estimator != "reinforce":  # reinforce has no batch statistics for the dropped remainder to change
+        raise ValueError(f"tier1 for {trainer}: turns_per_step with {e.estimator}: a remainder dropped before its batch statistics is not in the reference yet")
     if e.entropy_coef:
         raise ValueError(f"tier1 for {trainer}: entropy_coef is not in the reference yet")
     values = dict(
         trainer=trainer,
-        estimator="rebn",
+        estimator=e.estimator,  # reinforce: A_t = G_t, the per-turn discounted return (gem_core.algo.reinforce)
         gamma=e.gamma,
         eps=1e-6,
         ddof=0,
@@ -105,7 +119,9 @@ def experiment_semantics(trainer: str, experiment: Any, **rules: Any) -> Semanti
         clip_high=e.clip_high,
         kl_coef=e.kl_coef,
         kl_estimator=e.kl_estimator,
+        view=e.view,
         mini_batches=e.mini_batches,
+        turns_per_step=e.turns_per_step,
         epochs=e.ppo_epochs,
         lr=e.lr,
         betas=tuple(e.betas),
@@ -154,8 +170,8 @@ class Update:
 
 @dataclass
 class Rows:
-    """One row per episode (the sequence view): prompt then response, right-padded; ``mask`` 1 on the model
-    tokens of healthy episodes (infra-failed rows carry none)."""
+    """One row per episode (the sequence view; or per turn, ``view="turn"``): prompt then response, right-padded;
+    ``mask`` 1 on the model tokens of healthy episodes (infra-failed rows carry none)."""
 
     input_ids: Any  # (B, L) long
     attention: Any  # (B, L) long
@@ -166,11 +182,12 @@ class Rows:
     failed: list[bool]
 
 
-def rows_of(recorded: Any, pad_id: int) -> tuple[Rows, Any]:
-    """The recorded batch as :class:`Rows`, and its turn-aware batch (:func:`gem_core.batch.sequence_batch`)."""
+def rows_of(recorded: Any, pad_id: int, view: str = "sequence") -> tuple[Rows, Any]:
+    """The recorded batch as :class:`Rows`, and its turn-aware batch (:func:`gem_core.batch.sequence_batch`; with
+    ``view="turn"``, :func:`gem_core.batch.turn_batch`: a row per turn, its context as the prompt)."""
     import torch
 
-    batch = sequence_batch(recorded.trajectories, pad_id=pad_id)
+    batch = (turn_batch if view == "turn" else sequence_batch)(recorded.trajectories, pad_id=pad_id)
     lengths = [len(p) + n for p, n in zip(batch.prompt_ids, batch.lengths)]
     size, width = len(batch), max(lengths)
     input_ids = torch.full((size, width), pad_id, dtype=torch.long)
@@ -255,8 +272,14 @@ def aggregate(per_token: Any, mask: Any, index: list[int], rows: Rows, semantics
     return sums.sum() / max(counted, 1)
 
 
-def default_steps(size: int, semantics: Semantics) -> list[list[int]]:
-    """Rows of each step without a shuffle: every pass splits the batch into ``mini_batches`` in order."""
+def default_steps(size: int, semantics: Semantics, failed: list[bool] | None = None) -> list[list[int]]:
+    """Rows of each step without a shuffle: every pass splits the batch into ``mini_batches`` in order (with
+    ``turns_per_step``: the healthy rows in order, that many a step, the remainder left out)."""
+    if semantics.turns_per_step:
+        healthy = [i for i in range(size) if not (failed and failed[i])]
+        n = semantics.turns_per_step
+        chunks = [healthy[k : k + n] for k in range(0, len(healthy) - n + 1, n)] or [healthy]
+        return [chunk for _ in range(semantics.epochs) for chunk in chunks]
     parts = np.array_split(np.arange(size), semantics.mini_batches)
     return [part.tolist() for _ in range(semantics.epochs) for part in parts]
 
@@ -271,12 +294,15 @@ def reference_update(recorded: Any, semantics: Semantics, steps: list[list[int]]
 
     s = semantics
     tok = tokenizer()
-    rows, batch = rows_of(recorded, tok.pad_token_id)
+    rows, batch = rows_of(recorded, tok.pad_token_id, s.view)
     adv_np = advantages(batch, s)
     adv = torch.from_numpy(adv_np).float()
-    steps = steps or default_steps(len(batch), s)
-    if len(steps) != s.steps:
-        raise ValueError(f"{len(steps)} steps given, the semantics make {s.steps}")
+    steps = steps or default_steps(len(batch), s, rows.failed)
+    expected = s.step_count(len(batch) - sum(rows.failed))
+    if len(steps) != expected:
+        raise ValueError(f"{len(steps)} steps given, the semantics make {expected}")
+    if s.turns_per_step and any(len(index) != s.turns_per_step for index in steps):  # the trainer's steps, of the declared size
+        raise ValueError(f"steps of {sorted({len(index) for index in steps})} rows given, the semantics take {s.turns_per_step} turn samples a step")
     model = AutoModelForCausalLM.from_pretrained(recorded.work / "actor", dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(recorded.work / "ref", dtype=torch.float32)
     model.train()  # the tiny model has no dropout; train mode as the trainers
@@ -285,6 +311,10 @@ def reference_update(recorded: Any, semantics: Semantics, steps: list[list[int]]
     with torch.no_grad():
         old_all = rows.rollout_logprobs if s.old_logprobs == "rollout" else response_logprobs(model, rows, everyone)
         ref_all = response_logprobs(ref, rows, everyone)
+        tis_all = None  # truncated importance sampling: the actor's at the start over the rollout's, capped
+        if s.tis_cap:
+            start_all = old_all if s.old_logprobs == "start" else response_logprobs(model, rows, everyone)
+            tis_all = torch.exp(start_all - rows.rollout_logprobs).clamp(max=s.tis_cap)
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
 
     decay, no_decay = [], []
@@ -300,6 +330,8 @@ def reference_update(recorded: Any, semantics: Semantics, steps: list[list[int]]
         mask, a, old, ref_lp = rows.mask[index], adv[index], old_all[index], ref_all[index]
         ratio = torch.exp(logp - old)
         pg = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high) * a)
+        if tis_all is not None:
+            pg = pg * tis_all[index]
         if s.kl_coef and s.kl_aggregation:  # pg and KL reduced apart: aggregate(pg) + kl_coef * aggregate'(kl)
             kl_loss = aggregate(kl_term(logp, ref_lp, s.kl_estimator), mask, index, rows, s.replace(aggregation=s.kl_aggregation))
             loss = aggregate(pg, mask, index, rows, s) + s.kl_coef * kl_loss
@@ -335,8 +367,13 @@ class Comparison:
 
 def compare(trainer: Update, reference: Update) -> Comparison:
     """The largest advantage difference (tolerance: 0 where the trainer holds them in float64, one float32 ulp
-    of the largest advantage otherwise) and the weight change's difference relative to the reference's."""
+    of the largest advantage otherwise) and the weight change's difference relative to the reference's. A row whose
+    advantages are all NaN is one the trainer dropped before computing them (ROLL's remainder of ``turns_per_step``):
+    not compared, and in none of the trainer's steps."""
     a, b = trainer.advantages, reference.advantages
+    dropped = np.isnan(a).all(axis=1) if a.size else np.zeros(a.shape[0], dtype=bool)
+    if any(dropped[i] for index in trainer.steps for i in index if i < dropped.size):
+        raise ValueError("a row in the trainer's steps has no advantages")
     width = max(a.shape[1], b.shape[1])
     a = np.pad(a, ((0, 0), (0, width - a.shape[1])))
     b = np.pad(b, ((0, 0), (0, width - b.shape[1])))
@@ -348,4 +385,6 @@ def compare(trainer: Update, reference: Update) -> Comparison:
         raise ValueError(f"parameters differ: {sorted(set(trainer.deltas) ^ set(reference.deltas))[:5]}")
     diff = np.sqrt(sum(float(((trainer.deltas[n] - reference.deltas[n]) ** 2).sum()) for n in reference.deltas))
     norm = np.sqrt(sum(float((d**2).sum()) for d in reference.deltas.values()))
-    return Comparison(float(np.abs(a - b).max()), tolerance, float(diff / max(norm, 1e-30)), float(norm))
+    kept = ~dropped
+    difference = float(np.abs(a - b)[kept].max()) if kept.any() else float("inf")
+    return Comparison(difference, tolerance, float(diff / max(norm, 1e-30)), float(norm))

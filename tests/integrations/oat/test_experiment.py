@@ -33,7 +33,7 @@ def parsed(experiment, monkeypatch, tmp_path, precision="bf16"):
         for name, value in values.items():
             arg = arg.replace(f"${name}", value)
         argv.append(arg)
-    return build_args([*argv, "--gpus", "1", "--pi-buffer-maxlen-per-device", str(transitions_per_update(experiment))])
+    return build_args([*argv, "--gpus", "1"])
 
 
 def test_oat_uses_the_experiments_values(monkeypatch, tmp_path):
@@ -48,6 +48,7 @@ def test_oat_uses_the_experiments_values(monkeypatch, tmp_path):
     assert (args.temperature, args.top_p, args.top_k, args.generate_max_length) == (e.temperature, 1.0, -1, e.max_turn_tokens)
     assert (args.gem_episodes_per_step, args.gem_max_turns, args.gem_max_context_tokens) == (e.episodes_per_update, e.max_turns, e.max_context_tokens)
     assert args.rollout_batch_size_per_device == args.train_batch_size == e.episodes_per_update * e.max_turns  # no subsampling of an update
+    assert args.pi_buffer_maxlen_per_device == transitions_per_update(e)  # oat's policy buffer (a deque) keeps every turn
     assert args.gradient_checkpointing is True and args.seed == e.seed
 
 
@@ -76,7 +77,7 @@ def test_the_turn_file_runs_in_oat_with_its_values(monkeypatch, tmp_path):
     assert (args.num_ppo_epochs, args.cliprange, args.beta, args.kl_penalty_coef) == (1, 0.2, 0.0, 0.0)
     assert (args.temperature, args.top_p, args.top_k, args.generate_max_length) == (1.0, 1.0, -1, 16)
     assert (args.gem_episodes_per_step, args.gem_max_turns, args.gem_max_context_tokens) == (32, None, 1024)
-    assert args.rollout_batch_size_per_device == args.train_batch_size == 32 * TURN_CAP  # every turn of an update in one batch
+    assert args.rollout_batch_size_per_device == args.train_batch_size == args.pi_buffer_maxlen_per_device == 32 * TURN_CAP  # every turn of an update
     assert args.gradient_checkpointing is False and args.seed == 0
 
 
