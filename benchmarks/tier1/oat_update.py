@@ -89,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_core.experiment import Experiment
+from tier1.cpu import one_process_group
 from tier1.reference import Semantics, Update, experiment_semantics
 
 TRAINER = "oat"
@@ -222,34 +223,15 @@ class _NoZeRO3Gather:
 def _on_cpu() -> Any:
     """A one-process gloo group (unless one is up), CUDA's device calls answered for the CPU, DeepSpeed's ZeRO-3
     gather a no-op in oat's PPO module; all put back afterwards."""
-    import socket
-
     import oat.algorithms.ppo as oat_ppo
-    import torch
-    import torch.distributed as dist
 
-    names = ("current_device", "synchronize", "empty_cache")
-    saved = {name: getattr(torch.cuda, name) for name in names}
     saved_deepspeed = oat_ppo.deepspeed
-    started = False
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-        started = True
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.empty_cache = lambda: None
     oat_ppo.deepspeed = types.SimpleNamespace(zero=types.SimpleNamespace(GatheredParameters=_NoZeRO3Gather))
     try:
-        yield
+        with one_process_group():
+            yield
     finally:
-        for name, value in saved.items():
-            setattr(torch.cuda, name, value)
         oat_ppo.deepspeed = saved_deepspeed
-        if started:
-            dist.destroy_process_group()
 
 
 def _actor(args: Any, trajectories: list[Any], tokenizer: Any) -> Any:

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_core.experiment import Experiment
+from tier1.cpu import one_process_group
 from tier1.reference import Semantics, Update, experiment_semantics
 
 TRAINER = "openrlhf"
@@ -181,22 +182,9 @@ def _cpu_strategy_class() -> type:
 def _in_process() -> Any:
     """A one-process gloo group, CUDA's device calls answered for the CPU, Ray's put/get the identity in
     OpenRLHF's experience maker (see the module docstring); all put back afterwards."""
-    import socket
-
     import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
-    import torch
-    import torch.distributed as dist
 
-    saved = (torch.cuda.current_device, torch.cuda.synchronize, experience_maker.ray)
-    started = False
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-        started = True
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *args, **kwargs: None
+    saved = experience_maker.ray
 
     class _Ray:
         @staticmethod
@@ -209,11 +197,10 @@ def _in_process() -> Any:
 
     experience_maker.ray = _Ray
     try:
-        yield
+        with one_process_group():
+            yield
     finally:
-        torch.cuda.current_device, torch.cuda.synchronize, experience_maker.ray = saved
-        if started:
-            dist.destroy_process_group()
+        experience_maker.ray = saved
 
 
 def run(work: str | Path, experiment: Experiment, fault: str | None = None) -> Update:
