@@ -4,8 +4,8 @@
 Imports nothing from oat: it writes text. oat's defaults that would change the run are pinned: Adam's betas
 (0.9, 0.95), the scheduler (cosine with a 3% warm-up), ``beta`` (0.1, the KL in the loss), the
 ``critic_type`` (drgrpo: a token sum over a constant), ``gradient_checkpointing``, the seed (42), the
-batch sizes (128), the policy buffer (16 transitions: its deque would keep an update's last 16 turns only)
-and the precision (``--bf16``, oat's default: DeepSpeed's bf16 weights with float32 master weights and optimizer state, the vLLM engine in bfloat16; float32: ``--no-bf16``, and ``--no-flash-attn``, whose kernels
+batch sizes (128), the policy buffer (16 transitions: its deque would keep an update's last 16 turns only) and the precision (``--bf16``, oat's default: DeepSpeed's bf16 weights with float32 master weights
+and optimizer state, the vLLM engine in bfloat16; float32: ``--no-bf16``, and ``--no-flash-attn``, whose kernels
 compute in 16 bits only). The run's length is not mapped: oat counts it in epochs over its prompt dataset, which the
 GEM actor does not read (stop the run after ``training.updates`` learner steps). oat's multi-turn learner trains each turn as its own sample and averages each sample's
 token mean (``critic_type grpo``): the experiment must say ``view = "turn"`` and
@@ -19,10 +19,12 @@ from __future__ import annotations
 from gem_core.experiment import (
     Experiment,
     dataset_command,
-    launch_script,
+    precision_lines,
     require,
     require_portable,
     require_precision,
+    script,
+    shell_command,
 )
 
 TRAINER = "oat"
@@ -112,4 +114,10 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     """The script: the training rows (played in order), then the launcher."""
     train = dataset_command(TRAINER, experiment, "$DATA/train.jsonl")
     command = ["gem-core", "oat", "train", *arguments(experiment)]
-    return launch_script(TRAINER, experiment, source, [train], PRECISION, command, "# oat's launchpad, vLLM and GPU options are yours to add:")
+    body = [
+        shell_command(train),
+        *precision_lines(TRAINER, experiment, PRECISION),
+        "# oat's launchpad, vLLM and GPU options are yours to add:",
+        shell_command(command) + ' \\\n  "$@"',
+    ]
+    return script(TRAINER, experiment, source, body)
