@@ -22,8 +22,8 @@ worker; DESIGN.md contract 8) keep their rows, so a trainer's batch keeps its sh
 ``loss_mask`` 0, ``turn_ids`` -1, rewards 0 (the estimators leave them out of their statistics), and
 ``infra_failed`` marks them; :func:`infra_metrics` counts them. A trainer's own group estimators (GRPO,
 RLOO, group_norm...) must not see them either, or their 0 enters the group's baseline: a trainer that groups
-rows by uid can be handed the healthy rows alone; one that groups by position (``reshape(-1, n)``: OpenRLHF,
-RL2) takes each group's healthy rows from :func:`healthy_groups`.
+rows by uid or normalises over the whole batch is handed :func:`healthy_rows` alone (verl); one that groups by
+position (``reshape(-1, n)``: OpenRLHF, RL2) takes each group's healthy rows from :func:`healthy_groups`.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class TokenBatch:
 
         if self.per_turn:
             # one row per turn: an infra-failed episode's rows are left out of the statistics, 0 advantage
-            keep = np.flatnonzero(~np.asarray(self.infra_failed or [False] * len(self), dtype=bool))
+            keep = healthy_rows(self.infra_failed or [False] * len(self))
             out = np.zeros(self.token_rewards.shape, dtype=np.float64)
             if keep.size:
                 groups = None if group_by is None else [group_by[i] for i in keep]
@@ -157,6 +157,25 @@ def infra_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     and ``gem/infra_failed_fraction`` of the batch."""
     failed = sum(t.infra_error is not None for t in trajectories)
     return {"gem/infra_failed_episodes": float(failed), "gem/infra_failed_fraction": failed / max(len(trajectories), 1)}
+
+
+def healthy_rows(failed: Sequence[bool], groups: Sequence[Any] | None = None) -> np.ndarray:
+    """The rows (indices, in batch order) a trainer's own estimator is handed once the infra-failed rows are
+    out, so that no failed row enters a baseline; the rows left out get advantage 0. ``groups`` (each row's
+    group: verl's uid), for an estimator that refuses a group of one: also without the lone survivor of each
+    group that lost rows (its only healthy row, left nothing to be compared with); a group that had one row
+    to begin with keeps it."""
+    failed = np.asarray(failed, dtype=bool).reshape(-1)
+    keep = np.flatnonzero(~failed)
+    if groups is None:
+        return keep
+    if len(groups) != failed.size:
+        raise ValueError(f"{len(groups)} group ids for {failed.size} rows")
+    lost = {groups[i] for i in np.flatnonzero(failed)}
+    healthy: dict[Any, int] = {}
+    for i in keep:
+        healthy[groups[i]] = healthy.get(groups[i], 0) + 1
+    return np.asarray([i for i in keep if not (groups[i] in lost and healthy[groups[i]] == 1)], dtype=np.int64)
 
 
 def healthy_groups(failed: Sequence[bool], group_size: int) -> dict[int, np.ndarray]:

@@ -636,6 +636,41 @@ def script(trainer: str, experiment: Experiment, source: str, body: list[str], *
     return "\n".join(lines) + "\n"
 
 
+def launch_script(
+    trainer: str,
+    experiment: Experiment,
+    source: str,
+    datasets: list[list[str]],
+    variables: Mapping[str, Mapping[str, str] | str],
+    command: list[str],
+    note: str | None = None,
+) -> str:
+    """The launch script of a trainer started by one command (verl, OpenRLHF, RL2, oat): its ``datasets``
+    commands (:func:`dataset_command`), the precision lines (:func:`precision_lines` of ``variables``), ``note``
+    (a comment line, where given), then ``command``, the script's own arguments (``"$@"``) after it."""
+    body = [*(shell_command(argv) for argv in datasets), *precision_lines(trainer, experiment, variables)]
+    body += [note] if note else []
+    return script(trainer, experiment, source, body + [shell_command(command) + ' \\\n  "$@"'])
+
+
+def hydra_value(value: Any, *, python_bools: bool = False) -> str:
+    """``value`` as a hydra override writes it: ``null`` for None, ``[a,b]`` for a list, ``true``/``false`` for a
+    bool (``True``/``False`` with ``python_bools``: verl's configs' spelling; hydra reads both), else ``str``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool) and not python_bools:
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(v, python_bools=python_bools) for v in value) + "]"
+    return str(value)
+
+
+def hydra_overrides(settings: Mapping[str, Any], *, python_bools: bool = False) -> list[str]:
+    """A hydra-configured trainer's settings (``{key: value}``, verl's or RL2's) as its overrides, ``key=value``
+    (:func:`hydra_value`), in the settings' order."""
+    return [f"{key}={hydra_value(value, python_bools=python_bools)}" for key, value in settings.items()]
+
+
 def eval_command(experiment: Experiment, checkpoint: str = "CHECKPOINT") -> list[str]:
     """``gem-core eval`` of a saved checkpoint on the experiment's held-out seeds, as every trainer's is evaluated:
     ``--balanced`` (GuessTheNumber: every target equally often), the seeds ``gem-core train`` evaluates on."""

@@ -1,6 +1,8 @@
-"""Test helpers that other virtualenvs (trainer plugins' tests) import: a local tokenizer with a chat
-template, a tiny random model, a fake OpenAI-compatible chat server. Imports only gem_core, tokenizers
-and transformers (lazily), never pytest.
+"""What a user needs to test their own env, policy or plugin without a GPU or a download (docs/testing.md), and
+what the trainer plugins' tests in other virtualenvs import: a local tokenizer with a chat template and a tiny
+random model (gem_core.tiny's, re-exported), a fake OpenAI-compatible chat server; the env checker, the golden
+scenario and the vLLM-faithful engine are its modules. No product module imports it; the repository's own test
+machinery is under tests/helpers. Imports only gem_core, tokenizers and transformers (lazily), never pytest.
 """
 
 from gem_core.testing.fake_server import FakeChatServer

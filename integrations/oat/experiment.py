@@ -19,12 +19,10 @@ from __future__ import annotations
 from gem_core.experiment import (
     Experiment,
     dataset_command,
-    precision_lines,
+    launch_script,
     require,
     require_portable,
     require_precision,
-    script,
-    shell_command,
 )
 
 TRAINER = "oat"
@@ -114,10 +112,4 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     """The script: the training rows (played in order), then the launcher."""
     train = dataset_command(TRAINER, experiment, "$DATA/train.jsonl")
     command = ["gem-core", "oat", "train", *arguments(experiment)]
-    body = [
-        shell_command(train),
-        *precision_lines(TRAINER, experiment, PRECISION),
-        "# oat's launchpad, vLLM and GPU options are yours to add:",
-        shell_command(command) + ' \\\n  "$@"',
-    ]
-    return script(TRAINER, experiment, source, body)
+    return launch_script(TRAINER, experiment, source, [train], PRECISION, command, "# oat's launchpad, vLLM and GPU options are yours to add:")

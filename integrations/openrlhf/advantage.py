@@ -126,12 +126,12 @@ def healthy_shaped_rewards(rewards: Any, failed: Any, estimator: str, n_samples:
     with no baseline of rewards (``gae``, ``reinforce``)."""
     import torch
 
-    from gem_core.batch import healthy_groups
+    from gem_core.batch import healthy_groups, healthy_rows
 
     shaped = torch.zeros_like(rewards)
     if estimator in BATCH_MEAN_ESTIMATORS:
-        keep = ~failed
-        if bool(keep.any()):
+        keep = torch.as_tensor(healthy_rows(failed.tolist()))
+        if keep.numel():
             shaped[keep] = rewards[keep] - rewards[keep].mean()
         return shaped
     if estimator not in GROUP_ESTIMATORS:
@@ -194,16 +194,12 @@ def healthy_baselines(experiences: list, failed: list, estimator: str, n_samples
     finally:
         _SHAPED_REWARD.reset(token)
     if "rewards" in cache and n_samples > 1 and all("group_reward_std" in e.info for e in experiences):
-        std = torch.zeros_like(cache["rewards"])
+        std = torch.zeros_like(cache["rewards"])  # a group left with fewer than two healthy rows: 0
         for k, group_rows in healthy_groups(dead.tolist(), n_samples).items():
-            if k > 1:
+            if k > 1:  # the group's healthy std on every row of it, the failed ones too
                 index = torch.as_tensor(group_rows)
-                std[index] = cache["rewards"][index].std(-1, keepdim=True).expand(-1, k)
-        groups = torch.arange(len(dead)) // n_samples
-        for g in torch.unique(groups[dead]).tolist():  # a failed row shows its group's healthy std
-            members = groups == g
-            healthy = members & ~dead
-            std[members] = std[healthy][0] if bool(healthy.any()) else 0.0
+                members = index[:, :1] // n_samples * n_samples + torch.arange(n_samples)
+                std[members] = cache["rewards"][index].std(-1, keepdim=True).expand(-1, n_samples)
         for experience, values in zip(experiences, per_micro_batch(std)):
             experience.info["group_reward_std"] = values.to(experience.info["group_reward_std"].dtype)
 

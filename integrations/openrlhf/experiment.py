@@ -15,12 +15,10 @@ from __future__ import annotations
 from gem_core.experiment import (
     Experiment,
     dataset_command,
-    precision_lines,
+    launch_script,
     require,
     require_portable,
     require_precision,
-    script,
-    shell_command,
     train_rows,
     warmup_optimizer_steps,
 )
@@ -126,11 +124,5 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     train = dataset_command(TRAINER, experiment, "$DATA/train.jsonl")
     held_out = dataset_command(TRAINER, experiment, "$DATA/eval.jsonl", held_out=True)
     command = ["gem-core", "openrlhf", "train", *arguments(experiment)]
-    body = [
-        shell_command(train),
-        shell_command(held_out),
-        *precision_lines(TRAINER, experiment, PRECISION),
-        "# OpenRLHF shuffles the prompt rows (seeded by --train.seed); its Ray, vLLM and GPU options are yours to add:",
-        shell_command(command) + ' \\\n  "$@"',
-    ]
-    return script(TRAINER, experiment, source, body)
+    note = "# OpenRLHF shuffles the prompt rows (seeded by --train.seed); its Ray, vLLM and GPU options are yours to add:"
+    return launch_script(TRAINER, experiment, source, [train, held_out], PRECISION, command, note)

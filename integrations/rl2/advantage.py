@@ -172,7 +172,7 @@ def make_compute_reinforce_adv(original: Callable[..., Any]) -> Callable[..., An
     def compute_reinforce_adv(tensor_dict: dict, responses_per_prompt: int, global_norm: bool, norm_var: bool, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        from gem_core.batch import healthy_groups
+        from gem_core.batch import healthy_groups, healthy_rows
 
         failed = _FAILED_TRAJECTORIES.get()
         if failed is None or not failed.any():
@@ -188,8 +188,8 @@ def make_compute_reinforce_adv(original: Callable[..., Any]) -> Callable[..., An
             advantages[index] = original(part, group_size, whole_batch, norm_var, *args, **kwargs)["advantages"].to(advantages.dtype)
 
         if global_norm:
-            keep = np.flatnonzero(~failed)
-            if keep.size > 1:
+            keep = healthy_rows(failed)
+            if keep.size > 1:  # a lone healthy trajectory: nothing to normalise against, 0
                 healthy(keep, 1, True)
         else:
             for size, rows in healthy_groups(failed, int(responses_per_prompt)).items():

@@ -18,12 +18,11 @@ from typing import Any
 from gem_core.experiment import (
     Experiment,
     dataset_command,
-    precision_lines,
+    hydra_overrides,
+    launch_script,
     require,
     require_portable,
     require_precision,
-    script,
-    shell_command,
     warmup_optimizer_steps,
 )
 
@@ -112,16 +111,8 @@ def settings(experiment: Experiment) -> dict[str, Any]:
 
 
 def overrides(experiment: Experiment) -> list[str]:
-    """The hydra overrides, ``key=value``."""
-    return [f"{key}={_value(value)}" for key, value in settings(experiment).items()]
-
-
-def _value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    """The hydra overrides, ``key=value`` (``null``, ``true``/``false``)."""
+    return hydra_overrides(settings(experiment))
 
 
 def render(experiment: Experiment, source: str = "experiment.toml") -> str:
@@ -129,11 +120,5 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     train = dataset_command(TRAINER, experiment, "$DATA/train.jsonl")
     held_out = dataset_command(TRAINER, experiment, "$DATA/eval.jsonl", held_out=True)
     command = ["gem-core", "rl2", "train", *overrides(experiment)]
-    body = [
-        shell_command(train),
-        shell_command(held_out),
-        *precision_lines(TRAINER, experiment, PRECISION),
-        "# RL2 shuffles the rows (its dataloader); torchrun, SGLang and GPU options are yours to add:",
-        shell_command(command) + ' \\\n  "$@"',
-    ]
-    return script(TRAINER, experiment, source, body)
+    note = "# RL2 shuffles the rows (its dataloader); torchrun, SGLang and GPU options are yours to add:"
+    return launch_script(TRAINER, experiment, source, [train, held_out], PRECISION, command, note)

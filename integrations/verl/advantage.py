@@ -31,8 +31,8 @@ GRPO +0.5 each instead of 0). So, for every estimator, the wrapper reads :data:`
 failures in the step's metrics (``gem/infra_failed_episodes``, ``gem/infra_failed_fraction``) and marks
 their keys (:func:`failed_rows`) while verl's step runs; the second patch,
 :func:`wrap_multi_trajectory_advantage` around verl's ``compute_advantage_for_multi_trajectories`` (the
-step's estimator call), hands verl's estimator the healthy rows alone and gives the failed rows
-advantages and returns 0. Every estimator in verl's registry then gives each healthy row what it would
+step's estimator call), hands verl's estimator the healthy rows alone (:func:`gem_core.batch.healthy_rows`)
+and gives the failed rows advantages and returns 0. Every estimator in verl's registry then gives each healthy row what it would
 have given had the failed episode never been played (group statistics, leave-one-out, batch whitening,
 GPG's batch factor alike); verl's own singleton rules apply to a group left with one row (GRPO: mean 0,
 std 1; RLOO: the score itself), except where verl refuses a group of one (``grpo_passk``): that row gets 0.
@@ -325,18 +325,6 @@ def wrap_compute_advantage(original: Any) -> Any:
 NEEDS_TWO_PER_GROUP = ("grpo_passk",)
 
 
-def _without_lone_survivors(keep: np.ndarray, dead: np.ndarray, uids: Any) -> np.ndarray:
-    """``keep`` less the rows that are the only healthy row of a uid group that lost rows to failures."""
-    if uids is None:
-        return keep
-    uids = [str(u) for u in uids]
-    healthy: dict[str, int] = {}
-    lost = {uids[i] for i in np.flatnonzero(dead)}
-    for i in keep:
-        healthy[uids[i]] = healthy.get(uids[i], 0) + 1
-    return np.asarray([i for i in keep if not (uids[i] in lost and healthy[uids[i]] == 1)], dtype=np.int64)
-
-
 def wrap_multi_trajectory_advantage(original: Any) -> Any:
     """verl's ``compute_advantage_for_multi_trajectories(data, batch_keys, adv_estimator, ...)`` (the v1
     step's estimator call) run on the healthy rows alone when :func:`failed_rows` marks some of
@@ -347,6 +335,8 @@ def wrap_multi_trajectory_advantage(original: Any) -> Any:
     def compute_advantage_for_multi_trajectories(data: Any, batch_keys: Sequence[str], *args: Any, **kwargs: Any) -> Any:
         import torch
 
+        from gem_core.batch import healthy_rows
+
         failed = _FAILED_KEYS.get()
         keys = list(batch_keys)
         if len(keys) != len(data):
@@ -354,10 +344,9 @@ def wrap_multi_trajectory_advantage(original: Any) -> Any:
         dead = np.asarray([key in failed for key in keys], dtype=bool)
         if not dead.any():
             return original(data, batch_keys, *args, **kwargs)
-        keep = np.flatnonzero(~dead)
         estimator = kwargs.get("adv_estimator", args[0] if args else None)
-        if str(getattr(estimator, "value", estimator)) in NEEDS_TWO_PER_GROUP:
-            keep = _without_lone_survivors(keep, dead, data.non_tensor_batch.get("uid"))
+        uids = data.non_tensor_batch.get("uid") if str(getattr(estimator, "value", estimator)) in NEEDS_TWO_PER_GROUP else None
+        keep = healthy_rows(dead, None if uids is None else [str(u) for u in uids])
         shape = tuple(data.batch["token_level_rewards"].shape)
         advantages = torch.zeros(shape, dtype=torch.float32)
         returns = torch.zeros(shape, dtype=torch.float32)

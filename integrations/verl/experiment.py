@@ -18,13 +18,12 @@ from typing import Any
 from gem_core.experiment import (
     Experiment,
     dataset_command,
-    precision_lines,
+    hydra_overrides,
+    launch_script,
     refuse,
     require,
     require_portable,
     require_precision,
-    script,
-    shell_command,
     warmup_optimizer_steps,
 )
 
@@ -144,15 +143,7 @@ def check(experiment: Experiment) -> None:
 
 def overrides(experiment: Experiment) -> list[str]:
     """The hydra overrides, ``key=value`` (verl's own value syntax: ``null``, ``True``, ``[a,b]``)."""
-    return [f"{key}={_value(value)}" for key, value in settings(experiment).items()]
-
-
-def _value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "[" + ",".join(_value(v) for v in value) + "]"
-    return str(value)
+    return hydra_overrides(settings(experiment), python_bools=True)
 
 
 def render(experiment: Experiment, source: str = "experiment.toml") -> str:
@@ -160,5 +151,4 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     train = dataset_command(TRAINER, experiment, "$DATA/train.parquet")
     held_out = dataset_command(TRAINER, experiment, "$DATA/eval.parquet", held_out=True, extra=("--split", "test"))
     command = ["python", "-m", "verl.trainer.main_ppo", *overrides(experiment)]
-    body = [shell_command(train), shell_command(held_out), *precision_lines(TRAINER, experiment, PRECISION), shell_command(command) + ' \\\n  "$@"']
-    return script(TRAINER, experiment, source, body)
+    return launch_script(TRAINER, experiment, source, [train, held_out], PRECISION, command)

@@ -336,7 +336,7 @@ def test_an_auto_precision_is_decided_where_the_script_runs(trainer):
     precision (gem_core.precision), or $GEM_PRECISION where set; the trainer's values for it (its PRECISION), or one
     line where the trainer cannot train in it; anything else for $GEM_PRECISION is one line too."""
     from gem_core.precision import machine_precision
-    from gem_core.testing.scripts import script_precision
+    from helpers.scripts import script_precision
 
     module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
     experiment = parse_experiment(OAT_EXPERIMENT if trainer == "oat" else "[rollout]\ngroup_size = 2\n")
@@ -360,7 +360,7 @@ def test_an_auto_precision_is_decided_where_the_script_runs(trainer):
 def test_a_pinned_precision_is_written_as_its_values(trainer, precision):
     """An explicit training.precision is written as the trainer's values, whatever the machine or $GEM_PRECISION;
     one the trainer cannot train in is refused when the script is written (REFUSED)."""
-    from gem_core.testing.scripts import script_precision
+    from helpers.scripts import script_precision
 
     module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
     values = module.PRECISION[precision]

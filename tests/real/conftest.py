@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gem_core.testing.real import bound_cpu_engine, embedded_model_dir
+from helpers.real import bound_cpu_engine, embedded_model_dir
 
 bound_cpu_engine()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gem_core.experiment import load_experiment, weights_sha256
-from gem_core.testing.scripts import script_module
+from helpers.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTABLE = ROOT / "examples" / "experiments" / "portable.toml"

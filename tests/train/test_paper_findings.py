@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gem_core.testing.scripts import script_module  # noqa: E402
+from helpers.scripts import script_module  # noqa: E402
 from gem_core.train.trainer import TINY_RUN, TrainConfig, config_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gem_core.testing.scripts import script_module
+from helpers.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -118,7 +118,7 @@ def cpu_torch(monkeypatch):
 @pytest.fixture()
 def env_count(monkeypatch):
     """Every env made through TaskSpec.make_env in this process, and how often each was closed."""
-    from gem_core.testing.lifecycle import track_env_closes
+    from helpers.lifecycle import track_env_closes
 
     return track_env_closes(monkeypatch)
 

@@ -86,7 +86,7 @@ def test_the_precision_is_bf16_and_float32_is_refused(tmp_path):
     """OpenRLHF trains in bf16 (DeepSpeed's, float32 master weights) and has no float32: an experiment that says
     float32 is refused naming the key; an ``auto`` one stops where the machine would train in float32, in one line."""
     from gem_core.experiment import UnsupportedSettingError
-    from gem_core.testing.scripts import script_precision
+    from helpers.scripts import script_precision
 
     assert parsed(EXPERIMENT, tmp_path).ds.param_dtype == "bf16"
     with pytest.raises(UnsupportedSettingError, match="openrlhf cannot run this experiment: training.precision="):

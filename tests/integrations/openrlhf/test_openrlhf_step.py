@@ -62,7 +62,7 @@ def model_dir():
 def script_arguments(clone: Path, env: dict[str, str], extra: list[str]) -> list[str]:
     """Run the example script in ``clone`` (its make-dataset for real); return the exact arguments it
     passes to `gem-core openrlhf train`, which is recorded instead of run."""
-    from gem_core.testing.scripts import script_arguments as recorded
+    from helpers.scripts import script_arguments as recorded
 
     return recorded(SCRIPT, ["openrlhf", "train"], env, extra, clone / "train-argv", cwd=clone)
 

@@ -63,7 +63,7 @@ def test_the_precision_is_rl2s_bf16_and_float32_is_refused(tmp_path):
     from RL2.utils import data_parallelism
 
     from gem_core.experiment import UnsupportedSettingError
-    from gem_core.testing.scripts import script_precision
+    from helpers.scripts import script_precision
 
     source = inspect.getsource(data_parallelism)
     assert all(f"{name}=torch.bfloat16" in source for name in ("param_dtype", "reduce_dtype", "buffer_dtype"))

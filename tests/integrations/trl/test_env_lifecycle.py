@@ -11,9 +11,9 @@ from datasets import Dataset
 
 import gem_core
 from gem_core.tasks import TaskSpec
-from gem_core.testing.lifecycle import track_env_closes
 from gem_integrations.trl import GemGRPOTrainer, GemRollout
 from gem_integrations.trl.dataset import prompt_of
+from helpers.lifecycle import track_env_closes
 
 CRASH_ID = "test:TRLCrashes-v0"
 

@@ -139,7 +139,7 @@ def test_the_cross_framework_benchmark_runs_trl_and_evaluates_its_checkpoints(tm
     import json
     from pathlib import Path
 
-    from gem_core.testing.scripts import script_module
+    from helpers.scripts import script_module
     from gem_core.tiny import save_test_tokenizer
 
     root = Path(__file__).resolve().parents[3]

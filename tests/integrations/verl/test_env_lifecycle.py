@@ -14,7 +14,7 @@ from conftest import PROMPT_LENGTH, RESPONSE_LENGTH, golden_rows
 
 def _count_envs(monkeypatch) -> list[dict]:
     """Every env made through TaskSpec.make_env in this process, with how often it was closed."""
-    from gem_core.testing.lifecycle import track_env_closes
+    from helpers.lifecycle import track_env_closes
 
     return track_env_closes(monkeypatch)
 

@@ -139,7 +139,7 @@ def test_an_auto_script_picks_its_precision_where_it_runs():
     """``auto`` (the default) is decided by the script where it runs: this machine's precision
     (gem_core.precision), or ``$GEM_PRECISION``; each gives verl the values above."""
     from gem_core.precision import machine_precision
-    from gem_core.testing.scripts import script_precision
+    from helpers.scripts import script_precision
 
     script = render(EXPERIMENT)
     assert script_precision(script) == PRECISION[machine_precision()]

@@ -39,9 +39,11 @@ import sys
 import time
 from pathlib import Path
 
-from gem_core.testing.scripts import script_precision
-
 HERE = Path(__file__).resolve().parent
+if str(HERE.parents[1]) not in sys.path:  # tests/ (its helpers), where this file runs as a script
+    sys.path.append(str(HERE.parents[1]))
+
+from helpers.scripts import script_precision  # noqa: E402
 
 #: The script's ``"$@"``: CPU sizes. 3 prompts x rollout.n 4 = 12 episodes; the actor's mini-batch of
 #: 2 prompts x 4 = 8 rows makes verl pad the batch to 16.
@@ -74,7 +76,7 @@ ENV = {
 def script_commands(script: str) -> tuple[list[list[str]], list[str]]:
     """The ``gem-core make-dataset`` argument lists and the ``main_ppo`` overrides of the example script,
     with ``$MODEL``/``$DATA`` left for the caller and a written experiment's precision variables (its
-    ``# training.precision`` lines) set as they are here (gem_core.testing.scripts.script_precision)."""
+    ``# training.precision`` lines) set as they are here (tests/helpers/scripts.py: script_precision)."""
     text = script.replace("\\\n", " ")
     datasets = [shlex.split(line.split("gem-core", 1)[1]) for line in text.splitlines() if line.strip().startswith("gem-core make-dataset")]
     block = re.split(r"python\s+-m\s+verl\.trainer\.main_ppo", text, maxsplit=1)[1].split('"$@"', 1)[0]  # `python \` + `-m ...` too

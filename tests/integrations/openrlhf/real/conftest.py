@@ -13,10 +13,13 @@ import sys
 
 import pytest
 
-from gem_core.testing.real import bound_cpu_engine, embedded_model_dir, really_installed
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
+TESTS = os.path.dirname(os.path.dirname(PARENT))
+if TESTS not in sys.path:  # tests/helpers: --confcutdir keeps tests/conftest.py, which puts tests/ there, out
+    sys.path.append(TESTS)
+
+from helpers.real import bound_cpu_engine, embedded_model_dir, really_installed  # noqa: E402
 
 
 if not really_installed("vllm", "openrlhf"):

@@ -32,16 +32,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-for _path in (str(HERE), str(HERE.parent)):
+for _path in (str(HERE.parents[2]), str(HERE), str(HERE.parent)):  # tests/ too: its helpers
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
 import real_launch  # noqa: E402
 import real_stubs  # noqa: E402  (the deepspeed/flash_attn import stubs, as the tier's conftest installs them)
 
-from gem_core.testing.real import bound_cpu_engine  # noqa: E402
-from gem_core.testing.scripts import keep_checkpoints  # noqa: E402
 from gem_core.testing.vllm_cpu_reload import KEEP_ENV  # noqa: E402
+from helpers.real import bound_cpu_engine  # noqa: E402
+from helpers.scripts import keep_checkpoints  # noqa: E402
 
 
 def cpu_arguments(workdir: Path) -> list[str]:

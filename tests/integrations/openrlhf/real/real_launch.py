@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gem_core.testing import scripts
+from helpers import scripts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
@@ -20,7 +20,7 @@ def start_cluster(extra_env: dict[str, str] | None = None) -> str:
     """A local Ray cluster with the plugin's runtime env (its setup hook runs after the deepspeed/flash_attn
     stubs); returns its temp dir (:func:`stop_cluster` ends it). One logical GPU so that OpenRLHF's placement
     group and GPU actors are scheduled: the placement is OpenRLHF's own; nothing uses CUDA (vLLM is its CPU
-    build). Needs ``VLLM_CPU_KVCACHE_SPACE`` set (gem_core.testing.real.bound_cpu_engine); ``extra_env``: more
+    build). Needs ``VLLM_CPU_KVCACHE_SPACE`` set (tests/helpers/real.py: bound_cpu_engine); ``extra_env``: more
     environment for every worker."""
     import ray
 

@@ -38,7 +38,7 @@ import functools
 import pytest
 import torch
 
-from gem_core.testing.real import checkpoint_logprobs
+from helpers.real import checkpoint_logprobs
 from test_openrlhf_real_step import LOGPROB_ATOL, SCRIPT_ENV, script_arguments
 
 CPU_ARGS = [

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-for _path in (str(HERE), str(HERE.parent)):
+for _path in (str(HERE.parents[2]), str(HERE), str(HERE.parent)):  # tests/ too: its helpers
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
@@ -39,9 +39,9 @@ from rank_runner import run_ranks  # noqa: E402
 from test_rl2_real_step import _post, serve_engine  # noqa: E402
 from vllm_sglang_server import MAX_MODEL_LEN  # noqa: E402
 
-from gem_core.testing.real import bound_cpu_engine  # noqa: E402
-from gem_core.testing.scripts import keep_checkpoints, script_arguments  # noqa: E402
 from gem_core.testing.vllm_cpu_reload import KEEP_ENV  # noqa: E402
+from helpers.real import bound_cpu_engine  # noqa: E402
+from helpers.scripts import keep_checkpoints, script_arguments  # noqa: E402
 
 ROOT = HERE.parents[3]
 RANKS = 1  # one rank process, as the two-update test (a second does not fit beside the engine in memory here)

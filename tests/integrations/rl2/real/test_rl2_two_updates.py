@@ -51,7 +51,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gem_core.testing.real import checkpoint_logprobs
+from helpers.real import checkpoint_logprobs
 from test_rl2_real_step import LOGP_MAX_ABS, LOGP_MEAN_ABS, MAX_TOKENS, _post, serve_engine
 from vllm_sglang_server import MAX_MODEL_LEN
 

@@ -12,10 +12,14 @@ import sys
 
 import pytest
 
-from gem_core.testing.real import bound_cpu_engine, embedded_model_dir, really_installed
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
+TESTS = os.path.dirname(os.path.dirname(PARENT))
+if TESTS not in sys.path:  # tests/helpers: --confcutdir keeps tests/conftest.py, which puts tests/ there, out
+    sys.path.append(TESTS)
+
+from helpers.real import bound_cpu_engine, embedded_model_dir, really_installed  # noqa: E402
+
 ROLL_SRC = os.environ.get("ROLL_SRC")
 
 if not ROLL_SRC or not os.path.isdir(os.path.join(ROLL_SRC, "roll", "pipeline", "agentic")) or not really_installed("vllm"):

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[4]
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(tmp_path):
-    from gem_core.testing.scripts import check_arm_evaluations, run_arm
+    from helpers.scripts import check_arm_evaluations, run_arm
 
     out = tmp_path / "out"
     experiment, record = run_arm(ROOT, "verl", out)

@@ -36,7 +36,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from test_verl_real_step import LOGPROB_ATOL, engine_actor_gaps, run_harness  # noqa: E402
 
-from gem_core.testing.real import embedded_model_dir  # noqa: E402
+from helpers.real import embedded_model_dir  # noqa: E402
 
 MOVED = 50 * LOGPROB_ATOL  # update 1 moves some update-2 token's log-prob by more than this
 

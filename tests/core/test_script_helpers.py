@@ -1,11 +1,11 @@
-"""gem_core.testing.scripts.script_arguments: what a written launch script hands its trainer, its other commands run
+"""helpers.scripts.script_arguments (tests/helpers/scripts.py): what a written launch script hands its trainer, its other commands run
 for real (the arms' CPU drivers of benchmarks/cross_framework.py run the trainer on these arguments their own way)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gem_core.testing.scripts import script_arguments
+from helpers.scripts import script_arguments
 
 
 def write(path, body: str):
