@@ -35,12 +35,15 @@ ROLL_EXPERIMENT = '[algorithm]\nview = "turn"\nestimator = "reinforce"\n[optimiz
 
 
 def test_default_file_is_the_default_experiment_and_names_every_key():
-    """default.toml is every default and the [reference] phases of the default run (left out, they are off);
-    portable.toml is the same file without them, in groups of 2, without a warm-up, and runs in every trainer but
-    oat and ROLL; turn.toml is the default run as oat trains it (oat alone), turn_steps.toml ROLL's (ROLL alone)."""
+    """default.toml is every default, the [reference] phases of the default run (left out, they are off) and its
+    tuning (lr, updates, optimizer steps and KL chosen for gem-core train on the validation set; left out, a file
+    keeps the run every trainer takes); portable.toml is the defaults, in groups of 2, without a warm-up, and runs
+    in every trainer but oat and ROLL; turn.toml is that run as oat trains it (oat alone), turn_steps.toml ROLL's
+    (ROLL alone)."""
     text = DEFAULT.read_text()
-    reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True}
-    assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference)
+    reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True, "kl_schedule": "linear"}
+    tuned = {"lr": 2e-4, "updates": 40, "mini_batches": 2, "kl_coef": 0.1}
+    assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference, **tuned)
     assert load_experiment(PORTABLE) == dataclasses.replace(Experiment(), group_size=2, warmup_updates=0) and "\n[reference]" not in PORTABLE.read_text()
     for trainer in ("verl", "openrlhf", "trl", "rl2"):
         assert importlib.import_module(f"gem_integrations.{trainer}.experiment").render(load_experiment(PORTABLE))

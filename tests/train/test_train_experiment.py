@@ -24,12 +24,15 @@ def config_of(*argv: str) -> TrainConfig:
 
 
 PORTABLE = DEFAULT.with_name("portable.toml")
+#: the default run's tuning for gem-core train (default.toml); an experiment file that leaves these keys out keeps
+#: the run every trainer takes (Experiment()'s defaults)
+UNTUNED = dict(lr=1e-4, steps=30, mini_batches=1, kl_coef=0.0, kl_schedule="constant")
 
 
 def test_the_experiments_defaults_are_the_default_run():
     """default.toml is the default run; Experiment()'s defaults are too, but for the [reference] phases, off."""
     assert experiment_of(TrainConfig()) == load_experiment(DEFAULT)
-    portable = dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False)
+    portable = dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False, **UNTUNED)
     assert experiment_of(portable) == Experiment()
     assert experiment_of(dataclasses.replace(portable, group_size=2, lr_warmup=0)) == load_experiment(PORTABLE)  # see portable.toml
     assert ESTIMATORS == trainer_module.ESTIMATORS and EVAL_SEED_START == trainer_module.EVAL_SEED_BASE
@@ -38,7 +41,7 @@ def test_the_experiments_defaults_are_the_default_run():
 def test_the_default_file_runs_the_default_run():
     assert config_of("--experiment", str(DEFAULT)) == TrainConfig() == config_of()
     portable = config_of("--experiment", str(PORTABLE))
-    assert portable == dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False, group_size=2, lr_warmup=0)
+    assert portable == dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False, group_size=2, lr_warmup=0, **UNTUNED)
     with pytest.raises(ValueError, match="--train-layers, --stop-after-box: set by the experiment file"):
         config_of("--experiment", str(PORTABLE), "--train-layers", "4", "--no-stop-after-box")
 
@@ -48,7 +51,7 @@ def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
     path.write_text(
         '[model]\nid = "tiny"\n[env]\nids = ["game:Sudoku-v0-easy"]\nkwargs = {max_turns = 6}\nmax_turns = 4\nmax_turn_tokens = 8\n'
         "max_context_tokens = 512\n[optimizer]\nlr = 3e-4\nwarmup_updates = 5\n[algorithm]\nclip_low = 0.3\nclip_high = 0.3\n"
-        "[rollout]\ngroup_size = 4\n[training]\nmini_batches = 2\n"
+        "[rollout]\ngroup_size = 4\n[training]\nmini_batches = 4\n"
     )
     config = config_of("--experiment", str(path))
     want = dataclasses.replace(
@@ -59,14 +62,13 @@ def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
         max_turns=4,
         max_tokens=8,
         max_context_tokens=512,
-        lr=3e-4,
         lr_warmup=5,
         clip=0.3,
         group_size=4,
-        mini_batches=2,
         warmup_steps=0,  # [reference] left out: off
         train_layers=0,
         stop_after_box=False,
+        **{**UNTUNED, "lr": 3e-4, "mini_batches": 4},  # the rest of UNTUNED left out: the run every trainer takes
     )
     assert config == want
     assert experiment_of(config) == load_experiment(path)

@@ -300,7 +300,9 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tiny, tmp_path)
     from gem_core.train.run import train
 
     path = tiny[0]
-    common = dict(model=path, episodes=4, eval_episodes=4, eval_every=2, warmup_steps=2, warmup_batch=4, checkpoint_every=1, seed=3)
+    # a linear KL schedule is spread over the run's --steps, so a run of 2 extended to 4 follows another schedule:
+    # constant here (a run cut short and resumed with its own --steps: tests/train/test_determinism.py)
+    common = dict(model=path, episodes=4, eval_episodes=4, eval_every=2, warmup_steps=2, warmup_batch=4, checkpoint_every=1, seed=3, kl_schedule="constant")
     whole = train(TrainConfig(steps=4, out=str(tmp_path / "whole"), **common), progress=False, log=lambda _: None)
     train(TrainConfig(steps=2, out=str(tmp_path / "cut"), **common), progress=False, log=lambda _: None)
     resumed = train(TrainConfig(steps=4, out=str(tmp_path / "cut"), resume=True, **common), progress=False, log=lambda _: None)
@@ -623,8 +625,8 @@ def test_mini_batches_are_consecutive_episodes_each_an_optimizer_step(tiny, tmp_
     from gem_core.train.trainer import batch_of, mini_batch_rows, rows_of
 
     two = _trainer(tiny, tmp_path / "two", lr=1e-2, mini_batches=2)
-    one = _trainer(tiny, tmp_path / "one", lr=1e-2)
-    whole = _trainer(tiny, tmp_path / "whole", lr=1e-2)
+    one = _trainer(tiny, tmp_path / "one", lr=1e-2, mini_batches=1)
+    whole = _trainer(tiny, tmp_path / "whole", lr=1e-2, mini_batches=1)
     try:
         one.model.load_state_dict(two.model.state_dict())
         whole.model.load_state_dict(two.model.state_dict())
