@@ -5,8 +5,13 @@ adds test_roll_src.py: ROLL's own env manager and advantage code run on CPU."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import tempfile
 
 import pytest
+
+# ROLL's logger writes ./output/logs under the working directory unless ROLL_LOG_DIR names another: not into the checkout
+os.environ.setdefault("ROLL_LOG_DIR", tempfile.mkdtemp(prefix="roll-logs-"))
 
 gem = pytest.importorskip("gem", reason="the ROLL tests run in their own virtualenv: nox -s roll")
 try:

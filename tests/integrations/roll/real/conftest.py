@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
+
+# ROLL's logger writes ./output/logs under the working directory unless ROLL_LOG_DIR names another: not into the checkout
+os.environ.setdefault("ROLL_LOG_DIR", tempfile.mkdtemp(prefix="roll-logs-"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT = os.path.dirname(HERE)
