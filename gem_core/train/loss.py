@@ -21,7 +21,8 @@ from gem_core import algo
 from gem_core.batch import TokenBatch, sequence_batch, turn_batch
 from gem_core.experiment import KL_SCHEDULES
 from gem_core.rollout import Trajectory
-from gem_core.rollout.policies import MIN_SHARED_PREFIX, cache_keyword, shared_prefix_length, takes_logits_to_keep
+from gem_core.rollout.policies import takes_logits_to_keep
+from gem_core.train.decoder import FrozenBottom, decoder_hidden_states, top_hidden_states
 
 # ------------------------------------------------------------------------------------------------
 # Advantages: one value per turn, from the project's estimators.
@@ -125,7 +126,16 @@ def rows_of(batch: TokenBatch, token_advantages: np.ndarray, pad_id: int) -> Row
     return Rows(input_ids, attention, targets, adv, old)
 
 
-def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_entropy: bool = False, chunk_tokens: int = 1024, share_prefix: bool = True) -> Any:
+def token_logprobs(
+    model: Any,
+    rows: Rows,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    chunk_tokens: int = 1024,
+    share_prefix: bool = True,
+    bottom: FrozenBottom | None = None,
+) -> Any:
     """log pi(target | prefix) at every position (0 where there is no target); with ``with_entropy``,
     also the entropy of pi(. | prefix), as ``(logprobs, entropy)`` (0 where there is no target).
 
@@ -136,14 +146,16 @@ def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_ent
     backward pass rather than kept: at most ``chunk_tokens`` x vocabulary logits exist at once. Other
     models get logits at the columns that hold a target (``logits_to_keep`` where the forward takes it).
     Both give the numbers of the full softmax (tested). ``share_prefix``: the rows' common prefix runs
-    once (:func:`decoder_hidden_states`)."""
+    once (:func:`~gem_core.train.decoder.decoder_hidden_states`). ``bottom``: the rows' hidden states after the
+    model's frozen lower layers, already computed (:func:`~gem_core.train.decoder.frozen_bottom`): only the
+    layers above run (the same numbers)."""
     import torch
 
     has_target = rows.targets >= 0
     head = output_layer(model)
     if head is not None:
         decoder, lm_head = head
-        hidden = decoder_hidden_states(decoder, rows, share_prefix=share_prefix)
+        hidden = decoder_hidden_states(decoder, rows, share_prefix=share_prefix) if bottom is None else top_hidden_states(decoder, rows, bottom)
         chosen, entropy = chunked_logprobs(hidden[has_target], lm_head, rows.targets[has_target], temperature, chunk_tokens, with_entropy)
         logprobs = hidden.new_zeros(rows.targets.shape, dtype=torch.float32).masked_scatter(has_target, chosen)
         if not with_entropy:
@@ -164,43 +176,6 @@ def token_logprobs(model: Any, rows: Rows, temperature: float = 1.0, *, with_ent
         return logprobs
     entropy = -(logp.exp() * logp).sum(-1) * (targets >= 0)
     return logprobs, entropy.new_zeros(rows.targets.shape).index_copy(1, columns, entropy)
-
-
-def _is_checkpointing(model: Any) -> bool:
-    # transformers 5 renamed is_gradient_checkpointing (reading the old name warns); 4.x has only the old one
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name) or name in vars(model):
-            return bool(getattr(model, name))
-    return False
-
-
-def decoder_hidden_states(decoder: Any, rows: Rows, *, share_prefix: bool = True) -> Any:
-    """The decoder's last hidden states over right-padded ``rows`` ``[B, W, H]``.
-
-    The rows' common prefix (:func:`~gem_core.rollout.policies.shared_prefix_length`: the instruction
-    every episode of a batch starts from) goes through the decoder once, as one row, and its key/value
-    cache is repeated for the rest of every row. The gradient is the same: each row's use of the prefix
-    sends its gradient back through the one computation, where they add up as they would over B copies
-    (tested). Not with gradient checkpointing, whose recomputation keeps no cache."""
-    import torch
-
-    size, width = rows.input_ids.shape
-    prefix = 0
-    checkpointing = _is_checkpointing(decoder)
-    if share_prefix and size > 1 and not checkpointing:
-        lengths = rows.attention.sum(dim=1).tolist()
-        prefix = shared_prefix_length([rows.input_ids[i, :n].tolist() for i, n in enumerate(lengths)])
-    if prefix < MIN_SHARED_PREFIX:
-        return decoder(input_ids=rows.input_ids, attention_mask=rows.attention).last_hidden_state
-    name = cache_keyword(decoder)
-    shared = decoder(input_ids=rows.input_ids[:1, :prefix], use_cache=True)
-    cache = getattr(shared, name)
-    cache.batch_repeat_interleave(size)
-    positions = torch.arange(prefix, width, device=rows.input_ids.device).expand(size, -1)
-    rest = decoder(
-        input_ids=rows.input_ids[:, prefix:], attention_mask=rows.attention, position_ids=positions, use_cache=True, **{name: cache}
-    ).last_hidden_state
-    return torch.cat([shared.last_hidden_state.expand(size, -1, -1), rest], dim=1)
 
 
 def chunked_logprobs(hidden: Any, lm_head: Any, targets: Any, temperature: float, chunk_tokens: int, with_entropy: bool = False) -> tuple[Any, Any]:

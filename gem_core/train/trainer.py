@@ -57,6 +57,7 @@ from gem_core.train.config import (
     resolve_rollout_engine,
     set_seeds,
 )
+from gem_core.train.decoder import frozen_bottom, frozen_layer_count
 from gem_core.train.loss import (
     Rows,
     batch_of,
@@ -426,17 +427,24 @@ class Trainer:
         steps = mini_batch_rows(rows, episode_ids, config.mini_batches)
         parts = [micro_batches(step_rows, config.micro_batch_tokens) for step_rows in steps]
         references: list[list[Any]] = [[None] * len(p) for p in parts]
-        if config.kl_coef > 0:
-            with torch.no_grad():
-                references = [[self.logprobs(self._reference(), part) for part in p] for p in parts]
+        bottoms: list[list[Any]] = [[None] * len(p) for p in parts]
+        head = output_layer(self.model)
+        frozen = frozen_layer_count(head[0]) if head is not None and (config.kl_coef > 0 or config.epochs > 1) else 0
+        with torch.no_grad():
+            if frozen:  # the frozen lower layers once for every pass and the reference (gem_core.train.decoder)
+                with self.autocast():
+                    bottoms = [[frozen_bottom(head[0], part, frozen) for part in p] for p in parts]
+            if config.kl_coef > 0:
+                reference = self._reference()
+                references = [[self.logprobs(reference, part, bottom=bottom) for part, bottom in zip(p, b)] for p, b in zip(parts, bottoms)]
         losses: list[float] = []
         step_stats: list[dict[str, float]] = []
         norms: list[float] = []
         for _ in range(config.epochs):
             losses, step_stats, norms = [], [], []
-            for step_rows, step_parts, step_references in zip(steps, parts, references):
+            for step_rows, step_parts, step_references, step_bottoms in zip(steps, parts, references, bottoms):
                 self.optimizer.zero_grad()
-                loss, stats = self.accumulate_gradient(step_rows, step_parts, step_references)
+                loss, stats = self.accumulate_gradient(step_rows, step_parts, step_references, step_bottoms)
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf"))
                 self.optimizer.step()
                 losses.append(loss)
@@ -445,23 +453,27 @@ class Trainer:
         stats = {key: sum(s.get(key, 0.0) for s in step_stats) / len(step_stats) for key in step_stats[0]} if step_stats else {}
         return sum(losses) / len(losses), stats, sum(norms) / len(norms)
 
-    def accumulate_gradient(self, rows: Rows, parts: Sequence[Rows] | None = None, references: Sequence[Any] | None = None) -> tuple[float, dict[str, float]]:
+    def accumulate_gradient(
+        self, rows: Rows, parts: Sequence[Rows] | None = None, references: Sequence[Any] | None = None, bottoms: Sequence[Any] | None = None
+    ) -> tuple[float, dict[str, float]]:
         """Add the gradient of the batch's loss to the parameters' ``.grad``, one micro-batch at a time:
         each part's sums are divided by the whole batch's model tokens, so the parts' gradients add up to
         the gradient of one pass over ``rows`` (tested), while memory holds one part. ``references``: the
-        reference model's logprobs per part (for the KL term)."""
+        reference model's logprobs per part (for the KL term); ``bottoms``: each part's hidden states after the
+        frozen lower layers (:func:`~gem_core.train.decoder.frozen_bottom`), or None to run every layer."""
         config = self.config
         parts = micro_batches(rows, config.micro_batch_tokens) if parts is None else parts
         references = [None] * len(parts) if references is None else references
+        bottoms = [None] * len(parts) if bottoms is None else bottoms
         tokens = float((rows.targets >= 0).sum().clamp(min=1))
         kl_coef = self.kl_coef
         self.model.train()
         total, stats = 0.0, {}
-        for part, reference in zip(parts, references):
+        for part, reference, bottom in zip(parts, references, bottoms):
             if config.entropy_coef > 0:
-                logprobs, entropy = self.logprobs(self.model, part, with_entropy=True)
+                logprobs, entropy = self.logprobs(self.model, part, with_entropy=True, bottom=bottom)
             else:
-                logprobs, entropy = self.logprobs(self.model, part), None
+                logprobs, entropy = self.logprobs(self.model, part, bottom=bottom), None
             loss, part_stats = policy_loss(logprobs, part, config.clip, reference, kl_coef, entropy, config.entropy_coef, tokens=tokens)
             loss.backward()
             total += float(loss.detach())
@@ -475,11 +487,15 @@ class Trainer:
         config = self.config
         return kl_coef_at(config.kl_coef, config.kl_schedule, self.step, config.steps)
 
-    def logprobs(self, model: Any, rows: Rows, *, with_entropy: bool = False) -> Any:
+    def autocast(self) -> Any:
+        """bf16 autocast when on (weights, gradients and the optimizer stay float32)."""
+        return self.torch.autocast(self.device_type, dtype=self.torch.bfloat16, enabled=self.bf16)
+
+    def logprobs(self, model: Any, rows: Rows, *, with_entropy: bool = False, bottom: Any = None) -> Any:
         """:func:`token_logprobs` with this run's temperature and chunk size, under bf16 autocast when on
-        (weights, gradients and the optimizer stay float32; the log-softmax runs in float32 either way)."""
-        with self.torch.autocast(self.device_type, dtype=self.torch.bfloat16, enabled=self.bf16):
-            return token_logprobs(model, rows, self.config.temperature, with_entropy=with_entropy, chunk_tokens=self.config.logprob_chunk_tokens)
+        (the log-softmax runs in float32 either way); ``bottom``: the rows' frozen lower layers, already run."""
+        with self.autocast():
+            return token_logprobs(model, rows, self.config.temperature, with_entropy=with_entropy, chunk_tokens=self.config.logprob_chunk_tokens, bottom=bottom)
 
     def _reference(self) -> Any:
         if self.reference is None:
