@@ -14,7 +14,7 @@ the same update in every trainer.
 * one file per trainer, ``tier1/<trainer>_update.py``: ``semantics(experiment)`` (what the trainer declares,
   imports nothing of the trainer) and ``run(work, experiment, fault)``, which feeds the batch and weights
   through the trainer's own advantage, loss, backward and optimizer code, in the trainer's own virtualenv.
-  Today: ``trl``, ``openrlhf``, ``oat``, ``roll``. Adding a trainer is one file and one entry in :data:`tier1.reference.TRAINERS`.
+  Today: ``trl``, ``openrlhf``, ``oat``, ``roll``, ``verl``, ``rl2``. Adding a trainer is one file and one entry in :data:`tier1.reference.TRAINERS`.
 
 Why here and not in ``gem_core/``: the check needs the test tokenizer and the tiny model of
 ``gem_core.testing`` and runs each trainer in its own Python (as ``benchmarks/cross_framework.py`` does), and

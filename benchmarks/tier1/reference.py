@@ -35,7 +35,7 @@ from gem_core.batch import sequence_batch, turn_batch
 from gem_core.experiment import warmup_optimizer_steps
 
 #: trainer -> its file here (``tier1/<module>.py``); the command runs ``run`` in the trainer's Python.
-TRAINERS = {"trl": "trl_update", "openrlhf": "openrlhf_update", "oat": "oat_update", "roll": "roll_update"}
+TRAINERS = {"trl": "trl_update", "openrlhf": "openrlhf_update", "oat": "oat_update", "roll": "roll_update", "rl2": "rl2_update", "verl": "verl_update"}
 ADVANTAGE_EPS32 = float(np.finfo(np.float32).eps)
 WEIGHT_TOLERANCE = 1e-3  # ||delta - delta_ref|| / ||delta_ref|| after the steps
 FAULTS = ("lr", "kl", "clip", "aggregation", "infra")

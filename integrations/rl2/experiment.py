@@ -27,7 +27,10 @@ from gem_core.experiment import (
 )
 
 TRAINER = "rl2"
-AVG_LEVEL = {"token-mean": "token", "seq-mean-token-mean": "sequence"}
+#: loss_aggregation as RL2's actor.avg_level. Not seq-mean-token-mean ("sequence"): rl-square 0.0.2's Actor.update
+#: passes its bool clip-ratio metric through aggregate_values, whose sequence branch takes torch.finfo of it and raises
+#: on every update (tests/integrations/rl2/test_same_update.py).
+AVG_LEVEL = {"token-mean": "token"}
 #: What stands for "no turn limit" (the launcher's own default: far above every env's limit).
 MAX_TURNS = 1000
 #: training.precision as the shell variable the overrides name (float32: the reason RL2 cannot).
@@ -43,7 +46,13 @@ def check(experiment: Experiment) -> None:
     e = experiment
     require_precision(TRAINER, e, PRECISION)
     require(TRAINER, e, "algorithm.estimator", e.estimator == "rebn", "RL2's own estimators are episode-level; the plugin's is rebn")
-    require(TRAINER, e, "algorithm.loss_aggregation", e.loss_aggregation in AVG_LEVEL, "RL2's actor.avg_level is token or sequence")
+    require(
+        TRAINER,
+        e,
+        "algorithm.loss_aggregation",
+        e.loss_aggregation in AVG_LEVEL,
+        "RL2 0.0.2 runs token-mean only (actor.avg_level=sequence raises in its Actor.update)",
+    )
     require(TRAINER, e, "algorithm.clip_high", e.clip_high == e.clip_low, "RL2 clips symmetrically (actor.clip)")
     require(TRAINER, e, "training.epochs", e.ppo_epochs == 1, "RL2 makes one pass over each rollout (actor.update_per_rollout mini-batches)")
     require(TRAINER, e, "optimizer.betas", tuple(e.betas) == (0.9, 0.999), "RL2's AdamW has torch's betas (0.9, 0.999)")
@@ -56,8 +65,6 @@ def check(experiment: Experiment) -> None:
         e.groups_per_update % e.mini_batches == 0,
         f"RL2 splits the {e.groups_per_update} start states of an update evenly",
     )
-    if e.view == "turn" and e.loss_aggregation != "token-mean":
-        require(TRAINER, e, "algorithm.view", False, "RL2 trains one row per episode (sequence); per-turn rows differ under seq-mean losses")
 
 
 def settings(experiment: Experiment) -> dict[str, Any]:

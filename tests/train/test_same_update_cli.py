@@ -17,7 +17,7 @@ import same_update  # noqa: E402
     ("argv", "said"),
     [
         (["--python", "trl"], "expected TRAINER=PATH"),
-        (["--python", "verl=/usr/bin/python3"], "expected TRAINER=PATH with TRAINER one of trl, openrlhf"),
+        (["--python", "nope=/usr/bin/python3"], "expected TRAINER=PATH with TRAINER one of trl, openrlhf"),
         (["--trainers", "nope"], "invalid choice"),
         (["--experiment", "/no/such/file.toml"], "/no/such/file.toml: no such experiment file"),
     ],

@@ -13,7 +13,7 @@ from gem_integrations.rl2.experiment import PRECISION, overrides, render
 
 EXPERIMENT = parse_experiment(
     "[rollout]\nepisodes_per_update = 16\ngroup_size = 4\ntemperature = 0.9\nlogprob_temperature = 0.9\n"
-    '[algorithm]\nclip_low = 0.25\nclip_high = 0.25\nkl_coef = 0.05\nkl_estimator = "k3"\nentropy_coef = 0.01\ngamma = 0.8\nloss_aggregation = "seq-mean-token-mean"\n'
+    '[algorithm]\nclip_low = 0.25\nclip_high = 0.25\nkl_coef = 0.05\nkl_estimator = "k3"\nentropy_coef = 0.01\ngamma = 0.8\nloss_aggregation = "token-mean"\n'
     "[optimizer]\nlr = 3e-4\nwarmup_updates = 2\nweight_decay = 0.01\nmax_grad_norm = 0.5\n"
     "[training]\nupdates = 29\nmini_batches = 2\neval_every = 3\n[env]\nmax_turns = 5\nmax_turn_tokens = 8\n"
 )
@@ -35,7 +35,7 @@ def test_rl2_uses_the_experiments_values(tmp_path):
     actor = config.actor
     assert (config.train_data.prompts_per_rollout * config.train_data.responses_per_prompt, config.rollout.responses_per_prompt) == (16, 4)
     assert (actor.lr, actor.weight_decay, actor.max_grad_norm, actor.scheduler) == (e.lr, e.weight_decay, e.max_grad_norm, "constant_with_warmup")
-    assert (actor.update_per_rollout, actor.clip, actor.avg_level) == (e.mini_batches, e.clip_low, "sequence")
+    assert (actor.update_per_rollout, actor.clip, actor.avg_level) == (e.mini_batches, e.clip_low, "token")
     assert (actor.kl.coef, actor.kl.type, actor.kl.loss_estimator, actor.entropy.coef) == (e.kl_coef, "loss", "k3", e.entropy_coef)
     assert actor.temperature == e.temperature == config.rollout.train_sampling_params.temperature  # the recompute's, by RL2's interpolation
     assert config.rollout.test_sampling_params.temperature == e.temperature  # RL2: 0 (greedy)
