@@ -66,10 +66,10 @@ verl's declared semantics (:func:`semantics`), each a documented difference from
   update, after its last mini-batch: every optimizer step of an update has the same rate, and a warm-up gives the first
   update the rate 0 (:func:`semantics` refuses ``warmup_updates`` > 0: there would be nothing to compare).
 
-Found, not fixed here: the plugin maps ``optimizer.warmup_updates`` to ``optim.lr_warmup_steps`` =
-``warmup_updates x optimizer_steps_per_update`` (``gem_core.experiment.warmup_optimizer_steps``), but verl's scheduler
-counts updates (above): with several optimizer steps an update, verl's warm-up lasts that many times the experiment's
-(``tests/integrations/verl/test_same_update.py`` shows it).
+Found by this check and fixed: the plugin mapped ``optimizer.warmup_updates`` to ``optim.lr_warmup_steps`` =
+``warmup_updates x optimizer_steps_per_update``, but verl's scheduler counts updates (above), so with several
+optimizer steps an update verl's warm-up lasted that many times the experiment's; it writes ``warmup_updates`` now
+(``tests/integrations/verl/test_same_update.py``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from gem_core.experiment import (
     require,
     require_portable,
     require_precision,
-    warmup_optimizer_steps,
 )
 
 TRAINER = "verl"
@@ -74,7 +73,8 @@ def settings(experiment: Experiment) -> dict[str, Any]:
         "actor_rollout_ref.rollout.dtype": "$ROLLOUT_DTYPE",
         "actor_rollout_ref.actor.optim.optimizer": "AdamW",
         "actor_rollout_ref.actor.optim.lr": e.lr,
-        "actor_rollout_ref.actor.optim.lr_warmup_steps": warmup_optimizer_steps(e),
+        # verl steps its scheduler once an update (after the update's last mini-batch), so the warm-up is in updates
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": e.warmup_updates,
         "actor_rollout_ref.actor.optim.lr_scheduler_type": "constant",
         "actor_rollout_ref.actor.optim.weight_decay": e.weight_decay,
         "actor_rollout_ref.actor.optim.betas": list(e.betas),

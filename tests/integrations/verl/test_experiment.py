@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from gem_core.experiment import parse_experiment, warmup_optimizer_steps
+from gem_core.experiment import parse_experiment
 from gem_integrations.verl.experiment import PRECISION, overrides, render
 
 EXPERIMENT = parse_experiment(
@@ -57,7 +57,9 @@ def test_verl_validates_and_uses_the_experiments_values(model_dir, tmp_path):
     assert need_reference_policy(config) and not need_critic(config)  # the KL loss needs the reference model
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     assert (actor.optim.lr, actor.optim.weight_decay, list(actor.optim.betas)) == (e.lr, e.weight_decay, list(e.betas))
-    assert actor.optim.lr_warmup_steps == warmup_optimizer_steps(e) == 8 and actor.optim.lr_scheduler_type == "constant"
+    # verl's scheduler steps once an update: the warm-up in updates (2 here, of 4 optimizer steps each)
+    assert actor.optim.lr_warmup_steps == e.warmup_updates == 2 and e.optimizer_steps_per_update == 4
+    assert actor.optim.lr_scheduler_type == "constant"
     assert actor.grad_clip == actor.optim.clip_grad == e.max_grad_norm
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (e.clip_low, e.clip_high, e.loss_aggregation)
     assert actor.clip_ratio_c >= 1e9 and actor.policy_loss.loss_mode == "vanilla"
@@ -75,18 +77,20 @@ def test_verl_validates_and_uses_the_experiments_values(model_dir, tmp_path):
     assert (config.trainer.total_training_steps, config.trainer.test_freq, config.trainer.use_v1) == (e.updates, e.eval_every, True)
     assert config.algorithm.adv_estimator == "rebn"
     assert rebn_options(config.algorithm) == {"gamma": e.gamma, "eps": 1e-6, "ddof": 0, "group_by": None}
-    # verl's own scheduler for lr_scheduler_type=constant (its FSDP engine builds this one): warm-up, then lr
+    # verl's own scheduler for lr_scheduler_type=constant (its FSDP engine builds this one), stepped once an update
+    # (verl's engine workers, after each update's last mini-batch): the warm-up's updates under lr, then lr
     import torch
     from verl.utils.torch_functional import get_constant_schedule_with_warmup
 
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=actor.optim.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer=optimizer, num_warmup_steps=actor.optim.lr_warmup_steps)
     rates = []
-    for _ in range(e.updates * e.optimizer_steps_per_update):
+    for _ in range(e.updates):
         rates.append(scheduler.get_last_lr()[0])
-        optimizer.step()
+        for _step in range(e.optimizer_steps_per_update):
+            optimizer.step()
         scheduler.step()
-    warmup = warmup_optimizer_steps(e)
+    warmup = e.warmup_updates
     assert all(rate < e.lr for rate in rates[:warmup]) and rates[warmup:] == pytest.approx([e.lr] * (len(rates) - warmup))
 
 

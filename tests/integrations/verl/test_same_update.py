@@ -139,19 +139,18 @@ def test_verl_seq_mean_counts_every_row_of_the_mini_batch(work):
     assert theirs.stats[0]["loss"] == pytest.approx(healthy.stats[0]["loss"] * 3 / 4, rel=1e-5)
 
 
-def test_the_mappings_warmup_counts_optimizer_steps_where_verl_counts_updates(work, fault_free):
-    """A mapping defect the check found, not fixed: verl steps its lr scheduler once an update (after the update's
-    last mini-batch; here 1 scheduler step for 2 optimizer steps), but the plugin maps ``warmup_updates`` to
-    ``lr_warmup_steps = warmup_updates x optimizer steps per update``: with a warm-up of 1 update and 2 steps an
-    update, verl's second update still runs at half the rate. (When the mapping writes ``warmup_updates``, this test
-    and tests/integrations/verl/test_experiment.py change with it.)"""
+def test_the_mappings_warmup_counts_updates_as_verls_scheduler_does(work, fault_free):
+    """verl steps its lr scheduler once an update (after the update's last mini-batch; here 1 scheduler step for 2
+    optimizer steps), so the plugin writes ``lr_warmup_steps = warmup_updates`` (a defect this check found: it wrote
+    ``warmup_updates x optimizer steps per update``, and verl's second update still ran at half the rate). verl's
+    warm-up rises from 0 (documented in docs/experiments.md); it is over after the experiment's warm-up updates."""
     import torch
     from verl.utils.torch_functional import get_constant_schedule_with_warmup
 
     assert len(fault_free.steps) == 2 and {s["scheduler_steps"] for s in fault_free.stats} == {1.0}
     e = experiment_of(work, warmup_updates=1)
     optim = verl_update.composed_config(e, work).actor_rollout_ref.actor.optim
-    assert optim.lr_warmup_steps == e.optimizer_steps_per_update == 2
+    assert optim.lr_warmup_steps == e.warmup_updates == 1 and e.optimizer_steps_per_update == 2
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=optim.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer=optimizer, num_warmup_steps=optim.lr_warmup_steps)  # verl's engine's
     rates = []
@@ -159,6 +158,6 @@ def test_the_mappings_warmup_counts_optimizer_steps_where_verl_counts_updates(wo
         rates.append(scheduler.get_last_lr()[0])
         optimizer.step()
         scheduler.step()  # once an update, as verl's train_mini_batch
-    assert rates == pytest.approx([0.0, e.lr / 2, e.lr])  # the experiment's warm-up is over after update 0
+    assert rates == pytest.approx([0.0, e.lr, e.lr])  # the experiment's warm-up is over after update 0, verl's too
     with pytest.raises(ValueError, match="warmup_updates"):
         verl_update.semantics(e)
