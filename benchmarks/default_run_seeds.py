@@ -180,7 +180,7 @@ def figure(name: str, seeds: list[int], outs: dict[int, str], path: str, eval_se
             axis.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{baseline} {value:.3f}" if axis is axes[2] else None)
     axes[2].set(title=f"success ({where}, 200 balanced episodes)", xlabel="update", ylim=(0, 1.05))
     axes[2].legend(fontsize=7)
-    fig.suptitle(f"{name}: seeds {', '.join(map(str, seeds))}, {len(curves)} finished")
+    fig.suptitle(f"{name}: seeds {', '.join(map(str, seeds))} ({len(curves)} of {len(seeds)} finished)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
