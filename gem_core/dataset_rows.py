@@ -20,6 +20,7 @@ from typing import Any
 from gem_core.cli_support import whole_number
 from gem_core.core import Env
 from gem_core.errors import InvalidArgumentError
+from gem_core.experiment import EVAL_SEED_START
 from gem_core.multimodal import observation_images
 from gem_core.registry import spec as registered_spec
 from gem_core.tasks import TaskSpec, parse_env_kwargs, specs_for
@@ -82,6 +83,20 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
         help="GuessTheNumber with a fixed range: the first seeds from --seed-start whose targets are every number equally often "
         "(gem-core train's held-out set: --seed-start 1000000 --n 200); other envs: consecutive seeds as without it",
     )
+    parser.add_argument(
+        "--run-seed",
+        type=whole_number(0),
+        default=None,
+        help="the rows are the start states gem-core train --seed RUN_SEED plays, update after update, --per-update of them "
+        "an update (what an experiment's training rows are: the same seed, the same start states in every trainer)",
+    )
+    parser.add_argument("--per-update", type=whole_number(1), default=None, help="with --run-seed: start states (groups) an update")
+    parser.add_argument(
+        "--seeds-below",
+        type=whole_number(1),
+        default=EVAL_SEED_START,
+        help=f"with --run-seed: the start states are drawn below this seed, the first held-out one (default {EVAL_SEED_START})",
+    )
     parser.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 20}'")
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
     parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
@@ -93,12 +108,26 @@ def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]
     return parse_env_kwargs(args.env_kwargs), parse_tools(args.tools)
 
 
+def seed_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """Which seeds the rows get, from the parsed shared options (:func:`gem_core.tasks.specs_for`'s keywords):
+    ``--seed-start`` (and ``--balanced``), or ``--run-seed`` with ``--per-update``; a mix is one clear ValueError."""
+    if args.run_seed is None:
+        if args.per_update is not None or args.seeds_below != EVAL_SEED_START:
+            raise ValueError("--per-update and --seeds-below go with --run-seed")
+        return {"seed_start": args.seed_start, "balanced": args.balanced}
+    if args.seed_start or args.balanced:
+        raise ValueError("--run-seed draws the rows' seeds itself: give it without --seed-start or --balanced")
+    if args.per_update is None:
+        raise ValueError("--run-seed needs --per-update: the start states (groups) of one update")
+    return {"run_seed": args.run_seed, "per_update": args.per_update, "seeds_below": args.seeds_below}
+
+
 def row_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The TaskSpec fields and ``seed_start`` from the options of a :class:`JsonlDataset` (validated:
     clear ValueErrors)."""
     env_kwargs, tools = task_arguments(args)
     return {
-        "seed_start": args.seed_start, "balanced": args.balanced, "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
+        **seed_arguments(args), "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
         "max_turn_tokens": args.max_turn_tokens, "max_context_tokens": args.max_context_tokens, "system_prompt": args.system_prompt,
     }  # fmt: skip
 

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gem_core.algo.estimators import DEFAULT_GAMMA, ESTIMATOR_NAMES, GROUP_ESTIMATORS
 from gem_core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from gem_core.models import EMBEDDED_MODELS
@@ -58,7 +60,7 @@ VIEWS = ("turn", "sequence")
 OPTIMIZERS = ("adamw",)
 #: After the linear warm-up the rate stays ``lr`` (gem-core train's schedule).
 LR_SCHEDULES = ("constant",)
-#: Held-out seeds start here; training seeds are drawn below it (gem-core train's EVAL_SEED_BASE).
+#: Held-out seeds start here; training seeds are drawn below it (:func:`update_start_seeds`).
 EVAL_SEED_START = 1_000_000
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -180,7 +182,12 @@ KEYS: dict[str, Key] = {
         Param(int, low=0, high=10_000_000),
         "tokens of the whole episode's context (0: no limit but the model's); an episode that would pass it ends truncated",
     ),
-    "seed": Key("seeds", "seed", Param(int, low=0, high=2**32 - 1), "the run's seed: sampling, and the training start seeds drawn below eval_start"),
+    "seed": Key(
+        "seeds",
+        "seed",
+        Param(int, low=0, high=2**32 - 1),
+        "the run's seed: sampling, and the training start states (the same in every trainer's rows: update_start_seeds) drawn below eval_start",
+    ),
     "eval_seed_start": Key("seeds", "eval_start", Param(int, low=1, high=2**62), "the first held-out seed; training seeds stay below it"),
     "eval_episodes": Key(
         "seeds",
@@ -473,6 +480,30 @@ def train_rows(experiment: Experiment) -> int:
     return experiment.updates * experiment.groups_per_update
 
 
+def update_start_seeds(run_seed: int, update: int, groups: int, below: int = EVAL_SEED_START) -> list[int]:
+    """What seed ``run_seed`` means for the start states: the reset seeds of update ``update`` (0-based), one a group,
+    ``groups`` draws in ``[0, below)`` from numpy's generator seeded ``[run_seed, update]``. ``gem-core train --seed S``
+    plays these, and an experiment's training rows are these, update after update (:func:`run_start_seeds`), so that
+    seed S is the same start states in the same order in every trainer that plays its rows in order. Each update's
+    draw stands alone: a resumed run draws the same."""
+    for name, value, low in (("run_seed", run_seed, 0), ("update", update, 0), ("groups", groups, 1), ("below", below, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    rng = np.random.default_rng([run_seed, update])
+    return [int(seed) for seed in rng.integers(0, below, size=groups)]
+
+
+def run_start_seeds(run_seed: int, rows: int, per_update: int, below: int = EVAL_SEED_START) -> list[int]:
+    """The first ``rows`` start states of a run with seed ``run_seed`` and ``per_update`` groups an update, in the
+    order it plays them (:func:`update_start_seeds`, update 0 first): an experiment's training rows."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows must be an integer >= 1, got {rows!r}")
+    if isinstance(per_update, bool) or not isinstance(per_update, int) or per_update < 1:
+        raise ValueError(f"per_update must be an integer >= 1, got {per_update!r}")
+    updates = -(-rows // per_update)
+    return [seed for update in range(updates) for seed in update_start_seeds(run_seed, update, per_update, below)][:rows]
+
+
 #: The [reference] keys (what only gem-core train runs) and the value every other trainer needs.
 REFERENCE_ONLY = {
     "reference.warm_start_steps": 0,
@@ -508,18 +539,21 @@ def require_portable(trainer: str, experiment: Experiment, *, turn_steps: bool =
 def require_one_env(trainer: str, experiment: Experiment) -> str:
     """The experiment's one env id; several are refused (a trainer's dataset here holds one env id)."""
     require(trainer, experiment, "env.ids", len(experiment.env_ids) == 1, f"{trainer}'s dataset here holds one env id (run one experiment per env)")
-    if train_rows(experiment) > experiment.eval_seed_start:
-        raise refuse(trainer, experiment, "seeds.eval_start", f"the {train_rows(experiment)} training rows (seeds 0..) would reach the held-out seeds")
     return experiment.env_ids[0]
 
 
 def dataset_command(trainer: str, experiment: Experiment, out: str, *, held_out: bool = False, extra: tuple[str, ...] = ()) -> list[str]:
-    """``gem-core make-dataset TRAINER`` for the training rows (seeds ``0 ..``, one per start state) or the
+    """``gem-core make-dataset TRAINER`` for the training rows (the start states of run seed ``seeds.seed``, one a
+    group, update after update: :func:`run_start_seeds`, what ``gem-core train --seed`` plays) or the
     held-out rows (``seeds.eval_start ..``, ``--balanced``: gem-core train's held-out seeds), each row carrying the experiment's env kwargs, tools and token
     and turn limits (the runner applies a row's own limits over the trainer's: gem_core.rollout.play_row)."""
     env_id = require_one_env(trainer, experiment)
-    n, start = (experiment.eval_episodes, experiment.eval_seed_start) if held_out else (train_rows(experiment), 0)
-    argv = ["gem-core", "make-dataset", trainer, "--env", env_id, "--n", str(n), "--seed-start", str(start), *(["--balanced"] if held_out else [])]
+    argv = ["gem-core", "make-dataset", trainer, "--env", env_id]
+    if held_out:
+        argv += ["--n", str(experiment.eval_episodes), "--seed-start", str(experiment.eval_seed_start), "--balanced"]
+    else:
+        argv += ["--n", str(train_rows(experiment)), "--run-seed", str(experiment.seed), "--per-update", str(experiment.groups_per_update)]
+        argv += ["--seeds-below", str(experiment.eval_seed_start)]
     if experiment.env_kwargs:
         argv += ["--env-kwargs", _json(experiment.env_kwargs)]
     if experiment.tools:
@@ -563,7 +597,8 @@ def header(trainer: str, experiment: Experiment, source: str) -> list[str]:
         f"# {trainer}'s configuration of the experiment {source} (gem-core experiment {source} --trainer {trainer}).",
         f"# {experiment.updates} updates of {experiment.episodes_per_update} episodes ({experiment.groups_per_update} start states x group "
         f"{experiment.group_size}) on {', '.join(experiment.env_ids)}; {experiment.estimator}, gamma {experiment.gamma:g}; lr {experiment.lr:g}.",
-        "# Training start states: seeds 0 .. (one dataset row each, in order); held-out: "
+        f"# Training start states: run seed {experiment.seed}'s (one dataset row a group, update after update: what gem-core "
+        f"train --seed {experiment.seed} plays); held-out: "
         f"{experiment.eval_episodes} seeds from {experiment.eval_seed_start} (on GuessTheNumber each target equally often: --balanced).",
         *([f"# Weights: sha256 {experiment.model_sha256} (gem_core.experiment.weights_sha256 of the model directory)."] if experiment.model_sha256 else []),
     ]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gem_core.core import Env, model_message
+from gem_core.experiment import EVAL_SEED_START, run_start_seeds
 from gem_core.multimodal import MultimodalObservation
 from gem_core.registry import make
 from gem_core.rollout import RunConfig, row_config
@@ -205,13 +206,34 @@ def _optional_int(name: str, value: Any, *, low: int) -> int | None:
     return value
 
 
-def specs_for(env_id: str, n: int, *, seed_start: int = 0, balanced: bool = False, **fields: Any) -> list[TaskSpec]:
+def specs_for(
+    env_id: str,
+    n: int,
+    *,
+    seed_start: int = 0,
+    balanced: bool = False,
+    run_seed: int | None = None,
+    per_update: int | None = None,
+    seeds_below: int = EVAL_SEED_START,
+    **fields: Any,
+) -> list[TaskSpec]:
     """``n`` specs of ``env_id`` with seeds ``seed_start .. seed_start + n - 1`` (the make-dataset rows), or
-    with ``balanced`` the :func:`episode_seeds` that balance GuessTheNumber's targets."""
+    with ``balanced`` the :func:`episode_seeds` that balance GuessTheNumber's targets, or with ``run_seed`` the
+    start states a run with that seed plays, ``per_update`` an update, drawn below ``seeds_below``
+    (:func:`gem_core.experiment.run_start_seeds`: an experiment's training rows, what ``gem-core train --seed``
+    plays)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     if isinstance(seed_start, bool) or not isinstance(seed_start, int) or seed_start < 0:
         raise ValueError(f"seed_start must be an integer >= 0, got {seed_start!r}")
+    if run_seed is not None:
+        if seed_start or balanced:
+            raise ValueError("run_seed draws the start states itself: give it without seed_start or balanced")
+        if per_update is None:
+            raise ValueError("run_seed needs per_update: the start states of one update (its groups)")
+        return [TaskSpec(env_id, seed=seed, **fields) for seed in run_start_seeds(run_seed, n, per_update, seeds_below)]
+    if per_update is not None:
+        raise ValueError("per_update is the run's groups an update: it goes with run_seed")
     seeds = list(range(seed_start, seed_start + n))
     if balanced:
         env = TaskSpec(env_id, env_kwargs=dict(fields.get("env_kwargs") or {})).make_env()

@@ -12,7 +12,7 @@ from typing import Any
 
 
 from gem_core import algo
-from gem_core.experiment import KL_SCHEDULES
+from gem_core.experiment import EVAL_SEED_START, KL_SCHEDULES
 from gem_core.tasks import TaskSpec, episode_seeds
 
 ESTIMATORS = algo.ESTIMATOR_NAMES  # the registry's (gem_core.algo.estimators)
@@ -21,7 +21,7 @@ VIEWS = ("turn", "sequence")
 DEFAULT_ENV = "game:GuessTheNumber-v0-easy"
 DEFAULT_MODEL = "smollm2-135m-instruct"  # gem_core.models' alias of the embedded real model
 TINY_MODEL = "tiny"  # a two-layer transformer and the project's byte tokenizer, built here (no download)
-EVAL_SEED_BASE = 1_000_000  # held-out seeds: training draws below this
+EVAL_SEED_BASE = EVAL_SEED_START  # held-out seeds: training draws below this (gem_core.experiment.update_start_seeds)
 VALIDATION_SEED_BASE = 1_500_000  # validation seeds (for choosing settings), apart from the held-out ones
 EVAL_SETS = ("heldout", "validation")
 

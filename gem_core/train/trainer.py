@@ -37,6 +37,7 @@ import numpy as np
 
 from gem_core.batch import infra_metrics
 from gem_core.envs.report import EnvReport
+from gem_core.experiment import update_start_seeds
 from gem_core.precision import auto_precision
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
 from gem_core.tasks import TaskSpec
@@ -309,9 +310,9 @@ class Trainer:
             self._vllm_dir = None
 
     def train_seeds(self, step: int) -> list[int]:
-        groups = self.config.episodes // self.config.group_size
-        rng = np.random.default_rng([self.config.seed, step])
-        return [int(s) for s in rng.integers(0, EVAL_SEED_BASE, size=groups)]
+        """Update ``step``'s start states, one a group: what the run's seed means in every trainer
+        (:func:`gem_core.experiment.update_start_seeds`; an experiment's training rows are the same)."""
+        return update_start_seeds(self.config.seed, step, self.config.episodes // self.config.group_size, EVAL_SEED_BASE)
 
     @property
     def report(self) -> EnvReport:

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gem_core.cli_support import CliError, whole_number
-from gem_core.dataset_rows import add_task_arguments, task_arguments
+from gem_core.dataset_rows import add_task_arguments, seed_arguments, task_arguments
+from gem_core.experiment import EVAL_SEED_START
 from gem_core.multimodal import MultimodalObservation, image_png_bytes
 from gem_core.tasks import specs_for
 
@@ -38,6 +39,9 @@ def dataset_rows(
     *,
     seed_start: int = 0,
     balanced: bool = False,
+    run_seed: int | None = None,
+    per_update: int | None = None,
+    seeds_below: int = EVAL_SEED_START,
     env_kwargs: dict[str, Any] | None = None,
     tools: Sequence[str] = (),
     max_turns: int | None = None,
@@ -48,12 +52,16 @@ def dataset_rows(
     system_prompt: str | None = None,
 ) -> list[dict[str, Any]]:
     """``n`` rows for ``env_id`` with seeds ``seed_start .. seed_start + n - 1`` (``balanced``: GuessTheNumber's
-    targets equally often, :func:`gem_core.tasks.episode_seeds`)."""
+    targets equally often, :func:`gem_core.tasks.episode_seeds`), or a run's start states (``run_seed``,
+    ``per_update``, ``seeds_below``: :func:`gem_core.tasks.specs_for`)."""
     specs = specs_for(
         env_id,
         n,
         seed_start=seed_start,
         balanced=balanced,
+        run_seed=run_seed,
+        per_update=per_update,
+        seeds_below=seeds_below,
         env_kwargs=env_kwargs or {},
         tools=tuple(tools),
         max_turns=max_turns,
@@ -130,8 +138,7 @@ def main(args: argparse.Namespace) -> int:
         args.env,
         args.n,
         args.out,
-        seed_start=args.seed_start,
-        balanced=args.balanced,
+        **seed_arguments(args),
         env_kwargs=env_kwargs,
         tools=tools,
         max_turns=args.max_turns,

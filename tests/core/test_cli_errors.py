@@ -121,6 +121,18 @@ TABLE = [
     ),
     (["make-dataset", "openrlhf", "--env", GTN, "--n", "2", "--out", "{tmp}"], "gem-core: error: --out {tmp}: is a directory; name a file to write"),
     (
+        ["make-dataset", "rl2", "--env", GTN, "--n", "2", "--run-seed", "3", "--out", "{tmp}/rows.jsonl"],
+        "gem-core: error: --run-seed needs --per-update: the start states (groups) of one update",
+    ),
+    (
+        ["make-dataset", "verl", "--env", GTN, "--n", "2", "--run-seed", "3", "--per-update", "2", "--seed-start", "5", "--out", "{tmp}/rows.parquet"],
+        "gem-core: error: --run-seed draws the rows' seeds itself: give it without --seed-start or --balanced",
+    ),
+    (
+        ["make-dataset", "trl", "--env", GTN, "--n", "2", "--per-update", "2", "--out", "{tmp}/rows.jsonl"],
+        "gem-core: error: --per-update and --seeds-below go with --run-seed",
+    ),
+    (
         ["make-dataset", "openrlhf", "--env", GTN, "--n", "2", "--max-context-tokens", "0", "--out", "{tmp}/rows.jsonl"],
         "gem-core make-dataset openrlhf: error: argument --max-context-tokens: expected a number >= 1, got 0",
     ),

@@ -219,15 +219,16 @@ def test_what_a_trainer_cannot_express_is_refused_in_one_line_naming_the_key(tra
     assert message.startswith(f"{trainer} cannot run this experiment: {says}") and "\n" not in message
 
 
-def test_training_rows_hold_every_update_in_order_and_stay_below_the_held_out_seeds():
-    experiment = parse_experiment("[rollout]\ngroup_size = 4\n[training]\nupdates = 15\n")
+def test_training_rows_are_the_run_seeds_start_states_below_the_held_out_seeds():
+    experiment = parse_experiment("[rollout]\ngroup_size = 4\n[training]\nupdates = 15\n[seeds]\nseed = 7\n")
     assert train_rows(experiment) == 15 * 8
     from gem_integrations.verl.experiment import render
 
     script = render(experiment)
-    assert "--n 120 \\\n  --seed-start 0" in script and "--n 200 \\\n  --seed-start 1000000" in script
-    with pytest.raises(UnsupportedSettingError, match="seeds.eval_start"):
-        render(parse_experiment("[seeds]\neval_start = 100\n"))
+    assert "--n 120 \\\n  --run-seed 7 \\\n  --per-update 8 \\\n  --seeds-below 1000000" in script
+    assert "--n 200 \\\n  --seed-start 1000000" in script and "run seed 7's" in script
+    # a held-out set that starts low: the training start states are drawn below it
+    assert "--seeds-below 100" in render(parse_experiment("[seeds]\neval_start = 100\n"))
 
 
 # -- the command ------------------------------------------------------------------------------------
