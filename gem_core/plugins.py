@@ -51,31 +51,52 @@ _PATCH_MARK = "__gem_core_patch__"
 class Patch:
     """Replace ``owner.attribute`` (``owner`` given as ``"module:Class"`` or ``"module"``) with
     ``make(original)``. :meth:`apply` is idempotent; :meth:`revert` restores the original object only
-    if the current one is still this patch's (another patch on top is left alone, and reported)."""
+    if the current one is still this patch's (another patch on top is left alone, and reported).
+    ``optional``: the attribute exists in only some of the supported versions; where it does not, the patch is
+    :meth:`absent` and applies as nothing (its module must still import)."""
 
     target: str
     attribute: str
     make: Callable[[Any], Any]
+    optional: bool = False
     _applied: Any = field(default=None, init=False, repr=False)
     _original: Any = field(default=None, init=False, repr=False)
 
-    def owner(self) -> Any:
+    def _parent(self) -> Any:
+        """The object that holds (or would hold) the attribute, or None where a class on the way is missing."""
         module_name, _, qualname = self.target.partition(":")
         try:
             owner: Any = importlib.import_module(module_name)
         except ImportError as exc:
             raise PluginError(f"cannot patch {self.target}.{self.attribute}: {exc}") from exc
         for part in filter(None, qualname.split(".")):
-            owner = getattr(owner, part)
-        if not hasattr(owner, self.attribute):
+            owner = getattr(owner, part, None)
+            if owner is None:
+                return None
+        return owner
+
+    def owner(self) -> Any:
+        owner = self._parent()
+        if owner is None or not hasattr(owner, self.attribute):
             raise PluginError(f"cannot patch {self.target}.{self.attribute}: it does not exist in this version")
         return owner
 
+    def absent(self) -> bool:
+        """An optional patch whose target this version lacks."""
+        if not self.optional:
+            return False
+        owner = self._parent()
+        return owner is None or not hasattr(owner, self.attribute)
+
     @property
     def applied(self) -> bool:
+        if self.absent():
+            return True  # nothing to replace in this version
         return self._applied is not None and self.owner().__dict__.get(self.attribute) is self._applied
 
     def apply(self) -> None:
+        if self.absent():
+            return
         owner = self.owner()
         current = owner.__dict__.get(self.attribute, getattr(owner, self.attribute))
         if getattr(current, _PATCH_MARK, None) is self:

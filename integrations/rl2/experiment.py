@@ -76,6 +76,8 @@ def settings(experiment: Experiment) -> dict[str, Any]:
     warmup = warmup_optimizer_steps(e)
     return {
         "train_data.path": "$DATA/train.jsonl",
+        # the rows are the run's start states in order (gem_core.experiment.update_start_seeds): RL2 would shuffle them
+        "+train_data.shuffle": False,
         "train_data.prompts_per_rollout": e.groups_per_update,
         "train_data.responses_per_prompt": e.group_size,
         "test_data.path": "$DATA/eval.jsonl",
@@ -127,5 +129,5 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     train = dataset_command(TRAINER, experiment, "$DATA/train.jsonl")
     held_out = dataset_command(TRAINER, experiment, "$DATA/eval.jsonl", held_out=True)
     command = ["gem-core", "rl2", "train", *overrides(experiment)]
-    note = "# RL2 shuffles the rows (its dataloader); torchrun, SGLang and GPU options are yours to add:"
+    note = "# RL2 plays the rows in order (train_data.shuffle=false: the plugin's launcher); torchrun, SGLang and GPU options are yours to add:"
     return launch_script(TRAINER, experiment, source, [train, held_out], PRECISION, command, note)

@@ -57,6 +57,26 @@ def test_missing_target_is_a_clear_error():
         Patch("gem_core_no_such_module:X", "y", _wrap).apply()
 
 
+def test_an_optional_patch_is_nothing_where_its_version_lacks_the_target(monkeypatch):
+    """A patch of what only some supported versions have (RL2 0.0.2's ``PPOTrainer.get_dataloader``, not at HEAD):
+    absent there, it applies as nothing and counts as applied; where the target exists it patches as any other."""
+    module = types.ModuleType("gem_fake_trainer4")
+    module.Maker = type("Maker", (), {"compute": lambda self, x: ("original", x)})
+    monkeypatch.setitem(__import__("sys").modules, "gem_fake_trainer4", module)
+    for target in ("gem_fake_trainer4:Maker", "gem_fake_trainer4:NoSuchClass"):
+        missing = Patch(target, "missing", _wrap, optional=True)
+        missing.apply()
+        assert missing.absent() and missing.applied and missing.revert() and not hasattr(module.Maker, "missing")
+    present = Patch("gem_fake_trainer4:Maker", "compute", _wrap, optional=True)
+    present.apply()
+    assert not present.absent() and module.Maker().compute(1) == ("patched", ("original", 1)) and present.applied
+    assert present.revert() and module.Maker().compute(1) == ("original", 1)
+    with pytest.raises(PluginError, match="does not exist in this version"):  # not optional: still an error
+        Patch("gem_fake_trainer4:NoSuchClass", "compute", _wrap).apply()
+    with pytest.raises(PluginError, match="cannot patch"):  # optional, but the module itself must import
+        Patch("gem_core_no_such_module:X", "y", _wrap, optional=True).apply()
+
+
 def test_install_rolls_back_when_a_patch_fails(monkeypatch):
     module = types.ModuleType("gem_fake_trainer3")
     module.Maker = type("Maker", (), {"compute": lambda self, x: x})

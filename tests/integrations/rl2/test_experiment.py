@@ -42,6 +42,7 @@ def test_rl2_uses_the_experiments_values(tmp_path):
     assert (config.rollout.train_sampling_params.max_new_tokens, config.rollout.max_turns) == (e.max_turn_tokens, e.max_turns)
     assert config.rollout.dynamic_filtering is False and actor.gradient_checkpointing is False
     assert (config.trainer.n_epochs, config.trainer.test_freq) == (1, e.eval_every)
+    assert config.train_data.shuffle is False  # the rows in the run's order (gem_integrations.rl2.data_order)
     assert rebn_settings(config.adv) == {"gamma": e.gamma, "eps": 1e-6, "ddof": 0, "group_by": None, "responses_per_prompt": e.group_size}
     # RL2's scheduler (trainer/base.py prepare_scheduler): int(warmup_ratio * n_epochs * batches * update_per_rollout)
     batches = e.updates  # the training rows hold exactly `updates` batches of prompts_per_rollout
@@ -74,3 +75,43 @@ def test_the_precision_is_rl2s_bf16_and_float32_is_refused(tmp_path):
     assert script_precision(script, {"GEM_PRECISION": "bf16"}) == {"ROLLOUT_DTYPE": "bfloat16"}
     with pytest.raises(RuntimeError, match="training.precision auto is float32 on this machine, which rl2 cannot train in"):
         script_precision(script, {"GEM_PRECISION": "float32"})
+
+
+class _Rows(list):
+    """A dataset with RL2's collate function attribute (RL2's ``get_dataloader`` reads ``dataset.collate_fn``)."""
+
+    @staticmethod
+    def collate_fn(batch):
+        return list(batch)
+
+
+@pytest.mark.parametrize("shuffle, in_order", [(False, True), (True, False), (None, False)])
+def test_the_training_rows_play_in_order_where_the_config_says_so(shuffle, in_order):
+    """RL2's own ``get_dataloader`` (``shuffle=True``, no switch) under the plugin's patch of
+    ``PPOTrainer.get_dataloader``: with ``train_data.shuffle=false`` (the experiment's) the batches are the rows in
+    order; with true or without the key they are RL2's shuffle; the test loader is RL2's, shuffled, either way."""
+    import torch
+    from omegaconf import OmegaConf
+    from RL2.datasets import get_dataloader
+
+    from gem_integrations.rl2.data_order import make_get_dataloader
+
+    rows = _Rows(range(12))
+
+    def rl2s(self, train):  # PPOTrainer.get_dataloader's last line, on a list of rows
+        return get_dataloader(rows, 4 if train else len(rows))
+
+    train_data = {"prompts_per_rollout": 4, **({} if shuffle is None else {"shuffle": shuffle})}
+    trainer = type("PPOTrainerStandIn", (), {"config": OmegaConf.create({"train_data": train_data})})()
+    patched = make_get_dataloader(rl2s)
+    torch.manual_seed(0)
+    batches = [batch for batch in patched(trainer, True)]
+    assert sorted(x for batch in batches for x in batch) == list(rows) and [len(batch) for batch in batches] == [4, 4, 4]
+    assert ([x for batch in batches for x in batch] == list(rows)) is in_order
+    test_loaders = []
+    for get in (patched, rl2s):  # the test loader untouched: the same shuffle under the same seed
+        torch.manual_seed(0)
+        test_loaders.append(next(iter(get(trainer, False))))
+    assert test_loaders[0] == test_loaders[1] != list(rows)
+    with pytest.raises(ValueError, match="train_data.shuffle must be true or false"):
+        patched(type("T", (), {"config": OmegaConf.create({"train_data": {"shuffle": "no"}})})(), True)
