@@ -139,6 +139,7 @@ class Experiment:
     trained_layers: int = 0
     stop_after_box: bool = False
     kl_schedule: str = "constant"
+    skip_zero_signal: bool = False
 
     def __post_init__(self) -> None:
         check_experiment(self)
@@ -278,6 +279,14 @@ KEYS: dict[str, Key] = {
         Param(str, choices=KL_SCHEDULES),
         "gem-core train only: the KL coefficient constant, or linear: falling from kl_coef at the first update to 0 after "
         "the last; other trainers refuse linear",
+    ),
+    "skip_zero_signal": Key(
+        "reference",
+        "skip_zero_signal",
+        Param(bool),
+        "gem-core train only: a batch whose every advantage is 0 (no KL, no entropy bonus) makes no optimizer step and leaves "
+        "the schedule where it is; false: the zero-gradient step every trainer takes (Adam's momentum moves the weights, "
+        "the schedule advances); other trainers refuse true",
     ),
 }
 FIELD_OF = {key.path: name for name, key in KEYS.items()}
@@ -510,6 +519,7 @@ REFERENCE_ONLY = {
     "reference.trained_layers": 0,
     "reference.stop_after_box": False,
     "reference.kl_schedule": "constant",
+    "reference.skip_zero_signal": False,
 }
 
 

@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entropy-coef", type=real_number(0.0), default=None, help="entropy bonus at the model tokens (default 0: off)")
     parser.add_argument("--max-grad-norm", type=real_number(0.0), default=None, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
     parser.add_argument(
+        "--skip-zero-signal",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a batch whose every advantage is 0 (no KL, no entropy bonus) makes no optimizer step and leaves the LR schedule; "
+        f"--no-skip-zero-signal: the zero-gradient step other trainers take, Adam's momentum moving the weights (default: {'skip' if d.skip_zero_signal else 'step'})",
+    )
+    parser.add_argument(
         "--micro-batch-tokens",
         type=whole_number(1),
         default=None,
@@ -145,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # TrainConfig fields set by an option of the same name (the parser's dest); None: the option was not given
 OPTION_FIELDS = (
     "model", "steps", "episodes", "group_size", "estimator", "gamma", "view", "lr", "clip", "epochs", "mini_batches", "kl_coef",
-    "kl_schedule", "entropy_coef", "max_grad_norm", "micro_batch_tokens", "train_layers", "bf16", "rollout_engine", "temperature", "max_tokens",
+    "kl_schedule", "entropy_coef", "max_grad_norm", "skip_zero_signal", "micro_batch_tokens", "train_layers", "bf16", "rollout_engine", "temperature", "max_tokens",
     "max_turns", "stop_after_box", "warmup_steps", "warmup_transcript", "eval_every", "eval_episodes", "eval_set", "seed", "device",
     "out", "checkpoint_every",
 )  # fmt: skip

@@ -49,7 +49,10 @@ class TrainConfig:
     rollout), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
     batch, ``kl_coef`` (to the starting policy; 0 = off) under ``kl_schedule`` (``constant``, or ``linear``: the
     coefficient falls linearly to 0 over the run's ``steps``, :func:`kl_coef_at`), ``entropy_coef`` (a bonus on the policy's
-    entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``. ``warmup_steps``:
+    entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``,
+    ``skip_zero_signal`` (a batch whose every advantage is 0, with no KL or entropy term, makes no optimizer step and
+    leaves the LR schedule where it is; False: the zero-gradient step every other trainer takes, in which Adam's
+    momentum still moves the weights and the schedule advances). ``warmup_steps``:
     supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
     ``warmup_lr``; ``warmup_transcript``: learn the whole transcripts (the env's text too) rather than the
     moves alone. ``eval_every``/``eval_episodes``:
@@ -86,6 +89,7 @@ class TrainConfig:
     kl_schedule: str = "linear"
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
+    skip_zero_signal: bool = True
     micro_batch_tokens: int = 1024
     logprob_chunk_tokens: int = 1024
     gradient_checkpointing: bool = False
@@ -122,6 +126,8 @@ class TrainConfig:
         _check_int(self, "max_tokens", 1)
         if not isinstance(self.stop_after_box, bool):
             raise ValueError(f"stop_after_box must be true or false, got {self.stop_after_box!r}")
+        if not isinstance(self.skip_zero_signal, bool):
+            raise ValueError(f"skip_zero_signal must be true or false, got {self.skip_zero_signal!r}")
         _check_int(self, "warmup_steps", 0)
         _check_int(self, "warmup_batch", 1)
         _check_int(self, "eval_every", 0)

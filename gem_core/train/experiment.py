@@ -65,6 +65,7 @@ OPTION_VALUES: dict[str, Any] = {
     "warmup_steps": lambda e: e.warm_start_steps,
     "train_layers": lambda e: e.trained_layers,
     "stop_after_box": lambda e: e.stop_after_box,
+    "skip_zero_signal": lambda e: e.skip_zero_signal,
 }
 
 
@@ -206,4 +207,5 @@ def experiment_of(config: TrainConfig) -> Experiment:
         trained_layers=config.train_layers,
         stop_after_box=config.stop_after_box,
         kl_schedule=config.kl_schedule,
+        skip_zero_signal=config.skip_zero_signal,
     )

@@ -194,7 +194,7 @@ class Summary:
     baselines: list[ScriptedBaseline] = field(default_factory=list)  # the env's scripted players on the same seeds
     eval_set: str = "heldout"
     temperature: float = 1.0
-    no_signal_updates: int = 0  # updates whose every advantage was 0: no optimizer step
+    no_signal_updates: int = 0  # updates whose every advantage was 0 that made no optimizer step (skip_zero_signal)
     metric_columns: tuple[MetricColumn, ...] = ()  # the env's own metrics, a table column each (gem_core.envs.report)
     ceiling: BlindCeiling | None = None  # the env's blind ceiling, one of the baselines
 
@@ -351,7 +351,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             _tensorboard(metrics_path, os.path.join(out, "tensorboard"))
     finally:
         trainer.close()
-    no_signal = sum(1 for r in read_metrics(metrics_path) if r.get("no_signal"))
+    # updates with no signal that made no optimizer step (skip_zero_signal); with it off they step, loss recorded
+    no_signal = sum(1 for r in read_metrics(metrics_path) if r.get("no_signal") and "loss" not in r)
     return Summary(
         start,
         final,

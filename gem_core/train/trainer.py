@@ -387,9 +387,11 @@ class Trainer:
         rewards, groups = batch.episode_rewards()
         advantages = estimate(rewards, groups, config.estimator, config.gamma)
         rows = rows_of(batch, batch.per_token(advantages), self.pad_id)
-        if not np.any(advantages) and config.kl_coef == 0 and config.entropy_coef == 0:
+        no_signal = not np.any(advantages) and config.kl_coef == 0 and config.entropy_coef == 0
+        if no_signal and config.skip_zero_signal:
             # Every advantage 0 (e.g. every episode malformed alike): the loss has no gradient. Adam would
-            # still move the weights on its momentum and the LR warm-up would spend a step: neither happens.
+            # still move the weights on its momentum and the LR warm-up would spend a step: neither happens
+            # (skip_zero_signal False: the step every other trainer takes, below).
             self.step += 1
             self.log(f"update {self.step}: no learning signal (every advantage is 0); no optimizer step, the LR schedule not advanced")
             return {
@@ -408,7 +410,7 @@ class Trainer:
         return {
             "step": self.step,
             **played,
-            "no_signal": False,
+            "no_signal": no_signal,  # True here: a zero-gradient step (skip_zero_signal False)
             "loss": loss,
             "grad_norm": grad_norm,
             **stats,

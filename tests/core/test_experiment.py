@@ -41,7 +41,7 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
     in every trainer but oat and ROLL; turn.toml is that run as oat trains it (oat alone), turn_steps.toml ROLL's
     (ROLL alone)."""
     text = DEFAULT.read_text()
-    reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True, "kl_schedule": "linear"}
+    reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True, "kl_schedule": "linear", "skip_zero_signal": True}
     tuned = {"lr": 2e-4, "updates": 40, "mini_batches": 2, "kl_coef": 0.1}
     assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference, **tuned)
     assert load_experiment(PORTABLE) == dataclasses.replace(Experiment(), group_size=2, warmup_updates=0) and "\n[reference]" not in PORTABLE.read_text()
@@ -67,7 +67,7 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
 @pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat", "roll"))
 @pytest.mark.parametrize(
     "reference",
-    ["warm_start_steps = 8", "trained_layers = 10", "stop_after_box = true", 'kl_schedule = "linear"'],
+    ["warm_start_steps = 8", "trained_layers = 10", "stop_after_box = true", 'kl_schedule = "linear"', "skip_zero_signal = true"],
 )
 def test_every_other_trainer_refuses_what_only_the_reference_trainer_runs(trainer, reference):
     """A warm start, frozen layers or the stop at the move: each other trainer refuses it in one line naming the

@@ -132,7 +132,10 @@ def test_an_update_without_signal_is_reported_and_spends_no_step(tiny, tmp_path)
     path, _, tokenizer = tiny
     logs: list[str] = []
     trainer = Trainer(
-        TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=2), AutoModelForCausalLM.from_pretrained(path), tokenizer, log=logs.append
+        TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=2, kl_coef=0.0),  # a KL term would be a signal
+        AutoModelForCausalLM.from_pretrained(path),
+        tokenizer,
+        log=logs.append,
     )
     rollout = trainer.rollout
 
@@ -153,3 +156,36 @@ def test_an_update_without_signal_is_reported_and_spends_no_step(tiny, tmp_path)
     assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert any("no learning signal" in line for line in logs)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_an_update_without_signal_steps_as_every_trainer_when_asked(tiny, tmp_path, skip):
+    """``skip_zero_signal`` False (an experiment file's default, what every other trainer does): after an update
+    with a signal, an update whose every advantage is 0 still takes its optimizer step: the schedule advances and
+    Adam's momentum moves the weights. True (the default run's): neither."""
+    from transformers import AutoModelForCausalLM
+
+    path, _, tokenizer = tiny
+    config = TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=2, kl_coef=0.0, skip_zero_signal=skip)
+    trainer = Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer, log=lambda _: None)
+    rollout = trainer.rollout
+    rewards = iter([[1.0, 0.0, 0.5, 0.2], [0.0, 0.0, 0.0, 0.0]])  # a signal, then none
+
+    def with_rewards(*args, **kwargs):
+        trajectories = rollout(*args, **kwargs)
+        for trajectory, reward in zip(trajectories, next(rewards)):
+            for turn in trajectory.turns:
+                turn.reward = 0.0
+            trajectory.turns[-1].reward = reward
+        return trajectories
+
+    trainer.rollout = with_rewards
+    try:
+        first = trainer.update()
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        second = trainer.update()
+    finally:
+        trainer.close()
+    assert first["no_signal"] is False and second["no_signal"] is True and trainer.step == 2
+    moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert trainer.scheduler.last_epoch == (1 if skip else 2) and moved is not skip and ("loss" in second) is not skip

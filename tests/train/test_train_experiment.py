@@ -32,7 +32,7 @@ UNTUNED = dict(lr=1e-4, steps=30, mini_batches=1, kl_coef=0.0, kl_schedule="cons
 def test_the_experiments_defaults_are_the_default_run():
     """default.toml is the default run; Experiment()'s defaults are too, but for the [reference] phases, off."""
     assert experiment_of(TrainConfig()) == load_experiment(DEFAULT)
-    portable = dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False, **UNTUNED)
+    portable = dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False, skip_zero_signal=False, **UNTUNED)
     assert experiment_of(portable) == Experiment()
     assert experiment_of(dataclasses.replace(portable, group_size=2, lr_warmup=0)) == load_experiment(PORTABLE)  # see portable.toml
     assert ESTIMATORS == trainer_module.ESTIMATORS and EVAL_SEED_START == trainer_module.EVAL_SEED_BASE
@@ -41,7 +41,9 @@ def test_the_experiments_defaults_are_the_default_run():
 def test_the_default_file_runs_the_default_run():
     assert config_of("--experiment", str(DEFAULT)) == TrainConfig() == config_of()
     portable = config_of("--experiment", str(PORTABLE))
-    assert portable == dataclasses.replace(TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False, group_size=2, lr_warmup=0, **UNTUNED)
+    assert portable == dataclasses.replace(
+        TrainConfig(), warmup_steps=0, train_layers=0, stop_after_box=False, skip_zero_signal=False, group_size=2, lr_warmup=0, **UNTUNED
+    )
     with pytest.raises(ValueError, match="--train-layers, --stop-after-box: set by the experiment file"):
         config_of("--experiment", str(PORTABLE), "--train-layers", "4", "--no-stop-after-box")
 
@@ -68,6 +70,7 @@ def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
         warmup_steps=0,  # [reference] left out: off
         train_layers=0,
         stop_after_box=False,
+        skip_zero_signal=False,  # the zero-gradient step every trainer takes
         **{**UNTUNED, "lr": 3e-4, "mini_batches": 4},  # the rest of UNTUNED left out: the run every trainer takes
     )
     assert config == want
