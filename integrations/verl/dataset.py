@@ -26,7 +26,6 @@ from typing import Any
 
 from gem_core.cli_support import CliError, whole_number
 from gem_core.dataset_rows import add_task_arguments, seed_arguments, task_arguments
-from gem_core.experiment import EVAL_SEED_START
 from gem_core.multimodal import MultimodalObservation, image_png_bytes
 from gem_core.tasks import specs_for
 
@@ -37,11 +36,6 @@ def dataset_rows(
     env_id: str,
     n: int,
     *,
-    seed_start: int = 0,
-    balanced: bool = False,
-    run_seed: int | None = None,
-    per_update: int | None = None,
-    seeds_below: int = EVAL_SEED_START,
     env_kwargs: dict[str, Any] | None = None,
     tools: Sequence[str] = (),
     max_turns: int | None = None,
@@ -50,18 +44,15 @@ def dataset_rows(
     split: str = "train",
     observation_prompt: bool = True,
     system_prompt: str | None = None,
+    **seeds: Any,
 ) -> list[dict[str, Any]]:
-    """``n`` rows for ``env_id`` with seeds ``seed_start .. seed_start + n - 1`` (``balanced``: GuessTheNumber's
-    targets equally often, :func:`gem_core.tasks.episode_seeds`), or a run's start states (``run_seed``,
-    ``per_update``, ``seeds_below``: :func:`gem_core.tasks.specs_for`)."""
+    """``n`` rows for ``env_id``; ``seeds``: which seeds, :func:`gem_core.tasks.specs_for`'s keywords (``seed_start``
+    and ``balanced``: consecutive seeds, or GuessTheNumber's targets equally often; or a run's start states:
+    ``run_seed``, ``per_update``, ``seeds_below``); none: seeds ``0 .. n - 1``."""
     specs = specs_for(
         env_id,
         n,
-        seed_start=seed_start,
-        balanced=balanced,
-        run_seed=run_seed,
-        per_update=per_update,
-        seeds_below=seeds_below,
+        **seeds,
         env_kwargs=env_kwargs or {},
         tools=tuple(tools),
         max_turns=max_turns,
