@@ -8,6 +8,9 @@ an A* solver on whatever board is in front of it.
 
 Cells are addressed by flat index ``row * cols + col``; the outer ring is always wall, so a
 neighbour offset never leaves the grid from a floor cell.
+
+One file, as every game here is (about 700 lines): the generator, the A* oracle and the env share the
+board's cell indexing and move rules, which a split would have to export.
 """
 
 from __future__ import annotations

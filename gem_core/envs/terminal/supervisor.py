@@ -36,6 +36,9 @@ program, namespace root, is another uid) with no capability, the agent's limits,
 When the host is not root this program holds CAP_SYS_ADMIN (to create those namespaces) and CAP_SETPCAP
 (to empty a process's capability bounding set) in the sandbox's user namespace, given by bwrap's
 ``--cap-add``; the agent's processes drop every capability, the bounding set included, before they exec.
+
+One file on purpose (about 850 lines): it is the program the sandbox runs as its pid 1, started with
+``python -I -S`` on the standard library alone, so nothing of it can live in a module it would have to import.
 """
 
 import ctypes

@@ -17,6 +17,9 @@ stdin (see ``protocol.py`` for the messages). Two kinds of process live here:
 
 Every call is a fresh fork of the same warm manager, so nothing a snippet does to Python state
 reaches the next call.
+
+One file on purpose (about 600 lines): it is the program bubblewrap runs, started with ``python -I`` on the
+standard library alone, so nothing of it can live in a module it would have to import.
 """
 
 import builtins
