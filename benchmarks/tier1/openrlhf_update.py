@@ -14,7 +14,9 @@ parsed by the launcher's parser (``gem_integrations.openrlhf.train_ppo_ray.parse
 * ``ActorPPOTrainer``: the replay buffer (``NaiveReplayBuffer``), ``ppo_train`` (its shuffled ``DataLoader``,
   its epochs, ``iter_grad_accum_global_norm``'s per-optimizer-step normalisers) and ``training_step``
   (``Actor`` forward, ``PolicyLoss``, the KL loss by ``compute_approx_kl`` and ``aggregate_loss``, times
-  ``kl_ctl`` from a ``FixedKLController(--algo.kl.init_coef)``), then the strategy's backward and step.
+  ``kl_ctl`` from a ``FixedKLController(--algo.kl.init_coef)``), then the strategy's backward and step;
+  ``training_step`` as the plugin patches it (``gem_integrations.openrlhf.training_step``: the metrics of a
+  micro-batch with no action token).
 
 Replaced, and why (the rest is OpenRLHF's code as a user runs it):
 
@@ -34,10 +36,13 @@ Replaced, and why (the rest is OpenRLHF's code as a user runs it):
   ``ray.put``/``ray.get`` are the identity, and ``torch.distributed`` is a one-process gloo group. vllm,
   deepspeed and flash_attn are import stubs (``tests/integrations/openrlhf/openrlhf_import_stubs.py``).
 
-Found, not fixed here: at ``--train.micro_batch_size 1`` (OpenRLHF's default, which the plugin's arguments
-leave to the user) a micro-batch holding only an infra-failed row (no action token) makes ``ppo_train``'s
-metric averaging divide by zero (``merged_status[k] = value / denom``, one process). The check appends
-:data:`USER_ARGS` (micro-batches of 4 rows: gas 2 on the 8-episode batch, so DeepSpeed's 1/gas scaling acts).
+The training micro-batch size is left to the user by the plugin's arguments (a memory option); the check runs
+OpenRLHF's default, 1 (the command's; gas 8 on the 8-episode batch), and 4 (gas 2) appended as a user would
+(:data:`MICRO_BATCH_SIZES`; ``tests/integrations/openrlhf/test_same_update.py``), so DeepSpeed's 1/gas scaling
+acts in both. At 1 the infra-failed row (no action token) is a micro-batch of its own: found by this check,
+``ppo_train``'s metric averaging divided by zero there (``merged_status[k] = value / denom``) and stopped the
+trainer; the plugin's patch of ``training_step`` (:mod:`gem_integrations.openrlhf.training_step`, installed with
+the ReBN patch) fixes it without changing a weight.
 
 Observed, not changed: the advantages ``compute_advantages_and_returns`` returns, and the rows of each
 ``training_step`` (OpenRLHF shuffles the replay buffer: the reference takes the same rows).
@@ -76,9 +81,14 @@ from tier1.reference import Semantics, Update, experiment_semantics
 TRAINER = "openrlhf"
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "tests" / "integrations" / "openrlhf"  # openrlhf_import_stubs.py: vllm, deepspeed, flash_attn
-#: What a user appends to the plugin's arguments (a memory option, no semantics): training micro-batches of 4
-#: rows. OpenRLHF's default, 1, crashes on an infra-failed row (see the module docstring).
-USER_ARGS = ["--train.micro_batch_size", "4"]
+#: The training micro-batch sizes the check runs (see the module docstring): OpenRLHF's default (nothing appended
+#: to the plugin's arguments; the command runs it) and 4 rows, which a user appends (a memory option, no semantics).
+MICRO_BATCH_SIZES = (1, 4)
+
+
+def user_args(micro_batch_size: int | None) -> list[str]:
+    """What a user appends to the plugin's arguments: ``--train.micro_batch_size`` (None: OpenRLHF's default)."""
+    return [] if micro_batch_size is None else ["--train.micro_batch_size", str(micro_batch_size)]
 
 
 def semantics(experiment: Experiment) -> Semantics:
@@ -97,8 +107,9 @@ def semantics(experiment: Experiment) -> Semantics:
     )
 
 
-def parsed_arguments(experiment: Experiment, work: Path) -> Any:
-    """The plugin's arguments for ``experiment`` through the launcher's parser (OpenRLHF's, with rebn)."""
+def parsed_arguments(experiment: Experiment, work: Path, micro_batch_size: int | None = None) -> Any:
+    """The plugin's arguments for ``experiment`` through the launcher's parser (OpenRLHF's, with rebn), plus
+    :func:`user_args`."""
     from gem_integrations.openrlhf import agent_path, train_ppo_ray
     from gem_integrations.openrlhf.experiment import arguments
 
@@ -109,7 +120,7 @@ def parsed_arguments(experiment: Experiment, work: Path) -> Any:
         .replace("$PARAM_DTYPE", "bf16")
         for a in arguments(experiment)
     ]
-    return train_ppo_ray.parse_args([*argv, *USER_ARGS])
+    return train_ppo_ray.parse_args([*argv, *user_args(micro_batch_size)])
 
 
 def _cpu_strategy_class() -> type:
@@ -203,8 +214,9 @@ def _in_process() -> Any:
         experience_maker.ray = saved
 
 
-def run(work: str | Path, experiment: Experiment, fault: str | None = None) -> Update:
-    """One update of OpenRLHF on the recorded batch in ``work``; ``fault`` injects one mistake on OpenRLHF's
+def run(work: str | Path, experiment: Experiment, fault: str | None = None, micro_batch_size: int | None = None) -> Update:
+    """One update of OpenRLHF on the recorded batch in ``work``, at ``--train.micro_batch_size``
+    ``micro_batch_size`` (None: OpenRLHF's default, 1); ``fault`` injects one mistake on OpenRLHF's
     side, in its parsed arguments (``lr``: twice the rate; ``kl``: ``--algo.kl.init_coef`` 0; ``clip``: half
     the clip; ``aggregation``: the other ``--actor.loss_agg_mode``; ``infra``: the failed episode's flag
     dropped, so its row counts)."""
@@ -236,7 +248,7 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None) -> U
     trajectories = recorded.trajectories
     if fault == "infra":
         trajectories[INFRA_EPISODE] = dataclasses.replace(trajectories[INFRA_EPISODE], infra_error=None)
-    args = parsed_arguments(e, work)
+    args = parsed_arguments(e, work, micro_batch_size)
     if fault == "lr":
         args.actor.adam.lr *= 2
     elif fault == "kl":

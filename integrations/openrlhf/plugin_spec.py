@@ -6,15 +6,20 @@ Importing it imports neither OpenRLHF nor torch: the ``gem-core`` command reads 
 :class:`~gem_core.plugins.Patch` of ``RemoteExperienceMaker.compute_advantages_and_returns`` (OpenRLHF
 has no advantage registry; uninstalling puts the original back, and every other estimator runs the
 original unchanged, except that infra-failed rows are left out of its baselines through a second patch,
-of ``compute_reward`` as ``experience_maker`` imports it: see :mod:`gem_integrations.openrlhf.advantage`).
+of ``compute_reward`` as ``experience_maker`` imports it: see :mod:`gem_integrations.openrlhf.advantage`),
+and a third patch, of ``ActorPPOTrainer.training_step``, so that a micro-batch or an optimizer step with no
+action token (an infra-failed row alone, at ``--train.micro_batch_size 1``) neither stops ``ppo_train``'s
+metric averaging with a division by zero nor gets a 0/0 loss (:mod:`gem_integrations.openrlhf.training_step`).
 
 :func:`setup_worker` is the Ray ``worker_process_setup_hook`` the launcher sets. It runs in every Ray
 worker, vLLM engine actors included, so it imports nothing: OpenRLHF keeps deepspeed out of its vLLM
 processes (``openrlhf/trainer/ray/__init__.py``: "No implicit imports of deepspeed here to avoid vllm
-environment gets contaminated"), and ``experience_maker`` imports deepspeed. The hook arms an import
-hook instead: the patch is applied right after ``openrlhf.trainer.ppo_utils.experience_maker`` is
-first imported, which only the process that computes advantages (OpenRLHF's PPO trainer) does; if it
-is already imported, the patch is applied at once.
+environment gets contaminated"), and ``experience_maker`` imports deepspeed. The hook arms import
+hooks instead: the patches are applied right after ``openrlhf.trainer.ppo_utils.experience_maker`` is
+first imported, which only the process that computes advantages (OpenRLHF's PPO trainer) does, or
+``openrlhf.trainer.ray.ppo_actor``, which the actor's training processes (``PolicyModelActor``, where
+``training_step`` runs) import; if one is already imported, they are applied at once. Either applies all
+three (the other module is imported then; neither is imported by vLLM engine actors).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import sys
 from typing import Any
 
 from gem_core.plugins import Patch, TrainerPlugin, cancel_when_imported, waiting_for_import, when_imported
-from gem_integrations.openrlhf import advantage
+from gem_integrations.openrlhf import advantage, training_step
 
 TARGET_MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
+ACTOR_MODULE = "openrlhf.trainer.ray.ppo_actor"
 
 PLUGIN = TrainerPlugin(
     name="openrlhf",
@@ -36,6 +42,7 @@ PLUGIN = TrainerPlugin(
     patches=(
         Patch(f"{TARGET_MODULE}:RemoteExperienceMaker", "compute_advantages_and_returns", advantage.make_compute_advantages),
         Patch(TARGET_MODULE, "compute_reward", advantage.make_compute_reward),  # idle unless a step leaves infra-failed rows out
+        Patch(f"{ACTOR_MODULE}:ActorPPOTrainer", "training_step", training_step.make_training_step),  # no change while micro-batches have tokens
     ),
     dataset="gem_integrations.openrlhf.dataset",
     commands="gem_integrations.openrlhf.commands",
@@ -50,8 +57,9 @@ def armed() -> bool:
 
 
 def disarm() -> None:
-    """Remove the import hook (the patch, if applied, stays)."""
+    """Remove the import hooks (the patches, if applied, stay)."""
     cancel_when_imported(TARGET_MODULE)
+    cancel_when_imported(ACTOR_MODULE)
 
 
 def _install(_module: Any = None) -> None:
@@ -59,5 +67,7 @@ def _install(_module: Any = None) -> None:
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook``: patch now if ``experience_maker`` is loaded, else on its import."""
+    """Ray ``worker_process_setup_hook``: patch now if ``experience_maker`` or ``ppo_actor`` is loaded, else
+    on the first import of either."""
     when_imported(TARGET_MODULE, _install)
+    when_imported(ACTOR_MODULE, _install)

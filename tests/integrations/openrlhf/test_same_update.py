@@ -6,11 +6,14 @@ check fails on each injected fault.
 
 The batch (8 episodes of portable.toml's GuessTheNumber, groups of 2, one flagged as failed by the
 infrastructure) and the check's settings (a KL term, two optimizer steps, lr 1e-3 so that ratios leave the clip)
-are those of ``python benchmarks/same_update.py --episodes 8``.
+are those of ``python benchmarks/same_update.py --episodes 8``. The training micro-batch size is the user's: the
+command runs OpenRLHF's default, 1 (the failed row a micro-batch of its own, which stopped ``ppo_train`` before the
+plugin's ``training_step`` patch), and a test runs 4 (``openrlhf_update.MICRO_BATCH_SIZES``).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -44,23 +47,28 @@ def checked(work: Path, experiment, **kwargs):
 
 
 def test_the_mapping_is_what_openrlhf_runs(work, tmp_path):
-    """The check's OpenRLHF arguments are the plugin's mapping (plus the micro-batch size a user appends)."""
+    """The check's OpenRLHF arguments are the plugin's mapping (OpenRLHF's default micro-batch size, 1, or the
+    size a user appends)."""
     experiment = experiment_of(work)
     args = openrlhf_update.parsed_arguments(experiment, work)
     assert (args.algo.advantage.estimator, args.algo.kl.use_loss, args.algo.kl.init_coef) == ("rebn", True, experiment.kl_coef)
     assert args.algo.kl.unbiased_gradient is False and args.actor.dual_clip is None
     assert args.algo.advantage.is_correction_level == "off"  # old log-probs: the actor's at the update's start
-    assert (args.train.batch_size, args.train.micro_batch_size, args.train.max_epochs) == (EPISODES, 4, 2)
+    assert (args.train.batch_size, args.train.micro_batch_size, args.train.max_epochs) == (EPISODES, 1, 2)
+    assert openrlhf_update.MICRO_BATCH_SIZES == (1, 4)
+    assert openrlhf_update.parsed_arguments(experiment, work, micro_batch_size=4).train.micro_batch_size == 4
 
 
 def test_openrlhf_update_equals_the_reference(work):
-    """The command's trainer side (``--run openrlhf``) then its comparison: advantages within float32 rounding,
-    the weight change after two steps within 1e-3 of the reference's, with the KL on and the clip acting."""
+    """The command's trainer side (``--run openrlhf``, OpenRLHF's default micro-batch size 1: the failed row is a
+    micro-batch of its own) then its comparison: advantages within float32 rounding, the weight change after two
+    steps within 1e-3 of the reference's, with the KL on and the clip acting."""
     assert same_update.main(["--run", "openrlhf", "--out", str(work)]) == 0
     theirs = Update.load(work / "openrlhf.pt")
     experiment = experiment_of(work)
     ours = reference_update(load(work), openrlhf_update.semantics(experiment), steps=theirs.steps)
     result = compare(theirs, ours)
+    assert len(theirs.stats) == 2 * EPISODES and all(math.isfinite(s["policy_loss"]) for s in theirs.stats)  # 16 micro-batches
     assert theirs.advantage_dtype == "float32" and result.advantage_tolerance == pytest.approx(ADVANTAGE_EPS32 * np.abs(ours.advantages).max())
     assert result.advantage_difference <= result.advantage_tolerance
     assert result.weight_difference <= WEIGHT_TOLERANCE, result
@@ -69,6 +77,14 @@ def test_openrlhf_update_equals_the_reference(work):
     assert not theirs.advantages[INFRA_EPISODE].any()
     table = same_update.table([("openrlhf", experiment, result, "")])
     assert "| openrlhf | rebn | token-mean |" in table and "pass" in table
+
+
+def test_openrlhf_update_at_micro_batches_of_4_equals_the_reference(work):
+    """The same check with ``--train.micro_batch_size 4`` appended, as a user would (gas 2: DeepSpeed's 1/gas
+    scaling over micro-batches of several rows, the failed row among healthy ones)."""
+    result, theirs, _ = checked(work, experiment_of(work), micro_batch_size=4)
+    assert result.ok, result
+    assert len(theirs.stats) == 4 and [sorted(step) for step in theirs.steps] == [list(range(EPISODES))] * 2
 
 
 @pytest.mark.parametrize("fault", ["lr", "kl", "clip", "aggregation", "infra"])
