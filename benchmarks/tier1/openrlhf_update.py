@@ -232,7 +232,6 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None, micr
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
     from openrlhf.utils import get_strategy
     from openrlhf.utils import utils
 
@@ -286,31 +285,7 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None, micr
             actor, ref = loaded("actor"), loaded("ref")
             start = {name: p.detach().clone() for name, p in actor.model.named_parameters()}
             steps_per_update = len(trajectories) // args.train.batch_size * args.train.max_epochs
-            actor_cfg = dict(  # what PolicyModelActor.init_model_from_pretrained passes to strategy.prepare
-                optim=args.actor.optim,
-                muon=vars(args.actor.muon),
-                adam=vars(args.actor.adam),
-                lr_scheduler=args.actor.lr_scheduler,
-                lr_warmup_ratio=args.actor.lr_warmup_ratio,
-                min_lr_ratio=args.actor.min_lr_ratio,
-                max_norm=args.actor.max_norm,
-                scheduler_steps=steps_per_update * e.updates,
-            )
-            actor, optimizer, scheduler = strategy.prepare((actor, actor_cfg))
-            torch.cuda.current_device = lambda: 0  # the replay buffer's (unused) target device is cuda:<current>
-            trainer = ActorPPOTrainer(
-                strategy,
-                actor,
-                ema_model=None,
-                actor_optim=optimizer,
-                actor_scheduler=scheduler,
-                micro_train_batch_size=args.train.micro_batch_size,
-                tokenizer=tok,
-                eps_clip=args.actor.eps_clip,
-                ema_beta=args.train.ema_beta,
-                vllm_engines=None,
-            )
-            torch.cuda.current_device = lambda: "cpu"
+            trainer, actor = actor_trainer(strategy, actor, args, steps_per_update * e.updates, tokenizer=tok)
 
             # the rollout: the recorded episodes as the agent file returns them, then OpenRLHF's Experience
             generator = object.__new__(SamplesGenerator)
@@ -357,6 +332,43 @@ def run(work: str | Path, experiment: Experiment, fault: str | None = None, micr
     dtype = str(experiences[0].advantages.dtype).replace("torch.", "")
     stats = [{"policy_loss": loss} for loss in seen["losses"]]
     return Update(np.asarray(advantages, dtype=np.float64), deltas, steps, dtype, stats)
+
+
+def actor_trainer(strategy: Any, actor: Any, args: Any, scheduler_steps: int, tokenizer: Any = None) -> tuple[Any, Any]:
+    """OpenRLHF's ``ActorPPOTrainer`` over ``actor`` as ``PolicyModelActor`` builds it: ``strategy.prepare`` with the
+    optimizer settings ``init_model_from_pretrained`` passes (from the parsed ``args``), then the trainer; returns
+    ``(trainer, prepared actor)``. The replay buffer asks for ``cuda:<current device>`` (unused) while it is made."""
+    import torch
+    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+
+    actor_cfg = dict(
+        optim=args.actor.optim,
+        muon=vars(args.actor.muon),
+        adam=vars(args.actor.adam),
+        lr_scheduler=args.actor.lr_scheduler,
+        lr_warmup_ratio=args.actor.lr_warmup_ratio,
+        min_lr_ratio=args.actor.min_lr_ratio,
+        max_norm=args.actor.max_norm,
+        scheduler_steps=scheduler_steps,
+    )
+    actor, optimizer, scheduler = strategy.prepare((actor, actor_cfg))
+    torch.cuda.current_device = lambda: 0
+    try:
+        trainer = ActorPPOTrainer(
+            strategy,
+            actor,
+            ema_model=None,
+            actor_optim=optimizer,
+            actor_scheduler=scheduler,
+            micro_train_batch_size=args.train.micro_batch_size,
+            tokenizer=tokenizer,
+            eps_clip=args.actor.eps_clip,
+            ema_beta=args.train.ema_beta,
+            vllm_engines=None,
+        )
+    finally:
+        torch.cuda.current_device = lambda: "cpu"
+    return trainer, actor
 
 
 def _strategy_kwargs(strategy: Any) -> dict[str, Any]:

@@ -18,6 +18,9 @@ config directory given by path: :func:`run_rl2`), adding:
   rl-square 0.0.2 hands the env module SGLang's text, which must keep the end-of-turn token;
 * ``GEM_RL2_TOKENIZER`` = ``actor.model_name`` for the 0.0.2 env module, unless already set.
 
+``+train_data.shuffle=false`` keeps the training rows in order (:mod:`gem_integrations.rl2.data_order`); a value
+other than true or false is refused here in one line.
+
 Every process runs it (rank 0 computes the advantages); nothing else in RL2 changes.
 """
 
@@ -35,6 +38,7 @@ from gem_integrations.rl2.rollout import TOKENIZER_ENV, task_spec
 
 ADDED = ("rollout.train_sampling_params.skip_special_tokens", "rollout.test_sampling_params.skip_special_tokens")
 MAX_TURNS = "rollout.max_turns"
+SHUFFLE = "train_data.shuffle"  # the plugin's key (gem_integrations.rl2.data_order): checked here, before RL2 starts
 DEFAULT_MAX_TURNS = 1000  # far above every registered env's own turn limit (at most 100 here)
 EXIT_USAGE = 2
 
@@ -122,6 +126,8 @@ def overrides(argv: Sequence[str], *, max_turns: bool | None = None, warn: bool 
     module needs."""
     out = list(argv)
     keys = given(argv)
+    if SHUFFLE in keys and keys[SHUFFLE].strip().lower() not in ("true", "false"):
+        raise LaunchError(f"{SHUFFLE} must be true or false, got {keys[SHUFFLE]!r}")
     for key in ADDED:
         if key not in keys:
             out.append(f"+{key}=false")

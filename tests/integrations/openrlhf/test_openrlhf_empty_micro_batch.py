@@ -118,7 +118,6 @@ def make_trainer(args: Any, rows: list[dict]) -> tuple[Any, Any, Any]:
     replay buffer; returns (trainer, strategy, actor)."""
     from openrlhf.models import Actor
     from openrlhf.trainer.ppo_utils.experience import Experience
-    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
     from openrlhf.utils import get_strategy
     from tier1 import openrlhf_update
 
@@ -132,29 +131,7 @@ def make_trainer(args: Any, rows: list[dict]) -> tuple[Any, Any, Any]:
     model.config.use_cache = False
     actor = Actor(model, temperature=args.rollout.temperature)
     actor.packing_samples = args.ds.packing_samples  # what Actor sets when it loads a checkpoint by path
-    cfg = dict(
-        optim=args.actor.optim,
-        adam=vars(args.actor.adam),
-        lr_scheduler=args.actor.lr_scheduler,
-        lr_warmup_ratio=args.actor.lr_warmup_ratio,
-        min_lr_ratio=args.actor.min_lr_ratio,
-        max_norm=args.actor.max_norm,
-        scheduler_steps=100,
-    )
-    actor, optimizer, scheduler = strategy.prepare((actor, cfg))
-    torch.cuda.current_device = lambda: 0  # the replay buffer's (unused) target device is cuda:<current>
-    trainer = ActorPPOTrainer(
-        strategy,
-        actor,
-        ema_model=None,
-        actor_optim=optimizer,
-        actor_scheduler=scheduler,
-        micro_train_batch_size=args.train.micro_batch_size,
-        eps_clip=args.actor.eps_clip,
-        ema_beta=args.train.ema_beta,
-        vllm_engines=None,
-    )
-    torch.cuda.current_device = lambda: "cpu"
+    trainer, actor = openrlhf_update.actor_trainer(strategy, actor, args, scheduler_steps=100)
     for i, row in enumerate(rows):
         sequences, mask = row["sequences"], row["action_mask"]
         attention = torch.ones_like(sequences)

@@ -115,3 +115,11 @@ def test_the_training_rows_play_in_order_where_the_config_says_so(shuffle, in_or
     assert test_loaders[0] == test_loaders[1] != list(rows)
     with pytest.raises(ValueError, match="train_data.shuffle must be true or false"):
         patched(type("T", (), {"config": OmegaConf.create({"train_data": {"shuffle": "no"}})})(), True)
+
+
+def test_a_shuffle_value_that_is_not_a_boolean_is_one_line_before_rl2_starts(capsys):
+    from gem_integrations.rl2.train import EXIT_USAGE, main
+
+    assert main(["+train_data.shuffle=no", "train_data.path=rows.jsonl"]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gem-core rl2 train: error: train_data.shuffle must be true or false, got 'no'"]

@@ -18,22 +18,20 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import same_update  # noqa: E402
+from helpers import tier1 as tier1_helpers  # noqa: E402
 from tier1 import trl_update  # noqa: E402
 from tier1.batch import INFRA_EPISODE, load  # noqa: E402
-from tier1.reference import ADVANTAGE_EPS32, WEIGHT_TOLERANCE, Update, compare, reference_update, response_logprobs, rows_of  # noqa: E402
+from tier1.reference import ADVANTAGE_EPS32, WEIGHT_TOLERANCE, Update, compare, reference_update  # noqa: E402
 
 EPISODES = 8
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tier1")
-    same_update.prepare(ROOT / "examples" / "experiments" / "portable.toml", out, EPISODES)
-    return out
+    return tier1_helpers.prepared(tmp_path_factory, "tier1")
 
 
-def experiment_of(work: Path, **changes):
-    return same_update.saved_experiment(work, **changes)
+experiment_of = tier1_helpers.experiment_of
 
 
 def checked(work: Path, experiment, **kwargs):
@@ -43,25 +41,7 @@ def checked(work: Path, experiment, **kwargs):
 def test_the_batch_is_sensitive(work):
     """Different lengths, turns of both signs, one failed episode, old log-probs and the reference model
     both away from the actor."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    recorded = load(work)
-    assert len({t.num_turns for t in recorded.trajectories}) >= 3
-    assert recorded.failed == [i == INFRA_EPISODE for i in range(EPISODES)]
-    rows, batch = rows_of(recorded, 0)
-    semantics = trl_update.semantics(experiment_of(work))
-    from tier1.reference import advantages
-
-    adv = advantages(batch, semantics)
-    assert adv.max() > 0.5 and adv.min() < -0.5 and not adv[INFRA_EPISODE].any()
-    everyone = list(range(EPISODES))
-    with torch.no_grad():
-        actor = response_logprobs(AutoModelForCausalLM.from_pretrained(work / "actor"), rows, everyone)
-        ref = response_logprobs(AutoModelForCausalLM.from_pretrained(work / "ref"), rows, everyone)
-    mask = rows.mask.bool()
-    assert (actor - rows.rollout_logprobs)[mask].abs().mean() > 0.05
-    assert (actor - ref)[mask].abs().mean() > 0.05
+    tier1_helpers.assert_batch_is_sensitive(work, trl_update.semantics(experiment_of(work)))
 
 
 def test_trl_update_equals_the_reference(work):
