@@ -78,6 +78,10 @@ class Rows:
     advantages: Any
     old_logprobs: Any
 
+    def to(self, device: Any) -> Rows:
+        """The same rows on ``device`` (built on the CPU; the model may be on a GPU)."""
+        return Rows(*(getattr(self, name).to(device) for name in ("input_ids", "attention", "targets", "advantages", "old_logprobs")))
+
 
 def training_rows(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]], view: str, pad_id: int) -> Rows:
     """The rows of one update from trajectories and their per-turn advantages (one list per trajectory):

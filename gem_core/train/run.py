@@ -138,7 +138,7 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
                     episode_id_prefix=f"w{step}-",
                 )
             )
-            rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", trainer.pad_id)
+            rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", trainer.pad_id).to(config.device)
             if config.warmup_transcript:
                 rows = whole_transcript(rows)
             tokens = float((rows.targets >= 0).sum().clamp(min=1))

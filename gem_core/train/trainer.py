@@ -386,7 +386,7 @@ class Trainer:
         batch = batch_of(trajectories, config.view)  # the turn-aware batch, once: the advantages come from it
         rewards, groups = batch.episode_rewards()
         advantages = estimate(rewards, groups, config.estimator, config.gamma)
-        rows = rows_of(batch, batch.per_token(advantages), self.pad_id)
+        rows = rows_of(batch, batch.per_token(advantages), self.pad_id).to(config.device)
         no_signal = not np.any(advantages) and config.kl_coef == 0 and config.entropy_coef == 0
         if no_signal and config.skip_zero_signal:
             # Every advantage 0 (e.g. every episode malformed alike): the loss has no gradient. Adam would
@@ -401,6 +401,7 @@ class Trainer:
                 "rollout_seconds": round(rollout_seconds, 3),
                 "update_seconds": round(time.perf_counter() - started, 3),
                 "peak_rss_gb": round(peak_rss_gb(), 3),
+                **self.peak_device_memory(),
             }
         kl_coef = self.kl_coef
         loss, stats, grad_norm = self.optimize(rows, batch.episode_ids)
@@ -418,6 +419,7 @@ class Trainer:
             "rollout_seconds": round(rollout_seconds, 3),
             "update_seconds": round(time.perf_counter() - started, 3),
             "peak_rss_gb": round(peak_rss_gb(), 3),
+            **self.peak_device_memory(),
         }
 
     def optimize(self, rows: Rows, episode_ids: Sequence[str] | None = None) -> tuple[float, dict[str, float], float]:
@@ -483,6 +485,13 @@ class Trainer:
             for key, value in part_stats.items():
                 stats[key] = stats.get(key, 0.0) + value
         return total, stats
+
+    def peak_device_memory(self) -> dict[str, float]:
+        """``peak_gpu_gb``: the most GPU memory torch's allocator has held in this process so far, on a CUDA
+        device (nothing elsewhere: peak_rss_gb is the CPU's)."""
+        if self.device_type != "cuda":
+            return {}
+        return {"peak_gpu_gb": round(self.torch.cuda.max_memory_allocated(self.config.device) / 1e9, 3)}
 
     @property
     def kl_coef(self) -> float:
