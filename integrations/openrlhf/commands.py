@@ -74,6 +74,8 @@ options gem-core adds or needs:
                         rebn: eps in (G - mean) / (std + eps) (default 1e-6)
   --algo.advantage.rebn_ddof {{0,1}}
                         rebn: 0 population std, 1 sample std (default 0)
+  --data.shuffle {{true,false}}
+                        false: the prompt rows in the dataset's order (default true: OpenRLHF's shuffle)
   --train.agent_func_path "$(gem-core openrlhf agent-path)"
                         the GEM agent file: each episode played by gem_core's rollout runner
   --data.prompt_dataset FILE --data.input_key prompt --data.label_key label

@@ -6,7 +6,9 @@ the KL (``--algo.kl.init_coef`` 0.01 in the reward by default), Adam's betas (0.
 (cosine with a 3% warm-up down to 10%), the reward clip (-10, 10), the evaluation temperature (0.6) and
 samples (4), the seed (42), the precision (``--ds.param_dtype``, bf16 by default: DeepSpeed's bf16 weights
 with float32 master weights and optimizer state, the vLLM engine in bfloat16; OpenRLHF has no float32, which is
-refused). ``tests/integrations/openrlhf/test_experiment.py`` parses these arguments with
+refused). The prompt rows are played in order (``--data.shuffle false``, the launcher's option:
+:mod:`gem_integrations.openrlhf.data_order`), as every trainer plays an experiment's rows.
+``tests/integrations/openrlhf/test_experiment.py`` parses these arguments with
 OpenRLHF's own parser (the launcher's) and checks what OpenRLHF will use.
 """
 
@@ -77,7 +79,9 @@ def arguments(experiment: Experiment) -> list[str]:
         "--actor.model_name_or_path", "$MODEL",
         "--train.agent_func_path", "$(gem-core openrlhf agent-path)",
         "--data.prompt_dataset", "$DATA/train.jsonl", "--data.input_key", "prompt", "--data.label_key", "label",
-        "--data.max_samples", str(train_rows(e)),
+        # OpenRLHF cuts both files to max_samples: the training file holds exactly its rows, the held-out one needs all of its
+        "--data.max_samples", str(max(train_rows(e), e.eval_episodes)),
+        "--data.shuffle", "false",  # the launcher's: the rows are the run's start states in order (update_start_seeds)
         "--data.max_len", str(e.max_context_tokens or 32768),
         "--eval.dataset", "$DATA/eval.jsonl",
         "--eval.steps", str(e.eval_every if e.eval_every else -1),
@@ -124,5 +128,5 @@ def render(experiment: Experiment, source: str = "experiment.toml") -> str:
     train = dataset_command(TRAINER, experiment, "$DATA/train.jsonl")
     held_out = dataset_command(TRAINER, experiment, "$DATA/eval.jsonl", held_out=True)
     command = ["gem-core", "openrlhf", "train", *arguments(experiment)]
-    note = "# OpenRLHF shuffles the prompt rows (seeded by --train.seed); its Ray, vLLM and GPU options are yours to add:"
+    note = "# OpenRLHF plays the rows in order (--data.shuffle false: the plugin's launcher); its Ray, vLLM and GPU options are yours to add:"
     return launch_script(TRAINER, experiment, source, [train, held_out], PRECISION, command, note)

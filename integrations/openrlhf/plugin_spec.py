@@ -10,6 +10,10 @@ of ``compute_reward`` as ``experience_maker`` imports it: see :mod:`gem_integrat
 and a third patch, of ``ActorPPOTrainer.training_step``, so that a micro-batch or an optimizer step with no
 action token (an infra-failed row alone, at ``--train.micro_batch_size 1``) neither stops ``ppo_train``'s
 metric averaging with a division by zero nor gets a 0/0 loss (:mod:`gem_integrations.openrlhf.training_step`).
+:data:`DATA_ORDER_PATCHES`, apart from the plugin's (they are applied only where OpenRLHF's PPO trainer module is
+imported, never by :meth:`PLUGIN.install`, which would import vLLM into the actors): ``prepare_datasets``, in each
+module that holds it, so that the launcher's ``--data.shuffle false`` keeps the prompt rows in the dataset's order
+(:mod:`gem_integrations.openrlhf.data_order`; inert without it).
 
 :func:`setup_worker` is the Ray ``worker_process_setup_hook`` the launcher sets. It runs in every Ray
 worker, vLLM engine actors included, so it imports nothing: OpenRLHF keeps deepspeed out of its vLLM
@@ -19,7 +23,10 @@ hooks instead: the patches are applied right after ``openrlhf.trainer.ppo_utils.
 first imported, which only the process that computes advantages (OpenRLHF's PPO trainer) does, or
 ``openrlhf.trainer.ray.ppo_actor``, which the actor's training processes (``PolicyModelActor``, where
 ``training_step`` runs) import; if one is already imported, they are applied at once. Either applies all
-three (the other module is imported then; neither is imported by vLLM engine actors).
+three (the other module is imported then; neither is imported by vLLM engine actors). The data-order patches wait in
+the same way for ``openrlhf.trainer.ppo_trainer`` and ``openrlhf.trainer.ppo_trainer_async`` (the PPO trainer
+actor's modules), each applied in its own module once that module has run (``ppo_trainer`` imports the experience
+maker halfway through, before ``prepare_datasets`` is defined).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import sys
 from typing import Any
 
 from gem_core.plugins import Patch, TrainerPlugin, cancel_when_imported, waiting_for_import, when_imported
-from gem_integrations.openrlhf import advantage, training_step
+from gem_integrations.openrlhf import advantage, data_order, training_step
 
 TARGET_MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
 ACTOR_MODULE = "openrlhf.trainer.ray.ppo_actor"
@@ -51,23 +58,47 @@ PLUGIN = TrainerPlugin(
 )
 
 
+#: ``prepare_datasets`` where OpenRLHF's PPO trainers call it: the rows in order under ``--data.shuffle false``.
+DATA_ORDER_PATCHES = (
+    Patch(data_order.TRAINER_MODULE, data_order.FUNCTION, data_order.make_prepare_datasets),
+    Patch(data_order.ASYNC_TRAINER_MODULE, data_order.FUNCTION, data_order.make_prepare_datasets),
+)
+
+
 def armed() -> bool:
     """Whether this process patches ``experience_maker`` when it is imported, or already has."""
     return waiting_for_import(TARGET_MODULE) or (TARGET_MODULE in sys.modules and PLUGIN.is_installed)
+
+
+def data_order_armed() -> bool:
+    """Whether this process patches ``prepare_datasets`` when OpenRLHF's PPO trainer module is imported, or already
+    has."""
+    patch = DATA_ORDER_PATCHES[0]
+    return waiting_for_import(patch.target) or (patch.target in sys.modules and patch.applied)
 
 
 def disarm() -> None:
     """Remove the import hooks (the patches, if applied, stay)."""
     cancel_when_imported(TARGET_MODULE)
     cancel_when_imported(ACTOR_MODULE)
+    for patch in DATA_ORDER_PATCHES:
+        cancel_when_imported(patch.target)
 
 
 def _install(_module: Any = None) -> None:
     PLUGIN.install()
 
 
+def _install_data_order(module: Any) -> None:
+    for patch in DATA_ORDER_PATCHES:
+        if patch.target == module.__name__:
+            patch.apply()
+
+
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook``: patch now if ``experience_maker`` or ``ppo_actor`` is loaded, else
-    on the first import of either."""
+    on the first import of either; ``prepare_datasets`` likewise in each PPO trainer module."""
     when_imported(TARGET_MODULE, _install)
     when_imported(ACTOR_MODULE, _install)
+    for patch in DATA_ORDER_PATCHES:
+        when_imported(patch.target, _install_data_order)

@@ -4,17 +4,20 @@
     gem-core openrlhf train                            <the same arguments>
 
 It runs OpenRLHF's own ``openrlhf.cli.train_ppo_ray`` module as ``__main__`` (its parser, checks and
-``train``), with three additions:
+``train``), with these additions:
 
 * ``rebn`` is one more choice of ``--algo.advantage.estimator``, with ``--algo.advantage.rebn_eps``
   (default 1e-6) and ``--algo.advantage.rebn_ddof`` (default 0);
+* ``--data.shuffle {true,false}`` (default ``true``, OpenRLHF's shuffled prompt rows): ``false`` keeps the prompt
+  rows in the dataset's order (:mod:`gem_integrations.openrlhf.data_order`, a patch armed by the same hook); a value
+  that is not true or false is one error line (exit 2);
 * Ray is started before OpenRLHF would start it, with OpenRLHF's own environment variables plus
   ``GEM_OPENRLHF_TURNS=1`` (the GEM agent file then reports each turn's reward and span) and
   ``worker_process_setup_hook="gem_integrations.openrlhf.plugin_spec.setup_worker"``: every Ray worker arms
   the advantage patch, which is applied when (and only where) OpenRLHF's experience maker is imported,
   so vLLM engine actors import nothing more than OpenRLHF itself makes them;
 * with ``rebn`` requested, a Ray worker is asked whether the patch is armed before training starts,
-  and the run stops with an error if it is not.
+  and the run stops with an error if it is not; with ``--data.shuffle false``, likewise for the data-order patch.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import runpy
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+from gem_core.cli_support import EXIT_USAGE, CliError
+from gem_integrations.openrlhf import data_order
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 ESTIMATOR_FLAG = "--algo.advantage.estimator"
@@ -66,6 +72,31 @@ def rebn_choice() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def shuffle_option() -> Iterator[None]:
+    """While active, an argparse parser that defines ``--data.prompt_dataset`` also gets ``--data.shuffle``."""
+    original = argparse._ActionsContainer.add_argument
+
+    def add_argument(self: Any, *names: Any, **kwargs: Any) -> Any:
+        action = original(self, *names, **kwargs)
+        if data_order.ANCHOR in names and data_order.FLAG not in self._option_string_actions:
+            original(
+                self,
+                data_order.FLAG,
+                type=data_order.parse_shuffle,
+                default=True,
+                metavar="{true,false}",
+                help="false: the prompt rows in the dataset's order, not shuffled (gem-core; default true, OpenRLHF's shuffle)",
+            )
+        return action
+
+    argparse._ActionsContainer.add_argument = add_argument
+    try:
+        yield
+    finally:
+        argparse._ActionsContainer.add_argument = original
+
+
+@contextlib.contextmanager
 def _argv(argv: Sequence[str]) -> Iterator[None]:
     saved = sys.argv
     sys.argv = [OPENRLHF_MAIN.replace(".", "/") + ".py", *argv]
@@ -78,7 +109,8 @@ def _argv(argv: Sequence[str]) -> Iterator[None]:
 def parse_args(argv: Sequence[str]) -> Any:
     """OpenRLHF's own parser (with ``rebn``) applied to ``argv``; returns its nested namespace.
 
-    Runs OpenRLHF's ``__main__`` block up to its ``hierarchize(args)`` call and stops there.
+    Runs OpenRLHF's ``__main__`` block up to its ``hierarchize(args)`` call and stops there. A bad
+    ``--data.shuffle`` value raises :class:`~gem_core.cli_support.CliError` (one line, not OpenRLHF's usage).
     """
     import openrlhf.utils.config as config
 
@@ -89,7 +121,7 @@ def parse_args(argv: Sequence[str]) -> Any:
 
     config.hierarchize = capture
     try:
-        with rebn_choice(), _argv(argv):
+        with rebn_choice(), shuffle_option(), _argv(argv):
             runpy.run_module(OPENRLHF_MAIN, run_name="__main__", alter_sys=False)
     except _Parsed as parsed:
         return parsed.namespace
@@ -116,16 +148,27 @@ def _patch_armed_in_worker() -> bool:
     return armed()
 
 
+def _data_order_armed_in_worker() -> bool:
+    from gem_integrations.openrlhf.plugin_spec import data_order_armed
+
+    return data_order_armed()
+
+
+def _ask_worker(probe_function: Any, what: str) -> bool:
+    """``probe_function()`` run in a Ray worker (it imports nothing to answer)."""
+    import ray
+
+    probe = ray.remote(num_cpus=0)(probe_function)
+    try:
+        return bool(ray.get(probe.remote()))
+    except Exception as exc:  # the setup hook itself failed in the worker
+        raise PatchNotActive(f"the {what} patch could not be installed in a Ray worker: {exc}") from exc
+
+
 def check_patch_active() -> None:
     """Ask a Ray worker whether the ``rebn`` patch is armed there (it imports nothing to answer); raise
     :class:`PatchNotActive` if not."""
-    import ray
-
-    probe = ray.remote(num_cpus=0)(_patch_armed_in_worker)
-    try:
-        active = ray.get(probe.remote())
-    except Exception as exc:  # the setup hook itself failed in the worker
-        raise PatchNotActive(f"the rebn patch could not be installed in a Ray worker: {exc}") from exc
+    active = _ask_worker(_patch_armed_in_worker, "rebn")
     if not active:
         raise PatchNotActive(
             "--algo.advantage.estimator rebn was requested but the Ray workers do not carry gem-core's patch of "
@@ -134,20 +177,37 @@ def check_patch_active() -> None:
         )
 
 
+def check_data_order_active() -> None:
+    """Ask a Ray worker whether the data-order patch (``--data.shuffle false``) is armed there; raise
+    :class:`PatchNotActive` if not."""
+    if not _ask_worker(_data_order_armed_in_worker, "data-order"):
+        raise PatchNotActive(
+            f"{data_order.FLAG} false was requested but the Ray workers do not carry gem-core's patch of OpenRLHF's "
+            f"prepare_datasets (was Ray started elsewhere without the worker_process_setup_hook {SETUP_HOOK!r}?)"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse (with ``rebn``), start Ray with the patch hook, check it when ``rebn`` is asked, then train."""
+    """Parse (with ``rebn`` and ``--data.shuffle``), start Ray with the patch hook, check it where ``rebn`` or
+    ``--data.shuffle false`` is asked, then train."""
     from gem_integrations.openrlhf.plugin_spec import PLUGIN
 
     PLUGIN.check_version()  # a clear PluginError on an OpenRLHF this plugin was not tested with
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except CliError as err:
+        print(f"gem-core openrlhf train: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     import ray
 
     if not ray.is_initialized():
         ray.init(runtime_env=runtime_env())
     if args.algo.advantage.estimator == "rebn":
         check_patch_active()
-    with rebn_choice(), _argv(argv):
+    if not data_order.shuffles(args):
+        check_data_order_active()
+    with rebn_choice(), shuffle_option(), _argv(argv):
         runpy.run_module(OPENRLHF_MAIN, run_name="__main__", alter_sys=False)
     return 0
 

@@ -55,6 +55,9 @@ def test_openrlhf_uses_the_experiments_values(tmp_path):
     assert (args.algo.kl.init_coef, args.algo.kl.use_loss, args.algo.kl.estimator) == (e.kl_coef, True, "k3")
     assert args.actor.entropy_coef == e.entropy_coef and args.actor.gradient_checkpointing_enable is True
     assert tuple(args.reward.clip_range) == (-1e9, 1e9) and args.data.max_len == e.max_context_tokens
+    assert args.data.shuffle is False  # the rows played in order (the launcher's data-order patch), as in every trainer
+    # prepare_datasets cuts the held-out file to max_samples too: every held-out row stays (the training file holds its own)
+    assert args.data.max_samples >= max(e.eval_episodes, train_rows(e))
     assert (args.eval.temperature, args.eval.n_samples_per_prompt, args.eval.steps) == (e.temperature, 1, e.eval_every)
     # OpenRLHF's step count (prepare_datasets) and warm-up (its DeepSpeed strategy: ceil(steps * ratio))
     max_steps = train_rows(e) * args.rollout.n_samples_per_prompt // args.train.batch_size * args.train.num_episodes * args.train.max_epochs
@@ -71,6 +74,7 @@ def test_the_warmup_ratio_gives_the_exact_step_count(updates, warmup, tmp_path):
 
 def test_openrlhfs_defaults_that_would_change_the_default_run_are_pinned(tmp_path):
     args = parsed(parse_experiment(""), tmp_path)
+    assert args.data.shuffle is False and "plays the rows in order (--data.shuffle false" in render(parse_experiment(""))  # OpenRLHF: shuffled
     assert args.algo.kl.init_coef == 0.0 and not args.algo.kl.use_loss  # OpenRLHF: 0.01 in the reward
     assert tuple(args.actor.adam.betas) == (0.9, 0.999)  # OpenRLHF: (0.9, 0.95)
     assert args.train.seed == 0 and args.eval.n_samples_per_prompt == 1 and args.eval.temperature == 1.0
