@@ -11,10 +11,12 @@ Trainer plugins implement :class:`Policy` around their engine. Nothing here impo
 transformers until a policy that needs them is built.
 """
 
+from gem_core.rollout.async_env import AsyncEnv, ThreadedEnv, VectorEnvSlots, as_async_env
 from gem_core.rollout.chat import ChatFormatter, ChatTemplateError, cached_formatter, strip_thinking
 from gem_core.rollout.engine import EnginePolicy, VLLMPolicy, collapse_image_tokens, engine_image_prompt, engine_max_model_len
 from gem_core.rollout.http import ModelRequestError, Retry
-from gem_core.rollout.policies import HFPolicy, OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
+from gem_core.rollout.hf_policy import HFPolicy
+from gem_core.rollout.policies import OpenAIPolicy, RandomPolicy, ScriptedPolicy, scripted_logprob
 from gem_core.rollout.policy import (
     ChatPolicy,
     ContextLimitExceeded,
@@ -29,20 +31,7 @@ from gem_core.rollout.policy import (
     request_id_for,
     resolve_in_thread,
 )
-from gem_core.rollout.runner import (
-    AsyncEnv,
-    EpisodeSpec,
-    Row,
-    RunConfig,
-    ThreadedEnv,
-    VectorEnvSlots,
-    as_async_env,
-    play_row,
-    row_config,
-    run_episode,
-    run_episodes,
-    run_episodes_sync,
-)
+from gem_core.rollout.runner import EpisodeSpec, Row, RunConfig, play_row, row_config, run_episode, run_episodes, run_episodes_sync
 from gem_core.rollout.multiagent import PolicySimulator, endpoint_simulator, run_multiagent_episode, run_multiagent_episodes
 from gem_core.rollout.trajectory import TRUNCATION_REASONS, SequenceView, Trajectory, Turn, TurnSample
 from gem_core.rollout.vision import VLChatFormatter

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -182,6 +183,15 @@ def derive_seed(*parts: Any) -> int:
     unlike ``hash()``."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+@functools.lru_cache(maxsize=8)
+def closing_brace_ids(tokenizer: Any) -> tuple[int, ...]:
+    """Every token id whose text holds a ``}``: the tokens that can close a ``\\boxed{...}`` move, where a row (or
+    ``gem-core train``) asks each response to stop at its move (``stop_after_box``). Computed once per tokenizer
+    (a pass over the whole vocabulary)."""
+    ids = range(len(tokenizer))
+    return tuple(i for i, token in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))) if isinstance(token, str) and "}" in token)
 
 
 def merge_stop_ids(params: SamplingParams, stop_ids: Sequence[int]) -> SamplingParams:

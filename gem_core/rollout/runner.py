@@ -4,30 +4,50 @@
 ``AgentLoop.run``, OpenRLHF's ``AgentExecutor``). :func:`run_episodes` plays a batch over a pool of
 envs, a vector env or env ids, with GRPO-style groups. Env steps run off the event loop (a thread, or
 the vector env's worker processes), so one episode's step never holds up another's generation.
+
+Envs as awaitables (:class:`AsyncEnv`, :class:`ThreadedEnv`, :class:`VectorEnvSlots`) are in
+:mod:`gem_core.rollout.async_env`, the episode's books (a turn recorded, an episode ended) in
+:mod:`gem_core.rollout.bookkeeping`; both are importable from here too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import inspect
 import secrets
-import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from gem_core.core import Env, model_message
-from gem_core.multimodal import MultimodalObservation, observation_images, observation_text, openai_content
+from gem_core.multimodal import observation_images, observation_text, openai_content
+from gem_core.rollout.async_env import AsyncEnv, ThreadedEnv, VectorEnvSlots, as_async_env
+from gem_core.rollout.bookkeeping import check_generation, episode_over, record_turn, require_observation, truncate_episode
 from gem_core.rollout.chat import ChatFormatter, strip_thinking
-from gem_core.rollout.policy import ChatPolicy, Generation, Policy, SamplingParams, is_context_refusal, request_id_for
-from gem_core.errors import infra_error
-from gem_core.rollout.trajectory import ENGINE_ABORTED, Trajectory, Turn, is_tool_turn
+from gem_core.rollout.policy import ChatPolicy, Policy, SamplingParams, closing_brace_ids, is_context_refusal, merge_stop_ids, request_id_for
+from gem_core.rollout.trajectory import ENGINE_ABORTED, Trajectory, is_tool_turn
 
-StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
+__all__ = [
+    "AsyncEnv",
+    "EpisodeSpec",
+    "Row",
+    "RunConfig",
+    "ThreadedEnv",
+    "VectorEnvSlots",
+    "as_async_env",
+    "check_generation",
+    "play_row",
+    "record_turn",
+    "require_observation",
+    "row_config",
+    "run_episode",
+    "run_episodes",
+    "run_episodes_sync",
+    "truncate_episode",
+]
 
 
 @dataclass(frozen=True)
@@ -64,185 +84,6 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
-
-
-# ------------------------------------------------------------------------------------------------
-# Envs as awaitables.
-# ------------------------------------------------------------------------------------------------
-
-
-@runtime_checkable
-class AsyncEnv(Protocol):
-    """What the runner needs of an env: awaitable ``reset`` and ``step``."""
-
-    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]: ...
-
-    async def step(self, action: str) -> StepResult: ...
-
-
-# "auto" runs a step inline once this many recent steps of the same kind of env all took less than
-# INLINE_STEP_SECONDS: a thread hop costs ~50-500 us, more than such a step blocks the loop.
-INLINE_STEP_SECONDS = 250e-6
-_RECENT_STEPS = 8
-_step_history: dict[Any, collections.deque] = {}
-
-
-class ThreadedEnv:
-    """A gem_core :class:`Env` whose ``reset``/``step`` run off the event loop, in ``executor``'s threads
-    (default: the loop's).
-
-    ``in_thread``: ``True`` always uses a thread; ``False`` never does (for envs whose step takes
-    microseconds); ``"auto"`` (default) runs a step inline only when the last 8 steps of this kind of env
-    (its class and id) each took under :data:`INLINE_STEP_SECONDS`, and in a thread otherwise, so a slow
-    env never holds up the other episodes and a fast one does not pay for a thread hop.
-    """
-
-    def __init__(self, env: Env, executor: Executor | None = None, in_thread: bool | str = "auto"):
-        if in_thread not in (True, False, "auto"):
-            raise ValueError(f"in_thread must be True, False or 'auto', got {in_thread!r}")
-        self.env = env
-        self.executor = executor
-        self.in_thread = in_thread
-        self._profile_key = (type(env.unwrapped), self.env_id)
-
-    @property
-    def env_id(self) -> str | None:
-        spec = self.env.spec
-        return spec.id if spec is not None else None
-
-    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        if self.in_thread is False:
-            return self.env.reset(seed=seed, options=options)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, lambda: self.env.reset(seed=seed, options=options))
-
-    async def step(self, action: str) -> StepResult:
-        if self.in_thread is False:
-            return self.env.step(action)
-        if self.in_thread is True:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, self.env.step, action)
-        history = _step_history.get(self._profile_key)
-        if history is None:
-            history = _step_history[self._profile_key] = collections.deque(maxlen=_RECENT_STEPS)
-        inline = len(history) == _RECENT_STEPS and max(history) < INLINE_STEP_SECONDS
-        result, seconds = (
-            _timed_step(self.env, action) if inline else await asyncio.get_running_loop().run_in_executor(self.executor, _timed_step, self.env, action)
-        )
-        history.append(seconds)
-        return result
-
-
-def _timed_step(env: Env, action: str) -> tuple[StepResult, float]:
-    started = time.perf_counter()
-    result = env.step(action)
-    return result, time.perf_counter() - started
-
-
-class VectorEnvSlots:
-    """The envs of a :class:`~gem_core.vector.VectorEnv` as :class:`AsyncEnv` slots.
-
-    Requests from concurrent episodes are gathered: every reset and step pending at the same moment go
-    to the vector env as one call (``reset`` with a ``reset_mask``, ``step`` with an ``{index: action}``
-    dict), run in a thread, so the event loop keeps generating meanwhile. Resets are explicit, so use the
-    vector env's ``NEXT_STEP`` (default) or ``DISABLED`` autoreset mode. With ``on_error="truncate"`` an
-    env that fails or whose worker dies ends its episode as truncated (reason ``"env_error"``).
-    """
-
-    def __init__(self, vector_env: Any, executor: Executor | None = None):
-        self.vector_env = vector_env
-        self.executor = executor
-        self._resets: dict[int, tuple[int | None, dict[str, Any] | None, asyncio.Future]] = {}
-        self._steps: dict[int, tuple[str, asyncio.Future]] = {}
-        self._dispatcher: asyncio.Task | None = None
-        try:
-            specs = vector_env.get_attr("spec")
-            self.env_ids = [spec.id if spec is not None else None for spec in specs]
-        except Exception:
-            self.env_ids = [None] * vector_env.num_envs
-        self.slots = [_VectorSlot(self, i) for i in range(vector_env.num_envs)]
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    def _submit(self, table: dict, index: int, payload: tuple) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        if index in self._resets or index in self._steps:
-            raise RuntimeError(f"vector env slot {index} already has a request in flight")
-        future = loop.create_future()
-        table[index] = (*payload, future)
-        if self._dispatcher is None or self._dispatcher.done():
-            self._dispatcher = loop.create_task(self._dispatch())
-        return future
-
-    async def _dispatch(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._resets or self._steps:
-            await asyncio.sleep(0)  # gather the requests of every episode that is ready this tick
-            if self._resets:
-                resets, self._resets = self._resets, {}
-                by_options: dict[int, list[int]] = {}
-                for index, (_, options, _) in resets.items():
-                    by_options.setdefault(id(options) if options is not None else 0, []).append(index)
-                for indices in by_options.values():
-                    await self._run_resets(loop, {i: resets[i] for i in indices})
-            if self._steps:
-                steps, self._steps = self._steps, {}
-                actions = {index: action for index, (action, _) in steps.items()}
-                try:
-                    obs, rewards, terminated, truncated, infos = await loop.run_in_executor(self.executor, self.vector_env.step, actions)
-                except Exception as exc:
-                    for _, future in steps.values():
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for k, (index, (_, future)) in enumerate(steps.items()):
-                    if not future.done():
-                        future.set_result((obs[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k]))
-
-    async def _run_resets(self, loop: asyncio.AbstractEventLoop, resets: dict) -> None:
-        num_envs = self.vector_env.num_envs
-        seeds: list[int | None] = [None] * num_envs
-        mask = [False] * num_envs
-        options = None
-        for index, (seed, opts, _) in resets.items():
-            seeds[index], mask[index], options = seed, True, opts
-        call_options = {**(options or {}), "reset_mask": mask}
-        try:
-            obs, infos = await loop.run_in_executor(self.executor, lambda: self.vector_env.reset(seed=seeds, options=call_options))
-        except Exception as exc:
-            for _, _, future in resets.values():
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for index, (_, _, future) in resets.items():
-            if not future.done():
-                future.set_result((obs[index], infos[index] or {}))
-
-
-class _VectorSlot:
-    """One env of a :class:`VectorEnvSlots` as an :class:`AsyncEnv`."""
-
-    def __init__(self, owner: VectorEnvSlots, index: int):
-        self.owner = owner
-        self.index = index
-
-    @property
-    def env_id(self) -> str | None:
-        return self.owner.env_ids[self.index]
-
-    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        return await self.owner._submit(self.owner._resets, self.index, (seed, options))
-
-    async def step(self, action: str) -> StepResult:
-        return await self.owner._submit(self.owner._steps, self.index, (action,))
-
-
-def as_async_env(env: Any, executor: Executor | None = None, step_in_thread: bool | str = "auto") -> Any:
-    """An :class:`AsyncEnv` for a gem_core env (threaded) or anything that already has async reset/step."""
-    if isinstance(env, Env):
-        return ThreadedEnv(env, executor, step_in_thread)
-    if inspect.iscoroutinefunction(getattr(env, "step", None)) and inspect.iscoroutinefunction(getattr(env, "reset", None)):
-        return env
-    raise TypeError(f"expected a gem_core Env or an object with async reset/step, got {type(env).__name__}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -362,7 +203,7 @@ async def _play_tokens(trajectory: Trajectory, env: Any, policy: Policy, formatt
             logprobs=generation.logprobs,
         )
         context.extend(generation.token_ids)
-        if _episode_over(trajectory, record, config.max_turns):
+        if episode_over(trajectory, record, config.max_turns):
             return
         require_observation(observation, "step")
         role = formatter.tool_role if is_tool_turn(info) else "user"
@@ -406,7 +247,7 @@ async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, forma
         observation, reward, terminated, truncated, info = step = await env.step(action)
         record = record_turn(trajectory, turn, step, generation.finish_reason, text, action)
         messages.append({"role": "assistant", "content": text})
-        if _episode_over(trajectory, record, config.max_turns):
+        if episode_over(trajectory, record, config.max_turns):
             return
         require_observation(observation, "step")
         message = model_message(observation, info)
@@ -415,83 +256,6 @@ async def _play_text(trajectory: Trajectory, env: Any, policy: ChatPolicy, forma
         trajectory.images.extend(observation_images(message))
         messages.append({"role": "tool" if is_tool_turn(info) else "user", "content": openai_content(message)})
         turn += 1
-
-
-def record_turn(
-    trajectory: Trajectory,
-    index: int,
-    step: tuple[Any, Any, Any, Any, Any],
-    finish_reason: str,
-    response_text: str,
-    action: str,
-    *,
-    context_len: int = 0,
-    response_ids: list[int] | None = None,
-    logprobs: list[float] | None = None,
-) -> Turn:
-    """Append the :class:`Turn` that one env step made (token ids only in token mode) and return it."""
-    observation, reward, terminated, truncated, info = step
-    record = Turn(
-        index=index,
-        context_len=context_len,
-        response_ids=[] if response_ids is None else response_ids,
-        logprobs=logprobs,
-        obs_delta_ids=[],
-        reward=float(reward),
-        terminated=bool(terminated),
-        truncated=bool(truncated),
-        info=dict(info),
-        finish_reason=finish_reason,
-        response_text=response_text,
-        action=action,
-        observation=observation_text(observation) if isinstance(observation, (str, MultimodalObservation)) else repr(observation),
-    )
-    trajectory.turns.append(record)
-    return record
-
-
-def _episode_over(trajectory: Trajectory, record: Turn, max_turns: int | None) -> bool:
-    """Mark the end of the episode after a step, if it ended; True when it did. A step whose info reports
-    an infrastructure failure ends it (its reward says nothing about the policy)."""
-    failure = infra_error(record.info)
-    if failure is not None:
-        trajectory.infra_error = failure
-        truncate_episode(trajectory, "env_error" if record.info.get("error") else "infra_error")  # a dead env worker: env_error
-        return True
-    if record.terminated:
-        trajectory.terminated = True
-        return True
-    if record.truncated:
-        info = record.info
-        reason = info.get("truncation_reason") or ("env_error" if info.get("error") else "max_turns")
-        truncate_episode(trajectory, reason)
-        return True
-    if max_turns is not None and len(trajectory.turns) >= max_turns:
-        truncate_episode(trajectory, "max_turns")
-        return True
-    return False
-
-
-def truncate_episode(trajectory: Trajectory, reason: str) -> None:
-    """End the episode as truncated; the last turn (if any) says why."""
-    trajectory.truncated = True
-    trajectory.truncation_reason = reason
-    if trajectory.turns:
-        last = trajectory.turns[-1]
-        last.truncated = True
-        last.info["truncation_reason"] = reason
-
-
-def check_generation(generation: Generation, budget: int, policy: Any) -> None:
-    if not isinstance(generation, Generation):
-        raise TypeError(f"{type(policy).__name__}.generate returned {type(generation).__name__}, not a Generation")
-    if len(generation.token_ids) > budget:
-        raise ValueError(f"{type(policy).__name__} returned {len(generation.token_ids)} tokens for max_tokens={budget}")
-
-
-def require_observation(observation: Any, where: str) -> None:
-    if not isinstance(observation, (str, MultimodalObservation)):
-        raise TypeError(f"the runner needs text observations (or gem_core.MultimodalObservation); {where}() returned {type(observation).__name__}")
 
 
 def _generate(policy: Any, context: list[int], params: SamplingParams, request_id: str, images: list[Any]) -> Any:
@@ -565,7 +329,9 @@ async def play_row(
     played by ``policy`` through ``formatter`` (built with the row's system prompt) under
     :func:`row_config`: ``config`` holds the trainer's sampling and default limits, the row's own limits
     win where set, and ``response_budget`` (e.g. verl's ``response_length``, TRL's
-    ``max_completion_length``) bounds everything the episode adds after its first prompt.
+    ``max_completion_length``) bounds everything the episode adds after its first prompt. A row with
+    ``stop_after_box`` ends each response at the first token that holds a ``}`` (the one closing its
+    ``\\boxed{...}`` move): the stop every trainer's engine then honours.
     """
     config = RunConfig() if config is None else config
     own = env is None
@@ -577,11 +343,16 @@ async def play_row(
         if observation_images(observation):
             _require_image_support(policy, formatter, row.env_id)
         prompt_tokens = None if response_budget is None else len(formatter.prompt_ids(model_message(observation, info)))
+        played = row_config(row, config, prompt_tokens, response_budget)
+        if getattr(row, "stop_after_box", False):  # TaskSpec.stop_after_box (a Row-like without the field: off)
+            # the template's end of turn first (a scripted policy ends with the first stop id), then every token
+            # that can close the \boxed{} move
+            played = played.replace(params=merge_stop_ids(formatter.sampling_params(played.params), closing_brace_ids(formatter.tokenizer)))
         return await run_episode(
             aenv,
             policy,
             formatter,
-            row_config(row, config, prompt_tokens, response_budget),
+            played,
             seed=row.seed,
             observation=observation,
             reset_info=info,

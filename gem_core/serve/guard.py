@@ -6,11 +6,11 @@
   and end with it), WebSocket messages checked before OpenEnv reads them (size, JSON object, numbers, the
   action's length: a clear error and the session kept), an idle WebSocket closed, a client gone mid-step one
   log line.
-* :func:`guarded_http_protocol`: uvicorn's h11 protocol with a deadline for each request's headers (a silent
-  or trickling connection is closed), a cap on open connections (the next one is closed at once, so the
-  process never reaches its file-descriptor limit), and a lingering close after an answer given before the
-  request's body was read (so that the client reads the answer instead of a reset).
-* :class:`EventLog`: one log line per kind of event, at most one per interval, with a count of the rest.
+* :func:`guarded_http_protocol` (in :mod:`gem_core.serve.connections`, importable from here): the bounds
+  below the app, on uvicorn's connections (a deadline for the headers, a cap on open connections, a lingering
+  close).
+* :class:`EventLog` and :class:`RepeatFilter` (in :mod:`gem_core.serve.events`, importable from here): one log
+  line per kind of event, at most one per interval, with a count of the rest.
 """
 
 from __future__ import annotations
@@ -19,17 +19,26 @@ import asyncio
 import hmac
 import ipaddress
 import json
-import logging
-import threading
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qs
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from gem_core.serve.connections import guarded_http_protocol
+from gem_core.serve.events import REFUSED_OVER_HTTP, EventLog, RepeatFilter
+
+__all__ = [
+    "CLOSE_WAIT_S",
+    "JSON_BYTES_PER_CHAR",
+    "MAX_NUMBER_DIGITS",
+    "MESSAGE_OVERHEAD_BYTES",
+    "EventLog",
+    "RepeatFilter",
+    "ServeGuard",
+    "guarded_http_protocol",
+    "normalize_host",
+    "normalize_origin",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -37,7 +46,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-LOGGER = logging.getLogger("gem_core.serve")
 #: The longest integer (in digits) a message may hold: a seed is far shorter; Python refuses over 4300.
 MAX_NUMBER_DIGITS = 64
 #: The most bytes one character of an action takes in a message's JSON: 12 for a character outside the BMP that the
@@ -48,175 +56,11 @@ JSON_BYTES_PER_CHAR = 12
 MESSAGE_OVERHEAD_BYTES = 65_536
 #: How long a WebSocket that the server closed waits for the client's close frame.
 CLOSE_WAIT_S = 5.0
-#: uvicorn's line after a WebSocket the guard refused with an HTTP answer (its websockets-sansio protocol counts only an
-#: accept or a close as completing the handshake): a second, misleading line for one refusal, dropped by RepeatFilter.
-_UNFINISHED_HANDSHAKE = "ASGI callable returned without completing handshake."
-#: True in the task of a WebSocket the guard refused with an HTTP answer (uvicorn logs from that task, right after).
-_REFUSED_OVER_HTTP: ContextVar[bool] = ContextVar("gem_core_serve_refused_over_http", default=False)
-
-
-class EventLog:
-    """Counts events by kind and logs one line per kind at most every ``interval`` seconds (with how many
-    were not logged since), so that a flood of bad clients cannot flood the log."""
-
-    def __init__(self, logger: logging.Logger = LOGGER, interval: float = 10.0):
-        self.logger = logger
-        self.interval = interval
-        self.counts: Counter[str] = Counter()
-        self._last: dict[str, float] = {}
-        self._unlogged: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def note(self, kind: str, detail: str) -> None:
-        """One more ``kind`` event; logged now unless a line of that kind was logged in the last interval."""
-        with self._lock:
-            self.counts[kind] += 1
-            now = time.monotonic()
-            if now - self._last.get(kind, -self.interval) < self.interval:
-                self._unlogged[kind] += 1
-                return
-            self._last[kind] = now
-            unlogged, self._unlogged[kind] = self._unlogged[kind], 0
-        more = f" (and {unlogged} more since the last such line)" if unlogged else ""
-        self.logger.warning("gem-core serve: %s: %s%s", kind, detail, more)
-
-
-class RepeatFilter(logging.Filter):
-    """A logging filter that lets one record per (logger, message template) through every ``interval`` seconds:
-    uvicorn's and asyncio's own warnings (an accept loop out of file descriptors) become one line, not a flood.
-    uvicorn's complaint about a WebSocket the guard answered over HTTP (a 403) is dropped: the guard logged it."""
-
-    def __init__(self, interval: float = 10.0):
-        super().__init__()
-        self.interval = interval
-        self._last: dict[tuple[str, str], float] = {}
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == _UNFINISHED_HANDSHAKE and _REFUSED_OVER_HTTP.get():
-            return False
-        key = (record.name, str(record.msg))
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(key, -self.interval) < self.interval:
-                return False
-            self._last[key] = now
-        return True
 
 
 def _client(scope: Scope) -> str:
     client = scope.get("client")
     return f"{client[0]}:{client[1]}" if client else "a client"
-
-
-class _LingeringClose:
-    """A connection's transport as uvicorn's h11 code sees it: the same transport, but ``close()`` asks the protocol
-    to linger first (see ``GuardedH11Protocol.linger``), and the transport counts as closing while it lingers."""
-
-    def __init__(self, transport: asyncio.Transport, protocol: Any):
-        self._transport = transport
-        self._protocol = protocol
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def close(self) -> None:
-        if not self._protocol.linger():
-            self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._protocol.lingering or self._transport.is_closing()
-
-
-def guarded_http_protocol(*, header_timeout: float, max_connections: int, events: EventLog, linger_timeout: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, plus: a connection must send a whole request's headers within ``header_timeout``
-    seconds of opening (or of its last response), else it is closed; past ``max_connections`` open
-    connections (WebSockets included) a new one is closed at once; a connection closed while its client is still
-    sending a request body that was answered unread (a 413) lingers, reading and dropping that body, for at most
-    ``linger_timeout`` seconds, so that the answer reaches the client."""
-
-    class GuardedH11Protocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _linger_timer: asyncio.TimerHandle | None = None
-        lingering = False
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._raw = transport
-            if len(self.connections) > max_connections:
-                events.note("connection refused", f"{len(self.connections) - 1} connections are open, the cap is {max_connections} (--max-connections)")
-                transport.abort()
-                return
-            self.transport = _LingeringClose(transport, self)  # type: ignore[assignment]  # what each request's cycle closes
-            self._arm()
-
-        def linger(self) -> bool:
-            """Whether the close lingers instead (True), when the client is still sending a body that the answer did
-            not wait for. Closed at once with that body unread, the socket makes the kernel answer the client's next
-            bytes with a reset, which can reach the client before the answer and lose it (a client that sends its
-            whole body, then reads, saw 'connection reset' instead of its 413). Lingering: the answer is followed by
-            the end of the stream (FIN), the rest of the body is read and dropped unparsed, and the socket is closed
-            when the client closes its side, or dropped at the deadline."""
-            raw = self._raw
-            if raw.is_closing() or raw.get_protocol() is not self:  # closed, or a WebSocket now
-                return False
-            if self.lingering:
-                return True
-            if self.conn.their_state is not h11.SEND_BODY:  # the request was read whole: a plain close loses nothing
-                return False
-            self.lingering = True
-            self._disarm()
-            self._unset_keepalive_if_required()
-            raw.write_eof()  # after the answer (the transport sends what it holds first)
-            self.flow.resume_reading()  # paused while the unread body filled uvicorn's buffer
-            self._linger_timer = self.loop.call_later(linger_timeout, raw.abort)
-            return True
-
-        def data_received(self, data: bytes) -> None:
-            if self.lingering:
-                return  # the rest of an answered body: dropped, never parsed nor kept
-            super().data_received(data)
-
-        def shutdown(self) -> None:
-            if self.lingering:  # the server is stopping: no more waiting for the client's body
-                self._raw.abort()
-                return
-            super().shutdown()
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_timer = self.loop.call_later(header_timeout, self._headers_overdue)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_overdue(self) -> None:
-            self._header_timer = None
-            if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or now a WebSocket
-                return
-            waiting = self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
-            if waiting:  # no request, or a request's headers still incomplete: silent or trickling
-                events.note(
-                    "slow client", f"closed {self.client[0] if self.client else 'a connection'}: no complete request headers within {header_timeout:g} s"
-                )
-                self.transport.close()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()  # the next request's headers have the same deadline (uvicorn's keep-alive timer stops at a byte)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            if self._linger_timer is not None:
-                self._linger_timer.cancel()
-                self._linger_timer = None
-            self.lingering = False
-            super().connection_lost(exc)
-
-    return GuardedH11Protocol
 
 
 def _error_frame(message: str, code: str) -> str:
@@ -467,7 +311,7 @@ class ServeGuard:
             await receive()  # websocket.connect
             status, line = refused
             if "websocket.http.response" in scope.get("extensions", {}):  # the reason reaches the client as the HTTP answer
-                _REFUSED_OVER_HTTP.set(True)
+                REFUSED_OVER_HTTP.set(True)
                 await send({"type": "websocket.http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "websocket.http.response.body", "body": json.dumps({"detail": line}).encode()})
             else:

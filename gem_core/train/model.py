@@ -1,16 +1,10 @@
-"""What the reference trainer needs of a causal LM beyond its forward: the token ids that close a ``\\boxed{}``
-move (``stop_after_box``), its stack of decoder layers (``train_layers`` freezes the lower ones) and its optimizer
-(AdamW without weight decay over the trained weights)."""
+"""What the reference trainer needs of a causal LM beyond its forward: its stack of decoder layers (``train_layers``
+freezes the lower ones) and its optimizer (AdamW without weight decay over the trained weights). The token ids that
+close a ``\\boxed{}`` move (``stop_after_box``) are the rollout's: :func:`gem_core.rollout.policy.closing_brace_ids`."""
 
 from __future__ import annotations
 
 from typing import Any
-
-
-def closing_brace_ids(tokenizer: Any) -> list[int]:
-    """Every token id whose text holds a ``}``: the tokens that can close a ``\\boxed{...}`` move (``--stop-after-box``)."""
-    ids = range(len(tokenizer))
-    return [i for i, token in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))) if isinstance(token, str) and "}" in token]
 
 
 def decoder_layers(model: Any) -> Any:

@@ -40,6 +40,7 @@ from gem_core.envs.report import EnvReport
 from gem_core.experiment import update_start_seeds
 from gem_core.precision import auto_precision
 from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, Trajectory, VLLMPolicy, run_episodes
+from gem_core.rollout.policy import closing_brace_ids
 from gem_core.tasks import TaskSpec
 from gem_core.train.config import (
     DEFAULT_ENV,
@@ -74,7 +75,7 @@ from gem_core.train.loss import (
     turn_advantages,
 )
 from gem_core.train.memory import bound_heap, peak_rss_gb
-from gem_core.train.model import adamw, closing_brace_ids, decoder_layers, freeze_lower_layers
+from gem_core.train.model import adamw, decoder_layers, freeze_lower_layers
 from gem_core.wrappers import EpisodeTotals
 
 # Where the trainer's parts live (config, loss, model, memory); imported from here too, as before the split.

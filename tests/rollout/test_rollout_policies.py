@@ -366,11 +366,13 @@ def test_hf_policy_episode_cache_runs_only_the_new_tokens(formatter, tiny_model)
 def test_hf_policy_cache_of_another_kind_gives_the_same_numbers(formatter, tiny_model, monkeypatch):
     """A model whose cache cannot be laid out ahead (a sliding window, other layer kinds: ``cache_shape`` None)
     takes transformers' own cache, grown by concatenation: the same tokens and logprobs within float rounding."""
-    import gem_core.rollout.policies as policies
+    import gem_core.rollout.hf_policy as hf_policy
 
     laid_out = _hf_episodes(tiny_model, formatter, jitter_seed=0, temperature=0.0)
-    monkeypatch.setattr(policies, "cache_shape", lambda model: None)
+    asked = []
+    monkeypatch.setattr(hf_policy, "cache_shape", lambda model: asked.append(model))  # None, where HFPolicy looks it up
     grown = _hf_episodes(tiny_model, formatter, jitter_seed=0, temperature=0.0)
+    assert asked  # the patch reached the policy
     assert [[turn.response_ids for turn in t.turns] for t in laid_out] == [[turn.response_ids for turn in t.turns] for t in grown]
     for a, b in zip(laid_out, grown):
         for x, y in zip(a.turns, b.turns):
