@@ -101,6 +101,11 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tools", default="", help="comma-separated tools to wrap the env with: python, search")
     parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
     parser.add_argument("--system-prompt", default=None, help="system message of every episode")
+    parser.add_argument(
+        "--stop-after-box",
+        action="store_true",
+        help="each response of every episode ends at the token that closes its \\boxed{...} move (the rows carry it; every trainer's rollout stops there)",
+    )
 
 
 def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -129,6 +134,7 @@ def row_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **seed_arguments(args), "env_kwargs": env_kwargs, "tools": tuple(tools), "max_turns": args.max_turns,
         "max_turn_tokens": args.max_turn_tokens, "max_context_tokens": args.max_context_tokens, "system_prompt": args.system_prompt,
+        "stop_after_box": args.stop_after_box,
     }  # fmt: skip
 
 

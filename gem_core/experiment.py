@@ -10,10 +10,13 @@ defaults that would change the run pinned. A trainer that cannot express a setti
 naming it (:func:`refuse`).
 
 The file has sections; every key is optional and defaults to the default run of ``gem-core train``, except
-the ``[reference]`` keys (the warm start, the frozen layers, the stop at the move: phases only ``gem-core
-train`` runs, which every other trainer refuses), which default to off so that a file without them runs in
-every trainer (``examples/experiments/default.toml`` spells out the default run, ``[reference]`` included;
-``examples/experiments/portable.toml`` is it without them; docs/experiments.md describes each key)::
+the ``[reference]`` keys (the warm start, the frozen layers, the KL schedule, skipping zero-signal batches:
+``gem-core train``'s own, which every other trainer refuses), which default to off so that a file without them
+runs in every trainer, and five the default run sets for ``gem-core train`` (``optimizer.lr``,
+``training.updates``, ``training.mini_batches``, ``algorithm.kl_coef``, ``rollout.stop_after_box``), which
+default to the run every trainer takes (``examples/experiments/default.toml`` spells out the default run,
+``[reference]`` included; ``examples/experiments/portable.toml`` is the run every trainer takes;
+docs/experiments.md describes each key)::
 
     [optimizer]
     lr = 1e-4
@@ -32,6 +35,7 @@ import math
 import re
 import shlex
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +109,7 @@ class Experiment:
     group_size: int = 1
     temperature: float = 1.0
     logprob_temperature: float = 1.0
+    stop_after_box: bool = False
     # [algorithm]
     estimator: str = "rebn"
     gamma: float = DEFAULT_GAMMA
@@ -137,7 +142,6 @@ class Experiment:
     # require_portable.
     warm_start_steps: int = 0
     trained_layers: int = 0
-    stop_after_box: bool = False
     kl_schedule: str = "constant"
     skip_zero_signal: bool = False
 
@@ -201,6 +205,13 @@ KEYS: dict[str, Key] = {
     "temperature": Key("rollout", "temperature", Param(float, above=0.0, high=100.0), "sampling temperature of the rollout"),
     "logprob_temperature": Key(
         "rollout", "logprob_temperature", Param(float, above=0.0, high=100.0), "temperature at which the trainer recomputes the logprobs of the loss"
+    ),
+    "stop_after_box": Key(
+        "rollout",
+        "stop_after_box",
+        Param(bool),
+        "each response ends at the token that closes its \\boxed{} move (the dataset rows carry it; every trainer's rollout "
+        "stops there, ROLL's excepted); off: a response runs to the template's end of turn or max_turn_tokens",
     ),
     "estimator": Key("algorithm", "estimator", Param(str, choices=ESTIMATORS), "advantage estimator"),
     "gamma": Key("algorithm", "gamma", Param(float, low=0.0, high=1.0), "discount over turns (not tokens)"),
@@ -267,12 +278,6 @@ KEYS: dict[str, Key] = {
         Param(int, low=0, high=100_000),
         "gem-core train only: train the top N decoder layers, the rest frozen (0: every weight); other trainers refuse it",
     ),
-    "stop_after_box": Key(
-        "reference",
-        "stop_after_box",
-        Param(bool),
-        "gem-core train only: end each response at the token that closes its \\boxed{} move; other trainers refuse it",
-    ),
     "kl_schedule": Key(
         "reference",
         "kl_schedule",
@@ -290,6 +295,8 @@ KEYS: dict[str, Key] = {
     ),
 }
 FIELD_OF = {key.path: name for name, key in KEYS.items()}
+#: Keys that moved, old path -> new: a file with the old one still reads, with one warning naming the new.
+MOVED_KEYS = {"reference.stop_after_box": "rollout.stop_after_box"}
 SECTIONS = tuple(dict.fromkeys(key.section for key in KEYS.values()))
 
 
@@ -365,6 +372,9 @@ def experiment_from_dict(data: Mapping[str, Any], where: str = "experiment") -> 
             raise InvalidArgumentTypeError(f"{where}: {section} must be a section ([{section}]), got {table!r}", name=section, value=table)
         for name, value in table.items():
             path = f"{section}.{name}"
+            if path in MOVED_KEYS:
+                warnings.warn(f"{where}: {path} is now {MOVED_KEYS[path]}; the old name still reads for now", FutureWarning, stacklevel=2)
+                path = MOVED_KEYS[path]
             if path not in FIELD_OF:
                 known = ", ".join(key.name for key in KEYS.values() if key.section == section)
                 raise InvalidArgumentError(f"{where}: unknown key {path}; [{section}] has {known}", name=path, value=value)
@@ -517,7 +527,6 @@ def run_start_seeds(run_seed: int, rows: int, per_update: int, below: int = EVAL
 REFERENCE_ONLY = {
     "reference.warm_start_steps": 0,
     "reference.trained_layers": 0,
-    "reference.stop_after_box": False,
     "reference.kl_schedule": "constant",
     "reference.skip_zero_signal": False,
 }
@@ -525,8 +534,8 @@ REFERENCE_ONLY = {
 
 def require_portable(trainer: str, experiment: Experiment, *, turn_steps: bool = False) -> str:
     """What every trainer plugin checks first: the experiment's one env id (:func:`require_one_env`), no
-    [reference] setting (a warm start, frozen layers, a stop at the move: gem-core train's own phases, which no
-    other trainer runs) and, unless the trainer counts optimizer steps in turn samples (``turn_steps``: ROLL),
+    [reference] setting (a warm start, frozen layers, the KL schedule, skipping zero-signal batches: gem-core
+    train's own, which no other trainer runs) and, unless the trainer counts optimizer steps in turn samples (``turn_steps``: ROLL),
     steps counted in episodes (``training.mini_batches`` 1 or more). Returns the env id."""
     require(
         trainer,
@@ -573,6 +582,8 @@ def dataset_command(trainer: str, experiment: Experiment, out: str, *, held_out:
     argv += ["--max-turn-tokens", str(experiment.max_turn_tokens)]
     if experiment.max_context_tokens:
         argv += ["--max-context-tokens", str(experiment.max_context_tokens)]
+    if experiment.stop_after_box:
+        argv.append("--stop-after-box")
     return argv + list(extra) + ["--out", out]
 
 
@@ -740,4 +751,6 @@ def eval_command(experiment: Experiment, checkpoint: str = "CHECKPOINT") -> list
         argv += ["--env-kwargs", _json(e.env_kwargs)]
     if e.tools:
         argv += ["--tools", ",".join(e.tools)]
+    if e.stop_after_box:
+        argv.append("--stop-after-box")
     return argv

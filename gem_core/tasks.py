@@ -51,7 +51,7 @@ def make_task_env(env_id: str, env_kwargs: Any = None, tools: Iterable[str] | st
     return env
 
 
-_SPEC_FIELDS = ("env_id", "seed", "env_kwargs", "tools", "max_turns", "max_turn_tokens", "max_context_tokens", "system_prompt")
+_SPEC_FIELDS = ("env_id", "seed", "env_kwargs", "tools", "max_turns", "max_turn_tokens", "max_context_tokens", "system_prompt", "stop_after_box")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class TaskSpec:
 
     ``seed``: the reset seed (``None``: unseeded). ``max_turns``, ``max_turn_tokens`` (tokens per
     response), ``max_context_tokens`` (the whole context): ``None`` leaves the trainer's own limits.
+    ``stop_after_box``: each response ends at the first token that holds a ``}`` (the one that closes its
+    ``\\boxed{...}`` move), in every trainer that plays the row (:func:`gem_core.rollout.play_row`).
     Every field is checked when the spec is made; a bad value is one ``ValueError`` naming it.
     """
 
@@ -71,6 +73,7 @@ class TaskSpec:
     max_turn_tokens: int | None = None
     max_context_tokens: int | None = None
     system_prompt: str | None = None
+    stop_after_box: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or not self.env_id.strip():
@@ -84,6 +87,8 @@ class TaskSpec:
             raise ValueError(f"system_prompt must be text, got {type(self.system_prompt).__name__}")
         if self.system_prompt == "":
             object.__setattr__(self, "system_prompt", None)
+        if not isinstance(self.stop_after_box, bool):
+            raise ValueError(f"stop_after_box must be true or false, got {self.stop_after_box!r}")
 
     # -- building ----------------------------------------------------------------------------------
     def make_env(self) -> Env:
@@ -129,8 +134,11 @@ class TaskSpec:
         return out
 
     def to_json(self) -> str:
-        """The spec as one JSON object, fields that are ``None`` or empty left out (OpenRLHF's label)."""
-        return json.dumps({k: v for k, v in self.to_dict().items() if v not in (None, [], {})}, sort_keys=True)
+        """The spec as one JSON object, fields that are ``None``, empty or off left out (OpenRLHF's label)."""
+        fields = {k: v for k, v in self.to_dict().items() if v is not None and v != [] and v != {}}
+        if not self.stop_after_box:
+            del fields["stop_after_box"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -160,8 +168,8 @@ class TaskSpec:
     def to_columns(self) -> dict[str, Any]:
         """Flat, parquet-friendly columns: ``env_id``, ``env_seed``, ``env_kwargs`` (JSON), ``env_tools``
         (comma-separated), ``max_turns``/``max_turn_tokens``/``max_context_tokens`` (0 = unset),
-        ``system_prompt`` ("" = none)."""
-        return {
+        ``system_prompt`` ("" = none), and ``stop_after_box`` only where on (a dataset's rows share their columns)."""
+        columns = {
             "env_id": self.env_id,
             "env_seed": -1 if self.seed is None else self.seed,
             "env_kwargs": json.dumps(self.env_kwargs, sort_keys=True),
@@ -171,6 +179,9 @@ class TaskSpec:
             "max_context_tokens": self.max_context_tokens or 0,
             "system_prompt": self.system_prompt or "",
         }
+        if self.stop_after_box:
+            columns["stop_after_box"] = True
+        return columns
 
     @classmethod
     def from_columns(cls, row: Mapping[str, Any]) -> TaskSpec:
@@ -188,6 +199,7 @@ class TaskSpec:
             max_turn_tokens=_plain(row.get("max_turn_tokens")) or None,
             max_context_tokens=_plain(row.get("max_context_tokens")) or None,
             system_prompt=_plain(row.get("system_prompt")) or None,
+            stop_after_box=bool(_plain(row.get("stop_after_box")) or False),
         )
 
 

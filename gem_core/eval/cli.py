@@ -90,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hf, vllm: context limit (default: the model's window; vllm: also the engine's max_model_len)",
     )
     sampling.add_argument("--system-prompt", default=None, help="system message of every episode")
+    sampling.add_argument(
+        "--stop-after-box",
+        action="store_true",
+        help="hf, vllm: each response ends at the token that closes its \\boxed{...} move (as a run trained with rollout.stop_after_box played)",
+    )
     task = run.add_argument_group("envs and tools (as in training: the same task rows)")
     task.add_argument("--tools", default="", help="comma-separated tools to wrap each env with: python, search")
     task.add_argument("--env-kwargs", default="{}", help="JSON object of make() kwargs, e.g. '{\"max_turns\": 6}'")
@@ -201,6 +206,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
     from gem_core.eval.plan import expand_env_ids, plan
     from gem_core.eval.policies import BASELINE_METHODS, baseline_policy, context_window, hf_policy, openai_policy, vllm_policy
     from gem_core.rollout import RunConfig, SamplingParams
+    from gem_core.rollout.policy import closing_brace_ids, merge_stop_ids
     from gem_core.tasks import parse_env_kwargs
     from gem_core.tools.factory import parse_tools
 
@@ -212,6 +218,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
         raise CliError("--resume and --overwrite contradict each other: pick one")
     if args.policy in BASELINE_METHODS and (args.model or args.base_url):
         raise CliError(f"--policy {args.policy} plays without a model: drop --model/--base-url")
+    if args.stop_after_box and args.policy not in ("hf", "vllm"):
+        raise CliError(f"--stop-after-box stops at the model's own tokens: it needs --policy hf or vllm, not {args.policy}")
     try:
         env_kwargs = parse_env_kwargs(args.env_kwargs)
         tools = parse_tools(args.tools)
@@ -254,6 +262,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
             system_prompt=args.system_prompt,
         )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    if args.stop_after_box:  # the template's end of turn first, then every token that can close the move
+        params = merge_stop_ids(policy.formatter.sampling_params(params), closing_brace_ids(policy.formatter.tokenizer))
     config = RunConfig(params=params, max_turns=args.max_turns, max_context_tokens=args.max_context_tokens or context_window(policy))
     return jobs, policy, config
 

@@ -94,6 +94,13 @@ def check(experiment: Experiment) -> None:
     require(
         TRAINER,
         e,
+        "rollout.stop_after_box",
+        not e.stop_after_box,
+        "ROLL generates with its own env manager and gem-llm's envs, not gem-core's rows: it cannot stop each response at its move",
+    )
+    require(
+        TRAINER,
+        e,
         "training.mini_batches",
         e.mini_batches == 0,
         "ROLL's optimizer steps count turn samples (per_device_train_batch_size x gradient_accumulation_steps), so an "

@@ -44,6 +44,7 @@ def dataset_rows(
     split: str = "train",
     observation_prompt: bool = True,
     system_prompt: str | None = None,
+    stop_after_box: bool = False,
     **seeds: Any,
 ) -> list[dict[str, Any]]:
     """``n`` rows for ``env_id``; ``seeds``: which seeds, :func:`gem_core.tasks.specs_for`'s keywords (``seed_start``
@@ -59,6 +60,7 @@ def dataset_rows(
         max_turn_tokens=max_turn_tokens,
         max_context_tokens=max_context_tokens,
         system_prompt=system_prompt,
+        stop_after_box=stop_after_box,
     )
     env = specs[0].make_env()  # fails early on an unknown id, bad kwargs or an unknown tool
     rows = []
@@ -137,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
         max_context_tokens=args.max_context_tokens,
         split=args.split,
         system_prompt=args.system_prompt,
+        stop_after_box=args.stop_after_box,
     )
     print(f"wrote {args.n} rows of {args.env} to {args.out}")
     return 0

@@ -41,8 +41,8 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
     in every trainer but oat and ROLL; turn.toml is that run as oat trains it (oat alone), turn_steps.toml ROLL's
     (ROLL alone)."""
     text = DEFAULT.read_text()
-    reference = {"warm_start_steps": 8, "trained_layers": 10, "stop_after_box": True, "kl_schedule": "linear", "skip_zero_signal": True}
-    tuned = {"lr": 2e-4, "updates": 40, "mini_batches": 2, "kl_coef": 0.1}
+    reference = {"warm_start_steps": 8, "trained_layers": 10, "kl_schedule": "linear", "skip_zero_signal": True}
+    tuned = {"lr": 2e-4, "updates": 40, "mini_batches": 2, "kl_coef": 0.1, "stop_after_box": True}
     assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference, **tuned)
     assert load_experiment(PORTABLE) == dataclasses.replace(Experiment(), group_size=2, warmup_updates=0) and "\n[reference]" not in PORTABLE.read_text()
     for trainer in ("verl", "openrlhf", "trl", "rl2"):
@@ -67,11 +67,11 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
 @pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat", "roll"))
 @pytest.mark.parametrize(
     "reference",
-    ["warm_start_steps = 8", "trained_layers = 10", "stop_after_box = true", 'kl_schedule = "linear"', "skip_zero_signal = true"],
+    ["warm_start_steps = 8", "trained_layers = 10", 'kl_schedule = "linear"', "skip_zero_signal = true"],
 )
 def test_every_other_trainer_refuses_what_only_the_reference_trainer_runs(trainer, reference):
-    """A warm start, frozen layers or the stop at the move: each other trainer refuses it in one line naming the
-    key (its run would silently be another), and runs the file with the key off."""
+    """A warm start, frozen layers, the KL schedule or skipping zero-signal batches: each other trainer refuses it in
+    one line naming the key (its run would silently be another), and runs the file with the key off."""
     module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
     groups = {  # what else the trainer needs of the default experiment
         "trl": "[rollout]\ngroup_size = 2\n",
@@ -82,6 +82,36 @@ def test_every_other_trainer_refuses_what_only_the_reference_trainer_runs(traine
     with pytest.raises(UnsupportedSettingError, match=f"{trainer} cannot run this experiment: reference.{reference.split()[0]}="):
         module.render(experiment)
     assert module.render(parse_experiment(groups))
+
+
+@pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat", "roll"))
+def test_the_stop_at_the_move_is_carried_by_the_rows_to_every_trainer_but_roll(trainer):
+    """rollout.stop_after_box: the training and held-out rows carry it (make-dataset --stop-after-box) and every
+    plugin's rollout stops there (gem_core.rollout.play_row); ROLL, whose env manager plays gem-llm's envs and not
+    the rows, refuses it naming the key."""
+    module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+    groups = {
+        "trl": "[rollout]\ngroup_size = 2\n",
+        "oat": '[algorithm]\nview = "turn"\nloss_aggregation = "seq-mean-token-mean"\n[optimizer]\nwarmup_updates = 0\n',
+        "roll": ROLL_EXPERIMENT,
+    }.get(trainer, "")
+    on = dataclasses.replace(parse_experiment(groups), stop_after_box=True)
+    assert on.stop_after_box
+    if trainer == "roll":
+        with pytest.raises(UnsupportedSettingError, match="^roll cannot run this experiment: rollout.stop_after_box=True"):
+            module.render(on)
+        return
+    script = module.render(on)
+    datasets, evals = script.count("gem-core make-dataset"), script.count("--policy hf --model")
+    # every dataset the script writes (training, held-out) and the held-out gem-core eval it prints
+    assert datasets >= 1 and script.count("--stop-after-box") == datasets + evals
+    assert "--stop-after-box" not in module.render(parse_experiment(groups))
+
+
+def test_a_moved_key_still_reads_under_its_old_name_with_one_warning():
+    with pytest.warns(FutureWarning, match=r"^x.toml: reference.stop_after_box is now rollout.stop_after_box"):
+        old = parse_experiment("[reference]\nstop_after_box = true\n", "x.toml")
+    assert old == parse_experiment("[rollout]\nstop_after_box = true\n") and old.stop_after_box
 
 
 def test_keys_left_out_keep_their_defaults_and_given_ones_are_read():
@@ -99,7 +129,7 @@ def test_written_back_it_reads_equal():
 
 BAD = [
     ("[reference]\ntrained_layers = -1\n", InvalidArgumentError, "reference.trained_layers=-1 is not allowed"),
-    ('[reference]\nstop_after_box = "yes"\n', InvalidArgumentTypeError, "reference.stop_after_box='yes' is not allowed"),
+    ('[rollout]\nstop_after_box = "yes"\n', InvalidArgumentTypeError, "rollout.stop_after_box='yes' is not allowed"),
     ("[reference]\nwarm_start = 8\n", InvalidArgumentError, "unknown key reference.warm_start"),
     ("[optimizer]\nlrr = 1e-4\n", InvalidArgumentError, "unknown key optimizer.lrr"),
     ("[optimiser]\nlr = 1e-4\n", InvalidArgumentError, "unknown section [optimiser]"),

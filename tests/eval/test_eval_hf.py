@@ -8,7 +8,7 @@ from eval_support import EASY, read_lines, without_timing
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from gem_core.cli import main  # noqa: E402
+from gem_core.cli import build_parser, main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +124,18 @@ def test_the_meter_hands_an_engines_context_refusal_to_the_runner_not_a_failed_r
     broken = EpisodeMeter(Broken())
     generation = asyncio.run(_MeteredTokens(broken).generate([5], SamplingParams(), request_id="r"))
     assert generation.finish_reason == "abort" and broken.error == "RuntimeError: engine died"
+
+
+def test_stop_after_box_plays_as_a_run_trained_with_it(model_dir):
+    # gem-core eval --stop-after-box: each response ends at the model's first token holding a "}" (what
+    # rollout.stop_after_box trained with), the template's end of turn first; without it the brace is no stop
+    from gem_core.eval.cli import _prepare
+    from gem_core.testing import build_test_tokenizer
+
+    brace = build_test_tokenizer("chatml").convert_tokens_to_ids("}")
+    parse = build_parser().parse_args
+    argv = ["eval", "run", EASY, "--policy", "hf", "--model", model_dir, "--episodes", "1"]
+    _, policy, config = _prepare(parse([*argv, "--stop-after-box"]))
+    assert config.params.stop_token_ids[0] == policy.formatter.stop_token_ids[0] and brace in config.params.stop_token_ids
+    _, _, plain = _prepare(parse(argv))
+    assert brace not in plain.params.stop_token_ids

@@ -92,3 +92,35 @@ def test_the_cli_runs_the_linear_kl_schedule_its_coefficient_in_the_loss_and_kep
     assert main(["train", "--steps", "1", "--kl-schedule", "cosine", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--kl-schedule" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("stop_after_box", [False, True])
+def test_a_row_that_stops_at_the_move_stops_every_trainers_rollout_there(stop_after_box):
+    # every plugin plays its rows through gem_core.rollout.play_row: the row's stop_after_box (make-dataset
+    # --stop-after-box) reaches the engine as stop ids, the template's end of turn first
+    import asyncio
+
+    from gem_core.rollout import ChatFormatter, HFPolicy, RunConfig, SamplingParams, play_row
+    from gem_core.tasks import TaskSpec
+    from gem_core.testing import build_test_tokenizer
+
+    tokenizer = build_test_tokenizer("chatml")
+    brace = tokenizer.convert_tokens_to_ids("}")
+    formatter = ChatFormatter(tokenizer)
+    seen = []
+
+    class Watched(HFPolicy):
+        async def generate(self, prompt_ids, params, *, request_id=None):
+            seen.append(params.stop_token_ids)
+            return await super().generate(prompt_ids, params, request_id=request_id)
+
+    policy = Watched(_brace_loving_model(tokenizer, brace), seed=0)
+    row = TaskSpec("game:GuessTheNumber-v0-easy", seed=3, stop_after_box=stop_after_box)
+    trajectory = asyncio.run(play_row(row, policy, formatter, RunConfig(params=SamplingParams(max_tokens=6))))
+    responses = [turn.response_ids for turn in trajectory.turns]
+    assert responses and all(set(r) == {brace} for r in responses)
+    assert all(len(r) == (1 if stop_after_box else 6) for r in responses)
+    if stop_after_box:
+        assert all(stops[0] == formatter.stop_token_ids[0] and brace in stops for stops in seen)
+    else:
+        assert all(brace not in stops for stops in seen)
