@@ -363,3 +363,19 @@ def test_a_step_reporting_an_infra_error_keeps_the_episode_out_of_training(execu
 
 def test_healthy_episodes_report_no_infra_failure(responses):
     assert all(r["extra_logs"]["gem_infra_failed"] == 0.0 and r["action_ranges"] for r in responses)
+
+
+def test_a_label_that_stops_at_the_move_stops_each_response_at_its_closing_brace(executor, tokenizer, golden):
+    # rollout.stop_after_box reaches OpenRLHF through the row's label (make-dataset --stop-after-box): every request
+    # the agent sends stops at a token holding "}" besides the end of turn, and a response ends at its move
+    from gem_core.rollout.policy import closing_brace_ids
+
+    braces = set(closing_brace_ids(tokenizer))
+    episode = next(e for e in golden.episodes if e.env_id.startswith("game:GuessTheNumber"))
+    response, engine = run_executor(executor, tokenizer, episode, stop_after_box=True)
+    assert engine.requests and all(braces <= set(sent.stop_token_ids) for _, sent in engine.requests)
+    tokens = response["observation_tokens"]
+    ends = [tokens[stop - 1] for _, stop in response["action_ranges"]]
+    assert ends and all(end in braces for end in ends), tokenizer.convert_ids_to_tokens(ends)
+    _, plain = run_executor(executor, tokenizer, episode)
+    assert not any(braces & set(sent.stop_token_ids) for _, sent in plain.requests)
