@@ -78,3 +78,21 @@ def test_unpatched_path_equals_plain_grpo_trainer(tokenizer, golden, tmp_path):
                 assert torch.equal(got[key], value), (estimator, key)
             else:
                 assert got[key] == value, (estimator, key)
+
+
+def test_rows_that_stop_at_the_move_send_the_brace_stops_through_trl(tokenizer, golden, tmp_path):
+    # rollout.stop_after_box rides in the row's task spec (make-dataset trl --stop-after-box): every request TRL's
+    # generation sends carries the closing-brace stop ids, after the end of turn
+    from gem_core.rollout.policy import closing_brace_ids
+    from gem_core.tasks import TaskSpec
+    from gem_core.testing.golden import GOLDEN_MAX_CONTEXT_TOKENS, GOLDEN_PARAMS
+    from gem_integrations.trl.dataset import prompt_of
+
+    trainer, _, generation = _trainer(GemGRPOTrainer, tokenizer, golden, tmp_path)
+    fields = {"max_turn_tokens": GOLDEN_PARAMS.max_tokens, "max_context_tokens": GOLDEN_MAX_CONTEXT_TOKENS, "stop_after_box": True}
+    rows = [{"prompt": prompt_of(TaskSpec(e.env_id, seed=e.seed, env_kwargs=e.env_kwargs, tools=e.tools, **fields))} for e in golden.episodes]
+    out, _ = _score(trainer, rows)
+    braces, im_end = set(closing_brace_ids(tokenizer)), tokenizer.convert_tokens_to_ids("<|im_end|>")
+    calls = generation.vllm_client.calls
+    assert calls and all(braces <= set(c["stop_token_ids"]) and c["stop_token_ids"][0] == im_end for c in calls)
+    assert out["completion_ids"].shape[0] == len(rows)
