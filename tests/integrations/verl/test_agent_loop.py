@@ -314,3 +314,21 @@ def test_unfailed_row_has_no_infra_error(verl_config, model_dir, golden):
     assert stored[INFRA_FIELD] == ""
     assert stored["response_mask"].tolist() == golden.sequences[0].loss_mask
     assert stored[TURN_IDS_FIELD].tolist() == golden.sequences[0].turn_ids
+
+
+def test_a_row_that_stops_at_the_move_sends_the_brace_stops_to_verls_server(verl_config, model_dir, golden):
+    # rollout.stop_after_box rides in the row's stop_after_box column (make-dataset verl --stop-after-box): every
+    # generate call of the gem_env agent loop stops at a token holding "}" besides the end of turn; without it, not
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from gem_core.rollout.policy import closing_brace_ids
+
+    worker = _worker(AgentLoopWorker, verl_config, None)
+    braces = set(closing_brace_ids(worker.tokenizer))
+    row = next(r for r in golden_rows(golden) if r["env_id"].startswith("game:GuessTheNumber"))
+    for on in (True, False):
+        manager = faithful_server_manager(f"{model_dir}/tokenizer")
+        output = asyncio.run(_agent_loop(worker, manager).run(dict(SAMPLING), **{**row, "stop_after_box": on}))
+        assert manager.calls and sum(output.response_mask) > 0
+        stops = [set(call["sampling_params"].get("stop_token_ids") or ()) for call in manager.calls]
+        assert all((braces <= s) if on else not (braces & s) for s in stops), (on, stops)
