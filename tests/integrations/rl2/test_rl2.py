@@ -800,3 +800,23 @@ def test_plugin_version_and_launcher_overrides():
     args = train.overrides(["adv.estimator=reinforce", "actor.model_name=Qwen/Qwen3-0.6B"])
     assert "+rollout.train_sampling_params.skip_special_tokens=false" in args
     assert train.model_name(args) == "Qwen/Qwen3-0.6B"
+
+
+def test_head_generate_a_row_that_stops_at_the_move_sends_the_brace_stops(tokenizer):
+    # rollout.stop_after_box rides in the row's task spec (make-dataset rl2 --stop-after-box): every /generate
+    # request to SGLang carries the closing-brace stop ids; a row without it, none
+    from gem_core.rollout.policy import closing_brace_ids
+
+    braces = set(closing_brace_ids(tokenizer))
+    episode = next(e for e in GOLDEN_EPISODES if e.env_id.startswith("game:GuessTheNumber"))
+    for on in (True, False):
+        server = FakeSGLang(tokenizer)
+        spec = TaskSpec(episode.env_id, seed=episode.seed, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS, stop_after_box=on)
+        sample = HeadSample(sample={"extra_info": {"gem_task": spec.to_json()}})
+        try:
+            asyncio.run(gem_rollout.generate(_head_config(), tokenizer, server.url, sample, post=_head_post))
+        finally:
+            server.close()
+        stops = [set(body["sampling_params"].get("stop_token_ids") or ()) for path, body in server.calls if path == "/generate"]
+        assert stops and sample.status is HeadSample.Status.DONE
+        assert all((braces <= s) if on else not (braces & s) for s in stops), (on, stops)
