@@ -400,3 +400,18 @@ def test_the_context_is_capped_at_the_engines_window_and_a_refusal_ends_that_epi
     assert 1 in policy.batches  # the refused batches were split down to the refused prompt
     with pytest.raises(EngineError, match="maximum context length is 300 tokens"):  # the refusal the policy met
         actor.llm.generate(prompt_token_ids=[[1] * 301], sampling_params=actor.sampling_params)
+
+
+def test_a_row_that_stops_at_the_move_sends_the_brace_stops_through_oats_actor(tokenizer):
+    # rollout.stop_after_box rides in the row's task spec (make-dataset oat --stop-after-box): every request oat's
+    # actor step sends to vLLM carries the closing-brace stop ids; a row without it, none
+    from gem_core.rollout.policy import closing_brace_ids
+
+    braces = set(closing_brace_ids(tokenizer))
+    episode = next(e for e in GOLDEN_EPISODES if e.env_id.startswith("game:GuessTheNumber"))
+    for on in (True, False):
+        spec = TaskSpec(episode.env_id, seed=episode.seed, max_context_tokens=GOLDEN_MAX_CONTEXT_TOKENS, stop_after_box=on)
+        actor = make_actor(tokenizer, [spec], max_tokens=GOLDEN_PARAMS.max_tokens)
+        assert actor.step()
+        stops = [set(params.stop_token_ids or ()) for _, params in actor.llm.engine.requests]
+        assert stops and all((braces <= s) if on else not (braces & s) for s in stops), (on, stops)
