@@ -43,6 +43,19 @@ def label_of(episode, **fields) -> str:
     return TaskSpec(episode.env_id, seed=episode.seed, env_kwargs=episode.env_kwargs, tools=episode.tools, **fields).to_json()
 
 
+def workers_answer(monkeypatch, answer) -> None:
+    """Ray's remote task and ``ray.get`` replaced so that every worker the launcher asks answers ``answer`` (its
+    checks that a patch is armed in the workers, without a cluster)."""
+    import ray
+
+    class Probe:
+        def remote(self):
+            return "ref"
+
+    monkeypatch.setattr(ray, "remote", lambda **kw: lambda fn: Probe())
+    monkeypatch.setattr(ray, "get", lambda ref: answer)
+
+
 def faithful_engine(tokenizer, max_model_len: int = 4096, eos_token_id: int | None = None) -> VLLMFaithfulEngine:
     """A vLLM-faithful engine over the golden scenario's model (it writes past its end-of-turn token
     unless a stop token or EOS stops it). ``eos_token_id``: the model's EOS, if not the tokenizer's."""

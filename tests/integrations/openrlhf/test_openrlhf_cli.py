@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from conftest import faithful_engine, openrlhf_params
+from conftest import faithful_engine, openrlhf_params, workers_answer
 
 from gem_core import cli
 from gem_integrations.openrlhf import agent_path, train_ppo_ray
@@ -50,14 +50,7 @@ def test_runtime_env_installs_the_hook_and_the_turn_rewards():
 
 
 def test_check_fails_loudly_when_workers_lack_the_patch(monkeypatch):
-    import ray
-
-    class Probe:
-        def remote(self):
-            return "ref"
-
-    monkeypatch.setattr(ray, "remote", lambda **kw: lambda fn: Probe())
-    monkeypatch.setattr(ray, "get", lambda ref: False)  # a worker answering "not active"
+    workers_answer(monkeypatch, False)  # a worker answering "not active"
     with pytest.raises(train_ppo_ray.PatchNotActive, match="rebn"):
         train_ppo_ray.check_patch_active()
 

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from conftest import workers_answer
 
 from gem_core.cli import main as gem_core_main
 from gem_core.cli_support import CliError
@@ -188,13 +189,6 @@ def test_both_names_openrlhf_calls_are_patched_on_import_in_a_worker():
 
 
 def test_the_launcher_stops_when_workers_lack_the_data_order_patch(monkeypatch):
-    import ray
-
-    class Probe:
-        def remote(self):
-            return "ref"
-
-    monkeypatch.setattr(ray, "remote", lambda **kw: lambda fn: Probe())
-    monkeypatch.setattr(ray, "get", lambda ref: False)  # a worker answering "not armed"
+    workers_answer(monkeypatch, False)  # a worker answering "not armed"
     with pytest.raises(train_ppo_ray.PatchNotActive, match="--data.shuffle false was requested"):
         train_ppo_ray.check_data_order_active()
