@@ -17,6 +17,7 @@ import importlib.util
 import itertools
 import json
 import os
+import pickle
 import time
 import zlib
 from collections.abc import Callable
@@ -152,6 +153,31 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
     finally:
         mover.close()
     return loss_value
+
+
+def save_checkpoint(state: dict[str, Any], path: str) -> None:
+    """``state`` to ``path`` whole or not at all: written beside it, then moved over it, so that a run stopped while
+    saving (a kill, a full disk) keeps its last checkpoint and ``--resume`` still continues from there."""
+    import torch
+
+    partial = path + ".partial"
+    try:
+        torch.save(state, partial)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """The run's checkpoint; one that cannot be read is one line (TrainError), not a traceback."""
+    import torch
+
+    try:
+        return torch.load(path, weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        reason = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
+        raise TrainError(f"--resume: {path} cannot be read ({reason}); it was cut short or is not a gem-core checkpoint: run without --resume to start over") from None
 
 
 def whole_transcript(rows: Any) -> Any:
@@ -304,7 +330,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
         report = trainer.report  # what the env reports of itself (gem_core.envs.report)
         scripted = report.baselines(seeds)
         if config.resume:
-            state = torch.load(checkpoint_path, weights_only=False)
+            state = load_checkpoint(checkpoint_path)
             trainer.load_state(state)
             start = _evaluation(state.get("warm_start"))
             _truncate_metrics(metrics_path, trainer.step)
@@ -340,7 +366,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
                 bar.set_postfix(ret=f"{metrics['mean_return']:+.2f}", success=f"{metrics['success_rate']:.2f}", turns=f"{metrics['mean_turns']:.1f}")
             if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
                 saved_start = None if start is None else {"greedy": start.greedy.fields(), "sampled": start.sampled.fields()}
-                torch.save({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
+                save_checkpoint({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
         if bar is not None:
             bar.close()
         if final is None:  # no RL update (--steps 0: the warm start alone) is evaluated once, at the start

@@ -687,3 +687,34 @@ def test_every_default_the_help_states_is_the_one_a_run_gets():
             assert float(found.group(1)) == float(getattr(defaults, action.dest)), (action.option_strings, found.group(0))
             checked.append(action.dest)
     assert {"kl_coef", "entropy_coef", "lr", "steps", "episodes", "mini_batches", "group_size", "temperature", "seed"} <= set(checked)
+
+
+def test_a_checkpoint_cut_short_keeps_the_last_one_and_a_broken_one_is_one_line(tiny, tmp_path, capsys, monkeypatch):
+    # a sweep stopped while it saved left a truncated checkpoint.pt, and --resume died in a traceback: the save is
+    # now whole or not at all, and an unreadable checkpoint is one line (exit 2)
+    import torch
+
+    from gem_core.cli import main
+    from gem_core.train import run as run_module
+
+    out = tmp_path / "r"
+    common = ["--model", tiny[0], "--out", str(out), "--no-progress", "--batch-size", "2", "--eval-episodes", "2", "--warmup-steps", "0"]
+    assert main(["train", "--steps", "1", *common]) == 0
+    saved = (out / "checkpoint.pt").read_bytes()
+
+    def killed(state, path):  # the process dies half way through writing
+        open(path, "wb").write(b"PK\x03\x04 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.save_checkpoint({"step": 2}, str(out / "checkpoint.pt"))
+    assert (out / "checkpoint.pt").read_bytes() == saved and not (out / "checkpoint.pt.partial").exists()
+    monkeypatch.undo()
+
+    (out / "checkpoint.pt").write_bytes(saved[: len(saved) // 2])  # cut short by something else
+    capsys.readouterr()
+    assert main(["train", "--resume", *common]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # (transformers' loading bar before it)
+    assert "Traceback" not in err and "checkpoint.pt cannot be read" in last and "run without --resume" in last, err
