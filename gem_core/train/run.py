@@ -177,7 +177,9 @@ def load_checkpoint(path: str) -> dict[str, Any]:
         return torch.load(path, weights_only=False)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         reason = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
-        raise TrainError(f"--resume: {path} cannot be read ({reason}); it was cut short or is not a gem-core checkpoint: run without --resume to start over") from None
+        raise TrainError(
+            f"--resume: {path} cannot be read ({reason}); it was cut short or is not a gem-core checkpoint: run without --resume to start over"
+        ) from None
 
 
 def whole_transcript(rows: Any) -> Any:
