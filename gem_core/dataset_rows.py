@@ -14,7 +14,6 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gem_core.cli_support import whole_number
@@ -25,6 +24,7 @@ from gem_core.multimodal import observation_images
 from gem_core.registry import spec as registered_spec
 from gem_core.tasks import TaskSpec, parse_env_kwargs, specs_for
 from gem_core.tools.factory import parse_tools
+from gem_core.utils.files import write_whole
 
 #: One row of a trainer's dataset from a spec and an env made from it (reset it for the first message).
 RowOf = Callable[[TaskSpec, Env], Mapping[str, Any]]
@@ -55,18 +55,16 @@ def env_rows(env_id: str, n: int, row_of: RowOf, *, seed_start: int = 0, **field
 def write_jsonl(out: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> int:
     """Write ``rows`` as JSON lines; returns how many. The file appears whole or not at all (written
     beside it, then renamed); its directory must exist (it is not created)."""
-    path = Path(out)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    count = 0
-    try:
-        with temporary.open("w", encoding="utf-8") as handle:
+
+    def write(temporary: str) -> int:
+        count = 0
+        with open(temporary, "w", encoding="utf-8") as handle:
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
                 count += 1
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return count
+        return count
+
+    return write_whole(out, write)
 
 
 # -- the options -------------------------------------------------------------------------------------

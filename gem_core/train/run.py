@@ -34,6 +34,7 @@ from gem_core.train.loss import micro_batches, training_rows
 from gem_core.train.memory import peak_rss_gb
 from gem_core.train.model import adamw
 from gem_core.train.trainer import EpisodeStats, Evaluation, Trainer, ensure_dir, write_json
+from gem_core.utils.files import write_whole
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -160,13 +161,7 @@ def save_checkpoint(state: dict[str, Any], path: str) -> None:
     saving (a kill, a full disk) keeps its last checkpoint and ``--resume`` still continues from there."""
     import torch
 
-    partial = path + ".partial"
-    try:
-        torch.save(state, partial)
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+    write_whole(path, lambda temporary: torch.save(state, temporary))
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from gem_core.cli_support import CliError, whole_number
 from gem_core.dataset_rows import add_task_arguments, seed_arguments, task_arguments
 from gem_core.multimodal import MultimodalObservation, image_png_bytes
 from gem_core.tasks import specs_for
+from gem_core.utils.files import write_whole
 
 AGENT_NAME = "gem_env"
 
@@ -95,13 +95,7 @@ def make_dataset(env_id: str, n: int, out: str, **kwargs: Any) -> str:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist(dataset_rows(env_id, n, **kwargs))
-    temporary = f"{os.path.join(os.path.dirname(out), '.' + os.path.basename(out))}.{os.getpid()}.tmp"
-    try:
-        pq.write_table(table, temporary)
-        os.replace(temporary, out)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    write_whole(out, lambda temporary: pq.write_table(table, temporary))
     return out
 
 
