@@ -17,7 +17,7 @@ one, except for verl, OpenRLHF and RL2, which need one: ``nox -s verl_real --ins
 (default: the first of ``--seeds``; more than one shows whether a trainer's outcome is its own or a seed's).
 Every run starts from the same weights: the experiment's model after gem-core train's warm start (``--warm-start``
 8 supervised steps on hint-blind random moves, the default run's: the move's format, not the game), run once by
-``gem-core train --steps 0`` into ``OUT/start/`` and pinned by its sha256 in every run's experiment; 0: the
+``gem-core train --updates 0`` into ``OUT/start/`` and pinned by its sha256 in every run's experiment; 0: the
 experiment's model as it is (from the instruct weights nothing learns: see :data:`WARM_START_STEPS`).
 
 One evaluator for every trainer: each saved model, and the starting weights, is played by ``gem-core eval`` on
@@ -92,7 +92,7 @@ RL2_DRIVER = ROOT / "tests" / "integrations" / "rl2" / "real" / "experiment_run.
 DEFAULT_EXPERIMENT = ROOT / "examples" / "experiments" / "portable.toml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cross_framework"
 EVAL_SEED = 0  # every model's evaluation samples with this seed: the same episodes, the same draws
-# gem-core train's default warm start (TrainConfig.warmup_steps): supervised steps on hint-blind random moves, which
+# gem-core train's default warm start (TrainConfig.warm_start_steps): supervised steps on hint-blind random moves, which
 # teach the move's format, not the game; from the instruct weights without it, no trainer has a reward to learn from
 # (the starting weights score 0.000 held-out, every first answer a format error, and gem-core train's RL alone on
 # portable.toml, seed 0, still 0.000 after 30 updates: it learnt the format by update 6, then lost it again)
@@ -122,16 +122,20 @@ def eval_points(experiment: Experiment) -> list[int]:
     return sorted({*range(every, experiment.updates + 1, every), experiment.updates})
 
 
-WARM_START_SETTINGS = ("--warmup-steps", "--model", "--env", "--env-kwargs", "--max-tokens", "--seed")  # what makes the weights
+WARM_START_SETTINGS = ("--warm-start-steps", "--model", "--env", "--env-kwargs", "--max-turn-tokens", "--seed")  # what makes the weights
+#: the flags a warm start recorded before they took the experiment's names (gem_core.train.cli.RENAMED_FLAGS)
+OLD_FLAGS = {"--warmup-steps": "--warm-start-steps", "--max-tokens": "--max-turn-tokens"}
 
 
 def warm_start_settings(argv: list[str]) -> dict[str, str]:
-    """The options of a warm start's command line that decide its weights (not where it writes or how it looks)."""
+    """The options of a warm start's command line that decide its weights (not where it writes or how it looks);
+    a record written under the old flag names reads the same."""
+    argv = [OLD_FLAGS.get(arg, arg) for arg in argv]
     return {flag: argv[argv.index(flag) + 1] for flag in WARM_START_SETTINGS if flag in argv}
 
 
 def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
-    """The experiment's model after ``steps`` of gem-core train's warm start (``gem-core train --steps 0``: the
+    """The experiment's model after ``steps`` of gem-core train's warm start (``gem-core train --updates 0``: the
     default run's, on the experiment's env and token limit, seed 0), saved in ``out/train/model``, which every run
     then starts from; recorded in ``out/warm_start.json`` (its weights' sha256, which every run's experiment.toml
     pins) and read back when there. gem-core train's own evaluation of it plays a few validation seeds
@@ -140,11 +144,11 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
 
     record_path = out / "warm_start.json"
     train_dir = out / "train"
-    argv = [*cli(python), "train", "--steps", "0", "--warmup-steps", str(steps), "--model", base.model, "--env", base.env_ids[0]]
+    argv = [*cli(python), "train", "--updates", "0", "--warm-start-steps", str(steps), "--model", base.model, "--env", base.env_ids[0]]
     if base.env_kwargs:
         argv += ["--env-kwargs", json.dumps(dict(base.env_kwargs))]
     argv += [
-        "--max-tokens",
+        "--max-turn-tokens",
         str(base.max_turn_tokens),
         "--seed",
         str(EVAL_SEED),
@@ -164,7 +168,7 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
     if train_dir.exists():  # stopped midway: started over
         shutil.rmtree(train_dir)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"warm start: {steps} supervised steps (gem-core train --steps 0)", flush=True)
+    print(f"warm start: {steps} supervised steps (gem-core train --updates 0)", flush=True)
     status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python, precision=False), cwd=ROOT)
     if status != 0:
         raise BenchmarkError(f"the warm start failed: {log_tail(out / 'warm_start.log')}")

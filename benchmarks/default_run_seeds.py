@@ -63,7 +63,8 @@ def run_record(out: str) -> dict[str, Any] | None:
     """What a run directory holds: its start and final evaluations, peak memory and wall time (None: no final evaluation)."""
     path = os.path.join(out, "metrics.jsonl")
     try:
-        steps = json.load(open(os.path.join(out, "config.json"), encoding="utf-8"))["steps"]
+        saved = json.load(open(os.path.join(out, "config.json"), encoding="utf-8"))
+        steps = saved["updates"] if "updates" in saved else saved["steps"]  # "steps": a run saved before the rename
         lines = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     except (OSError, ValueError, KeyError):
         return None

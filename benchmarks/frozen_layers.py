@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     def one_update(split: bool) -> tuple[float, dict]:
         trainer_module.frozen_layer_count = whole_forward if split else (lambda decoder: 0)
         try:
-            trainer = Trainer(TrainConfig(episodes=args.episodes), copy.deepcopy(model), tokenizer)
+            trainer = Trainer(TrainConfig(episodes_per_update=args.episodes), copy.deepcopy(model), tokenizer)
             reference = trainer._reference()
             with torch.no_grad():
                 for p in trainer.model.parameters():

@@ -45,7 +45,7 @@ TRL_EXAMPLE = os.path.join(ROOT, "examples", "trl", "train_gtn_rebn.py")
 FULL = {"seeds": [0, 1, 2, 3, 4], "train": [], "trl": {"steps": 4, "batch_size": 32, "num_generations": 8, "max_turn_tokens": 16}}
 DRY = {
     "seeds": [0, 1],
-    "train": ["--steps", "2", "--batch-size", "4", "--warmup-steps", "1", "--eval-episodes", "4"],
+    "train": ["--updates", "2", "--episodes-per-update", "4", "--warm-start-steps", "1", "--eval-episodes", "4"],
     "trl": {"steps": 1, "batch_size": 4, "num_generations": 2, "max_turn_tokens": 8},
 }
 
@@ -166,8 +166,8 @@ def compare_trl(model: str, device: str, out: str, sizes: dict[str, int], budget
     child = [sys.executable, os.path.abspath(__file__), "--trl-child", "--model", model, "--device", device, "--out", trl_out]
     child += [f"--{key.replace('_', '-')}={value}" for key, value in sizes.items()]
     reference = train_command(0, model, device, ref_out, [])
-    reference += ["--steps", str(sizes["steps"]), "--batch-size", str(sizes["batch_size"]), "--group-size", str(sizes["num_generations"])]
-    reference += ["--max-tokens", str(sizes["max_turn_tokens"]), "--warmup-steps", "0", "--kl-coef", "0", "--train-layers", "0"]
+    reference += ["--updates", str(sizes["steps"]), "--episodes-per-update", str(sizes["batch_size"]), "--group-size", str(sizes["num_generations"])]
+    reference += ["--max-turn-tokens", str(sizes["max_turn_tokens"]), "--warm-start-steps", "0", "--kl-coef", "0", "--trained-layers", "0"]
     reference += ["--mini-batches", "1", "--no-skip-zero-signal", "--eval-episodes", "4"]
     logs = {"trl": os.path.join(out, "runs", "trl.log"), "reference": os.path.join(out, "runs", "reference-as-trl.log")}
     result: dict[str, Any] = {"settings": sizes}

@@ -63,7 +63,7 @@ FINDINGS = (
 # What a run's config.json may differ in and still be the arm's run: where it is written, whether it was
 # resumed, how often it checkpoints or logs, and its length (a run counts only with an evaluation after
 # exactly ``--steps`` updates, checked apart).
-NOT_THE_RUN = ("out", "resume", "checkpoint_every", "tensorboard", "steps")
+NOT_THE_RUN = ("out", "resume", "checkpoint_every", "tensorboard", "updates")
 # Student's t, 0.975 quantile, by degrees of freedom (a 95% two-sided interval); past 30, the normal's.
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
@@ -98,7 +98,21 @@ def mismatches(directory: str, expected: dict[str, Any]) -> list[str]:
             saved = json.load(handle)
     except (OSError, ValueError):
         return ["no config.json"]
+    saved = _current_names(saved)
     return [f"{key}: {saved.get(key)!r} != {value!r}" for key, value in expected.items() if _normal(saved.get(key)) != _normal(value)]
+
+
+def _current_names(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config.json under today's field names (a run saved before the rename reads as the same run)."""
+    from gem_core.train.trainer import TrainConfig, config_dict
+
+    fields = {key: value for key, value in saved.items() if key not in ("weights", "evaluation")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            return config_dict(TrainConfig.from_dict(fields))
+        except (TypeError, ValueError):
+            return saved
 
 
 def _normal(value: Any) -> Any:
@@ -122,7 +136,7 @@ def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], 
         raise SystemExit(f"paper_findings: {directory} holds a run of other settings ({'; '.join(wrong)}): move it away")
     torch.set_num_threads(1)  # one run per core: small ops on shared threads only contend
     resume = os.path.exists(os.path.join(directory, "checkpoint.pt"))
-    config = TrainConfig(**{**arm_settings(arm, seed, extra), "steps": steps, "out": directory, "resume": resume})
+    config = TrainConfig(**{**arm_settings(arm, seed, extra), "updates": steps, "out": directory, "resume": resume})
     train(config, progress=False, log=lambda line: None)
     assert finished(directory, steps, expected), read_metrics(os.path.join(directory, "metrics.jsonl"))[-1:]
     return directory
@@ -301,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     from gem_core.train.trainer import TINY_RUN, TrainConfig
 
     extra: dict[str, Any] = dict(TINY_RUN) if args.scale == "tiny" else {}
-    steps = args.steps or extra.pop("steps", TrainConfig.steps)
-    extra.pop("steps", None)
+    steps = args.steps or extra.pop("updates", TrainConfig.updates)
+    extra.pop("updates", None)
     for item in args.set:
         key, _, value = item.partition("=")
         try:

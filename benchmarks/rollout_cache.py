@@ -71,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     from gem_core.train.run import load_model, warm_start
     from gem_core.train.trainer import Trainer, TrainConfig
 
-    config = TrainConfig(out="runs/bench-rollout-cache", warmup_steps=args.warmup_steps, **({"model": args.model} if args.model else {}))
+    config = TrainConfig(out="runs/bench-rollout-cache", warm_start_steps=args.warmup_steps, **({"model": args.model} if args.model else {}))
     torch.manual_seed(config.seed)
     model, tokenizer = load_model(config.model, config.seed)
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)
     try:
         if args.warmup_steps:
-            warm_start(trainer, args.warmup_steps, config.warmup_batch)
+            warm_start(trainer, args.warmup_steps, config.warm_start_batch)
         seconds: dict[str, list[float]] = {name: [] for name, _ in ARMS}
         tokens: dict[str, dict[str, int]] = {}
         episodes: dict[str, list[Any]] = {name: [] for name, _ in ARMS}

@@ -34,8 +34,8 @@ def warm_model(config):
     torch.manual_seed(config.seed)
     model, tokenizer = tiny_model(config.seed)
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)
-    if config.warmup_steps:
-        warm_start(trainer, config.warmup_steps, config.warmup_batch)
+    if config.warm_start_steps:
+        warm_start(trainer, config.warm_start_steps, config.warm_start_batch)
     state = copy.deepcopy(trainer.model.state_dict())
     trainer.close()
     return state, tokenizer
@@ -76,13 +76,13 @@ def run_trl(config, state, tokenizer, steps: int, eval_every: int, out: str) -> 
     from gem_integrations.trl.dataset import rows_for
 
     generations = 2
-    prompts = config.episodes // generations
+    prompts = config.episodes_per_update // generations
     model, _ = tiny_model(config.seed)
     model.load_state_dict(state)
     seeds = []
     for step in range(steps):
         rng = np.random.default_rng([config.seed, step])  # the reference trainer's seeds for this update
-        seeds += [int(s) for s in rng.integers(0, 1_000_000, size=config.episodes)][:prompts]
+        seeds += [int(s) for s in rng.integers(0, 1_000_000, size=config.episodes_per_update)][:prompts]
     dataset = Dataset.from_list(list(rows_for(TaskSpec(config.env_id, seed=s) for s in seeds)))
     args = GRPOConfig(
         output_dir=out,
@@ -92,15 +92,15 @@ def run_trl(config, state, tokenizer, steps: int, eval_every: int, out: str) -> 
         save_strategy="no",
         seed=config.seed,
         logging_steps=10,
-        per_device_train_batch_size=config.episodes,
+        per_device_train_batch_size=config.episodes_per_update,
         num_generations=generations,
         shuffle_dataset=False,
         max_steps=steps,
         learning_rate=config.lr,
         lr_scheduler_type="constant_with_warmup",
-        warmup_steps=config.lr_warmup,
+        warmup_steps=config.warmup_updates,
         weight_decay=0.0,
-        epsilon=config.clip,
+        epsilon=config.clip_low,
         beta=config.kl_coef,
         max_grad_norm=config.max_grad_norm,
         temperature=config.temperature,
@@ -141,7 +141,7 @@ def main() -> None:
 
     from gem_core.train.trainer import TINY_RUN, TrainConfig
 
-    config = TrainConfig(**{**TINY_RUN, "seed": args.seed, "steps": args.steps, "out": args.out})
+    config = TrainConfig(**{**TINY_RUN, "seed": args.seed, "updates": args.steps, "out": args.out})
     os.makedirs(args.out, exist_ok=True)
     started = time.perf_counter()
     state, tokenizer = warm_model(config)

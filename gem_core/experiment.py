@@ -142,6 +142,9 @@ class Experiment:
     # require_portable.
     warm_start_steps: int = 0
     trained_layers: int = 0
+    warm_start_batch: int = 32
+    warm_start_lr: float = 1e-4
+    warm_start_transcript: bool = False
     kl_schedule: str = "constant"
     skip_zero_signal: bool = False
 
@@ -235,7 +238,12 @@ KEYS: dict[str, Key] = {
     "eps": Key("optimizer", "eps", Param(float, above=0.0, high=1.0), "AdamW's epsilon"),
     "weight_decay": Key("optimizer", "weight_decay", Param(float, low=0.0, high=1.0), "AdamW's decoupled weight decay"),
     "max_grad_norm": Key("optimizer", "max_grad_norm", Param(float, low=0.0, high=1e6), "gradient clipping by global norm (0: off)"),
-    "updates": Key("training", "updates", Param(int, low=1, high=10_000_000), "RL updates (one rollout batch each)"),
+    "updates": Key(
+        "training",
+        "updates",
+        Param(int, low=0, high=10_000_000),
+        "RL updates (one rollout batch each); 0: gem-core train's warm start alone, its model evaluated and saved (other trainers need 1 or more)",
+    ),
     "ppo_epochs": Key("training", "epochs", Param(int, low=1, high=1000), "passes over each update's batch"),
     "mini_batches": Key(
         "training",
@@ -277,6 +285,16 @@ KEYS: dict[str, Key] = {
         "trained_layers",
         Param(int, low=0, high=100_000),
         "gem-core train only: train the top N decoder layers, the rest frozen (0: every weight); other trainers refuse it",
+    ),
+    "warm_start_batch": Key(
+        "reference", "warm_start_batch", Param(int, low=1, high=1_000_000), "gem-core train only: episodes of random moves per warm-start step"
+    ),
+    "warm_start_lr": Key("reference", "warm_start_lr", Param(float, above=0.0, high=1.0), "gem-core train only: the warm start's learning rate"),
+    "warm_start_transcript": Key(
+        "reference",
+        "warm_start_transcript",
+        Param(bool),
+        "gem-core train only: the warm start learns the whole transcripts (the env's text too), or (false) the moves alone",
     ),
     "kl_schedule": Key(
         "reference",
@@ -537,6 +555,7 @@ def require_portable(trainer: str, experiment: Experiment, *, turn_steps: bool =
     [reference] setting (a warm start, frozen layers, the KL schedule, skipping zero-signal batches: gem-core
     train's own, which no other trainer runs) and, unless the trainer counts optimizer steps in turn samples (``turn_steps``: ROLL),
     steps counted in episodes (``training.mini_batches`` 1 or more). Returns the env id."""
+    require(trainer, experiment, "training.updates", experiment.updates > 0, "only gem-core train runs 0 updates (its warm start alone)")
     require(
         trainer,
         experiment,

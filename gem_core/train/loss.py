@@ -293,11 +293,13 @@ def policy_loss(
     entropy: Any = None,
     entropy_coef: float = 0.0,
     tokens: float | None = None,
+    clip_high: float | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """PPO-clipped policy gradient, averaged over model tokens, plus ``kl_coef`` * KL to a reference,
     minus ``entropy_coef`` * the mean entropy at the model tokens.
 
-    ratio = exp(logp - logp_rollout); loss = -min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A).
+    ratio = exp(logp - logp_rollout); loss = -min(ratio * A, clip(ratio, 1 - clip, 1 + clip_high) * A), where
+    ``clip_high`` (the experiment's ``algorithm.clip_high``; DAPO's clip-higher) defaults to ``clip``.
     The KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 on tokens sampled from the rollout
     policy: non-negative, an unbiased estimate of the value KL(pi || ref), but its gradient (taken through
     logp, the samples held fixed) is that of KL(ref || pi), the reverse direction, as in GRPO's k3 loss.
@@ -314,10 +316,12 @@ def policy_loss(
         tokens = mask.sum().clamp(min=1.0)
     ratio = torch.exp((logprobs - rows.old_logprobs) * mask)
     unclipped = ratio * rows.advantages
-    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * rows.advantages
+    high = clip if clip_high is None else clip_high
+    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + high) * rows.advantages
     pg = -(torch.minimum(unclipped, clipped) * mask).sum() / tokens
     with torch.no_grad():
-        stats = {"pg_loss": float(pg), "clip_fraction": float((((ratio - 1).abs() > clip).float() * mask).sum() / tokens)}
+        outside = (ratio < 1.0 - clip) | (ratio > 1.0 + high)
+        stats = {"pg_loss": float(pg), "clip_fraction": float((outside.float() * mask).sum() / tokens)}
     loss = pg
     if ref_logprobs is not None and kl_coef > 0:
         delta = (ref_logprobs - logprobs) * mask

@@ -36,13 +36,14 @@ def freeze_lower_layers(model: Any, trained: int) -> bool:
     return True
 
 
-def adamw(parameters: Any, lr: float) -> Any:
-    """AdamW without weight decay over the parameters that are trained (``requires_grad``), fused (one kernel
-    over every tensor: about 6x faster a step on CPU than torch's per-tensor loop, the same update) where the
-    device has the fused kernel."""
+def adamw(parameters: Any, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0) -> Any:
+    """AdamW (the experiment's ``optimizer.betas``, ``eps``, ``weight_decay``; torch's defaults but no weight decay
+    by default) over the parameters that are trained (``requires_grad``), fused (one kernel over every tensor:
+    about 6x faster a step on CPU than torch's per-tensor loop, the same update) where the device has the fused
+    kernel."""
     import torch
 
     parameters = [p for p in parameters if p.requires_grad]
     devices = {p.device.type for p in parameters}
     fused = devices <= {"cpu", "cuda"} and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in parameters)
-    return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, fused=fused or None)
+    return torch.optim.AdamW(parameters, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused or None)

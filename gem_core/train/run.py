@@ -29,7 +29,7 @@ from gem_core.models import ModelUnavailableError, resolve_model, weights_record
 from gem_core.registry import make
 from gem_core.rollout import ScriptedPolicy, run_episodes
 from gem_core.tiny import build_test_tokenizer, build_tiny_model
-from gem_core.train.config import TINY_MODEL, TrainConfig, config_dict
+from gem_core.train.config import TINY_MODEL, TrainConfig, config_dict, flag_of
 from gem_core.train.loss import micro_batches, training_rows
 from gem_core.train.memory import peak_rss_gb
 from gem_core.train.model import adamw
@@ -124,7 +124,7 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
 
     policy = RandomMoves(trainer.tokenizer, lambda context: str(mover.sample_random_action()))
     loss_value = float("nan")
-    optimizer = adamw(trainer.model.parameters(), config.warmup_lr)
+    optimizer = adamw(trainer.model.parameters(), config.warm_start_lr, config.betas, config.eps, config.weight_decay)
     try:
         for step in range(steps):
             # start states of the run's own (seed 0's unchanged since the warm start was added), apart from every
@@ -141,7 +141,7 @@ def warm_start(trainer: Trainer, steps: int, batch: int) -> float:
                 )
             )
             rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", trainer.pad_id).to(config.device)
-            if config.warmup_transcript:
+            if config.warm_start_transcript:
                 rows = whole_transcript(rows)
             tokens = float((rows.targets >= 0).sum().clamp(min=1))
             optimizer.zero_grad()
@@ -336,23 +336,23 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             write_json(os.path.join(out, CONFIG), {**config_dict(config), "weights": weights, "evaluation": evaluation})
             open(metrics_path, "w").close()
             first = {"step": 0, "eval_set": config.eval_set, "baselines": {b.name: b.fields() for b in scripted}}
-            if config.warmup_steps:
-                loss = warm_start(trainer, config.warmup_steps, config.warmup_batch)
+            if config.warm_start_steps:
+                loss = warm_start(trainer, config.warm_start_steps, config.warm_start_batch)
                 start = trainer.evaluate()
-                learnt = "the whole transcripts" if config.warmup_transcript else "the moves alone"
+                learnt = "the whole transcripts" if config.warm_start_transcript else "the moves alone"
                 log(
-                    f"warm start: {config.warmup_steps} supervised steps on well-formed random moves, learning {learnt} (loss {loss:.3f}); {config.eval_set} success {start.sampled.success_rate:.3f} sampled, {start.greedy.success_rate:.3f} greedy, malformed turns {start.sampled.malformed_rate:.3f}"
+                    f"warm start: {config.warm_start_steps} supervised steps on well-formed random moves, learning {learnt} (loss {loss:.3f}); {config.eval_set} success {start.sampled.success_rate:.3f} sampled, {start.greedy.success_rate:.3f} greedy, malformed turns {start.sampled.malformed_rate:.3f}"
                 )
                 _append(metrics_path, {**first, "phase": "warm_start", "warm_start_loss": loss, **start.fields()})
             else:
                 start = trainer.evaluate()
                 _append(metrics_path, {**first, "phase": "start", **start.fields()})
-        bar = _progress(config.steps, trainer.step, progress)
+        bar = _progress(config.updates, trainer.step, progress)
         final = None
-        while trainer.step < config.steps:
+        while trainer.step < config.updates:
             metrics = trainer.update()
             periodic = bool(config.eval_every) and trainer.step % config.eval_every == 0
-            if periodic or trainer.step == config.steps:
+            if periodic or trainer.step == config.updates:
                 final = trainer.evaluate()
                 metrics.update(final.fields())
             if periodic:
@@ -361,13 +361,13 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(ret=f"{metrics['mean_return']:+.2f}", success=f"{metrics['success_rate']:.2f}", turns=f"{metrics['mean_turns']:.1f}")
-            if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
+            if trainer.step % config.checkpoint_every == 0 or trainer.step == config.updates:
                 saved_start = None if start is None else {"greedy": start.greedy.fields(), "sampled": start.sampled.fields()}
                 save_checkpoint({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
         if bar is not None:
             bar.close()
         if final is None:  # no RL update (--steps 0: the warm start alone) is evaluated once, at the start
-            final = start if config.steps == 0 and start is not None else trainer.evaluate()
+            final = start if config.updates == 0 and start is not None else trainer.evaluate()
         save_model(trainer, tokenizer, os.path.join(out, "model"))
         plot(metrics_path, os.path.join(out, "curves.png"), report)
         if config.tensorboard:
@@ -383,7 +383,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
         time.perf_counter() - started,
         out,
         peak_rss_gb(),
-        config.warmup_steps > 0,
+        config.warm_start_steps > 0,
         scripted,
         config.eval_set,
         config.temperature,
@@ -393,15 +393,10 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     )
 
 
-# TrainConfig fields added after runs were saved, and the value those runs had: resumed, such a run keeps it
-# (train_layers' default, 10, would freeze layers its checkpoint's optimizer trained)
-SETTINGS_BEFORE_THEY_EXISTED = {"train_layers": 0}
 # config.json keys that are records of the run, not TrainConfig fields
 RECORD_KEYS = ("weights", "evaluation")
 # what --resume may change: how far the run goes, and where it is (the rest is the saved run's)
-RESUMABLE = ("steps", "out", "resume")
-# TrainConfig fields whose option is not --<field-with-dashes>
-OPTION_NAMES = {"env_id": "--env", "episodes": "--batch-size"}
+RESUMABLE = ("updates", "out", "resume")
 
 
 def saved_config(out: str) -> TrainConfig | None:
@@ -415,7 +410,8 @@ def saved_config(out: str) -> TrainConfig | None:
         return None
     for key in RECORD_KEYS:
         saved.pop(key, None)
-    saved = {**SETTINGS_BEFORE_THEY_EXISTED, **saved}  # a run saved before a setting existed ran without it
+    if "train_layers" not in saved and "trained_layers" not in saved:
+        saved["trained_layers"] = 0  # a run saved before the frozen layers existed trained every weight (default: 10)
     try:
         return TrainConfig.from_dict(saved)
     except (TypeError, ValueError):
@@ -423,16 +419,18 @@ def saved_config(out: str) -> TrainConfig | None:
 
 
 def _resumed_config(config: TrainConfig, out: str) -> TrainConfig:
-    """The saved run's config, continued to ``config.steps``; any other setting ``config`` changes is refused
+    """The saved run's config, continued to ``config.updates``; any other setting ``config`` changes is refused
     in one line (a resumed run continues the saved run exactly: its optimizer, schedule and seeds)."""
     saved = saved_config(out)
     if not os.path.exists(os.path.join(out, CHECKPOINT)) or saved is None:
         raise TrainError(f"--resume: {out} holds no checkpoint to continue")
     changed = [f.name for f in fields(TrainConfig) if f.name not in RESUMABLE and getattr(config, f.name) != getattr(saved, f.name)]
     if changed:
-        asked = ", ".join(f"{OPTION_NAMES.get(n, '--' + n.replace('_', '-'))} {getattr(config, n)!r} (saved: {getattr(saved, n)!r})" for n in changed)
-        raise TrainError(f"--resume continues the run in {out} with its saved settings; only --steps can change, not {asked}: start a new run in another --out")
-    return dataclasses.replace(saved, resume=True, steps=config.steps, out=config.out)
+        asked = ", ".join(f"{flag_of(n)} {getattr(config, n)!r} (saved: {getattr(saved, n)!r})" for n in changed)
+        raise TrainError(
+            f"--resume continues the run in {out} with its saved settings; only --updates can change, not {asked}: start a new run in another --out"
+        )
+    return dataclasses.replace(saved, resume=True, updates=config.updates, out=config.out)
 
 
 def _truncate_metrics(path: str, step: int) -> None:

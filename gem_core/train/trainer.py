@@ -212,16 +212,16 @@ class Trainer:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device_type = torch.device(config.device).type
         self.rollout_engine = resolve_rollout_engine(config)
-        self.bf16 = auto_precision(self.device_type) == "bf16" if config.bf16 is None else config.bf16
+        self.bf16 = (auto_precision(self.device_type) if config.precision == "auto" else config.precision) == "bf16"
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        if config.train_layers and freeze_lower_layers(self.model, config.train_layers):
+        if config.trained_layers and freeze_lower_layers(self.model, config.trained_layers):
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-            log(f"training the top {config.train_layers} decoder layers ({trained / 1e6:.1f}M parameters); the embeddings and the layers below are frozen")
-        self.optimizer = adamw(self.model.parameters(), config.lr)
+            log(f"training the top {config.trained_layers} decoder layers ({trained / 1e6:.1f}M parameters); the embeddings and the layers below are frozen")
+        self.optimizer = adamw(self.model.parameters(), config.lr, config.betas, config.eps, config.weight_decay)
         # Adam's first steps move every weight by about lr whatever the gradient: ramp the rate up.
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.lr_warmup + 1)))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.warmup_updates + 1)))
         self.reference = None
         self._envs: list[Any] = []
         self._eval_seeds: dict[str, list[int]] = {}
@@ -233,9 +233,9 @@ class Trainer:
         # the template's end of turn first: a scripted policy (the warm start) ends its responses with the first stop id
         stops = (*self.formatter.stop_token_ids, *closing_brace_ids(tokenizer)) if config.stop_after_box else ()
         self.run_config = RunConfig(
-            params=SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, stop_token_ids=stops),
-            max_turns=config.max_turns,
-            max_context_tokens=config.max_context_tokens,
+            params=SamplingParams(max_tokens=config.max_turn_tokens, temperature=config.temperature, stop_token_ids=stops),
+            max_turns=config.max_turns or None,
+            max_context_tokens=config.max_context_tokens or None,
         )
 
     # -- rollouts ------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ class Trainer:
         ``run_config``: default the run's (its temperature)."""
         # HF generation: batches of at most one update's episodes, and as many episodes in play (each keeps its KV
         # cache between turns): the evaluation's 100 at once held 3x the KV cache. vLLM schedules its own.
-        batch_size = max(min(len(seeds) * group_size, self.config.episodes), 1)
+        batch_size = max(min(len(seeds) * group_size, self.config.episodes_per_update), 1)
         policy = self.policy(batch_size)
         in_play = batch_size if self.rollout_engine == "hf" else None
         try:
@@ -297,7 +297,7 @@ class Trainer:
     def envs(self) -> list[Any]:
         if not self._envs:
             spec = TaskSpec(self.config.env_id, env_kwargs=dict(self.config.env_kwargs), tools=self.config.tools)
-            self._envs = [spec.make_env() for _ in range(max(self.config.episodes, self.config.eval_episodes))]
+            self._envs = [spec.make_env() for _ in range(max(self.config.episodes_per_update, self.config.eval_episodes))]
         return self._envs
 
     def close(self) -> None:
@@ -313,7 +313,7 @@ class Trainer:
     def train_seeds(self, step: int) -> list[int]:
         """Update ``step``'s start states, one a group: what the run's seed means in every trainer
         (:func:`gem_core.experiment.update_start_seeds`; an experiment's training rows are the same)."""
-        return update_start_seeds(self.config.seed, step, self.config.episodes // self.config.group_size, EVAL_SEED_BASE)
+        return update_start_seeds(self.config.seed, step, self.config.episodes_per_update // self.config.group_size, EVAL_SEED_BASE)
 
     @property
     def report(self) -> EnvReport:
@@ -435,7 +435,7 @@ class Trainer:
         references: list[list[Any]] = [[None] * len(p) for p in parts]
         bottoms: list[list[Any]] = [[None] * len(p) for p in parts]
         head = output_layer(self.model)
-        frozen = frozen_layer_count(head[0]) if head is not None and (config.kl_coef > 0 or config.epochs > 1) else 0
+        frozen = frozen_layer_count(head[0]) if head is not None and (config.kl_coef > 0 or config.ppo_epochs > 1) else 0
         with torch.no_grad():
             if frozen:  # the frozen lower layers once for every pass and the reference (gem_core.train.decoder)
                 with self.autocast():
@@ -446,7 +446,7 @@ class Trainer:
         losses: list[float] = []
         step_stats: list[dict[str, float]] = []
         norms: list[float] = []
-        for _ in range(config.epochs):
+        for _ in range(config.ppo_epochs):
             losses, step_stats, norms = [], [], []
             for step_rows, step_parts, step_references, step_bottoms in zip(steps, parts, references, bottoms):
                 self.optimizer.zero_grad()
@@ -480,7 +480,9 @@ class Trainer:
                 logprobs, entropy = self.logprobs(self.model, part, with_entropy=True, bottom=bottom)
             else:
                 logprobs, entropy = self.logprobs(self.model, part, bottom=bottom), None
-            loss, part_stats = policy_loss(logprobs, part, config.clip, reference, kl_coef, entropy, config.entropy_coef, tokens=tokens)
+            loss, part_stats = policy_loss(
+                logprobs, part, config.clip_low, reference, kl_coef, entropy, config.entropy_coef, tokens=tokens, clip_high=config.clip_high
+            )
             loss.backward()
             total += float(loss.detach())
             for key, value in part_stats.items():
@@ -498,7 +500,7 @@ class Trainer:
     def kl_coef(self) -> float:
         """This update's KL coefficient (:func:`kl_coef_at`)."""
         config = self.config
-        return kl_coef_at(config.kl_coef, config.kl_schedule, self.step, config.steps)
+        return kl_coef_at(config.kl_coef, config.kl_schedule, self.step, config.updates)
 
     def autocast(self) -> Any:
         """bf16 autocast when on (weights, gradients and the optimizer stay float32)."""
@@ -508,7 +510,9 @@ class Trainer:
         """:func:`token_logprobs` with this run's temperature and chunk size, under bf16 autocast when on
         (the log-softmax runs in float32 either way); ``bottom``: the rows' frozen lower layers, already run."""
         with self.autocast():
-            return token_logprobs(model, rows, self.config.temperature, with_entropy=with_entropy, chunk_tokens=self.config.logprob_chunk_tokens, bottom=bottom)
+            return token_logprobs(
+                model, rows, self.config.recompute_temperature, with_entropy=with_entropy, chunk_tokens=self.config.logprob_chunk_tokens, bottom=bottom
+            )
 
     def _reference(self) -> Any:
         if self.reference is None:

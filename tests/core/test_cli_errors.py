@@ -145,8 +145,14 @@ TABLE = [
         ["train", "--env-kwargs", '{"max_turns": 2.5}', "--out", "{tmp}/run"],
         "gem-core: error: game:GuessTheNumber-v0-easy: max_turns=2.5 is not allowed: expected an integer in 1..100000, or None (set per episode by the game)",
     ),
-    (["train", "--view", "token", "--out", "{tmp}/run"], "gem-core train: error: argument --view: invalid choice: 'token' (choose from 'turn', 'sequence')"),
-    (["train", "--clip", "-0.2", "--out", "{tmp}/run"], "gem-core train: error: argument --clip: expected a number in [0, 10], got -0.2"),
+    (
+        ["train", "--view", "token", "--out", "{tmp}/run"],
+        "gem-core train: error: argument --algorithm.view/--view: expected one of 'turn', 'sequence', got 'token'",
+    ),
+    (
+        ["train", "--clip-low", "-0.2", "--out", "{tmp}/run"],
+        "gem-core train: error: argument --algorithm.clip_low/--clip-low: expected a number in 0..10, got '-0.2'",
+    ),
     (["eval", GTN, "--policy", "random", "--seed-start", "-1"], "gem-core eval run: error: argument --seed-start: expected a number >= 0, got -1"),
     (["eval", GTN, "--policy", "random", "--concurrency", "0"], "gem-core eval run: error: argument --concurrency: expected a number >= 1, got 0"),
     (
@@ -266,7 +272,7 @@ def test_train_out_under_a_file_is_one_line(workdir, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     (workdir / "afile").write_text("x")
-    code, _, err = run_main(["train", "--out", "afile/run", "--no-progress", "--steps", "1"], capsys)
+    code, _, err = run_main(["train", "--out", "afile/run", "--no-progress", "--updates", "1"], capsys)
     assert_one_line(code, err, "gem-core: error: --out afile/run: Not a directory: afile/run")
 
 

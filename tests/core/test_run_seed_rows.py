@@ -22,7 +22,7 @@ GTN = "game:GuessTheNumber-v0-easy"
 def reference_start_seeds(seed: int, episodes: int, group_size: int, updates: int) -> list[int]:
     """What the reference trainer plays: its own ``train_seeds``, update after update (on a stand-in ``self``
     holding only the config: the method reads nothing else)."""
-    holder = types.SimpleNamespace(config=TrainConfig(seed=seed, episodes=episodes, group_size=group_size))
+    holder = types.SimpleNamespace(config=TrainConfig(seed=seed, episodes_per_update=episodes, group_size=group_size))
     return [s for step in range(updates) for s in Trainer.train_seeds(holder, step)]
 
 

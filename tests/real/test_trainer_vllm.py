@@ -39,17 +39,17 @@ def test_the_engine_samples_from_the_trainers_current_weights(model_dir, tmp_pat
         model=model_dir,
         rollout_engine="vllm",
         estimator="reinforce",
-        episodes=4,
+        episodes_per_update=4,
         eval_episodes=1,
-        max_tokens=16,
+        max_turn_tokens=16,
         temperature=0.7,
         lr=1e-3,
-        lr_warmup=0,
+        warmup_updates=0,
         max_context_tokens=1024,
-        warmup_steps=0,
-        bf16=False,  # float32 on both sides (the default turns bf16 autocast on where the CPU has it)
+        warm_start_steps=0,
+        precision="float32",  # float32 on both sides (the default turns bf16 autocast on where the CPU has it)
         stop_after_box=False,
-        train_layers=0,
+        trained_layers=0,
         out=str(tmp_path / "run"),
     )
     trainer = Trainer(config, model, tokenizer, log=lambda _: None)

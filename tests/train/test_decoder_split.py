@@ -102,7 +102,9 @@ def test_the_trainers_update_with_a_kl_term_is_the_same_update_split_or_not(tiny
     from gem_core.train.trainer import Trainer, TrainConfig
 
     model, tokenizer = tiny
-    config = dict(out=str(tmp_path / "run"), episodes=4, eval_episodes=2, max_tokens=6, kl_coef=0.5, mini_batches=2, lr=1e-2, train_layers=TRAINED)
+    config = dict(
+        out=str(tmp_path / "run"), episodes_per_update=4, eval_episodes=2, max_turn_tokens=6, kl_coef=0.5, mini_batches=2, lr=1e-2, trained_layers=TRAINED
+    )
     after = []
     calls = []
     for split in (True, False):

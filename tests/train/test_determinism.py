@@ -26,7 +26,7 @@ pytest.importorskip("gguf")
 from gem_core.train.trainer import DEFAULT_MODEL, Trainer, TrainConfig  # noqa: E402
 
 # the default run's settings at a size a test can run twice: a warm start of one step, two RL updates of 4 episodes
-SMALL = dict(model=DEFAULT_MODEL, steps=2, episodes=4, eval_episodes=4, warmup_steps=1, warmup_batch=4, checkpoint_every=1)
+SMALL = dict(model=DEFAULT_MODEL, updates=2, episodes_per_update=4, eval_episodes=4, warm_start_steps=1, warm_start_batch=4, checkpoint_every=1)
 NOT_THE_RUNS_OWN = {"rollout_seconds", "update_seconds", "peak_rss_gb"}  # timings and memory: the machine's
 
 
@@ -80,13 +80,18 @@ def _weights_sha256(weights: dict) -> str:
 
 
 def _check_recorded(lines: list[dict], weights: dict) -> None:
-    """The run against the recorded one (``GEM_RECORD_RUN=1``: record it), where the machine matches."""
+    """The run against the one recorded on a machine like this one (``GEM_RECORD_RUN=1``: record this machine's);
+    the file holds one recording per machine (``runs``), so the check runs wherever one matches."""
     run = {"machine": _machine(), "metrics": lines, "weights_sha256": _weights_sha256(weights)}
+    stored = json.loads(RECORDED.read_text())
+    runs = stored.get("runs", [stored])  # a file of one recording, before it held several
     if os.environ.get("GEM_RECORD_RUN") == "1":
-        RECORDED.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
-    recorded = json.loads(RECORDED.read_text())
-    if recorded["machine"] != run["machine"]:
-        pytest.skip(f"the recorded run is of another machine ({recorded['machine']}; here {run['machine']}): bit-for-bit holds on one")
+        runs = [r for r in runs if r["machine"] != run["machine"]] + [run]
+        RECORDED.write_text(json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n")
+    recorded = next((r for r in runs if r["machine"] == run["machine"]), None)
+    if recorded is None:
+        machines = [r["machine"] for r in runs]
+        pytest.skip(f"the recorded runs are of other machines ({machines}; here {run['machine']}): bit-for-bit holds on one")
     assert run["metrics"] == recorded["metrics"], "the default run's small configuration gives other metrics than the recorded run"
     assert run["weights_sha256"] == recorded["weights_sha256"], "the default run's small configuration gives other weights than the recorded run"
 

@@ -28,8 +28,8 @@ def _train(tiny, tmp_path, capsys, env: str) -> tuple[list[str], list[str], list
     from gem_core.cli import main
 
     out = tmp_path / "run"
-    argv = ["train", "--env", env, "--model", tiny[0], "--steps", "1", "--batch-size", "2", "--eval-episodes", "2"]
-    assert main([*argv, "--warmup-steps", "0", "--out", str(out), "--no-progress"]) == 0
+    argv = ["train", "--env", env, "--model", tiny[0], "--updates", "1", "--episodes-per-update", "2", "--eval-episodes", "2"]
+    assert main([*argv, "--warm-start-steps", "0", "--out", str(out), "--no-progress"]) == 0
     output = capsys.readouterr().out
     lines = output.splitlines()
     at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("success rate"))
@@ -145,7 +145,7 @@ def test_greedy_evaluation_plays_each_start_state_once_and_counts_it_as_the_set_
         return f"\\boxed{{{int(guess) + (3 if hint == 'higher' else -3)}}}"
 
     path, _, tokenizer = tiny
-    config = TrainConfig(model=path, out=str(tmp_path / "run"), episodes=8, eval_episodes=40, warmup_steps=0)
+    config = TrainConfig(model=path, out=str(tmp_path / "run"), episodes_per_update=8, eval_episodes=40, warm_start_steps=0)
     trainer = Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer, log=lambda _: None)
     trainer.policy = lambda batch_size: ScriptedPolicy(tokenizer, step_from_the_last_hint)
     try:

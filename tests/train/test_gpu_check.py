@@ -65,7 +65,9 @@ def test_training_rows_go_to_the_models_device(monkeypatch, tmp_path):
     from gem_core.train.trainer import Trainer, TrainConfig
 
     model, tokenizer = tiny_model(0)
-    trainer = Trainer(TrainConfig(out=str(tmp_path / "run"), episodes=2, steps=1, eval_episodes=2, kl_coef=0.0), model, tokenizer, log=lambda _: None)
+    trainer = Trainer(
+        TrainConfig(out=str(tmp_path / "run"), episodes_per_update=2, updates=1, eval_episodes=2, kl_coef=0.0), model, tokenizer, log=lambda _: None
+    )
     try:
         warm_start(trainer, 1, 2)
         trainer.update()

@@ -43,7 +43,7 @@ def test_an_evaluation_plays_the_set_greedy_and_sampled(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
     path, _, tokenizer = tiny
-    config = TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=10, eval_set="validation", temperature=0.7)
+    config = TrainConfig(out=str(tmp_path / "run"), episodes_per_update=4, eval_episodes=10, eval_set="validation", temperature=0.7)
     trainer = Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer, log=lambda _: None)
     played = []
     rollout = trainer.rollout
@@ -67,7 +67,7 @@ def test_an_evaluation_plays_the_set_greedy_and_sampled(tiny, tmp_path):
 def test_config_json_records_the_weights_loaded(tiny, tmp_path):
     from gem_core.train.run import train
 
-    train(TrainConfig(model=tiny[0], steps=1, episodes=2, eval_episodes=2, out=str(tmp_path / "r")), progress=False, log=lambda _: None)
+    train(TrainConfig(model=tiny[0], updates=1, episodes_per_update=2, eval_episodes=2, out=str(tmp_path / "r")), progress=False, log=lambda _: None)
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
     file = f"{tiny[0]}/model.safetensors"
     with open(file, "rb") as handle:
@@ -94,34 +94,34 @@ def test_the_weights_record_names_the_gguf_an_alias_was_converted_from(tmp_path,
 
 @pytest.mark.parametrize(
     "option, shown",
-    [(["--lr", "0.001"], "--lr 0.001"), (["--batch-size", "4"], "--batch-size 4"), (["--estimator", "reinforce"], "--estimator 'reinforce'")],
+    [(["--lr", "0.001"], "--lr 0.001"), (["--episodes-per-update", "4"], "--episodes-per-update 4"), (["--estimator", "reinforce"], "--estimator 'reinforce'")],
 )
 def test_resume_refuses_an_option_it_cannot_honour(tiny, tmp_path, capsys, option, shown):
     """--resume continues the saved run with its saved settings: any other option given is one line, not
     silently dropped (it used to keep only --steps)."""
     from gem_core.cli import main
 
-    common = ["--model", tiny[0], "--out", str(tmp_path / "r"), "--no-progress", "--batch-size", "2", "--eval-episodes", "2"]
-    assert main(["train", "--steps", "1", *common]) == 0
+    common = ["--model", tiny[0], "--out", str(tmp_path / "r"), "--no-progress", "--episodes-per-update", "2", "--eval-episodes", "2"]
+    assert main(["train", "--updates", "1", *common]) == 0
     capsys.readouterr()
-    resumed = [*common[:-4], "--eval-episodes", "2", *option] if option[0] == "--batch-size" else [*common, *option]
-    assert main(["train", "--resume", "--steps", "2", *resumed]) == 2
+    resumed = [*common[:-4], "--eval-episodes", "2", *option] if option[0] == "--episodes-per-update" else [*common, *option]
+    assert main(["train", "--resume", "--updates", "2", *resumed]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert "only --steps can change" in err and shown in err
+    assert "only --updates can change" in err and shown in err
     lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
     assert max(line["step"] for line in lines) == 1  # nothing ran
     # the same options as saved (given again, or not given) continue the run
-    assert main(["train", "--resume", "--steps", "2", *common]) == 0
+    assert main(["train", "--resume", "--updates", "2", *common]) == 0
 
 
 def test_resume_through_the_api_refuses_a_changed_setting(tiny, tmp_path):
     from gem_core.train.run import TrainError, train
 
-    common = dict(model=tiny[0], episodes=2, eval_episodes=2, out=str(tmp_path / "r"))
-    train(TrainConfig(steps=1, **common), progress=False, log=lambda _: None)
+    common = dict(model=tiny[0], episodes_per_update=2, eval_episodes=2, out=str(tmp_path / "r"))
+    train(TrainConfig(updates=1, **common), progress=False, log=lambda _: None)
     with pytest.raises(TrainError, match="temperature"):
-        train(TrainConfig(steps=2, resume=True, temperature=0.5, **common), progress=False, log=lambda _: None)
+        train(TrainConfig(updates=2, resume=True, temperature=0.5, **common), progress=False, log=lambda _: None)
 
 
 def test_an_update_without_signal_is_reported_and_spends_no_step(tiny, tmp_path):
@@ -132,7 +132,7 @@ def test_an_update_without_signal_is_reported_and_spends_no_step(tiny, tmp_path)
     path, _, tokenizer = tiny
     logs: list[str] = []
     trainer = Trainer(
-        TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=2, kl_coef=0.0),  # a KL term would be a signal
+        TrainConfig(out=str(tmp_path / "run"), episodes_per_update=4, eval_episodes=2, kl_coef=0.0),  # a KL term would be a signal
         AutoModelForCausalLM.from_pretrained(path),
         tokenizer,
         log=logs.append,
@@ -166,7 +166,7 @@ def test_an_update_without_signal_steps_as_every_trainer_when_asked(tiny, tmp_pa
     from transformers import AutoModelForCausalLM
 
     path, _, tokenizer = tiny
-    config = TrainConfig(out=str(tmp_path / "run"), episodes=4, eval_episodes=2, kl_coef=0.0, skip_zero_signal=skip)
+    config = TrainConfig(out=str(tmp_path / "run"), episodes_per_update=4, eval_episodes=2, kl_coef=0.0, skip_zero_signal=skip)
     trainer = Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer, log=lambda _: None)
     rollout = trainer.rollout
     rewards = iter([[1.0, 0.0, 0.5, 0.2], [0.0, 0.0, 0.0, 0.0]])  # a signal, then none

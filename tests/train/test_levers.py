@@ -32,7 +32,7 @@ def test_stop_after_box_ends_each_response_at_its_closing_brace(tmp_path, stop_a
 
     tokenizer = build_test_tokenizer("chatml")
     brace = tokenizer.convert_tokens_to_ids("}")
-    config = TrainConfig(out=str(tmp_path / "run"), episodes=2, eval_episodes=2, max_tokens=6, stop_after_box=stop_after_box)
+    config = TrainConfig(out=str(tmp_path / "run"), episodes_per_update=2, eval_episodes=2, max_turn_tokens=6, stop_after_box=stop_after_box)
     trainer = Trainer(config, _brace_loving_model(tokenizer, brace), tokenizer, log=lambda _: None)
     try:
         trajectories = trainer.rollout([1, 2], prefix="t")
@@ -63,7 +63,7 @@ def test_kl_schedule_linear_falls_from_kl_coef_to_zero_over_the_run():
     assert [kl_coef_at(0.1, "constant", step, 4) for step in range(4)] == [0.1] * 4
     assert [kl_coef_at(0.2, "linear", step, 4) for step in range(4)] == pytest.approx([0.2, 0.15, 0.1, 0.05])
     assert kl_coef_at(0.0, "linear", 1, 4) == 0.0
-    with pytest.raises(ValueError, match="kl_schedule must be one of constant, linear"):
+    with pytest.raises(ValueError, match="reference.kl_schedule='cosine' is not allowed: expected one of 'constant', 'linear'"):
         TrainConfig(kl_schedule="cosine")
 
 
@@ -76,10 +76,10 @@ def test_the_cli_runs_the_linear_kl_schedule_its_coefficient_in_the_loss_and_kep
     from gem_core.cli import main
 
     out = tmp_path / "r"
-    common = ["--model", tiny[0], "--out", str(out), "--no-progress", "--batch-size", "2", "--eval-episodes", "2", "--warmup-steps", "0"]
+    common = ["--model", tiny[0], "--out", str(out), "--no-progress", "--episodes-per-update", "2", "--eval-episodes", "2", "--warm-start-steps", "0"]
     # the tiny model plays no valid move (every advantage alike): an entropy bonus moves it off its start
     schedule = ["--kl-coef", "0.3", "--kl-schedule", "linear", "--entropy-coef", "1.0", "--lr", "0.01"]
-    assert main(["train", "--steps", "3", *schedule, *common]) == 0
+    assert main(["train", "--updates", "3", *schedule, *common]) == 0
     lines = [json.loads(line) for line in open(out / "metrics.jsonl") if '"rl"' in line]
     assert [line["kl_coef"] for line in lines] == pytest.approx([0.3, 0.2, 0.1])
     for line in lines:
@@ -89,7 +89,7 @@ def test_the_cli_runs_the_linear_kl_schedule_its_coefficient_in_the_loss_and_kep
     capsys.readouterr()
     assert main(["train", "--resume", "--kl-schedule", "constant", *common]) == 2
     assert "kl" in capsys.readouterr().err.lower()
-    assert main(["train", "--steps", "1", "--kl-schedule", "cosine", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
+    assert main(["train", "--updates", "1", "--kl-schedule", "cosine", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--kl-schedule" in err and "Traceback" not in err
 

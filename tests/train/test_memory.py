@@ -40,7 +40,9 @@ def _trainer(tiny, tmp_path, **overrides):
 
     model, tokenizer = tiny
     # float32 (bf16 autocast is on by default where the CPU has it): these tests compare gradients to 1e-4
-    config = TrainConfig(**{"out": str(tmp_path / "run"), "episodes": 6, "eval_episodes": 2, "max_tokens": 6, "bf16": False, **overrides})
+    config = TrainConfig(
+        **{"out": str(tmp_path / "run"), "episodes_per_update": 6, "eval_episodes": 2, "max_turn_tokens": 6, "precision": "float32", **overrides}
+    )
     return Trainer(config, copy.deepcopy(model), tokenizer)
 
 
@@ -265,6 +267,6 @@ def test_gradient_checkpointing_on_a_model_without_it_is_one_line(tiny, tmp_path
     model = copy.deepcopy(tiny[0])
     monkeypatch.setattr(type(model), "supports_gradient_checkpointing", False)
     monkeypatch.setattr(run, "load_model_and_weights", lambda name, seed=0: (model, tiny[1], {"model": "tiny", "source": "test", "files": {}}))
-    config = TrainConfig(out=str(tmp_path / "run"), steps=1, episodes=2, eval_episodes=2, warmup_steps=0, gradient_checkpointing=True)
+    config = TrainConfig(out=str(tmp_path / "run"), updates=1, episodes_per_update=2, eval_episodes=2, warm_start_steps=0, gradient_checkpointing=True)
     with pytest.raises(run.TrainError, match="gradient_checkpointing: .* does not support it"):
         run.train(config, progress=False, log=lambda _: None)

@@ -38,7 +38,7 @@ def _finished_run(directory: Path, steps: int, final: float = 0.3, turns: float 
 
 def _tiny_extra() -> dict:
     extra = dict(TINY_RUN)
-    extra.pop("steps")
+    extra.pop("updates")
     return extra
 
 
@@ -54,7 +54,7 @@ def test_a_reinforce_run_does_not_count_for_the_rebn_arm(findings, tmp_path):
 
 @pytest.mark.parametrize(
     "change, field",
-    [({"seed": 1}, "seed"), ({"model": TrainConfig.model}, "model"), ({"episodes": 32}, "episodes"), ({"gamma": 0.999}, "gamma")],
+    [({"seed": 1}, "seed"), ({"model": TrainConfig.model}, "model"), ({"episodes_per_update": 32}, "episodes_per_update"), ({"gamma": 0.999}, "gamma")],
 )
 def test_a_run_of_another_seed_model_or_scale_does_not_count(findings, tmp_path, change, field):
     rebn = next(arm for arm in findings.ARMS if arm.name == "rebn-0.9")
@@ -83,9 +83,9 @@ def test_a_run_of_an_older_default_does_not_count_at_the_real_scale(findings, tm
     weight trained, as before --train-layers) is not today's default run."""
     rebn = next(arm for arm in findings.ARMS if arm.name == "rebn-0.9")
     directory = Path(findings.run_dir(str(tmp_path), rebn, 0, "real"))
-    _finished_run(directory, 30, estimator="rebn", gamma=0.9, seed=0, train_layers=0)
+    _finished_run(directory, 30, estimator="rebn", gamma=0.9, seed=0, trained_layers=0)
     expected = findings.arm_config(rebn, 0, {})
-    assert [m.split(":")[0] for m in findings.mismatches(str(directory), expected)] == ["train_layers"]
+    assert [m.split(":")[0] for m in findings.mismatches(str(directory), expected)] == ["trained_layers"]
     assert not findings.finished(str(directory), 30, expected)
 
 

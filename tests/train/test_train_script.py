@@ -20,7 +20,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_main_job_script_installs_into_a_virtualenv_and_trains(tmp_path):
     env = {**os.environ, "GEM_VENV": sys.prefix}
     out = tmp_path / "run"
-    args = ["--model", "tiny", "--steps", "1", "--batch-size", "2", "--eval-episodes", "2", "--warmup-steps", "0", "--no-progress", "--out", str(out)]
+    args = [
+        "--model",
+        "tiny",
+        "--updates",
+        "1",
+        "--episodes-per-update",
+        "2",
+        "--eval-episodes",
+        "2",
+        "--warm-start-steps",
+        "0",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "after 1 RL updates" in done.stdout and "success rate" in done.stdout
@@ -30,7 +44,7 @@ def test_the_main_job_script_installs_into_a_virtualenv_and_trains(tmp_path):
 
 def test_the_main_job_script_passes_a_bad_option_on_as_one_line(tmp_path):
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "train.sh"), "--steps", "zero"],
+        ["bash", str(ROOT / "scripts" / "train.sh"), "--updates", "zero"],
         cwd=tmp_path,
         env={**os.environ, "GEM_VENV": sys.prefix},
         capture_output=True,
@@ -38,7 +52,7 @@ def test_the_main_job_script_passes_a_bad_option_on_as_one_line(tmp_path):
         timeout=600,
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("gem-core train: error: argument --steps")
+    assert done.stderr.strip().splitlines()[-1].startswith("gem-core train: error: argument --training.updates/--updates")
     assert "Traceback" not in done.stderr
 
 
@@ -58,12 +72,12 @@ def test_without_a_gpu_torch_comes_from_pytorchs_cpu_index_as_an_extra_index(tmp
         tool.chmod(0o755)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if not (Path(p) / "nvidia-smi").exists())
     env = {**os.environ, "GEM_VENV": str(venv), "PATH": path}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh"), "--steps", "3"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh"), "--updates", "3"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = calls.read_text().splitlines()
     assert lines == [
         "python -m pip install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu --retries 1",
         f"python -m pip install -q -e {ROOT}[train]",
-        "gem-core train --steps 3",
+        "gem-core train --updates 3",
     ], lines
     assert "CPU build" in done.stderr

@@ -21,7 +21,7 @@ def _trainer(tiny, tmp_path, **overrides):
     from transformers import AutoModelForCausalLM
 
     path, _, tokenizer = tiny
-    config = TrainConfig(**{"out": str(tmp_path / "run"), "episodes": 4, "eval_episodes": 4, **overrides})
+    config = TrainConfig(**{"out": str(tmp_path / "run"), "episodes_per_update": 4, "eval_episodes": 4, **overrides})
     return Trainer(config, AutoModelForCausalLM.from_pretrained(path), tokenizer)
 
 
@@ -35,8 +35,8 @@ def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path, mo
     plain = _trainer(tiny, tmp_path)
     assert plain.bf16 is False  # the default on a CPU without bfloat16 arithmetic
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
-    assert _trainer(tiny, tmp_path).bf16 is True and _trainer(tiny, tmp_path, bf16=False).bf16 is False
-    half = _trainer(tiny, tmp_path, bf16=True)
+    assert _trainer(tiny, tmp_path).bf16 is True and _trainer(tiny, tmp_path, precision="float32").bf16 is False
+    half = _trainer(tiny, tmp_path, precision="bf16")
     try:
         trajectories = plain.rollout([0, 1], prefix="t-")
         rows = training_rows(trajectories, [[1.0] * t.num_turns for t in trajectories], "sequence", plain.pad_id)
@@ -52,8 +52,8 @@ def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path, mo
     finally:
         plain.close()
         half.close()
-    with pytest.raises(ValueError, match="bf16"):
-        TrainConfig(bf16="yes")
+    with pytest.raises(ValueError, match="training.precision='yes'"):
+        TrainConfig(precision="yes")
 
 
 def test_train_layers_trains_the_top_layers_alone_with_the_full_models_gradient(tmp_path):
@@ -71,7 +71,7 @@ def test_train_layers_trains_the_top_layers_alone_with_the_full_models_gradient(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     full = _trainer((str(path), model, tokenizer), tmp_path / "full", lr=1e-2)
-    top = _trainer((str(path), model, tokenizer), tmp_path / "top", lr=1e-2, train_layers=1)
+    top = _trainer((str(path), model, tokenizer), tmp_path / "top", lr=1e-2, trained_layers=1)
     try:
         trajectories = full.rollout([0, 1, 2, 3], prefix="f-")
         advantages = [[1.0 if i % 2 == 0 else -1.0] * t.num_turns for i, t in enumerate(trajectories)]
@@ -99,8 +99,8 @@ def test_train_layers_trains_the_top_layers_alone_with_the_full_models_gradient(
         top.close()
     whole = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=2)
     assert freeze_lower_layers(whole, 2) is False and all(p.requires_grad for p in whole.parameters())  # as many as it has: all
-    with pytest.raises(ValueError, match="train_layers"):
-        TrainConfig(train_layers=-1)
+    with pytest.raises(ValueError, match="trained_layers"):
+        TrainConfig(trained_layers=-1)
 
 
 def test_a_run_saved_before_train_layers_existed_resumes_training_every_weight(tmp_path):
@@ -110,12 +110,12 @@ def test_a_run_saved_before_train_layers_existed_resumes_training_every_weight(t
     from gem_core.train.run import saved_config
     from gem_core.train.trainer import config_dict
 
-    for name, record, want in (("old", {}, 0), ("new", {"train_layers": 4}, 4)):
+    for name, record, want in (("old", {}, 0), ("new", {"trained_layers": 4}, 4)):
         out = tmp_path / name
         out.mkdir()
-        saved = {k: v for k, v in config_dict(TrainConfig(out=str(out))).items() if k != "train_layers"}
+        saved = {k: v for k, v in config_dict(TrainConfig(out=str(out))).items() if k != "trained_layers"}
         (out / "config.json").write_text(json.dumps({**saved, **record, "weights": {}}))
-        assert saved_config(str(out)).train_layers == want, name
+        assert saved_config(str(out)).trained_layers == want, name
     (tmp_path / "list").mkdir()
     (tmp_path / "list" / "config.json").write_text("[1, 2]")
     assert saved_config(str(tmp_path / "list")) is None
@@ -136,7 +136,7 @@ def test_generation_batches_stay_within_one_updates_episodes(tiny, tmp_path):
     times the KV cache of an update's 32), and a rollout hands freed memory back without failing."""
     import gem_core.train.trainer as trainer_module
 
-    trainer = _trainer(tiny, tmp_path, episodes=2, eval_episodes=5)
+    trainer = _trainer(tiny, tmp_path, episodes_per_update=2, eval_episodes=5)
     sizes: list[int] = []
     in_play: list[int | None] = []
     policy = trainer.policy
@@ -302,10 +302,20 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tiny, tmp_path)
     path = tiny[0]
     # a linear KL schedule is spread over the run's --steps, so a run of 2 extended to 4 follows another schedule:
     # constant here (a run cut short and resumed with its own --steps: tests/train/test_determinism.py)
-    common = dict(model=path, episodes=4, eval_episodes=4, eval_every=2, warmup_steps=2, warmup_batch=4, checkpoint_every=1, seed=3, kl_schedule="constant")
-    whole = train(TrainConfig(steps=4, out=str(tmp_path / "whole"), **common), progress=False, log=lambda _: None)
-    train(TrainConfig(steps=2, out=str(tmp_path / "cut"), **common), progress=False, log=lambda _: None)
-    resumed = train(TrainConfig(steps=4, out=str(tmp_path / "cut"), resume=True, **common), progress=False, log=lambda _: None)
+    common = dict(
+        model=path,
+        episodes_per_update=4,
+        eval_episodes=4,
+        eval_every=2,
+        warm_start_steps=2,
+        warm_start_batch=4,
+        checkpoint_every=1,
+        seed=3,
+        kl_schedule="constant",
+    )
+    whole = train(TrainConfig(updates=4, out=str(tmp_path / "whole"), **common), progress=False, log=lambda _: None)
+    train(TrainConfig(updates=2, out=str(tmp_path / "cut"), **common), progress=False, log=lambda _: None)
+    resumed = train(TrainConfig(updates=4, out=str(tmp_path / "cut"), resume=True, **common), progress=False, log=lambda _: None)
     assert resumed.steps == whole.steps == 4
     assert _rl_lines(tmp_path / "cut" / "metrics.jsonl") == _rl_lines(tmp_path / "whole" / "metrics.jsonl")
     assert resumed.final == whole.final
@@ -322,7 +332,15 @@ def test_eval_every_saves_the_model_at_each_of_those_evaluations(tiny, tmp_path)
     from gem_core.train.run import eval_checkpoint, train
 
     config = TrainConfig(
-        model=tiny[0], steps=4, episodes=4, eval_episodes=2, eval_every=2, warmup_steps=0, estimator="reinforce", lr=1e-2, out=str(tmp_path / "r")
+        model=tiny[0],
+        updates=4,
+        episodes_per_update=4,
+        eval_episodes=2,
+        eval_every=2,
+        warm_start_steps=0,
+        estimator="reinforce",
+        lr=1e-2,
+        out=str(tmp_path / "r"),
     )
     train(config, progress=False, log=lambda _: None)
     saved = sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir())
@@ -354,7 +372,7 @@ def test_the_warm_start_is_the_same_for_the_same_seed(tiny, tmp_path):
 def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
     from gem_core.train.run import TrainError, train
 
-    config = TrainConfig(model=tiny[0], steps=1, episodes=2, eval_episodes=2, warmup_steps=0, out=str(tmp_path / "r"))
+    config = TrainConfig(model=tiny[0], updates=1, episodes_per_update=2, eval_episodes=2, warm_start_steps=0, out=str(tmp_path / "r"))
     train(config, progress=False, log=lambda _: None)
     with pytest.raises(TrainError, match="--resume"):
         train(config, progress=False, log=lambda _: None)
@@ -364,22 +382,22 @@ def test_a_run_directory_is_not_overwritten(tiny, tmp_path):
     "argv, message",
     [
         (["--env", "game:NoSuchGame-v0"], "no env registered"),
-        (["--batch-size", "0"], "--batch-size"),
+        (["--episodes-per-update", "0"], "--episodes-per-update"),
         (["--gamma", "1.5"], "--gamma"),
         (["--gamma", "nan"], "--gamma"),
         (["--model", "/no/such/model/dir"], "no such directory"),
         (["--lr", "0"], "--lr"),
         (["--estimator", "grpo"], "group_size"),
-        (["--batch-size", "6", "--group-size", "4"], "multiple of group_size"),
+        (["--episodes-per-update", "6", "--group-size", "4"], "a multiple of rollout.group_size (4)"),
         (["--env-kwargs", "{nope"], "--env-kwargs"),
-        (["--steps", "ten"], "--steps"),
+        (["--updates", "ten"], "--updates"),
         (["--device", "cuda"], "CUDA"),
         (["--resume"], "no checkpoint"),
-        (["--tensorboard", "--steps", "1"], "tensorboard"),
+        (["--tensorboard", "--updates", "1"], "tensorboard"),
         (["--micro-batch-tokens", "0"], "--micro-batch-tokens"),
-        (["--train-layers", "-1"], "--train-layers"),
+        (["--trained-layers", "-1"], "--trained-layers"),
         (["--rollout-engine", "sglang"], "--rollout-engine"),
-        (["--rollout-engine", "vllm", "--steps", "1"], "vllm"),
+        (["--rollout-engine", "vllm", "--updates", "1"], "vllm"),
         (["--env", "vision:Geometry-v0", "--model", "tiny"], "gem-core train trains text models"),
     ],
 )
@@ -406,12 +424,12 @@ def test_the_cli_resumes_to_the_saved_number_of_updates(tiny, tmp_path, capsys):
     from gem_core.cli import main
 
     out = str(tmp_path / "r")
-    common = ["--model", tiny[0], "--out", out, "--no-progress", "--batch-size", "2", "--eval-episodes", "2", "--warmup-steps", "0"]
-    assert main(["train", "--steps", "2", *common]) == 0
+    common = ["--model", tiny[0], "--out", out, "--no-progress", "--episodes-per-update", "2", "--eval-episodes", "2", "--warm-start-steps", "0"]
+    assert main(["train", "--updates", "2", *common]) == 0
     assert main(["train", "--resume", *common]) == 0
     lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
     assert max(line["step"] for line in lines) == 2
-    assert main(["train", "--resume", "--steps", "3", *common]) == 0
+    assert main(["train", "--resume", "--updates", "3", *common]) == 0
     lines = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
     assert [line["step"] for line in lines if line["phase"] == "rl"] == [1, 2, 3]
     printed = capsys.readouterr().out
@@ -429,8 +447,8 @@ def test_steps_0_is_the_warm_start_alone_its_model_evaluated_once_and_saved(tiny
     from gem_core.cli import main
 
     out = tmp_path / "r"
-    argv = ["train", "--steps", "0", "--model", tiny[0], "--out", str(out), "--no-progress", "--batch-size", "2", "--eval-episodes", "2"]
-    assert main([*argv, "--warmup-steps", "1"]) == 0
+    argv = ["train", "--updates", "0", "--model", tiny[0], "--out", str(out), "--no-progress", "--episodes-per-update", "2", "--eval-episodes", "2"]
+    assert main([*argv, "--warm-start-steps", "1"]) == 0
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [line["phase"] for line in lines] == ["warm_start"]
     printed = capsys.readouterr().out
@@ -479,13 +497,13 @@ def test_episode_stats_count_malformed_and_illegal_turns():
     assert EpisodeStats.of([b]).malformed_rate == 0.0
 
 
-@pytest.mark.parametrize(("flag", "expected"), [([], False), (["--no-warmup-transcript"], False), (["--warmup-transcript"], True)])
+@pytest.mark.parametrize(("flag", "expected"), [([], False), (["--no-warm-start-transcript"], False), (["--warm-start-transcript"], True)])
 def test_the_warm_start_objective_is_a_cli_flag(flag, expected, tmp_path):
     from gem_core.cli import build_parser
     from gem_core.train.cli import config_from_args
 
     args = build_parser().parse_args(["train", "--out", str(tmp_path / "r"), *flag])
-    assert config_from_args(args).warmup_transcript is expected
+    assert config_from_args(args).warm_start_transcript is expected
 
 
 @pytest.mark.parametrize("transcript", [True, False])
@@ -498,8 +516,8 @@ def test_a_run_reports_the_fields_the_readme_names(tiny, tmp_path, transcript):
 
     logs: list[str] = []
     config = TrainConfig(
-        model=tiny[0], steps=2, episodes=2, eval_episodes=2, eval_every=1, warmup_steps=1, warmup_batch=2,
-        warmup_transcript=transcript, out=str(tmp_path / "r"),
+        model=tiny[0], updates=2, episodes_per_update=2, eval_episodes=2, eval_every=1, warm_start_steps=1, warm_start_batch=2,
+        warm_start_transcript=transcript, out=str(tmp_path / "r"),
     )  # fmt: skip
     summary = train(config, progress=False, log=logs.append)
     lines = read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
@@ -561,7 +579,7 @@ def test_an_update_leaves_infra_failed_episodes_out_of_the_loss_and_the_statisti
     finally:
         trainer.close()
     assert metrics["infra_failed_episodes"] == 1.0
-    assert failed_ids[0] not in seen["episodes"] and len(seen["episodes"]) == trainer.config.episodes - 1
+    assert failed_ids[0] not in seen["episodes"] and len(seen["episodes"]) == trainer.config.episodes_per_update - 1
 
 
 def test_the_cli_without_options_is_the_default_run(tmp_path):
@@ -573,9 +591,10 @@ def test_the_cli_without_options_is_the_default_run(tmp_path):
 
     config = config_from_args(build_parser().parse_args(["train"]))
     assert config == TrainConfig()
-    assert (config.model, config.warmup_steps, config.env_id) == (DEFAULT_MODEL, 8, "game:GuessTheNumber-v0-easy")
-    assert (config.train_layers, config.stop_after_box, config.warmup_transcript) == (10, True, False)
-    assert [config_from_args(build_parser().parse_args(["train", *flag])).bf16 for flag in ([], ["--bf16"], ["--no-bf16"])] == [None, True, False]
+    assert (config.model, config.warm_start_steps, config.env_id) == (DEFAULT_MODEL, 8, "game:GuessTheNumber-v0-easy")
+    assert (config.trained_layers, config.stop_after_box, config.warm_start_transcript) == (10, True, False)
+    flags = ([], ["--precision", "bf16"], ["--precision", "float32"])
+    assert [config_from_args(build_parser().parse_args(["train", *flag])).precision for flag in flags] == ["auto", "bf16", "float32"]
 
 
 def test_the_auto_rollout_engine_is_vllm_only_on_cuda_with_vllm_installed(monkeypatch):
@@ -597,7 +616,7 @@ def test_the_tiny_scale_names_a_model_built_here():
 
     config = TrainConfig(**{**TINY_RUN, "out": "unused"})
     model, tokenizer = load_model(config.model)
-    assert config.warmup_steps > 0 and model.config.num_hidden_layers == 2
+    assert config.warm_start_steps > 0 and model.config.num_hidden_layers == 2
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>")
 
 
@@ -664,7 +683,7 @@ def test_mini_batches_are_consecutive_episodes_each_an_optimizer_step(tiny, tmp_
     finally:
         stepped.close()
     with pytest.raises(ValueError, match="mini_batches"):
-        TrainConfig(episodes=4, mini_batches=5)
+        TrainConfig(episodes_per_update=4, mini_batches=5)
     with pytest.raises(ValueError, match="mini_batches"):
         TrainConfig(mini_batches=0)
 
@@ -683,10 +702,10 @@ def test_every_default_the_help_states_is_the_one_a_run_gets():
     checked = []
     for action in parser._actions:
         found = re.search(r"\(default (-?[0-9][0-9.e-]*)", action.help or "")
-        if found and hasattr(defaults, action.dest):
+        if found and hasattr(defaults, action.dest) and not isinstance(getattr(defaults, action.dest), tuple):
             assert float(found.group(1)) == float(getattr(defaults, action.dest)), (action.option_strings, found.group(0))
             checked.append(action.dest)
-    assert {"kl_coef", "entropy_coef", "lr", "steps", "episodes", "mini_batches", "group_size", "temperature", "seed"} <= set(checked)
+    assert {"kl_coef", "entropy_coef", "lr", "updates", "episodes_per_update", "mini_batches", "group_size", "temperature", "seed"} <= set(checked)
 
 
 def test_a_checkpoint_cut_short_keeps_the_last_one_and_a_broken_one_is_one_line(tiny, tmp_path, capsys, monkeypatch):
@@ -698,8 +717,8 @@ def test_a_checkpoint_cut_short_keeps_the_last_one_and_a_broken_one_is_one_line(
     from gem_core.train import run as run_module
 
     out = tmp_path / "r"
-    common = ["--model", tiny[0], "--out", str(out), "--no-progress", "--batch-size", "2", "--eval-episodes", "2", "--warmup-steps", "0"]
-    assert main(["train", "--steps", "1", *common]) == 0
+    common = ["--model", tiny[0], "--out", str(out), "--no-progress", "--episodes-per-update", "2", "--eval-episodes", "2", "--warm-start-steps", "0"]
+    assert main(["train", "--updates", "1", *common]) == 0
     saved = (out / "checkpoint.pt").read_bytes()
 
     def killed(state, path):  # the process dies half way through writing
