@@ -21,7 +21,7 @@ Every run starts from the same weights: the experiment's model after gem-core tr
 experiment's model as it is (from the instruct weights nothing learns: see :data:`WARM_START_STEPS`).
 
 One evaluator for every trainer: each saved model, and the starting weights, is played by ``gem-core eval`` on
-the experiment's held-out command (``gem_core.experiment.eval_command``: 200 balanced seeds from 1000000, sampled
+the experiment's held-out command (``gem_core.experiment_scripts.eval_command``: 200 balanced seeds from 1000000, sampled
 at the run's temperature, sampling seed 0 for every model), with transcripts, from which the hint use is read
 (after "lower", the share of guesses that go down: a hint-blind player's is the baseline). Reported per run:
 held-out success at every evaluation point, seconds per update (the training loop's: the reference trainer's
@@ -67,7 +67,8 @@ sys.path.insert(0, str(ROOT))
 from gem_core.envs.games.guess_the_number import GuessTheNumber, baselines, hint_use  # noqa: E402
 from gem_core.errors import InvalidArgumentError  # noqa: E402
 from gem_core.precision import ENV as PRECISION_ENV  # noqa: E402
-from gem_core.experiment import Experiment, eval_command, experiment_from_dict, load_experiment, to_toml  # noqa: E402
+from gem_core.experiment import Experiment, experiment_from_dict, load_experiment, to_toml  # noqa: E402
+from gem_core.experiment_scripts import eval_command  # noqa: E402
 from gem_core.registry import make  # noqa: E402
 from gem_core.tasks import episode_seeds  # noqa: E402
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from gem_core import algo
 from gem_core.batch import sequence_batch, turn_batch
-from gem_core.experiment import warmup_optimizer_steps
+from gem_core.experiment_scripts import warmup_optimizer_steps
 
 #: trainer -> its file here (``tier1/<module>.py``); the command runs ``run`` in the trainer's Python.
 TRAINERS = {"trl": "trl_update", "openrlhf": "openrlhf_update", "oat": "oat_update", "roll": "roll_update", "rl2": "rl2_update", "verl": "verl_update"}

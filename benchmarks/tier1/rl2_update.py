@@ -3,7 +3,7 @@
 The configuration is the plugin's mapping of the experiment (``gem_integrations.rl2.experiment.overrides``, what
 ``gem-core experiment FILE --trainer rl2`` writes) with the launcher's additions (``gem_integrations.rl2.train.overrides``:
 ``rollout.max_turns``, ``skip_special_tokens=false``), composed by hydra with RL2's own ``ppo.yaml``; its datasets are
-written by the plugin's ``gem-core make-dataset rl2`` commands (``gem_core.experiment.dataset_command``, as the script
+written by the plugin's ``gem-core make-dataset rl2`` commands (``gem_core.experiment_scripts.dataset_command``, as the script
 runs them). Everything below reads the composed config. What runs is RL2's:
 
 * ``PPOTrainer.__init__``: the actor (``Actor(config.actor, True)``: ``AutoModelForCausalLM``, RL2's FSDP wrapping
@@ -218,7 +218,7 @@ def rl2_config(experiment: Experiment, work: Path, longest: int, overrides: dict
     """RL2's config of the check: the plugin's mapping (:func:`mapped_overrides`), the user's settings
     (:func:`user_overrides`) and ``overrides`` (``{hydra key: value}``, tests: what a default the mapping pins would
     do), composed (:func:`compose`)."""
-    from gem_core.experiment import hydra_overrides
+    from gem_core.experiment_scripts import hydra_overrides
 
     argv = mapped_overrides(experiment, work, work / "rl2-actor") + user_overrides(work, longest) + hydra_overrides(overrides or {})
     return compose(argv)
@@ -370,7 +370,7 @@ def _checkpoint(work: Path, name: str, tok: Any) -> Path:
 def _datasets(experiment: Experiment, work: Path) -> None:
     """The plugin's two ``gem-core make-dataset rl2`` commands (the training rows, the held-out rows), run here."""
     from gem_core.cli import main
-    from gem_core.experiment import dataset_command
+    from gem_core.experiment_scripts import dataset_command
     from gem_integrations.rl2.experiment import TRAINER as PLUGIN_TRAINER
 
     data = work / "rl2-data"

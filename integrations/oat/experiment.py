@@ -16,14 +16,8 @@ token mean (``critic_type grpo``): the experiment must say ``view = "turn"`` and
 
 from __future__ import annotations
 
-from gem_core.experiment import (
-    Experiment,
-    dataset_command,
-    launch_script,
-    require,
-    require_portable,
-    require_precision,
-)
+from gem_core.experiment import Experiment, require, require_portable
+from gem_core.experiment_scripts import dataset_command, launch_script, require_precision
 
 TRAINER = "oat"
 #: The most transitions (turns) one update holds when the experiment sets no turn limit (oat's batch sizes

@@ -14,16 +14,8 @@ OpenRLHF's own parser (the launcher's) and checks what OpenRLHF will use.
 
 from __future__ import annotations
 
-from gem_core.experiment import (
-    Experiment,
-    dataset_command,
-    launch_script,
-    require,
-    require_portable,
-    require_precision,
-    train_rows,
-    warmup_optimizer_steps,
-)
+from gem_core.experiment import Experiment, require, require_portable, train_rows
+from gem_core.experiment_scripts import dataset_command, launch_script, require_precision, warmup_optimizer_steps
 
 TRAINER = "openrlhf"
 #: The experiment's estimators as ``--algo.advantage.estimator`` (rebn: the launcher's).

@@ -15,16 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gem_core.experiment import (
-    Experiment,
-    dataset_command,
-    hydra_overrides,
-    launch_script,
-    require,
-    require_portable,
-    require_precision,
-    warmup_optimizer_steps,
-)
+from gem_core.experiment import Experiment, require, require_portable
+from gem_core.experiment_scripts import dataset_command, hydra_overrides, launch_script, require_precision, warmup_optimizer_steps
 
 TRAINER = "rl2"
 #: loss_aggregation as RL2's actor.avg_level. Not seq-mean-token-mean ("sequence"): rl-square 0.0.2's Actor.update

@@ -53,14 +53,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gem_core.experiment import (
-    Experiment,
-    eval_command,
-    header,
-    require,
-    require_portable,
-    shell_command,
-)
+from gem_core.experiment import Experiment, require, require_portable
+from gem_core.experiment_scripts import eval_command, header, shell_command
 from gem_core.models import EMBEDDED_MODELS
 
 TRAINER = "roll"

@@ -18,17 +18,8 @@ from __future__ import annotations
 import pprint
 from typing import Any
 
-from gem_core.experiment import (
-    Experiment,
-    dataset_command,
-    eval_command,
-    require,
-    require_portable,
-    script,
-    shell_command,
-    shell_word,
-    warmup_optimizer_steps,
-)
+from gem_core.experiment import Experiment, require, require_portable
+from gem_core.experiment_scripts import dataset_command, eval_command, script, shell_command, shell_word, warmup_optimizer_steps
 
 TRAINER = "trl"
 #: ``loss_type`` per aggregation: dapo = over the active tokens of the accumulated (optimizer-step) batch.

@@ -15,16 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gem_core.experiment import (
-    Experiment,
-    dataset_command,
-    hydra_overrides,
-    launch_script,
-    refuse,
-    require,
-    require_portable,
-    require_precision,
-)
+from gem_core.experiment import Experiment, refuse, require, require_portable
+from gem_core.experiment_scripts import dataset_command, hydra_overrides, launch_script, require_precision
 
 TRAINER = "verl"
 #: The experiment's estimators as verl's ``algorithm.adv_estimator`` (rebn and gem_reinforce: the plugin's).

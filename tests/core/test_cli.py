@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gem_core
-from gem_core import cli
+from gem_core import cli, play
 from gem_core.core import Env
 from gem_core.errors import GemError
 
@@ -329,8 +329,8 @@ def test_batch_defaults_and_single_env(capsys, scripted_vector):
 
 
 def test_progress_bar_only_when_enabled():
-    assert cli._progress_bar(10, "x", enabled=False) is None
-    bar = cli._progress_bar(10, "x", enabled=True)
+    assert play._progress_bar(10, "x", enabled=False) is None
+    bar = play._progress_bar(10, "x", enabled=True)
     try:
         assert bar.total == 10
     finally:

@@ -341,7 +341,7 @@ def test_every_trainer_is_held_out_on_the_seeds_gem_core_train_evaluates_on(tmp_
     import json
     import shlex
 
-    from gem_core.experiment import dataset_command, eval_command
+    from gem_core.experiment_scripts import dataset_command, eval_command
     from gem_core.train.trainer import evaluation_seeds
     from gem_integrations.trl import task_of
     from gem_integrations.trl.experiment import render

@@ -34,9 +34,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("registry", "wrappers", "grading"),  # L2
     ("vector",),  # L3: the ray mode is named by its entry point, not imported
     ("ray", "rollout"),  # L4: the only place that imports ray is gem_core.ray
-    ("tasks", "dataset_rows", "batch", "plugins"),  # L5
+    ("tasks", "dataset_rows", "batch", "plugins", "experiment_scripts"),  # L5 (experiment_scripts: what the plugins' experiment writers share)
     ("envs",),  # L6
-    ("__init__", "eval", "train", "testing", "serve"),  # L7: the package's face (it registers envs/) and the jobs
+    ("__init__", "eval", "train", "testing", "serve", "play"),  # L7: the package's face (it registers envs/) and the jobs
     ("cli",),  # L8: the gem-core command
 ]
 LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}

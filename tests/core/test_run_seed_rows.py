@@ -11,7 +11,8 @@ import types
 import pytest
 
 from gem_core.cli import main
-from gem_core.experiment import dataset_command, parse_experiment, run_start_seeds, train_rows, update_start_seeds
+from gem_core.experiment import parse_experiment, run_start_seeds, train_rows, update_start_seeds
+from gem_core.experiment_scripts import dataset_command
 from gem_core.tasks import TaskSpec, specs_for
 from gem_core.train.config import TrainConfig
 from gem_core.train.trainer import Trainer

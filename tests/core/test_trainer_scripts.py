@@ -1,7 +1,8 @@
 """gem_core.experiment's launch-script pieces every one-command trainer shares (verl, OpenRLHF, RL2, oat): the
 hydra overrides (verl's and RL2's) and the script around the trainer's command."""
 
-from gem_core.experiment import Experiment, hydra_overrides, hydra_value, launch_script
+from gem_core.experiment import Experiment
+from gem_core.experiment_scripts import hydra_overrides, hydra_value, launch_script
 
 PRECISION = {"bf16": {"DTYPE": "bf16"}, "float32": {"DTYPE": "fp32"}}
 

@@ -119,7 +119,7 @@ def script_arguments(script: str | Path, command: list[str], env: dict[str, str]
 
 def script_precision(script: str, env: dict[str, str] | None = None) -> dict[str, str]:
     """The precision settings a written launch script gives its trainer where it runs here: its
-    ``# training.precision`` lines (:func:`gem_core.experiment.precision_lines`) run by bash with ``env`` added
+    ``# training.precision`` lines (:func:`gem_core.experiment_scripts.precision_lines`) run by bash with ``env`` added
     (``PRECISION`` decides an ``auto`` script's), ``{NAME: value}`` of the variables they set; ``{}`` for a script
     without them. For a platform that reads the trainer's arguments from the script's text (verl's)."""
     lines = script.splitlines()

@@ -9,7 +9,8 @@ import shlex
 
 import pytest
 
-from gem_core.experiment import parse_experiment, train_rows, warmup_optimizer_steps
+from gem_core.experiment import parse_experiment, train_rows
+from gem_core.experiment_scripts import warmup_optimizer_steps
 from gem_integrations.openrlhf import agent_path, train_ppo_ray
 from gem_integrations.openrlhf.experiment import PRECISION, arguments, render
 

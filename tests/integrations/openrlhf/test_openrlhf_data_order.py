@@ -17,7 +17,8 @@ from conftest import workers_answer
 
 from gem_core.cli import main as gem_core_main
 from gem_core.cli_support import CliError
-from gem_core.experiment import dataset_command, parse_experiment, run_start_seeds, train_rows
+from gem_core.experiment import parse_experiment, run_start_seeds, train_rows
+from gem_core.experiment_scripts import dataset_command
 from gem_core.tasks import TaskSpec
 from gem_integrations.openrlhf import agent_path, plugin_spec, train_ppo_ray
 from gem_integrations.openrlhf.experiment import PRECISION, arguments

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from test_rl2 import compose_rl2
 
-from gem_core.experiment import parse_experiment, warmup_optimizer_steps
+from gem_core.experiment import parse_experiment
+from gem_core.experiment_scripts import warmup_optimizer_steps
 from gem_integrations.rl2.advantage import rebn_settings
 from gem_integrations.rl2.experiment import PRECISION, overrides, render
 

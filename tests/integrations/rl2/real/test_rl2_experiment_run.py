@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[4]
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_rl2_and_evaluates_its_checkpoints(tmp_path):
-    from gem_core.experiment import warmup_optimizer_steps
+    from gem_core.experiment_scripts import warmup_optimizer_steps
     from helpers.scripts import check_arm_evaluations, run_arm
 
     out = tmp_path / "out"
