@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Any
 
+from gem_core.envs.report import at_or_below
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -90,7 +92,7 @@ def run_record(out: str) -> dict[str, Any] | None:
         "minutes": None if wall is None else wall / 60,
         "ceiling": ceiling,
     }
-    record["at_ceiling"] = ceiling is not None and min(record["sampled"], record["greedy"]) <= ceiling
+    record["at_ceiling"] = ceiling is not None and at_or_below(min(record["sampled"], record["greedy"]), ceiling)
     return record
 
 

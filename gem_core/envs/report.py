@@ -84,6 +84,17 @@ class BlindCeiling:
     at_or_below: str
 
 
+#: How far above the ceiling's rate a run's rate still counts as at it: the ceiling is an expectation summed in
+#: floats (GuessTheNumber's 0.4 comes out 0.3999999999999359), a run's rate k of n episodes, so a run exactly at the
+#: ceiling (0.400) compared with ``<=`` alone read as above it.
+CEILING_TOLERANCE = 1e-9
+
+
+def at_or_below(rate: float, ceiling_rate: float) -> bool:
+    """Whether a success rate is at or below a blind ceiling's (within :data:`CEILING_TOLERANCE`)."""
+    return rate <= ceiling_rate + CEILING_TOLERANCE
+
+
 @dataclass(frozen=True)
 class EnvReport:
     """The report hook of one env as a trainer reads it (:meth:`of`): the env's columns, title and ceiling,

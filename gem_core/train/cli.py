@@ -10,6 +10,7 @@ import sys
 from typing import Any, TextIO
 
 from gem_core.cli_support import CliError, os_error_text, whole_number
+from gem_core.envs.report import at_or_below
 from gem_core.errors import GemError
 from gem_core.experiment import FIELD_OF, KEYS, Key, load_experiment
 from gem_core.multimodal import observation_images
@@ -266,7 +267,7 @@ def main(args: argparse.Namespace, out: TextIO) -> int:
     ceiling = summary.ceiling_baseline  # the env's blind ceiling, where it has one (gem_core.envs.report)
     if summary.ceiling is not None and ceiling is not None:
         print(f"{summary.ceiling.label} on these seeds: {ceiling.success_rate:.3f} ({summary.ceiling.meaning})", file=out)
-        at_ceiling = [mode for mode in ("sampled", "greedy") if getattr(summary.final, mode).success_rate <= ceiling.success_rate]
+        at_ceiling = [mode for mode in ("sampled", "greedy") if at_or_below(getattr(summary.final, mode).success_rate, ceiling.success_rate)]
         if summary.steps and at_ceiling:
             print(f"this run ended at or below the {summary.ceiling.label} ({' and '.join(at_ceiling)}): {summary.ceiling.at_or_below}", file=out)
     if summary.no_signal_updates:

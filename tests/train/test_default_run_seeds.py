@@ -62,6 +62,20 @@ def test_a_sweep_is_read_back_as_a_distribution(tmp_path, capsys):
     assert f"[{low:.3f}, {high:.3f}]" in text
 
 
+def test_a_run_exactly_at_the_ceiling_counts_as_at_it(tmp_path):
+    """The ceiling is an expectation summed in floats (0.3999999999999359 for GuessTheNumber's 0.4): a run that ends
+    at 0.400 greedy is at it (before, it read as above: c8's seed 100 at 0.400 greedy was reported "no")."""
+    from gem_core.envs.report import at_or_below
+
+    assert at_or_below(0.4, 0.3999999999999359) and not at_or_below(0.405, 0.3999999999999359)
+    directory = tmp_path / "y-seed0"
+    _run(directory, {"eval_success_rate": 0.58, "eval_greedy_success_rate": 0.4})
+    lines = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    lines[0]["baselines"] = {CEILING: {"success_rate": 0.3999999999999359}}
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sweep.run_record(str(directory))["at_ceiling"] is True
+
+
 def test_the_band_is_the_median_and_range_over_seeds_missing_values_left_out():
     median, low, high = sweep.band([[0.2, None, 0.5], [0.4, 0.0, None], [0.9, 1.0, None]])
     assert median[:2] == [0.4, 0.5] and low[:2] == [0.2, 0.0] and high[:2] == [0.9, 1.0]
