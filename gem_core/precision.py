@@ -1,5 +1,5 @@
 """Which precision a run trains in where it is told "auto": the rule ``gem-core train`` follows
-(``TrainConfig.bf16=None``) and every script ``gem-core experiment`` writes for an experiment whose
+(``TrainConfig.precision="auto"``) and every script ``gem-core experiment`` writes for an experiment whose
 ``training.precision`` is ``"auto"``, so that one experiment trains at the same precision in every trainer on
 the same machine.
 

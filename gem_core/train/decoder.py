@@ -3,7 +3,7 @@ per micro-batch, and the frozen lower layers once per update.
 
 * :func:`decoder_hidden_states`: the decoder over right-padded rows, their common prefix (the instruction every
   episode of a batch starts from) through the decoder once, its key/value cache repeated for the rest of every row.
-* :func:`frozen_bottom` and :func:`top_hidden_states`: with ``--train-layers N`` the layers below the top N (and
+* :func:`frozen_bottom` and :func:`top_hidden_states`: with ``--trained-layers N`` the layers below the top N (and
   the embeddings) never change, and the KL's reference model is a copy of the policy taken when RL starts, so
   its lower layers are the policy's. An update with a KL term used to run those layers twice on the same rows
   (the reference's forward, then the policy's), the larger part of both forwards (20 of the 30 layers of the

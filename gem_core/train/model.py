@@ -1,5 +1,5 @@
-"""What the reference trainer needs of a causal LM beyond its forward: its stack of decoder layers (``train_layers``
-freezes the lower ones) and its optimizer (AdamW without weight decay over the trained weights). The token ids that
+"""What the reference trainer needs of a causal LM beyond its forward: its stack of decoder layers (``trained_layers``
+freezes the lower ones) and its optimizer (AdamW over the trained weights). The token ids that
 close a ``\\boxed{}`` move (``stop_after_box``) are the rollout's: :func:`gem_core.rollout.policy.closing_brace_ids`."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def decoder_layers(model: Any) -> Any:
     stacks = [m for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")]
     if len(stacks) != 1:
         raise ValueError(
-            f"train_layers: cannot find {type(model).__name__}'s decoder layers (found {len(stacks)} layer stacks); --train-layers 0 trains every weight"
+            f"trained_layers: cannot find {type(model).__name__}'s decoder layers (found {len(stacks)} layer stacks); --trained-layers 0 trains every weight"
         )
     return stacks[0]
 

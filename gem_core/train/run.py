@@ -366,7 +366,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
                 save_checkpoint({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
         if bar is not None:
             bar.close()
-        if final is None:  # no RL update (--steps 0: the warm start alone) is evaluated once, at the start
+        if final is None:  # no RL update (--updates 0: the warm start alone) is evaluated once, at the start
             final = start if config.updates == 0 and start is not None else trainer.evaluate()
         save_model(trainer, tokenizer, os.path.join(out, "model"))
         plot(metrics_path, os.path.join(out, "curves.png"), report)
