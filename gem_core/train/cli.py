@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         keys.add_argument(old, action=RenamedFlag, dest=f"renamed{old}", paths=paths, type=_key_type(key), help=argparse.SUPPRESS)
     for old, (path, value) in RENAMED_SWITCHES.items():
         keys.add_argument(old, action=RenamedFlag, dest=f"renamed{old}", paths=(path,), value=value, nargs=0, help=argparse.SUPPRESS)
-    where = parser.add_argument_group("where it runs (they do not change the numbers)")
+    where = parser.add_argument_group("where it runs and what it reports (not experiment keys)")
     where.add_argument("--device", default=None, help=f"torch device, e.g. cpu or cuda (default {defaults.device})")
     where.add_argument("--out", default=None, help=f"run directory (default {defaults.out})")
     where.add_argument(
@@ -155,8 +155,9 @@ def _key_type(key: Key, *, one: bool = False) -> Any:
                 key.param.check(key.path, value)
             return value
         except ValueError as exc:
-            allowed = key.param.allowed() if not key.shape else str(exc)
-            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+            if key.shape or key.path == "env.tools":  # the parser's own line says what was wrong (JSON, a tool name)
+                raise argparse.ArgumentTypeError(str(exc)) from None
+            raise argparse.ArgumentTypeError(f"expected {key.param.allowed()}, got {text!r}") from None
 
     parse.__name__ = key.path  # argparse names the type in its message
     return parse

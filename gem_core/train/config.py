@@ -133,13 +133,13 @@ class TrainConfig(Experiment):
         old = sorted(name for name in RENAMED_FIELDS if name in data)
         if old:
             warnings.warn(
-                "config.json: " + ", ".join(f"{name} is now {RENAMED_FIELDS[name][0]}" for name in old) + " (the old names still read for now)",
+                "config.json: " + ", ".join(f"{name} is now {' and '.join(RENAMED_FIELDS[name])}" for name in old) + " (the old names still read for now)",
                 FutureWarning,
                 stacklevel=2,
             )
         for name in old:
-            new, convert = RENAMED_FIELDS[name]
-            data.update(convert(data.pop(name)) if new == "clip_low and clip_high" else {new: convert(data.pop(name))})
+            value = RENAMED_VALUES.get(name, lambda value: value)(data.pop(name))
+            data.update(dict.fromkeys(RENAMED_FIELDS[name], value))
         data.update({name: value for name, value in NONE_BEFORE.items() if name in data and data[name] is None})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -154,21 +154,23 @@ class TrainConfig(Experiment):
 #: The fields of :class:`TrainConfig` that say where a run is, not what it is (not experiment keys).
 RUN_OPTIONS = tuple(f.name for f in fields(TrainConfig) if f.name not in KEYS)
 #: TrainConfig's fields before they took the experiment's names (saved runs' config.json): old -> (new, convert).
-RENAMED_FIELDS: dict[str, tuple[str, Any]] = {
-    "env_id": ("env_ids", lambda value: (value,)),
-    "steps": ("updates", int),
-    "episodes": ("episodes_per_update", int),
-    "epochs": ("ppo_epochs", int),
-    "clip": ("clip_low and clip_high", lambda value: {"clip_low": float(value), "clip_high": float(value)}),
-    "max_tokens": ("max_turn_tokens", int),
-    "lr_warmup": ("warmup_updates", int),
-    "warmup_steps": ("warm_start_steps", int),
-    "warmup_batch": ("warm_start_batch", int),
-    "warmup_lr": ("warm_start_lr", float),
-    "warmup_transcript": ("warm_start_transcript", bool),
-    "train_layers": ("trained_layers", int),
-    "bf16": ("precision", lambda value: PRECISION_OF_BF16[value]),
+RENAMED_FIELDS: dict[str, tuple[str, ...]] = {
+    "env_id": ("env_ids",),
+    "steps": ("updates",),
+    "episodes": ("episodes_per_update",),
+    "epochs": ("ppo_epochs",),
+    "clip": ("clip_low", "clip_high"),  # the old symmetric clip is both
+    "max_tokens": ("max_turn_tokens",),
+    "lr_warmup": ("warmup_updates",),
+    "warmup_steps": ("warm_start_steps",),
+    "warmup_batch": ("warm_start_batch",),
+    "warmup_lr": ("warm_start_lr",),
+    "warmup_transcript": ("warm_start_transcript",),
+    "train_layers": ("trained_layers",),
+    "bf16": ("precision",),
 }
+#: How an old field's value reads as the new field's (the rest keep their value).
+RENAMED_VALUES: dict[str, Any] = {"env_id": lambda value: (value,), "bf16": lambda value: PRECISION_OF_BF16[value]}
 #: What a saved run held as None before the fields took the experiment's values (TOML has no null).
 NONE_BEFORE = {"model": TINY_MODEL, "max_turns": 0, "max_context_tokens": 0}
 #: the old ``bf16`` field (None: auto) as ``precision``

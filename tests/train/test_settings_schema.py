@@ -83,6 +83,8 @@ def test_a_flag_sets_its_key(argv, field, value):
         (["--estimator", "ppo"], "expected one of"),
         (["--precision", "fp8"], "expected one of 'auto', 'bf16', 'float32'"),
         (["--gamma", "1.5"], "expected a number in 0..1"),
+        (["--tools", "bogus"], "--tools: unknown env tool(s) ['bogus']; known: python, search\n"),
+        (["--env-kwargs", "[1]"], "--env-kwargs: env kwargs must be a JSON object, got list\n"),
     ],
 )
 def test_a_flag_is_checked_as_the_files_key_is(argv, says, capsys):
