@@ -44,7 +44,8 @@ class TrainConfig(Experiment):
     backward pass stops there: rollouts, not the update, then take most of an update's time), evaluation before and
     after RL.
 
-    Where it runs (they do not change the numbers: each is shown so by a test, docs/training.md):
+    Where it runs and what it reports (the memory bounds and the engine leave the numbers alone, each shown so by a
+    test; the device is the machine's arithmetic; the evaluation set is what is reported):
     ``micro_batch_tokens``: the padded tokens that go through one forward and backward (the batch's gradient
     accumulated over micro-batches within it: the same gradient as one pass, memory bounded by the budget, not the
     batch); ``logprob_chunk_tokens``: positions whose full-vocabulary logits exist at once; ``rollout_engine``:
