@@ -7,7 +7,9 @@ import pytest
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """A tiny model and the project's tokenizer, saved where ``--model`` can load them."""
+    """A tiny model and the project's tokenizer, saved where ``--model`` can load them (a test that takes it
+    skips where torch is not installed: the core_py sessions)."""
+    pytest.importorskip("torch")
     from gem_core.testing import build_test_tokenizer, build_tiny_model
 
     tokenizer = build_test_tokenizer("chatml")

@@ -10,6 +10,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
+torch = pytest.importorskip("torch", reason="the dry run trains a tiny model: torch (the core session; core_py has none)")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -50,8 +54,6 @@ def test_a_run_that_fails_fails_the_check(tmp_path):
 def test_training_rows_go_to_the_models_device(monkeypatch, tmp_path):
     # the rows are built on the CPU; the trainer moves them to its device before the loss (a CUDA run failed
     # without it). On a CPU-only machine the move is watched, not a second device.
-    import torch
-
     from gem_core.train import loss as loss_module
     from gem_core.train.loss import Rows
 

@@ -33,7 +33,9 @@ def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoin
         assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 1
         config = record["openrlhf_config"]
         assert config["rollout_batch_size"] * config["n_samples_per_prompt"] == config["train_batch_size"] == 4
-        assert config["n_samples_per_prompt"] == experiment.group_size and config["max_samples"] == 2 * config["rollout_batch_size"]
+        assert config["n_samples_per_prompt"] == experiment.group_size and config["max_samples"] == max(
+            2 * config["rollout_batch_size"], experiment.eval_episodes
+        )
         assert config["lr"] == pytest.approx(experiment.lr) and config["lr_warmup_ratio"] == 0.0 and config["entropy_coef"] == experiment.entropy_coef
         assert config["estimator"] == experiment.estimator and config["gamma"] == pytest.approx(experiment.gamma)
         openrlhf = json.loads((run / "train" / "openrlhf_run.json").read_text())
