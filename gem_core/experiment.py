@@ -56,7 +56,7 @@ ESTIMATORS = ESTIMATOR_NAMES  # the registry's (gem_core.algo.estimators)
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: The KL estimators (Schulman's): k1 = log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r, r = pi_ref / pi.
 KL_ESTIMATORS = ("k1", "k2", "k3")
-# constant, or linear: the KL coefficient falls linearly from kl_coef at the first update to 0 after the last
+# constant, or linear: the KL coefficient falls linearly from kl_coef at the first update to kl_final after the last
 KL_SCHEDULES = ("constant", "linear")
 VIEWS = ("turn", "sequence")
 OPTIMIZERS = ("adamw",)
@@ -144,6 +144,7 @@ class Experiment:
     warm_start_lr: float = 1e-4
     warm_start_transcript: bool = False
     kl_schedule: str = "constant"
+    kl_final: float = 0.0
     skip_zero_signal: bool = False
 
     def __post_init__(self) -> None:
@@ -298,8 +299,16 @@ KEYS: dict[str, Key] = {
         "reference",
         "kl_schedule",
         Param(str, choices=KL_SCHEDULES),
-        "gem-core train only: the KL coefficient constant, or linear: falling from kl_coef at the first update to 0 after "
-        "the last; other trainers refuse linear",
+        "gem-core train only: the KL coefficient constant, or linear: falling from kl_coef at the first update to kl_final "
+        "after the last; other trainers refuse linear",
+    ),
+    "kl_final": Key(
+        "reference",
+        "kl_final",
+        Param(float, low=0.0, high=1e6),
+        "gem-core train only: where the linear KL schedule ends (0: the KL lets go entirely; above 0: it keeps pulling a "
+        "policy whose rewards stopped saying anything back to the start); at most kl_coef, set only with kl_schedule "
+        "linear; other trainers refuse it",
     ),
     "skip_zero_signal": Key(
         "reference",
@@ -347,6 +356,10 @@ def check_experiment(experiment: Experiment, where: str = "experiment") -> None:
         raise invalid("training.turns_per_step", experiment.turns_per_step, 'set only with algorithm.view = "turn" (turn samples are its rows)', where)
     if experiment.mini_batches and experiment.episodes_per_update % experiment.mini_batches:
         raise invalid("training.mini_batches", experiment.mini_batches, f"a divisor of rollout.episodes_per_update ({experiment.episodes_per_update})", where)
+    if experiment.kl_final and experiment.kl_schedule != "linear":
+        raise invalid("reference.kl_final", experiment.kl_final, '0 unless reference.kl_schedule = "linear" (where the linear fall ends)', where)
+    if experiment.kl_final > experiment.kl_coef:
+        raise invalid("reference.kl_final", experiment.kl_final, f"at most algorithm.kl_coef ({experiment.kl_coef}): the schedule falls", where)
     if experiment.max_context_tokens and experiment.max_context_tokens <= experiment.max_turn_tokens:
         raise invalid("env.max_context_tokens", experiment.max_context_tokens, f"more than env.max_turn_tokens ({experiment.max_turn_tokens}), or 0", where)
 
@@ -544,6 +557,7 @@ REFERENCE_ONLY = {
     "reference.warm_start_steps": 0,
     "reference.trained_layers": 0,
     "reference.kl_schedule": "constant",
+    "reference.kl_final": 0.0,
     "reference.skip_zero_signal": False,
 }
 

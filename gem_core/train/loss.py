@@ -29,16 +29,18 @@ from gem_core.train.decoder import FrozenBottom, decoder_hidden_states, top_hidd
 # ------------------------------------------------------------------------------------------------
 
 
-def kl_coef_at(kl_coef: float, schedule: str, step: int, steps: int) -> float:
+def kl_coef_at(kl_coef: float, schedule: str, step: int, steps: int, final: float = 0.0) -> float:
     """The KL coefficient of update ``step`` (0-based) of ``steps``: ``kl_coef`` throughout (``constant``), or
-    ``kl_coef * (1 - step / steps)`` (``linear``: ``kl_coef`` at the first update, ``kl_coef / steps`` at the
-    last). A linear fall lets the KL hold the policy near its start while it is learning what the rewards say,
-    then lets it sharpen: KL(ref || pi), the direction of the k3 loss, keeps probability on every move the start
-    policy plays, which a sampled evaluation pays for."""
+    ``final + (kl_coef - final) * (1 - step / steps)`` (``linear``: ``kl_coef`` at the first update, falling to
+    ``final`` after the last). A linear fall lets the KL hold the policy near its start while it is learning what
+    the rewards say, then lets it sharpen: KL(ref || pi), the direction of the k3 loss, keeps probability on every
+    move the start policy plays, which a sampled evaluation pays for. A ``final`` above 0 keeps a pull back to the
+    start to the end: once every episode of a batch earns the same reward (all advantages 0, as after a collapse
+    to unreadable answers) the KL is the only gradient left."""
     if schedule == "constant" or kl_coef == 0:
         return kl_coef
     if schedule == "linear":
-        return kl_coef * max(0.0, 1.0 - step / max(steps, 1))
+        return final + (kl_coef - final) * max(0.0, 1.0 - step / max(steps, 1))
     raise ValueError(f"kl_schedule must be one of {', '.join(KL_SCHEDULES)}, got {schedule!r}")
 
 

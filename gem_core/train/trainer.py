@@ -500,7 +500,7 @@ class Trainer:
     def kl_coef(self) -> float:
         """This update's KL coefficient (:func:`kl_coef_at`)."""
         config = self.config
-        return kl_coef_at(config.kl_coef, config.kl_schedule, self.step, config.updates)
+        return kl_coef_at(config.kl_coef, config.kl_schedule, self.step, config.updates, config.kl_final)
 
     def autocast(self) -> Any:
         """bf16 autocast when on (weights, gradients and the optimizer stay float32)."""

@@ -67,6 +67,22 @@ def test_kl_schedule_linear_falls_from_kl_coef_to_zero_over_the_run():
         TrainConfig(kl_schedule="cosine")
 
 
+def test_kl_final_is_where_the_linear_schedule_ends_and_at_0_the_numbers_are_the_old_ones():
+    from gem_core.train.trainer import kl_coef_at
+
+    assert [kl_coef_at(0.2, "linear", step, 4, 0.04) for step in range(4)] == pytest.approx([0.2, 0.16, 0.12, 0.08])
+    assert kl_coef_at(0.2, "linear", 10, 4, 0.04) == pytest.approx(0.04)  # past the end: the floor, not below it
+    # kl_final 0 is the schedule every earlier run used, bit for bit (the default run's recorded numbers stand)
+    assert all(kl_coef_at(0.1, "linear", step, 40, 0.0) == 0.1 * max(0.0, 1.0 - step / 40) for step in range(40))
+    assert TrainConfig().kl_final == 0.0
+    with pytest.raises(ValueError, match=r"reference.kl_final=0.05 is not allowed: expected 0 unless reference.kl_schedule = \"linear\""):
+        TrainConfig(kl_schedule="constant", kl_final=0.05)
+    with pytest.raises(ValueError, match=r"reference.kl_final=0.2 is not allowed: expected at most algorithm.kl_coef \(0.1\)"):
+        TrainConfig(kl_coef=0.1, kl_final=0.2)
+    with pytest.raises(ValueError, match="reference.kl_final=-0.1"):
+        TrainConfig(kl_final=-0.1)
+
+
 def test_the_cli_runs_the_linear_kl_schedule_its_coefficient_in_the_loss_and_kept_on_resume(tiny, tmp_path, capsys):
     """`gem-core train --kl-coef 0.3 --kl-schedule linear`: each update's loss is its policy-gradient term plus
     that update's coefficient (0.3, 0.2, 0.1 over 3 updates) times its KL, the coefficient is in metrics.jsonl,
@@ -92,6 +108,18 @@ def test_the_cli_runs_the_linear_kl_schedule_its_coefficient_in_the_loss_and_kep
     assert main(["train", "--updates", "1", "--kl-schedule", "cosine", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--kl-schedule" in err and "Traceback" not in err
+    # --kl-final: the fall ends there, the coefficient the loss used is the logged one, a resume keeps it
+    floor = tmp_path / "floor"
+    floored = [*common[:2], "--out", str(floor), *common[4:]]
+    assert main(["train", "--updates", "3", *schedule, "--kl-final", "0.15", *floored]) == 0
+    lines = [json.loads(line) for line in open(floor / "metrics.jsonl") if '"rl"' in line]
+    assert [line["kl_coef"] for line in lines] == pytest.approx([0.3, 0.25, 0.2])
+    for line in lines:
+        assert line["loss"] == pytest.approx(line["pg_loss"] + line["kl_coef"] * line["kl"] - line["entropy"], abs=1e-5)
+    assert json.loads((floor / "config.json").read_text())["kl_final"] == 0.15
+    capsys.readouterr()
+    assert main(["train", "--resume", *schedule, "--kl-final", "0.1", *floored]) == 2
+    assert "not --kl-final 0.1 (saved: 0.15)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("stop_after_box", [False, True])
