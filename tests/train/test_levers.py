@@ -81,6 +81,11 @@ def test_kl_final_is_where_the_linear_schedule_ends_and_at_0_the_numbers_are_the
         TrainConfig(kl_coef=0.1, kl_final=0.2)
     with pytest.raises(ValueError, match="reference.kl_final=-0.1"):
         TrainConfig(kl_final=-0.1)
+    # the experiment file says the same in one line naming the key
+    from gem_core.experiment import parse_experiment
+
+    with pytest.raises(ValueError, match=r"^exp.toml: reference.kl_final=0.05 is not allowed: expected 0 unless"):
+        parse_experiment("[reference]\nkl_final = 0.05\n", "exp.toml")
 
 
 def test_the_cli_runs_the_linear_kl_schedule_its_coefficient_in_the_loss_and_kept_on_resume(tiny, tmp_path, capsys):
@@ -108,6 +113,11 @@ def test_the_cli_runs_the_linear_kl_schedule_its_coefficient_in_the_loss_and_kep
     assert main(["train", "--updates", "1", "--kl-schedule", "cosine", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--kl-schedule" in err and "Traceback" not in err
+    # a floor the flags contradict is one line, exit 2, nothing trained
+    assert main(["train", "--updates", "1", "--kl-final", "0.05", "--kl-schedule", "constant", "--out", str(tmp_path / "bad2"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "reference.kl_final=0.05" in err and "Traceback" not in err
+    assert not (tmp_path / "bad2").exists()
     # --kl-final: the fall ends there, the coefficient the loss used is the logged one, a resume keeps it
     floor = tmp_path / "floor"
     floored = [*common[:2], "--out", str(floor), *common[4:]]
