@@ -119,7 +119,13 @@ def generate_task(rng: np.random.Generator, db: dict[str, Any], kind: str) -> Re
             candidates = [(item, [other])]
         item, others = candidates[int(rng.integers(len(candidates)))]
         new_id = pick(rng, others)
-        new_options = db["products"][item["product_id"]]["variants"][new_id]["options"]
+        new_variant = db["products"][item["product_id"]]["variants"][new_id]
+        new_options = new_variant["options"]
+        # a gift card pays a dearer variant only up to its balance: the card holds the difference, so the task can be done
+        method = user["payment_methods"][payment]
+        difference = round(new_variant["price"] - item["price"], 2)
+        if method["source"] == "gift_card" and method["balance"] < difference:
+            method["balance"] = difference
         wanted = ", ".join(f"{k} {v}" for k, v in new_options.items())
         task.goal = f"exchange {_describe(item)} from your delivered order {order['order_id']} for the same product with {wanted}; pay or be refunded any price difference with the original payment method."
         task.facts["items"] = f"I want to exchange {_describe(item)}."
