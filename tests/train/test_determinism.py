@@ -97,23 +97,11 @@ def _check_recorded(lines: list[dict], weights: dict) -> None:
 
 
 def test_the_same_seed_gives_the_same_run_bit_for_bit_and_another_seed_another(tmp_path, monkeypatch):
-    first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
-    _run(first)
-    _run(second)
-    lines = _lines(first)
-    assert [line.get("phase") for line in lines] == ["warm_start", "rl", "rl"]
-    assert all("loss" in line and "eval_success_rate" not in line or line["step"] == 2 for line in lines[1:])
-    assert lines == _lines(second)
-    assert _same_weights(_weights(first), _weights(second))
-
-    _run(other, seed=1)
-    assert _lines(other) != lines
-    assert not _same_weights(_weights(other), _weights(first))
-    # the same run as recorded (after the checks above: a skip here must not hide them)
-    recorded_run = (lines, _weights(first))
-
-    # stopped after update 1 (its checkpoint written), then resumed: the uninterrupted run, line for line
-    stopped = tmp_path / "stopped"
+    """The seed runs twice: once uninterrupted, once stopped after update 1 and resumed. The second computes the warm
+    start and update 1 again from the seed alone (they must repeat bit for bit) and update 2 from its checkpoint (the
+    checkpoint must hold all that update 2 reads), so it is the uninterrupted run repeated; a third, uninterrupted
+    copy would add a run's minutes and no check. Another seed, the same settings, stopped after update 1 too: its
+    update 1 (batch, loss, gradient) must differ already."""
     update = Trainer.update
 
     def stop_at_the_second(self):
@@ -121,11 +109,27 @@ def test_the_same_seed_gives_the_same_run_bit_for_bit_and_another_seed_another(t
             raise KeyboardInterrupt
         return update(self)
 
-    monkeypatch.setattr(Trainer, "update", stop_at_the_second)
-    with pytest.raises(KeyboardInterrupt):
-        _run(stopped)
-    monkeypatch.setattr(Trainer, "update", update)
-    assert [line["step"] for line in _lines(stopped)] == [0, 1]
+    def run_to_update_1(out, **overrides):
+        monkeypatch.setattr(Trainer, "update", stop_at_the_second)
+        with pytest.raises(KeyboardInterrupt):
+            _run(out, **overrides)
+        monkeypatch.setattr(Trainer, "update", update)
+        assert [line["step"] for line in _lines(out)] == [0, 1]
+
+    first = tmp_path / "first"
+    _run(first)
+    lines = _lines(first)
+    assert [line.get("phase") for line in lines] == ["warm_start", "rl", "rl"]
+    assert all("loss" in line and "eval_success_rate" not in line or line["step"] == 2 for line in lines[1:])
+    # the same run as recorded (after the checks below: a skip there must not hide them)
+    recorded_run = (lines, _weights(first))
+
+    other = tmp_path / "other"
+    run_to_update_1(other, seed=1)
+    assert _lines(other)[1] != lines[1]
+
+    stopped = tmp_path / "stopped"
+    run_to_update_1(stopped)
     _run(stopped, resume=True)
     assert _lines(stopped) == lines
     assert _same_weights(_weights(stopped), _weights(first))
