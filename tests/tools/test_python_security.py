@@ -1,6 +1,8 @@
 """Hostile snippets against the bwrap sandbox: each one must be contained, and say so clearly.
 
-Every snippet runs with a 2 s timeout and must come back within 3 s with a readable result; the
+A snippet that runs until its timeout (loops, sleeps: ``slow``) gets 2 s; one that ends by itself gets 30 s, so a
+loaded machine cannot cut it short before it reports what stopped it (the fill-the-disk snippet timed out at 2 s
+beside a trainer's test run). Every call must come back within its timeout plus 10 s with a readable result; the
 check after it asserts the attack did not work (from inside: the snippet's own report; from
 outside: the host's files, processes and servers). A canary file and a canary environment
 variable exist on the host for the whole module; neither may ever appear in any output.
@@ -17,8 +19,9 @@ from hostile_snippets import FILE_SECRET, HOSTILE, SECRET, hostile_host
 from sandbox_support import require_bwrap
 from sandbox_support import zombie_children as _zombie_children
 
-TIMEOUT = 2.0
-LIMIT = TIMEOUT + 10.0  # every call must return within this: its timeout, with room for a loaded machine
+TIMEOUT = 2.0  # the slow snippets' (they run until it)
+FINISHING_TIMEOUT = 30.0  # the others': never reached but on a machine too loaded to run them
+ROOM = 10.0  # every call must return within its sandbox's timeout plus this: room for a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +41,23 @@ def box(host):
     sb.close()
 
 
+@pytest.fixture(scope="module")
+def finishing_box(host):
+    """As ``box``, for the snippets that end by themselves: a timeout a loaded machine does not reach."""
+    from gem_core.tools.python import PythonSandbox
+
+    sb = PythonSandbox(workers=2, timeout=FINISHING_TIMEOUT, max_output_bytes=4096).start()
+    yield sb
+    sb.close()
+
+
 def run(box, code: str, host):
     """Run ``code`` (placeholders filled in) and assert the containment facts every call must meet."""
     started = time.monotonic()
     result = box.run(host.fill(code))
     elapsed = time.monotonic() - started
-    assert elapsed < LIMIT, f"took {elapsed:.2f}s (limit {LIMIT}s)"
+    limit = box.timeout + ROOM
+    assert elapsed < limit, f"took {elapsed:.2f}s (limit {limit}s)"
     text = result.stdout + result.stderr
     assert SECRET not in text and FILE_SECRET not in text, f"a canary leaked: {text[:500]!r}"
     # A clear result: it finished, or timed out, or was cut, or the sandbox says what happened.
@@ -52,7 +66,8 @@ def run(box, code: str, host):
 
 
 @pytest.mark.parametrize("attack", HOSTILE, ids=[h.name for h in HOSTILE])
-def test_hostile_snippet_is_contained(box, host, attack):
+def test_hostile_snippet_is_contained(request, host, attack):
+    box = request.getfixturevalue("box" if attack.slow else "finishing_box")
     result = run(box, attack.code, host)
     attack.check(result, host)
     assert attack.breached(result.stdout + result.stderr, host) is None
