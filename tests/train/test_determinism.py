@@ -130,6 +130,9 @@ def test_the_same_seed_gives_the_same_run_bit_for_bit_and_another_seed_another(t
 
     stopped = tmp_path / "stopped"
     run_to_update_1(stopped)
+    # the weights after update 1 (each stopped run's checkpoint): another seed, other weights
+    after_update_1 = [torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)["model"] for out in (other, stopped)]
+    assert not _same_weights(*after_update_1)
     _run(stopped, resume=True)
     assert _lines(stopped) == lines
     assert _same_weights(_weights(stopped), _weights(first))
