@@ -1,36 +1,46 @@
 """The GEM paper's findings, reproduced with the reference trainer (``gem-core train``) on CPU.
 
-    python benchmarks/paper_findings.py [--scale real|tiny] [--seeds 0 1 2] [--arms NAME ...] [--steps N]
-        [--jobs 2] [--out runs/paper_findings] [--set KEY=JSON ...]
+    python benchmarks/paper_findings.py [--finding 1|2] [--scale real|tiny] [--seeds 0 1 2 3 4 5]
+        [--arms NAME ...] [--steps N] [--jobs 2] [--out runs/paper_findings] [--read-runs DIR] [--set KEY=JSON ...]
 
-(1) ReBN against vanilla multi-turn REINFORCE and against GRPO with groups (all gamma 0.9): does ReBN learn
-    faster or reach a higher success rate? (2) gamma 0.9 against gamma 0.999 (both ReBN): does the smaller
-    discount give fewer turns per solved GuessTheNumber episode, toward binary search (about 2.9 guesses for 1-10)?
+(1) ReBN against vanilla multi-turn REINFORCE and against GRPO with groups (all gamma 0.9), on the default run's
+    game (``game:GuessTheNumber-v0-easy``): does ReBN reach a higher held-out success rate?
+(2) gamma 0.9 against 0.99 and 0.999 (all ReBN) on ``game:GuessTheNumber-v0`` (numbers 1-20, 20 turns: room to
+    dawdle, as in the paper's section 4.2; the easy game's 4 turns leave none): does the smaller discount solve in
+    fewer turns, toward binary search (3.7 guesses on the balanced 1-20 set) rather than a linear scan (10.5)?
 
-Four arms (ReBN 0.9 is in both findings), each trained from ``--seeds`` with a scale's settings otherwise:
-``real`` (default), the default run of ``gem-core train`` (the embedded real model, a warm start on hint-blind
-moves, 30 updates, the top 10 layers trained); ``tiny``, the toy scale (``TINY_RUN``: a tiny local model, a
-supervised warm start, 300 updates). GRPO plays its 32 episodes as 8 seeds x 4 (groups of 4); the other arms
-play 32 seeds once. Every run plays the same held-out seeds. Runs live in ``--out`` as
-``<scale>-<arm>-seed<seed>``; a run already complete there is read back, not trained again, so an interrupted
-benchmark picks up where it stopped, but only when its ``config.json`` is the arm's in every setting that
-shapes a run (all of ``TrainConfig`` but where it is written and how often it checkpoints): a directory
-holding a run of other settings, an older default's included, is an error, never counted.
+Fixed before any run of this version (issue 65), so that the data cannot choose them: the seeds, 0-5 (the default
+``--seeds``: six, the fewest at which a two-sided sign test can reach 5%); each finding's measure (1: held-out success
+at the end, sampled; 2: held-out turns per solved episode at the end, sampled); the test, a two-sided exact sign
+test on the per-seed paired differences (a tie is dropped), at 5%. Reported beside it, not tested: the mean paired
+difference with its 95% Student-t interval, and every other measure.
+
+Each arm is the default run of ``gem-core train`` (``real``, the default scale: the embedded real model, a warm start
+on hint-blind moves, then RL) but for the estimator, gamma, group size and, for finding (2), the env; ``tiny`` is the
+toy scale (``TINY_RUN``). GRPO plays its 32 episodes as 8 start states x 4 (groups of 4); the other arms play 32
+start states once. Every run of a finding plays the same held-out seeds, and the same seed shares its warm start, so
+the comparison is paired by seed. Runs live in ``--out`` as ``<scale>-<arm>-seed<seed>``; a run already complete there
+(or in a ``--read-runs`` folder: any run directory there whose settings are the arm's, e.g. the default run's own
+sweep, ``benchmarks/results/default_run_seeds``, for the ReBN arm) is read back, not trained again, so an interrupted
+benchmark picks up where it stopped, but only when its ``config.json`` is the arm's in every setting that shapes a
+run (all of ``TrainConfig`` but where it is written and how often it checkpoints): a directory holding a run of
+other settings, an older default's included, is an error, never counted.
 
 Printed: one table per finding. Per arm, mean over seeds with a 95% confidence interval (Student's t over
 seeds) of: held-out success after the warm start and at the end (sampled and greedy), the training batches'
-success over the RL updates (the area under the learning curve: "learns faster"), and held-out turns per
-solved episode at the end. Per comparison, the paired difference (the same seed shares the warm start and the
-held-out episodes) with its interval, and whether it reproduces the paper: the interval excludes 0 the
-paper's way. Written: ``findings.md`` (the tables) and ``findings.png`` (the curves per arm).
-It runs long (toy scale: about ten minutes per run on two cores; real: about 25 minutes per run alone, and
-``--jobs`` runs share the cores): start it in the background.
+success over the RL updates, and held-out turns per solved episode at the end; finding (2) adds the scripted
+players on the same held-out episodes (binary search, a linear scan from the bottom, random valid guesses). Per
+comparison, the paired difference per seed, its mean and interval, the sign test's count and p-value, and the
+verdict. Written: ``findings.md`` (the tables) and ``finding1.png``, ``finding2.png`` (the curves per arm).
+It runs long (real: about 25 minutes per run of finding 1 alone, more for finding 2's longer episodes; ``--jobs``
+runs share the cores): start it in the background.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -46,20 +56,48 @@ class Arm:
     estimator: str
     gamma: float
     group_size: int = 1
+    env_id: str | None = None  # None: the scale's env (the default run's)
 
+
+#: Finding (2)'s game: numbers 1-20 in up to 20 turns. Its longest episode fits the default run's context (1024
+#: tokens): a 106-token prompt, 20 answers of at most 16 tokens and 19 hints of about 27 (939).
+LONG_GAME = "game:GuessTheNumber-v0"
 
 ARMS = (
     Arm("rebn-0.9", "rebn", 0.9),
     Arm("reinforce-0.9", "reinforce", 0.9),
     Arm("grpo-g4", "grpo", 0.9, group_size=4),
-    Arm("rebn-0.999", "rebn", 0.999),
+    Arm("rebn-0.999", "rebn", 0.999),  # the easy game's gamma arm (the earlier finding (2); in no finding now)
+    Arm("rebn-0.9-n20", "rebn", 0.9, env_id=LONG_GAME),
+    Arm("rebn-0.99-n20", "rebn", 0.99, env_id=LONG_GAME),
+    Arm("rebn-0.999-n20", "rebn", 0.999, env_id=LONG_GAME),
 )
-# (title, the reference arm, the arms compared with it, the measure the paper's finding is about, the
-# direction the paper found: +1 the reference higher, -1 the reference lower)
+
+
+@dataclass(frozen=True)
+class Finding:
+    number: int
+    title: str
+    reference: str  # the arm the others are compared with
+    compared: tuple[str, ...]
+    measure: str  # the measure the paper's finding is about (MEASURES), the one the sign test is run on
+    direction: int  # the direction the paper found: +1 the reference higher, -1 the reference lower
+
+
 FINDINGS = (
-    ("(1) ReBN vs vanilla multi-turn REINFORCE and vs GRPO with groups of 4, gamma 0.9", "rebn-0.9", ("reinforce-0.9", "grpo-g4"), "final", +1),
-    ("(2) gamma 0.9 vs 0.999, ReBN: turns per solved episode", "rebn-0.9", ("rebn-0.999",), "turns_solved", -1),
+    Finding(1, "(1) ReBN vs vanilla multi-turn REINFORCE and vs GRPO with groups of 4, gamma 0.9", "rebn-0.9", ("reinforce-0.9", "grpo-g4"), "final", +1),
+    Finding(
+        2,
+        f"(2) gamma 0.9 vs 0.99 and 0.999, ReBN, on {LONG_GAME}: turns per solved episode",
+        "rebn-0.9-n20",
+        ("rebn-0.99-n20", "rebn-0.999-n20"),
+        "turns_solved",
+        -1,
+    ),
 )
+#: The seeds fixed before the runs (see the module docstring): six, the fewest at which a two-sided sign test can reach 5%.
+SEEDS = (0, 1, 2, 3, 4, 5)
+ALPHA = 0.05
 # What a run's config.json may differ in and still be the arm's run: where it is written, whether it was
 # resumed, how often it checkpoints or logs, and its length (a run counts only with an evaluation after
 # exactly ``--steps`` updates, checked apart).
@@ -75,10 +113,11 @@ def run_dir(out: str, arm: Arm, seed: int, scale: str) -> str:
 
 def arm_settings(arm: Arm, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
     """The ``TrainConfig`` fields an arm sets at this scale and seed: the scale's (``extra``: TINY_RUN's
-    fields, ``--set`` ones; the model always), then the estimator, gamma, group size and seed."""
+    fields, ``--set`` ones; the model always), then the estimator, gamma, group size, the arm's env and the seed."""
     from gem_core.train.trainer import TrainConfig
 
-    return {"model": TrainConfig.model, **extra, "estimator": arm.estimator, "gamma": arm.gamma, "group_size": arm.group_size, "seed": seed}
+    env = {"env_ids": (arm.env_id,)} if arm.env_id else {}
+    return {"model": TrainConfig.model, **extra, **env, "estimator": arm.estimator, "gamma": arm.gamma, "group_size": arm.group_size, "seed": seed}
 
 
 def arm_config(arm: Arm, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -220,43 +259,96 @@ def summary(values: list[float | None]) -> str:
     return f"{statistics.fmean(present):.3f} [{bounds[0]:.3f}, {bounds[1]:.3f}]{count}"
 
 
+def sign_test(differences: list[float]) -> tuple[int, int, float]:
+    """The two-sided exact sign test of "the median paired difference is 0": (differences above 0, differences not
+    0, p-value). A tie (a difference of exactly 0) is dropped; no difference left gives p = 1."""
+    nonzero = [d for d in differences if d != 0]
+    n, above = len(nonzero), sum(d > 0 for d in nonzero)
+    if not n:
+        return 0, 0, 1.0
+    tail = sum(math.comb(n, i) for i in range(min(above, n - above) + 1)) / 2**n
+    return above, n, min(1.0, 2 * tail)
+
+
 def paired_difference(reference: list[float | None], other: list[float | None], direction: int) -> str:
-    """``reference - other`` per seed (seeds where both have the measure), its mean and 95% interval, and
-    the verdict: "reproduces" when the interval excludes 0 in the paper's ``direction``, "the opposite"
-    when it excludes 0 the other way, "not shown" otherwise."""
+    """``reference - other`` per seed (seeds where both have the measure): the differences, their mean and 95%
+    interval, the sign test (:func:`sign_test`: how many seeds went the paper's ``direction``, its p-value) and the
+    verdict, the test's alone: "reproduces" when p < :data:`ALPHA` and most seeds went the paper's way, "the
+    opposite" when p < ALPHA the other way, "not shown" otherwise."""
     differences = [a - b for a, b in zip(reference, other) if a is not None and b is not None]
     if not differences:
-        return "- | -"
-    bounds = interval(differences)
-    text = summary(differences)
-    if bounds is None:
-        return f"{text} | not shown (one seed)"
-    low, high = bounds[0] * direction, bounds[1] * direction
-    verdict = "reproduces" if min(low, high) > 0 else "the opposite" if max(low, high) < 0 else "not shown"
-    return f"{text} | {verdict}"
+        return "- | - | - | -"
+    above, n, p = sign_test([d * direction for d in differences])
+    per_seed = ", ".join(f"{d:+.3f}" for d in differences)
+    test = f"{above} of {n} the paper's way, p = {p:.3f}"
+    verdict = "not shown" if p >= ALPHA else "reproduces" if above > n - above else "the opposite"
+    return f"{per_seed} | {summary(differences)} | {test} | {verdict}"
+
+
+def linear_scan(env_id: str, seeds: list[int]) -> tuple[float, float | None]:
+    """A linear scan from the bottom of the range (the smallest number, then the next, whatever the hints say),
+    played on ``env_id`` at each of ``seeds``: (success rate, turns per solved episode)."""
+    import gem_core
+
+    env = gem_core.make(env_id)
+    won = turns = 0
+    try:
+        for seed in seeds:
+            env.reset(seed=seed)
+            game = env.unwrapped
+            for turn, guess in enumerate(range(game.min_number, game.max_number + 1), start=1):
+                _, _, terminated, truncated, info = env.step("\\boxed{%d}" % guess)
+                if terminated or truncated:
+                    won += bool(info["success"])
+                    turns += turn if info["success"] else 0
+                    break
+    finally:
+        env.close()
+    return won / len(seeds), (turns / won if won else None)
+
+
+def scripted_players(directory: str) -> list[tuple[str, float, float | None]]:
+    """The scripted players on a run's held-out episodes: the ones its ``metrics.jsonl`` recorded (the env's report
+    hook: binary search, random valid guesses, the hint-blind ceiling) and a linear scan (:func:`linear_scan`), as
+    (name, success rate, turns per solved episode)."""
+    from gem_core.train.run import read_metrics
+
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    recorded = next((r["baselines"] for r in read_metrics(os.path.join(directory, "metrics.jsonl")) if "baselines" in r), {})
+    players = [(name, b["success_rate"], b.get("turns_when_solved")) for name, b in recorded.items()]
+    return players + [("linear scan from the bottom", *linear_scan(config["env_ids"][0], config["evaluation"]["seeds"]))]
 
 
 def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS) -> str:
     """One table per finding whose reference arm and at least one compared arm are in ``arms`` (the
-    comparisons of those arms alone): each arm's measures, then each comparison's paired difference on the
-    finding's measure."""
+    comparisons of those arms alone): each arm's measures, finding (2)'s scripted players on the same episodes,
+    then each comparison's paired difference on the finding's measure with the sign test."""
     by_name = {arm.name: arm for arm in arms}
     labels = dict(MEASURES)
     lines = []
-    for title, reference, compared, measure, direction in FINDINGS:
-        others = tuple(name for name in compared if name in by_name)
-        if reference not in by_name or not others:
+    for finding in FINDINGS:
+        others = tuple(name for name in finding.compared if name in by_name)
+        if finding.reference not in by_name or not others:
             continue
-        numbers = {name: arm_numbers(out, by_name[name], seeds, scale) for name in (reference, *others)}
-        lines += [f"**{title}** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; mean [95% confidence interval over seeds])", ""]
+        numbers = {name: arm_numbers(out, by_name[name], seeds, scale) for name in (finding.reference, *others)}
+        lines += [f"**{finding.title}** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; mean [95% confidence interval over seeds])", ""]
         lines.append("| arm | " + " | ".join(label for _, label in MEASURES) + " |")
         lines.append("|---|" + "---|" * len(MEASURES))
         for name, values in numbers.items():
             lines.append(f"| {name} | " + " | ".join(summary(values[key]) for key, _ in MEASURES) + " |")
-        lines += ["", f"| comparison ({labels[measure]}) | paired difference, per seed | the paper's finding |", "|---|---|---|"]
+        if finding.measure == "turns_solved":
+            lines += ["", "| scripted player, the same held-out episodes | success | turns per solved episode |", "|---|---|---|"]
+            for name, success, turns in scripted_players(run_dir(out, by_name[finding.reference], seeds[0], scale)):
+                lines.append(f"| {name} | {success:.3f} | {'-' if turns is None else f'{turns:.2f}'} |")
+        lines += [
+            "",
+            f"| comparison ({labels[finding.measure]}) | paired difference per seed | mean [95% interval] | two-sided sign test | the paper's finding |",
+            "|---|---|---|---|---|",
+        ]
         for name in others:
-            difference = paired_difference(numbers[reference][measure], numbers[name][measure], direction)
-            lines.append(f"| {reference} - {name} | {difference} |")
+            difference = paired_difference(numbers[finding.reference][finding.measure], numbers[name][finding.measure], finding.direction)
+            lines.append(f"| {finding.reference} - {name} | {difference} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -294,24 +386,59 @@ def plot(out: str, seeds: list[int], png: str, scale: str, arms: tuple[Arm, ...]
     plt.close(fig)
 
 
+def copy_finished(read_runs: list[str], out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], scale: str) -> str | None:
+    """A finished run of ``arm`` at ``seed`` in a ``--read-runs`` folder (any run directory there whose config.json
+    is the arm's: :func:`finished`), its records (config.json, metrics.jsonl) copied into the arm's run directory
+    under ``out``, with ``read_from.txt`` naming where they came from; None when there is none, or the arm's run
+    directory already holds something."""
+    import shutil
+
+    target = run_dir(out, arm, seed, scale)
+    if os.path.exists(target):
+        return None
+    expected = arm_config(arm, seed, extra)
+    for folder in read_runs:
+        for name in sorted(os.listdir(folder)):
+            source = os.path.join(folder, name)
+            if os.path.isdir(source) and finished(source, steps, expected):
+                os.makedirs(target)
+                for record in ("config.json", "metrics.jsonl"):
+                    shutil.copy(os.path.join(source, record), os.path.join(target, record))
+                with open(os.path.join(target, "read_from.txt"), "w", encoding="utf-8") as handle:
+                    handle.write(source + "\n")
+                return source
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--finding", type=int, choices=[f.number for f in FINDINGS], help="the arms of one finding (default: --arms, or every arm of both)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help=f"run seeds (default {' '.join(map(str, SEEDS))}: fixed before the runs)")
     parser.add_argument(
         "--arms",
         nargs="+",
         choices=[arm.name for arm in ARMS],
-        default=[arm.name for arm in ARMS],
-        help="the arms to train and report (default: all); a finding is reported when all its arms are",
+        default=None,
+        help="the arms to train and report (default: every arm of the findings); a finding is reported when its reference and a compared arm are",
     )
     parser.add_argument("--scale", choices=("real", "tiny"), default="real", help="the default run's settings (real model) or the toy scale's (default real)")
-    parser.add_argument("--steps", type=int, default=None, help="RL updates per run (default: the scale's, 30 real or 300 tiny)")
+    parser.add_argument("--steps", type=int, default=None, help="RL updates per run (default: the scale's, the default run's or 300 tiny)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, one torch thread each")
     parser.add_argument("--out", default="runs/paper_findings", help="where the runs, findings.md and findings.png go")
+    parser.add_argument(
+        "--read-runs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of finished runs (e.g. benchmarks/results/default_run_seeds): one whose settings are an arm's counts for it, not trained again",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="another TrainConfig field for every run, e.g. --set eval_every=25")
     args = parser.parse_args(argv)
     if (args.steps is not None and args.steps < 1) or args.jobs < 1 or min(args.seeds) < 0:
         parser.error("--steps and --jobs must be >= 1 and seeds >= 0")
+    for folder in args.read_runs:
+        if not os.path.isdir(folder):
+            parser.error(f"--read-runs {folder}: no such folder")
     from gem_core.train.trainer import TINY_RUN, TrainConfig
 
     extra: dict[str, Any] = dict(TINY_RUN) if args.scale == "tiny" else {}
@@ -323,13 +450,23 @@ def main(argv: list[str] | None = None) -> int:
             extra[key] = json.loads(value)
         except json.JSONDecodeError:
             parser.error(f"--set {item!r}: the value must be JSON (e.g. --set eval_every=25)")
-    arms = tuple(arm for arm in ARMS if arm.name in args.arms)
+    if args.finding is not None:
+        finding = next(f for f in FINDINGS if f.number == args.finding)
+        names = {finding.reference, *finding.compared} | set(args.arms or ())
+    else:
+        names = set(args.arms) if args.arms else {name for f in FINDINGS for name in (f.reference, *f.compared)}
+    arms = tuple(arm for arm in ARMS if arm.name in names)
     try:
         for arm in arms:
             arm_config(arm, args.seeds[0], extra)  # a bad --set is one line here, not a traceback in a worker
     except (TypeError, ValueError) as error:
         parser.error(f"--set: {error}")
     os.makedirs(args.out, exist_ok=True)
+    for arm in arms:
+        for seed in args.seeds:
+            source = copy_finished(args.read_runs, args.out, arm, seed, steps, extra, args.scale)
+            if source:
+                print(f"read: {arm.name} seed {seed} from {source}", file=sys.stderr, flush=True)
     jobs = [(arm, seed) for arm in arms for seed in args.seeds]  # arm by arm: a stopped benchmark has whole arms
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(train_one, args.out, arm, seed, steps, extra, args.scale) for arm, seed in jobs]
@@ -340,8 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     with open(os.path.join(args.out, "findings.md"), "w", encoding="utf-8") as handle:
         handle.write(text + "\n")
-    plot(args.out, args.seeds, os.path.join(args.out, "findings.png"), args.scale, arms)
-    print(f"wrote {os.path.join(args.out, 'findings.md')} and findings.png")
+    figures = []
+    for finding in FINDINGS:  # a figure per finding whose arms ran (finding (2)'s are another game)
+        shown = tuple(arm for arm in arms if arm.name in (finding.reference, *finding.compared))
+        if len(shown) > 1:
+            figures.append(f"finding{finding.number}.png")
+            plot(args.out, args.seeds, os.path.join(args.out, figures[-1]), args.scale, shown)
+    print(f"wrote {os.path.join(args.out, 'findings.md')}" + "".join(f" and {name}" for name in figures))
     return 0
 
 

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from helpers.scripts import script_module  # noqa: E402
+from gem_core.train.config import evaluation_seeds  # noqa: E402
 from gem_core.train.trainer import TINY_RUN, TrainConfig, config_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,9 @@ def _finished_run(directory: Path, steps: int, final: float = 0.3, turns: float 
     """A run directory as `gem-core train` leaves it: config.json, an evaluation after the warm start, one
     training record per RL update (``train``: their success rates) and an evaluation after ``steps`` updates."""
     directory.mkdir(parents=True)
-    saved = {**config_dict(TrainConfig(**config)), "weights": {"source": "built here", "files": {}}}
+    settings = TrainConfig(**config)
+    seeds = evaluation_seeds(settings.env_ids[0], settings.env_kwargs, settings.eval_episodes, settings.eval_set)
+    saved = {**config_dict(settings), "weights": {"source": "built here", "files": {}}, "evaluation": {"set": settings.eval_set, "seeds": seeds}}
     (directory / "config.json").write_text(json.dumps(saved))
     lines = [{"step": 0, "phase": "warm_start", "eval_success_rate": 0.1, "eval_turns_when_solved": None}]
     lines += [{"step": i + 1, "phase": "rl", "success_rate": rate} for i, rate in enumerate(train)]
@@ -113,45 +116,91 @@ def test_the_interval_is_students_t_over_seeds(findings):
     assert findings.summary([0.4, None]) == "0.400 (n=1)" and findings.summary([None, None]) == "-"
 
 
+def test_the_sign_test_is_the_exact_two_sided_binomial(findings):
+    assert findings.sign_test([0.1] * 6) == (6, 6, pytest.approx(2 / 64))  # the fewest seeds that can reach 5%
+    assert findings.sign_test([0.1] * 5)[2] == pytest.approx(2 / 32) and findings.sign_test([0.1] * 5)[2] > findings.ALPHA
+    assert findings.sign_test([0.1, 0.2, 0.3, 0.1, 0.2, -0.1]) == (5, 6, pytest.approx(2 * 7 / 64))  # 5 of 6: p 0.219
+    assert findings.sign_test([0.1, 0.0, 0.2, 0.1, 0.3, 0.1, 0.2]) == (6, 6, pytest.approx(2 / 64))  # a tie is dropped
+    assert findings.sign_test([-0.1] * 8) == (0, 8, pytest.approx(2 / 256))
+    assert findings.sign_test([0.0, 0.0]) == (0, 0, 1.0)
+    assert len(findings.SEEDS) == 6 and findings.sign_test([1.0] * len(findings.SEEDS))[2] < findings.ALPHA
+
+
 @pytest.mark.parametrize(
     "reference, other, direction, verdict",
     [
-        ([0.6, 0.7, 0.65], [0.4, 0.45, 0.42], +1, "reproduces"),  # ReBN higher on every seed, tightly
-        ([0.4, 0.45, 0.42], [0.6, 0.7, 0.65], +1, "the opposite"),
-        ([0.6, 0.3, 0.5], [0.4, 0.5, 0.45], +1, "not shown"),  # one seed each way
-        ([2.9, 3.0, 2.95], [3.4, 3.5, 3.45], -1, "reproduces"),  # fewer turns with the smaller gamma
-        ([0.6, None, 0.7], [0.5, 0.4, None], +1, "not shown (one seed)"),  # only seed 0 has both
+        ([0.6, 0.7, 0.65, 0.62, 0.61, 0.7], [0.4, 0.45, 0.42, 0.5, 0.5, 0.4], +1, "reproduces"),  # ReBN higher on every seed
+        ([0.4, 0.45, 0.42, 0.5, 0.5, 0.4], [0.6, 0.7, 0.65, 0.62, 0.61, 0.7], +1, "the opposite"),
+        ([0.6, 0.7, 0.65], [0.4, 0.45, 0.42], +1, "not shown"),  # every seed, but three seeds: p = 0.25
+        ([0.9, 0.7, 0.65, 0.62, 0.61, 0.3], [0.4, 0.45, 0.42, 0.5, 0.5, 0.4], +1, "not shown"),  # 5 of 6: p = 0.22, whatever the mean
+        ([2.9, 3.0, 2.95, 3.1, 3.0, 2.8], [3.4, 3.5, 3.45, 3.5, 3.6, 3.2], -1, "reproduces"),  # fewer turns with the smaller gamma
+        ([0.6, None, 0.7, 0.5], [0.5, 0.4, None, 0.5], +1, "not shown"),  # seeds 0 and 3 have both: one win, one tie
     ],
 )
-def test_the_verdict_needs_the_paired_interval_to_exclude_zero_the_papers_way(findings, reference, other, direction, verdict):
+def test_the_verdict_is_the_sign_tests_at_5_percent_the_papers_way(findings, reference, other, direction, verdict):
     assert findings.paired_difference(reference, other, direction).endswith("| " + verdict)
 
 
+def test_the_comparison_shows_every_seeds_difference_the_interval_and_the_test(findings):
+    text = findings.paired_difference([0.6, 0.7, 0.65, 0.62, 0.61, 0.7], [0.4, 0.45, 0.42, 0.5, 0.5, 0.4], +1)
+    per_seed, mean, test, verdict = text.split(" | ")
+    assert per_seed == "+0.200, +0.250, +0.230, +0.120, +0.110, +0.300"
+    assert mean.startswith("0.202 [") and test == "6 of 6 the paper's way, p = 0.031" and verdict == "reproduces"
+
+
 def test_tables_read_each_seeds_run(findings, tmp_path):
-    """The tables from three seeds of each arm written here: the numbers are the runs', the verdicts follow."""
+    """The tables from six seeds of each arm written here: the numbers are the runs', the verdicts follow."""
+    seeds = list(findings.SEEDS)
     for arm in findings.ARMS:
-        for seed in (0, 1, 2):
+        for seed in seeds:
             better = arm.name == "rebn-0.9"
             _finished_run(
                 Path(findings.run_dir(str(tmp_path), arm, seed, "real")),
                 30,
                 final=(0.6 + 0.01 * seed) if better else (0.4 + 0.02 * seed),
-                turns=(2.9 + 0.01 * seed) if arm.gamma == 0.9 else (3.6 - 0.01 * seed),
+                turns=(3.9 + 0.01 * seed) if arm.gamma == 0.9 else (5.6 - 0.01 * seed),
                 train=(0.3, 0.5) if better else (0.2, 0.2),
                 **findings.arm_settings(arm, seed, {}),
             )
-    text = findings.tables(str(tmp_path), [0, 1, 2], "real")
+    text = findings.tables(str(tmp_path), seeds, "real")
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
-    assert rows["rebn-0.9"].split(" | ")[2].startswith("0.610 [")  # final, sampled: 0.60, 0.61, 0.62
+    assert rows["rebn-0.9"].split(" | ")[2].startswith("0.625 [")  # final, sampled: 0.60 .. 0.65
     assert rows["rebn-0.9"].split(" | ")[4].startswith("0.400 [")  # the training batches' mean: (0.3 + 0.5) / 2
-    assert rows["grpo-g4"].split(" | ")[2].startswith("0.420 [")
-    assert rows["rebn-0.9 - reinforce-0.9"].endswith("| reproduces |")
+    assert rows["grpo-g4"].split(" | ")[2].startswith("0.450 [")
+    assert rows["rebn-0.9 - reinforce-0.9"].endswith("| 6 of 6 the paper's way, p = 0.031 | reproduces |")
     assert rows["rebn-0.9 - grpo-g4"].endswith("| reproduces |")
-    assert rows["rebn-0.9 - rebn-0.999"].endswith("| reproduces |")  # 2.90-2.92 turns against 3.58-3.60
-    only_one = findings.tables(str(tmp_path), [0, 1, 2], "real", tuple(a for a in findings.ARMS if a.name != "grpo-g4"))
+    assert rows["rebn-0.9-n20 - rebn-0.999-n20"].endswith("| reproduces |")  # 3.90-3.95 turns against 5.55-5.60
+    assert "rebn-0.9 - rebn-0.999 " not in text  # the easy game's gamma arm is in no finding now
+    # finding (2)'s scripted players on its held-out episodes (the fake run records none: the linear scan alone)
+    assert rows["linear scan from the bottom"] == "| linear scan from the bottom | 1.000 | 10.50 |"
+    only_one = findings.tables(str(tmp_path), seeds, "real", tuple(a for a in findings.ARMS if a.name != "grpo-g4"))
     assert "grpo-g4" not in only_one and "(2) gamma" in only_one and "(1) ReBN" in only_one  # the comparisons of the arms run
     assert "| rebn-0.9 - reinforce-0.9 |" in only_one
-    assert "(1) ReBN" not in findings.tables(str(tmp_path), [0, 1, 2], "real", tuple(a for a in findings.ARMS if a.name == "rebn-0.9"))
+    assert "(1) ReBN" not in findings.tables(str(tmp_path), seeds, "real", tuple(a for a in findings.ARMS if a.name == "rebn-0.9"))
+
+
+def test_finding_2_plays_the_long_game_and_its_linear_scan_is_the_envs(findings):
+    arm = next(a for a in findings.ARMS if a.name == "rebn-0.999-n20")
+    config = TrainConfig(**findings.arm_settings(arm, 3, {}))
+    assert config.env_ids == ("game:GuessTheNumber-v0",) and config.gamma == 0.999 and config.seed == 3
+    assert TrainConfig(**findings.arm_settings(findings.ARMS[0], 3, {})).env_ids == TrainConfig().env_ids
+    # every target of 1-20 once: the scan solves each in target turns; on the easy game's 4 turns, targets 1-4 only
+    assert findings.linear_scan("game:GuessTheNumber-v0", evaluation_seeds("game:GuessTheNumber-v0", {}, 20)) == (1.0, 10.5)
+    assert findings.linear_scan("game:GuessTheNumber-v0-easy", evaluation_seeds("game:GuessTheNumber-v0-easy", {}, 10)) == (0.4, 2.5)
+
+
+def test_read_runs_counts_a_finished_run_of_the_arms_settings_and_nothing_else(findings, tmp_path):
+    rebn = next(arm for arm in findings.ARMS if arm.name == "rebn-0.9")
+    sweep = tmp_path / "sweep"
+    _finished_run(sweep / "default-seed0", 40, final=0.7, **findings.arm_settings(rebn, 0, {}))
+    _finished_run(sweep / "other-seed1", 40, final=0.7, **{**findings.arm_settings(rebn, 1, {}), "lr": 1e-3})
+    out = tmp_path / "out"
+    assert findings.copy_finished([str(sweep)], str(out), rebn, 0, 40, {}, "real") == str(sweep / "default-seed0")
+    copied = Path(findings.run_dir(str(out), rebn, 0, "real"))
+    assert (copied / "read_from.txt").read_text().strip() == str(sweep / "default-seed0")
+    assert findings.finished(str(copied), 40, findings.arm_config(rebn, 0, {}))
+    assert findings.copy_finished([str(sweep)], str(out), rebn, 1, 40, {}, "real") is None  # another lr: not the arm's run
+    assert findings.copy_finished([str(sweep)], str(out), rebn, 0, 40, {}, "real") is None  # already there
 
 
 def test_the_figure_is_drawn_from_the_runs(findings, tmp_path):
