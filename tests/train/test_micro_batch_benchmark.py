@@ -21,7 +21,7 @@ def bench():
 
 
 def test_every_budget_is_timed_checked_and_tabled(bench, capsys):
-    assert bench.main(["--model", "tiny", "--episodes", "4", "--repeats", "1", "--budgets", "64", "256"]) == 0
+    assert bench.main(["--model", "tiny", "--episodes", "4", "--repeats", "1", "--budgets", "64", "256", "--precision", "float32"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 64 |") or line.startswith("| 256 |")]
     assert len(rows) == 2 and rows[0].endswith("| 1.00x |")
@@ -30,8 +30,8 @@ def test_every_budget_is_timed_checked_and_tabled(bench, capsys):
 
 def test_a_budget_whose_update_differs_stops_the_benchmark(bench, capsys, monkeypatch):
     monkeypatch.setattr(bench, "TOLERANCE", -1.0)  # every difference, even 0, is over it
-    assert bench.main(["--model", "tiny", "--episodes", "4", "--repeats", "1", "--budgets", "64", "256"]) == 1
-    assert "the budgets' updates differ" in capsys.readouterr().err
+    assert bench.main(["--model", "tiny", "--episodes", "4", "--repeats", "1", "--budgets", "64", "256", "--precision", "float32"]) == 1
+    assert "the budgets' gradients differ" in capsys.readouterr().err
 
 
 def test_bad_arguments_are_one_line(bench, capsys):
