@@ -2,6 +2,7 @@
 (``--micro-batch-tokens``, ``TrainConfig.micro_batch_tokens``), against time and memory.
 
     python benchmarks/micro_batch.py [--model smollm2-135m-instruct] [--episodes 32] [--repeats 3] [--budgets 1024 2048 4096 8192]
+        [--precision auto|bf16|float32]
 
 The batch is what ``gem-core train`` sees on ``game:GuessTheNumber-v0-easy`` (``--episodes`` episodes of random
 well-formed guesses, benchmarks/shared_prefix.py's), the trainer the default run's (``TrainConfig()``: the top 10 of

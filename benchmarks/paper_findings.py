@@ -317,7 +317,12 @@ def scripted_players(directory: str) -> list[tuple[str, float, float | None]]:
         config = json.load(handle)
     recorded = next((r["baselines"] for r in read_metrics(os.path.join(directory, "metrics.jsonl")) if "baselines" in r), {})
     players = [(name, b["success_rate"], b.get("turns_when_solved")) for name, b in recorded.items()]
-    return players + [("linear scan from the bottom", *linear_scan(config["env_ids"][0], config["evaluation"]["seeds"]))]
+    seeds = (config.get("evaluation") or {}).get("seeds")
+    if seeds is None:  # a run saved before config.json recorded its evaluation seeds: the same set, worked out again
+        from gem_core.train.config import evaluation_seeds
+
+        seeds = evaluation_seeds(config["env_ids"][0], config.get("env_kwargs") or {}, config["eval_episodes"], config.get("eval_set", "heldout"))
+    return players + [("linear scan from the bottom", *linear_scan(config["env_ids"][0], seeds))]
 
 
 def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS) -> str:

@@ -179,6 +179,16 @@ def test_tables_read_each_seeds_run(findings, tmp_path):
     assert "(1) ReBN" not in findings.tables(str(tmp_path), seeds, "real", tuple(a for a in findings.ARMS if a.name == "rebn-0.9"))
 
 
+def test_a_run_saved_without_its_evaluation_seeds_gets_them_worked_out_again(findings, tmp_path):
+    arm = next(a for a in findings.ARMS if a.name == "rebn-0.9-n20")
+    directory = tmp_path / "old"
+    _finished_run(directory, 30, **findings.arm_settings(arm, 0, {}))
+    saved = json.loads((directory / "config.json").read_text())
+    del saved["evaluation"]
+    (directory / "config.json").write_text(json.dumps(saved))
+    assert findings.scripted_players(str(directory)) == [("linear scan from the bottom", 1.0, 10.5)]
+
+
 def test_finding_2_plays_the_long_game_and_its_linear_scan_is_the_envs(findings):
     arm = next(a for a in findings.ARMS if a.name == "rebn-0.999-n20")
     config = TrainConfig(**findings.arm_settings(arm, 3, {}))
