@@ -22,6 +22,7 @@ model (SmolLM2-135M-Instruct, :mod:`gem_core.models`): a short supervised warm s
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -223,6 +224,7 @@ class Trainer:
         # Adam's first steps move every weight by about lr whatever the gradient: ramp the rate up.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / (config.warmup_updates + 1)))
         self.reference = None
+        self._rollout_copy: Any = None
         self._envs: list[Any] = []
         self._eval_seeds: dict[str, list[int]] = {}
         self._report: EnvReport | None = None
@@ -269,11 +271,34 @@ class Trainer:
         """The rollout policy over the current weights: the model's own ``generate`` (``hf``), or the vLLM
         engine (``vllm``), started once from a copy of the model and given the current weights each time."""
         if self.rollout_engine == "hf":
-            return HFPolicy(self.model, seed=self.config.seed, max_batch_size=batch_size, pad_token_id=self.pad_id)
+            return HFPolicy(self.rollout_model(), seed=self.config.seed, max_batch_size=batch_size, pad_token_id=self.pad_id)
         if self._vllm is None:
             self._vllm = self._start_vllm()
         self._vllm.load_weights(self.model.named_parameters())
         return self._vllm
+
+    def rollout_model(self) -> Any:
+        """The weights the ``hf`` engine generates with: the model itself in float32; under bf16 a bfloat16 copy
+        of it, its trained weights refreshed from the model's on every call. The update's bf16 autocast casts
+        the weights at every op, which a token-by-token decode pays for each token; a copy held in bfloat16 runs the
+        rollout's matmuls on the CPU's bf16 units without it (about twice as fast on the default run:
+        docs/benchmarks.md). The rollout then samples from the bfloat16 weights' distribution, as a trainer's bf16
+        inference engine does (verl's and OpenRLHF's vLLM); the loss's ratio starts from those logprobs. Buffers
+        (rotary frequencies) stay float32, as ``from_pretrained(dtype=bfloat16)`` keeps them."""
+        if not self.bf16:
+            return self.model
+        torch = self.torch
+        with torch.no_grad():
+            if self._rollout_copy is None:
+                self._rollout_copy = copy.deepcopy(self.model).eval()
+                for parameter in self._rollout_copy.parameters():
+                    parameter.requires_grad_(False)
+                    parameter.data = parameter.data.to(torch.bfloat16)
+            else:  # the frozen weights never change; the trained ones after every step
+                for mine, source in zip(self._rollout_copy.parameters(), self.model.parameters()):
+                    if source.requires_grad:
+                        mine.copy_(source)
+        return self._rollout_copy
 
     def _start_vllm(self) -> VLLMPolicy:
         if importlib.util.find_spec("vllm") is None:
@@ -281,7 +306,7 @@ class Trainer:
         self._vllm_dir = tempfile.TemporaryDirectory(prefix="gem-train-vllm-")
         self.model.save_pretrained(self._vllm_dir.name)  # the engine starts from these weights' config
         self.tokenizer.save_pretrained(self._vllm_dir.name)
-        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        dtype = "bfloat16" if self.bf16 else str(next(self.model.parameters()).dtype).removeprefix("torch.")  # as the hf engine's
         context = self.config.max_context_tokens or getattr(self.model.config, "max_position_embeddings", 4096)
         # processed logprobs: those of the distribution sampled from (after the temperature), as the loss's ratio needs
         return VLLMPolicy.from_pretrained(
@@ -305,6 +330,7 @@ class Trainer:
             env.close()
         self._envs = []
         self._report = None
+        self._rollout_copy = None
         self._vllm = None
         if self._vllm_dir is not None:
             self._vllm_dir.cleanup()
@@ -516,8 +542,6 @@ class Trainer:
 
     def _reference(self) -> Any:
         if self.reference is None:
-            import copy
-
             self.reference = copy.deepcopy(self.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)

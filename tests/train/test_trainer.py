@@ -56,6 +56,43 @@ def test_bf16_autocasts_the_training_forward_only_where_asked(tiny, tmp_path, mo
         TrainConfig(precision="yes")
 
 
+def test_bf16_rolls_out_on_a_bfloat16_copy_that_follows_every_optimizer_step(tiny, tmp_path):
+    """Under bf16 the hf engine generates with a bfloat16 copy of the model (its buffers left float32, as
+    ``from_pretrained(dtype=bfloat16)`` keeps them), the same copy each rollout, its trained weights those of the
+    model after the last optimizer step; float32 generates with the model itself."""
+    from gem_core.testing import build_tiny_model
+
+    tokenizer = tiny[2]
+    plain = _trainer(tiny, tmp_path, precision="float32")
+    two_layers = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=2)
+    half = Trainer(
+        TrainConfig(out=str(tmp_path / "half"), episodes_per_update=4, eval_episodes=4, precision="bf16", trained_layers=1, lr=0.5, warmup_updates=0),
+        two_layers,
+        tokenizer,
+    )
+    try:
+        assert plain.rollout_model() is plain.model and plain.policy(2).model is plain.model
+        copy = half.rollout_model()
+        assert copy is not half.model and half.policy(2).model is copy
+        assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in copy.parameters())
+        assert [b.dtype for b in copy.buffers()] == [b.dtype for b in half.model.buffers()]
+        trained = [name for name, p in half.model.named_parameters() if p.requires_grad]
+        assert trained and len(trained) < len(list(half.model.parameters()))  # the embeddings frozen: the refresh skips them
+        for p in half.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.ones_like(p)
+        before = {name: p.clone() for name, p in copy.named_parameters()}
+        half.optimizer.step()
+        assert half.rollout_model() is copy
+        for (name, mine), source in zip(copy.named_parameters(), half.model.parameters()):
+            assert torch.equal(mine, source.detach().to(torch.bfloat16)), name
+            assert torch.equal(mine, before[name]) != (name in trained), name  # the trained ones moved, the frozen did not
+        assert len(half.rollout([0, 1], prefix="t-")) == 2
+    finally:
+        plain.close()
+        half.close()
+
+
 def test_train_layers_trains_the_top_layers_alone_with_the_full_models_gradient(tmp_path):
     """--train-layers N freezes the embeddings (and the output layer tied to them) and every decoder layer below
     the top N: one update leaves them bit-identical and moves the top layer; the top layer's gradient is the one
