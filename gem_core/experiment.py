@@ -264,7 +264,8 @@ KEYS: dict[str, Key] = {
         "training",
         "precision",
         Param(str, choices=PRECISIONS),
-        "bf16 (the update in bfloat16, float32 master weights and optimizer state), float32, or auto: bf16 where the "
+        "bf16 (the update in bfloat16, float32 master weights and optimizer state; gem-core train's rollout on a bfloat16 "
+        "copy of the weights, as a bf16 inference engine's), float32, or auto: bf16 where the "
         "machine computes in bfloat16 (a CUDA GPU with it, a CPU with AVX512-BF16 or AMX), float32 elsewhere, decided where the run starts",
     ),
     "eval_every": Key(

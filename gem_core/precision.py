@@ -8,7 +8,8 @@ the same machine.
 
 * ``bf16``: mixed precision, the update's forward and backward computed in bfloat16 with the weights'
   float32 master copy and the optimizer state in float32 (each trainer's own mixed precision: autocast,
-  FSDP's or DeepSpeed's);
+  FSDP's or DeepSpeed's); the rollout generates with bfloat16 weights (the trainers' vLLM in bfloat16;
+  ``gem-core train``'s a bfloat16 copy of the model, :meth:`gem_core.train.trainer.Trainer.rollout_model`);
 * ``float32``: the update in float32 throughout.
 
 torch is optional in gem_core (the envs need none), so it is imported where the CUDA device is asked about.

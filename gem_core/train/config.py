@@ -37,7 +37,7 @@ class TrainConfig(Experiment):
     (``examples/experiments/portable.toml``: no [reference] phases), these to the run ``gem-core train`` takes with no
     arguments (``examples/experiments/default.toml``, tested equal). Chosen on the validation set (seeds 100-104) on a
     2-core CPU (docs/training.md, "The default run"): a warm start of 8 supervised steps on hint-blind random moves
-    (the format, not the game: validation success 0.355 after it, random valid play 0.344), then 40 RL updates of 32
+    (the format, not the game: validation success 0.355 after it, random valid play 0.344), then 50 RL updates of 32
     episodes, two optimizer steps each (``mini_batches``), lr 2e-4 reached over 2 updates, a KL to the warm-start
     policy at 0.1 falling linearly to 0 (``kl_schedule``: it holds the "higher" moves while the hints are rare, then
     lets go), each response ending at its move (``stop_after_box``), the top 10 of the 30 layers trained (the
@@ -59,7 +59,7 @@ class TrainConfig(Experiment):
     # what the run is: the default run's values where they differ from the experiment file's defaults
     lr: float = 2e-4
     kl_coef: float = 0.1
-    updates: int = 40
+    updates: int = 50
     mini_batches: int = 2
     stop_after_box: bool = True
     warm_start_steps: int = 8
