@@ -281,8 +281,8 @@ class Trainer:
         """The weights the ``hf`` engine generates with: the model itself in float32; under bf16 a bfloat16 copy
         of it, its trained weights refreshed from the model's on every call. The update's bf16 autocast casts
         the weights at every op, which a token-by-token decode pays for each token; a copy held in bfloat16 runs the
-        rollout's matmuls on the CPU's bf16 units without it (about twice as fast on the default run:
-        docs/benchmarks.md). The rollout then samples from the bfloat16 weights' distribution, as a trainer's bf16
+        rollout's matmuls on the CPU's bf16 units without it (1.4x in the interleaved benchmark, half the rollout's
+        median time over whole default runs: docs/benchmarks.md). The rollout then samples from the bfloat16 weights' distribution, as a trainer's bf16
         inference engine does (verl's and OpenRLHF's vLLM); the loss's ratio starts from those logprobs. Buffers
         (rotary frequencies) stay float32, as ``from_pretrained(dtype=bfloat16)`` keeps them."""
         if not self.bf16:
