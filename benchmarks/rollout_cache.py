@@ -19,7 +19,7 @@ all):
   bfloat16 copy of the weights (:meth:`~gem_core.train.trainer.Trainer.rollout_model`) instead of the float32 model.
   Its episodes are another distribution's samples (the bfloat16 weights'), so its tokens run differ a little.
 
-All three write the KV cache in place into a buffer laid out ahead (no arm pays for concatenation). Printed: a
+All four write the KV cache in place into a buffer laid out ahead (no arm pays for concatenation). Printed: a
 Markdown table of the rollout seconds per arm (median and range over the repeats), the tokens the model ran
 (prefill and decode), whether the arm's repeats on one seed set gave identical episodes, and the speed-up of the
 default over the first arm, measured in this run.

@@ -647,6 +647,29 @@ def test_the_auto_rollout_engine_is_vllm_only_on_cuda_with_vllm_installed(monkey
     assert trainer_module.resolve_rollout_engine(TrainConfig(device="cuda:1")) == "hf"
 
 
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", "bfloat16"), ("float32", "float32")])
+def test_the_vllm_engine_generates_in_the_runs_precision(precision, dtype, tiny, tmp_path, monkeypatch):
+    """The vLLM engine starts in the dtype the hf engine generates in: bfloat16 under bf16 (the float32 master
+    weights cast by the engine as it loads them), float32 otherwise."""
+    import gem_core.train.trainer as trainer_module
+
+    started = {}
+
+    def from_pretrained(path, **kwargs):
+        started.update(kwargs)
+        return object()
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(trainer_module.importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(trainer_module.VLLMPolicy, "from_pretrained", staticmethod(from_pretrained))
+    trainer = _trainer(tiny, tmp_path, rollout_engine="vllm", precision=precision)
+    try:
+        trainer._start_vllm()
+        assert started["dtype"] == dtype
+    finally:
+        trainer.close()
+
 def test_the_tiny_scale_names_a_model_built_here():
     from gem_core.train.run import load_model
     from gem_core.train.trainer import TINY_RUN
