@@ -647,7 +647,6 @@ def test_the_auto_rollout_engine_is_vllm_only_on_cuda_with_vllm_installed(monkey
     assert trainer_module.resolve_rollout_engine(TrainConfig(device="cuda:1")) == "hf"
 
 
-
 @pytest.mark.parametrize(("precision", "dtype"), [("bf16", "bfloat16"), ("float32", "float32")])
 def test_the_vllm_engine_generates_in_the_runs_precision(precision, dtype, tiny, tmp_path, monkeypatch):
     """The vLLM engine starts in the dtype the hf engine generates in: bfloat16 under bf16 (the float32 master
@@ -669,6 +668,7 @@ def test_the_vllm_engine_generates_in_the_runs_precision(precision, dtype, tiny,
         assert started["dtype"] == dtype
     finally:
         trainer.close()
+
 
 def test_the_tiny_scale_names_a_model_built_here():
     from gem_core.train.run import load_model
