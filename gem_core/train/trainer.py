@@ -79,6 +79,10 @@ from gem_core.train.memory import bound_heap, peak_rss_gb
 from gem_core.train.model import adamw, decoder_layers, freeze_lower_layers
 from gem_core.wrappers import EpisodeTotals
 
+#: The random stream of the replayed start states (``np.random.default_rng([seed, update, REPLAY_STREAM])``), apart from
+#: the fresh start states' ``[seed, update]`` (gem_core.experiment.update_start_seeds).
+REPLAY_STREAM = 1
+
 # Where the trainer's parts live (config, loss, model, memory); imported from here too, as before the split.
 __all__ = [
     "DEFAULT_ENV",
@@ -231,6 +235,7 @@ class Trainer:
         self._vllm: VLLMPolicy | None = None
         self._vllm_dir: Any = None
         self.step = 0
+        self.failed_start_states: list[int] = []  # the last update's start states whose episodes failed (replay_failed)
         self.log = log
         # the template's end of turn first: a scripted policy (the warm start) ends its responses with the first stop id
         stops = (*self.formatter.stop_token_ids, *closing_brace_ids(tokenizer)) if config.stop_after_box else ()
@@ -341,6 +346,18 @@ class Trainer:
         (:func:`gem_core.experiment.update_start_seeds`; an experiment's training rows are the same)."""
         return update_start_seeds(self.config.seed, step, self.config.episodes_per_update // self.config.group_size, EVAL_SEED_BASE)
 
+    def start_states(self, step: int) -> tuple[list[int], int]:
+        """Update ``step``'s start states and how many of them are replayed: with ``replay_failed`` N, N of them (or as
+        many as there are) drawn from the previous update's failed start states by the run's seed, in place of the last
+        N fresh ones (:meth:`train_seeds`); without it, or with nothing failed, the fresh ones alone."""
+        fresh = self.train_seeds(step)
+        count = min(self.config.replay_failed, len(self.failed_start_states))
+        if not count:
+            return fresh, 0
+        rng = np.random.default_rng([self.config.seed, step, REPLAY_STREAM])
+        drawn = sorted(int(i) for i in rng.choice(len(self.failed_start_states), size=count, replace=False))
+        return fresh[: len(fresh) - count] + [self.failed_start_states[i] for i in drawn], count
+
     @property
     def report(self) -> EnvReport:
         """What the run's env reports of itself beyond success, return and turns (:mod:`gem_core.envs.report`:
@@ -384,10 +401,13 @@ class Trainer:
         """Rollouts, advantages, loss, optimizer step; returns this step's metrics."""
         config = self.config
         started = time.perf_counter()
-        trajectories = self.rollout(self.train_seeds(self.step), prefix=f"s{self.step}-", group_size=config.group_size)
+        seeds, replayed = self.start_states(self.step)
+        trajectories = self.rollout(seeds, prefix=f"s{self.step}-", group_size=config.group_size)
         rollout_seconds = time.perf_counter() - started
         episodes = EpisodeStats.of(trajectories, self.report)
         infra = infra_metrics(trajectories)
+        if config.replay_failed:  # a start state with any failed episode, once each; infrastructure failures are not the policy's
+            self.failed_start_states = list(dict.fromkeys(t.seed for t in trajectories if t.infra_error is None and not t.success))
         # episodes the infrastructure failed say nothing about the policy: out of the loss and the statistics
         trajectories = [t for t in trajectories if t.infra_error is None and t.turns]
         played = {
@@ -399,6 +419,7 @@ class Trainer:
             "illegal_rate": episodes.illegal_rate,
             **episodes.env_metrics,  # what the env reports of itself (gem_core.envs.report)
             "infra_failed_episodes": infra["gem/infra_failed_episodes"],
+            **({"replayed_start_states": replayed} if config.replay_failed else {}),
         }
         if not trajectories:
             self.step += 1
@@ -558,6 +579,7 @@ class Trainer:
             "torch_rng": self.torch.get_rng_state(),
             "numpy_rng": np.random.get_state(),
             "python_rng": random.getstate(),
+            "failed_start_states": list(self.failed_start_states),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -570,6 +592,7 @@ class Trainer:
         self.torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
+        self.failed_start_states = [int(seed) for seed in state.get("failed_start_states", [])]
 
 
 def write_json(path: str, data: Any) -> None:
