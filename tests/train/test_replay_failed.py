@@ -4,14 +4,13 @@ uninterrupted one does; other trainers refuse the key."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from gem_core.train.trainer import Trainer, TrainConfig  # noqa: E402
+from test_trainer import _rl_lines  # noqa: E402  (an update's line without the machine's timings and memory)
 
 
 def _trainer(tiny, tmp_path, **overrides):
@@ -65,11 +64,6 @@ def test_an_update_keeps_its_failed_start_states_and_the_next_plays_them(tiny, t
     assert first["replayed_start_states"] == 0 and calls[0] == trainer.train_seeds(0)
     assert second["replayed_start_states"] == 2
     assert calls[1][:2] == trainer.train_seeds(1)[:2] and sorted(calls[1][2:]) == sorted(calls[0][2:])
-
-
-def _rl_lines(path):
-    drop = {"rollout_seconds", "update_seconds", "peak_rss_gb"}
-    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in open(path) if '"rl"' in line]
 
 
 def test_a_resumed_run_replays_what_the_uninterrupted_one_does(tiny, tmp_path):
