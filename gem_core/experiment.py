@@ -146,7 +146,7 @@ class Experiment:
     kl_schedule: str = "constant"
     kl_final: float = 0.0
     skip_zero_signal: bool = False
-    replay_failed: int = 0
+    replay_failed: float = 0.0
 
     def __post_init__(self) -> None:
         check_experiment(self)
@@ -323,9 +323,9 @@ KEYS: dict[str, Key] = {
     "replay_failed": Key(
         "reference",
         "replay_failed",
-        Param(int, low=0, high=1_000_000),
-        "gem-core train only: start states of each update played again from the previous update's failed episodes (at most "
-        "the update's start states; fresh ones fill the rest), so the situations the policy fails in come back while it "
+        Param(float, low=0.0, high=1.0),
+        "gem-core train only: the share of each update's start states (rounded down) played again from the previous "
+        "update's failed episodes, fresh ones filling the rest, so the situations the policy fails in come back while it "
         "learns them (0: every start state fresh); other trainers refuse it",
     ),
 }
@@ -370,8 +370,6 @@ def check_experiment(experiment: Experiment, where: str = "experiment") -> None:
         raise invalid("reference.kl_final", experiment.kl_final, '0 unless reference.kl_schedule = "linear" (where the linear fall ends)', where)
     if experiment.kl_final > experiment.kl_coef:
         raise invalid("reference.kl_final", experiment.kl_final, f"at most algorithm.kl_coef ({experiment.kl_coef}): the schedule falls", where)
-    if experiment.replay_failed > experiment.groups_per_update:
-        raise invalid("reference.replay_failed", experiment.replay_failed, f"at most the start states of an update ({experiment.groups_per_update})", where)
     if experiment.max_context_tokens and experiment.max_context_tokens <= experiment.max_turn_tokens:
         raise invalid("env.max_context_tokens", experiment.max_context_tokens, f"more than env.max_turn_tokens ({experiment.max_turn_tokens}), or 0", where)
 
@@ -571,7 +569,7 @@ REFERENCE_ONLY = {
     "reference.kl_schedule": "constant",
     "reference.kl_final": 0.0,
     "reference.skip_zero_signal": False,
-    "reference.replay_failed": 0,
+    "reference.replay_failed": 0.0,
 }
 
 

@@ -26,6 +26,7 @@ import copy
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import random
 import tempfile
@@ -347,11 +348,12 @@ class Trainer:
         return update_start_seeds(self.config.seed, step, self.config.episodes_per_update // self.config.group_size, EVAL_SEED_BASE)
 
     def start_states(self, step: int) -> tuple[list[int], int]:
-        """Update ``step``'s start states and how many of them are replayed: with ``replay_failed`` N, N of them (or as
-        many as there are) drawn from the previous update's failed start states by the run's seed, in place of the last
-        N fresh ones (:meth:`train_seeds`); without it, or with nothing failed, the fresh ones alone."""
+        """Update ``step``'s start states and how many of them are replayed: with ``replay_failed`` f, N = f x the
+        update's start states (rounded down) of them, or as many as failed, drawn from the previous update's failed start
+        states by the run's seed, in place of the last N fresh ones (:meth:`train_seeds`); without it, or with nothing
+        failed, the fresh ones alone."""
         fresh = self.train_seeds(step)
-        count = min(self.config.replay_failed, len(self.failed_start_states))
+        count = min(math.floor(self.config.replay_failed * len(fresh) + 1e-9), len(self.failed_start_states))
         if not count:
             return fresh, 0
         rng = np.random.default_rng([self.config.seed, step, REPLAY_STREAM])

@@ -1,5 +1,5 @@
-"""[reference] replay_failed (gem-core train's --replay-failed N): N start states of each update are drawn from the
-previous update's failed ones, by the run's seed, in place of the last N fresh ones; a resumed run replays what the
+"""[reference] replay_failed (gem-core train's --replay-failed F): F x an update's start states (rounded down) are drawn
+from the previous update's failed ones, by the run's seed, in place of as many fresh ones; a resumed run replays what the
 uninterrupted one does; other trainers refuse the key."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _trainer(tiny, tmp_path, **overrides):
 
 
 def test_start_states_replay_the_last_updates_failures_by_the_runs_seed(tiny, tmp_path):
-    trainer = _trainer(tiny, tmp_path, replay_failed=2)
+    trainer = _trainer(tiny, tmp_path, replay_failed=0.5)  # 2 of 4
     off = _trainer(tiny, tmp_path, replay_failed=0)
     try:
         fresh = trainer.train_seeds(3)
@@ -34,15 +34,26 @@ def test_start_states_replay_the_last_updates_failures_by_the_runs_seed(tiny, tm
         assert {tuple(trainer.start_states(step)[0][2:]) for step in range(3, 13)} != {tuple(seeds[2:])}  # each update its own draw
         trainer.failed_start_states = [11]  # fewer failures than asked: those, and fresh ones for the rest
         assert trainer.start_states(3) == (fresh[:3] + [11], 1)
+        trainer.failed_start_states = [11, 12, 13, 14]
+        assert len(trainer.start_states(3)[0]) == 4 and trainer.start_states(3)[1] == 2  # half of 4, whatever failed
+    finally:
+        trainer.close()
+    for share, replayed in ((0.3, 1), (0.74, 2), (0.75, 3), (1.0, 4)):  # the share of 4 start states, rounded down
+        rounded = _trainer(tiny, tmp_path, replay_failed=share)
+        try:
+            rounded.failed_start_states = [11, 12, 13, 14, 15]
+            assert rounded.start_states(3)[1] == replayed, share
+        finally:
+            rounded.close()
+    try:
         off.failed_start_states = [11, 12]  # off: the fresh start states whatever failed
         assert off.start_states(3) == (off.train_seeds(3), 0) == (fresh, 0)
     finally:
-        trainer.close()
         off.close()
 
 
 def test_an_update_keeps_its_failed_start_states_and_the_next_plays_them(tiny, tmp_path, monkeypatch):
-    trainer = _trainer(tiny, tmp_path, replay_failed=2)
+    trainer = _trainer(tiny, tmp_path, replay_failed=0.5)
     played = trainer.rollout
     calls: list[list[int]] = []
 
@@ -78,7 +89,7 @@ def test_a_resumed_run_replays_what_the_uninterrupted_one_does(tiny, tmp_path):
         checkpoint_every=1,
         seed=5,
         kl_schedule="constant",
-        replay_failed=3,
+        replay_failed=0.75,
     )
     train(TrainConfig(updates=3, out=str(tmp_path / "whole"), **common), progress=False, log=lambda _: None)
     train(TrainConfig(updates=1, out=str(tmp_path / "cut"), **common), progress=False, log=lambda _: None)
@@ -92,12 +103,12 @@ def test_the_key_is_checked_and_other_trainers_refuse_it(tmp_path):
     from gem_core.experiment import parse_experiment, require_portable
 
     assert TrainConfig().replay_failed == 0 and parse_experiment("").replay_failed == 0  # off unless asked
-    with pytest.raises(ValueError, match=r"reference.replay_failed=33 is not allowed: expected at most the start states of an update \(32\)"):
-        TrainConfig(replay_failed=33)
-    with pytest.raises(ValueError, match=r"^exp.toml: reference.replay_failed=-1 is not allowed"):
-        parse_experiment("[reference]\nreplay_failed = -1\n", "exp.toml")
-    experiment = parse_experiment("[reference]\nreplay_failed = 8\n", "exp.toml")
-    assert experiment.replay_failed == 8
+    with pytest.raises(ValueError, match=r"reference.replay_failed=1.5 is not allowed: expected a number in 0..1"):
+        TrainConfig(replay_failed=1.5)
+    with pytest.raises(ValueError, match=r"^exp.toml: reference.replay_failed=-0.1 is not allowed"):
+        parse_experiment("[reference]\nreplay_failed = -0.1\n", "exp.toml")
+    experiment = parse_experiment("[reference]\nreplay_failed = 0.25\n", "exp.toml")
+    assert experiment.replay_failed == 0.25
     with pytest.raises(ValueError, match="reference.replay_failed"):
         require_portable("verl", experiment)
 
@@ -107,8 +118,8 @@ def test_the_cli_flag_sets_it_and_a_bad_value_is_one_line(tmp_path, capsys):
     from gem_core.train.cli import config_from_args
 
     parse = build_parser().parse_args
-    assert config_from_args(parse(["train", "--out", str(tmp_path / "r"), "--replay-failed", "8"])).replay_failed == 8
-    assert main(["train", "--updates", "1", "--replay-failed", "40", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
+    assert config_from_args(parse(["train", "--out", str(tmp_path / "r"), "--replay-failed", "0.25"])).replay_failed == 0.25
+    assert main(["train", "--updates", "1", "--replay-failed", "1.5", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "reference.replay_failed=40" in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith("--replay-failed: expected a number in 0..1, got '1.5'") and "Traceback" not in err
     assert not (tmp_path / "bad").exists()
