@@ -67,10 +67,10 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
 @pytest.mark.parametrize("trainer", ("verl", "openrlhf", "trl", "rl2", "oat", "roll"))
 @pytest.mark.parametrize(
     "reference",
-    ["warm_start_steps = 8", "trained_layers = 10", 'kl_schedule = "linear"', "skip_zero_signal = true"],
+    ["warm_start_steps = 8", "trained_layers = 10", 'kl_schedule = "linear"', "skip_zero_signal = true", "replay_failed = 0.25"],
 )
 def test_every_other_trainer_refuses_what_only_the_reference_trainer_runs(trainer, reference):
-    """A warm start, frozen layers, the KL schedule or skipping zero-signal batches: each other trainer refuses it in
+    """A warm start, frozen layers, the KL schedule, skipping zero-signal batches or replaying failed start states: each other trainer refuses it in
     one line naming the key (its run would silently be another), and runs the file with the key off."""
     module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
     groups = {  # what else the trainer needs of the default experiment
