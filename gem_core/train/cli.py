@@ -25,8 +25,8 @@ DESCRIPTION = (
     "Train a causal LM with multi-turn policy gradient on an env (the project's own rollout runner, turn-aware "
     "batch and estimators). With no arguments: the embedded real model (SmolLM2-135M-Instruct) on "
     "game:GuessTheNumber-v0-easy, a warm start of 8 supervised steps on hint-blind random moves, then 50 RL updates "
-    "with ReBN (two optimizer steps each, a KL to the warm start falling to 0), the top 10 layers trained, evaluated before and after RL on 200 balanced held-out episodes (greedy and "
-    "sampled, with hint use and scripted baselines), on CPU (about 20 minutes on two cores). The run directory "
+    "with ReBN (two optimizer steps each, a KL to the warm start falling to 0, a quarter of the start states replayed from the last update's failures), the top 10 layers trained, evaluated before and after RL on 200 balanced held-out episodes (greedy and "
+    "sampled, with hint use and scripted baselines), on CPU (about 20-25 minutes on two cores). The run directory "
     "(--out) gets config.json, metrics.jsonl, checkpoint.pt, model/ and curves.png."
 )
 

@@ -40,7 +40,9 @@ class TrainConfig(Experiment):
     (the format, not the game: validation success 0.355 after it, random valid play 0.344), then 50 RL updates of 32
     episodes, two optimizer steps each (``mini_batches``), lr 2e-4 reached over 2 updates, a KL to the warm-start
     policy at 0.1 falling linearly to 0 (``kl_schedule``: it holds the "higher" moves while the hints are rare, then
-    lets go), each response ending at its move (``stop_after_box``), the top 10 of the 30 layers trained (the
+    lets go), a quarter of each update's start states played again from the previous update's failed ones
+    (``replay_failed``: the targets a policy that opens high fails come back while it learns "higher"), each response
+    ending at its move (``stop_after_box``), the top 10 of the 30 layers trained (the
     backward pass stops there: rollouts, not the update, then take most of an update's time), evaluation before and
     after RL.
 
@@ -66,6 +68,7 @@ class TrainConfig(Experiment):
     trained_layers: int = 10
     kl_schedule: str = "linear"
     skip_zero_signal: bool = True
+    replay_failed: float = 0.25
     # None: the rollout's temperature (a file's key is a number: default 1.0, the rollout's default)
     logprob_temperature: float | None = None  # type: ignore[assignment]
     # where it runs

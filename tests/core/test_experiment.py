@@ -41,7 +41,7 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
     in every trainer but oat and ROLL; turn.toml is that run as oat trains it (oat alone), turn_steps.toml ROLL's
     (ROLL alone)."""
     text = DEFAULT.read_text()
-    reference = {"warm_start_steps": 8, "trained_layers": 10, "kl_schedule": "linear", "skip_zero_signal": True}
+    reference = {"warm_start_steps": 8, "trained_layers": 10, "kl_schedule": "linear", "skip_zero_signal": True, "replay_failed": 0.25}
     tuned = {"lr": 2e-4, "updates": 50, "mini_batches": 2, "kl_coef": 0.1, "stop_after_box": True}
     assert load_experiment(DEFAULT) == dataclasses.replace(Experiment(), **reference, **tuned)
     assert load_experiment(PORTABLE) == dataclasses.replace(Experiment(), group_size=2, warmup_updates=0) and "\n[reference]" not in PORTABLE.read_text()

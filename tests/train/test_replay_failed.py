@@ -102,7 +102,7 @@ def test_a_resumed_run_replays_what_the_uninterrupted_one_does(tiny, tmp_path):
 def test_the_key_is_checked_and_other_trainers_refuse_it(tmp_path):
     from gem_core.experiment import parse_experiment, require_portable
 
-    assert TrainConfig().replay_failed == 0 and parse_experiment("").replay_failed == 0  # off unless asked
+    assert TrainConfig().replay_failed == 0.25 and parse_experiment("").replay_failed == 0  # the default run replays; a file, unless asked, not
     with pytest.raises(ValueError, match=r"reference.replay_failed=1.5 is not allowed: expected a number in 0..1"):
         TrainConfig(replay_failed=1.5)
     with pytest.raises(ValueError, match=r"^exp.toml: reference.replay_failed=-0.1 is not allowed"):

@@ -31,7 +31,9 @@ UNTUNED = dict(lr=1e-4, updates=30, mini_batches=1, kl_coef=0.0, kl_schedule="co
 def test_the_experiments_defaults_are_the_default_run():
     """default.toml is the default run; Experiment()'s defaults are too, but for the [reference] phases, off."""
     assert TrainConfig().experiment == load_experiment(DEFAULT)
-    portable = dataclasses.replace(TrainConfig(), warm_start_steps=0, trained_layers=0, stop_after_box=False, skip_zero_signal=False, **UNTUNED)
+    portable = dataclasses.replace(
+        TrainConfig(), warm_start_steps=0, trained_layers=0, stop_after_box=False, skip_zero_signal=False, replay_failed=0.0, **UNTUNED
+    )
     assert portable.experiment == Experiment()
     assert (dataclasses.replace(portable, group_size=2, warmup_updates=0)).experiment == load_experiment(PORTABLE)  # see portable.toml
     assert ESTIMATORS == trainer_module.ESTIMATORS and EVAL_SEED_START == trainer_module.EVAL_SEED_BASE
@@ -41,7 +43,15 @@ def test_the_default_file_runs_the_default_run():
     assert config_of("--experiment", str(DEFAULT)) == TrainConfig() == config_of()
     portable = config_of("--experiment", str(PORTABLE))
     assert portable == dataclasses.replace(
-        TrainConfig(), warm_start_steps=0, trained_layers=0, stop_after_box=False, skip_zero_signal=False, group_size=2, warmup_updates=0, **UNTUNED
+        TrainConfig(),
+        warm_start_steps=0,
+        trained_layers=0,
+        stop_after_box=False,
+        skip_zero_signal=False,
+        replay_failed=0.0,
+        group_size=2,
+        warmup_updates=0,
+        **UNTUNED,
     )
     with pytest.raises(ValueError, match="--stop-after-box, --trained-layers: set by the experiment file"):
         config_of("--experiment", str(PORTABLE), "--trained-layers", "4", "--no-stop-after-box")
@@ -71,6 +81,7 @@ def test_the_files_settings_reach_the_run_those_without_an_option_too(tmp_path):
         trained_layers=0,
         stop_after_box=False,
         skip_zero_signal=False,  # the zero-gradient step every trainer takes
+        replay_failed=0.0,  # every start state fresh
         **{**UNTUNED, "lr": 3e-4, "mini_batches": 4},  # the rest of UNTUNED left out: the run every trainer takes
     )
     assert config == want
