@@ -412,6 +412,8 @@ def saved_config(out: str) -> TrainConfig | None:
         saved.pop(key, None)
     if "train_layers" not in saved and "trained_layers" not in saved:
         saved["trained_layers"] = 0  # a run saved before the frozen layers existed trained every weight (default: 10)
+    if "replay_failed" not in saved:
+        saved["replay_failed"] = 0.0  # a run saved before the replay existed played fresh start states only (default: 0.25)
     try:
         return TrainConfig.from_dict(saved)
     except (TypeError, ValueError):

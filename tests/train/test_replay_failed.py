@@ -123,3 +123,19 @@ def test_the_cli_flag_sets_it_and_a_bad_value_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].endswith("--replay-failed: expected a number in 0..1, got '1.5'") and "Traceback" not in err
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_run_saved_before_the_replay_existed_resumes_without_it(tmp_path):
+    """config.json of a run from before --replay-failed has no such key: resumed, it keeps playing fresh start states
+    (the default run's 0.25 would change the run it continues); a saved value is kept."""
+    import json
+
+    from gem_core.train.run import saved_config
+    from gem_core.train.trainer import config_dict
+
+    for name, record, want in (("old", {}, 0.0), ("new", {"replay_failed": 0.5}, 0.5)):
+        out = tmp_path / name
+        out.mkdir()
+        saved = {k: v for k, v in config_dict(TrainConfig(out=str(out))).items() if k != "replay_failed"}
+        (out / "config.json").write_text(json.dumps({**saved, **record, "weights": {}}))
+        assert saved_config(str(out)).replay_failed == want, name

@@ -142,7 +142,7 @@ def test_a_run_saved_under_the_old_names_still_reads(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(old))
     with pytest.warns(FutureWarning, match=r"config.json: .*steps is now updates"):
         config = saved_config(str(tmp_path))
-    assert config == dataclasses.replace(TrainConfig(), model="tiny", updates=40)  # its 40 updates (the default then), not the default now
+    assert config == dataclasses.replace(TrainConfig(), model="tiny", updates=40, replay_failed=0.0)  # its 40 updates and no replay (then), not the default now
 
 
 def test_a_new_run_saves_the_experiments_names_and_reads_back_equal(tmp_path):
