@@ -2,7 +2,7 @@
 run ends at the hint-blind ceiling (with its exact 95% interval).
 
     python benchmarks/default_run_seeds.py [--seeds 0 1 2 3 4] [--eval-set heldout] [--name default]
-        [--out runs/default_seeds] [--report-only] [-- EXTRA gem-core train OPTIONS]
+        [--out runs/default_seeds] [--report-only] [--rerun] [-- EXTRA gem-core train OPTIONS]
 
 Each seed is ``gem-core train --seed S --eval-set SET --out OUT/NAME-seedS EXTRA...``, the command a user runs,
 one run at a time (two runs on two cores take twice as long and spoil each other's timings). A run that is
@@ -17,11 +17,17 @@ after RL, sampled and greedy; the right way after "lower" and after "higher" (sa
 and peak memory; whether the run ended at or below the hint-blind ceiling. Then the median and range of each,
 the runs that failed (no final evaluation), and the Clopper-Pearson 95% interval of the rate of runs at the
 ceiling.
+
+``--rerun`` trains each finished seed again, the same command into ``OUT/NAME-seedS-rerun``, and says whether the
+rerun is the same run: every field of every ``metrics.jsonl`` line but the machine's (timings and memory,
+``gem_core.train.trainer.MACHINE_FIELDS``), the settings (``config.json`` but ``out``), and the saved weights' sha256
+where both runs still hold ``model/``. Written to ``OUT/NAME-rerun.md``; the exit code is 1 if any differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -32,6 +38,7 @@ import time
 from typing import Any
 
 from gem_core.envs.report import at_or_below
+from gem_core.train.trainer import MACHINE_FIELDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,6 +118,65 @@ def run_seed(seed: int, out: str, eval_set: str, extra: list[str]) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sweep.json"), "w", encoding="utf-8") as handle:
         json.dump({"seconds": before + time.perf_counter() - started, "command": command, "returncode": result.returncode}, handle)
+
+
+def _weights_digest(out: str) -> dict[str, str]:
+    """The sha256 of every weight file the run saved (``model/*.safetensors``); empty when it kept none."""
+    folder = os.path.join(out, "model")
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors")) if os.path.isdir(folder) else []
+    return {name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest() for name in names}
+
+
+def run_differences(first: str, second: str) -> tuple[list[str], bool]:
+    """Where two runs part: each ``metrics.jsonl`` field that differs (line number and key; the machine's fields left
+    out), each setting of ``config.json`` but ``out``, and the weights. Also whether the weights were compared (both
+    runs hold ``model/``)."""
+
+    def lines(out: str) -> list[dict[str, Any]]:
+        with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as handle:
+            return [{k: v for k, v in json.loads(line).items() if k not in MACHINE_FIELDS} for line in handle if line.strip()]
+
+    def settings(out: str) -> dict[str, Any]:
+        with open(os.path.join(out, "config.json"), encoding="utf-8") as handle:
+            return {k: v for k, v in json.load(handle).items() if k != "out"}
+
+    differences = []
+    a, b = lines(first), lines(second)
+    if len(a) != len(b):
+        differences.append(f"metrics.jsonl: {len(a)} lines against {len(b)}")
+    for number, (x, y) in enumerate(zip(a, b), start=1):
+        differences += [f"metrics.jsonl line {number}: {key}" for key in sorted(set(x) | set(y)) if x.get(key) != y.get(key)]
+    sa, sb = settings(first), settings(second)
+    differences += [f"config.json: {key}" for key in sorted(set(sa) | set(sb)) if sa.get(key) != sb.get(key)]
+    wa, wb = _weights_digest(first), _weights_digest(second)
+    compared = bool(wa) and bool(wb)
+    if compared and wa != wb:
+        differences.append("the saved weights (sha256)")
+    return differences, compared
+
+
+def rerun_report(name: str, seeds: list[int], outs: dict[int, str]) -> tuple[str, bool]:
+    """Each seed's run beside its rerun: the same run, or where they part. Returns the text and whether all agree."""
+    lines, same = [f"### {name}: each seed run again with the same command", ""], True
+    for seed in seeds:
+        first, second = outs[seed], f"{outs[seed]}-rerun"
+        if run_record(first) is None or run_record(second) is None:
+            lines.append(f"- seed {seed}: not compared (the run or its rerun did not finish)")
+            same = False
+            continue
+        differences, compared = run_differences(first, second)
+        count = sum(1 for _ in open(os.path.join(first, "metrics.jsonl"), encoding="utf-8"))
+        weights = "the saved weights' sha256 equal" if compared else "weights not compared (a run kept no model/)"
+        if differences:
+            same = False
+            shown = "; ".join(differences[:10]) + (f"; and {len(differences) - 10} more" if len(differences) > 10 else "")
+            lines.append(f"- seed {seed}: **the rerun differs** ({len(differences)} differences: {shown})")
+        else:
+            lines.append(
+                f"- seed {seed}: the same run: {count} metrics.jsonl lines equal in every field but the machine's "
+                f"({', '.join(sorted(MACHINE_FIELDS))}), the same settings, {weights}"
+            )
+    return "\n".join(lines), same
 
 
 def update_curves(out: str) -> dict[str, list[float | None]]:
@@ -251,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/default_seeds")
     parser.add_argument("--report-only", action="store_true", help="read the runs back, train none")
     parser.add_argument("--figure", metavar="PNG", default=None, help="also draw the finished seeds as a band (needs matplotlib)")
+    parser.add_argument("--rerun", action="store_true", help="train each finished seed again (OUT/NAME-seedS-rerun) and say whether it is the same run")
     args = parser.parse_args(argv)
+    if args.rerun and args.report_only:
+        parser.error("--rerun trains; with --report-only it would compare nothing")
     records: dict[int, dict[str, Any] | None] = {}
     for seed in args.seeds:
         out = os.path.join(args.out, f"{args.name}-seed{seed}")
@@ -268,7 +337,16 @@ def main(argv: list[str] | None = None) -> int:
     finished = {seed: os.path.join(args.out, f"{args.name}-seed{seed}") for seed, record in records.items() if record is not None}
     if args.figure and finished:
         print("figure:", figure(args.name, args.seeds, finished, args.figure, args.eval_set))
-    return 0
+    if not args.rerun:
+        return 0
+    for seed, out in finished.items():
+        if run_record(f"{out}-rerun") is None:
+            run_seed(seed, f"{out}-rerun", args.eval_set, extra)
+    text, same = rerun_report(args.name, args.seeds, {seed: os.path.join(args.out, f"{args.name}-seed{seed}") for seed in args.seeds})
+    print(text)
+    with open(os.path.join(args.out, f"{args.name}-rerun.md"), "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

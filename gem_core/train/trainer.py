@@ -91,6 +91,7 @@ __all__ = [
     "ESTIMATORS",
     "EVAL_SEED_BASE",
     "EVAL_SETS",
+    "MACHINE_FIELDS",
     "ROLLOUT_ENGINES",
     "TINY_MODEL",
     "TINY_RUN",
@@ -125,6 +126,10 @@ __all__ = [
     "turn_advantages",
     "write_json",
 ]
+
+# The fields of a metrics.jsonl line that measure the machine, not the run: timings and memory. Every other field is
+# the run's own, the same bit for bit when the run is repeated on the same machine (docs/training.md, a seed is a seed).
+MACHINE_FIELDS = frozenset({"rollout_seconds", "update_seconds", "peak_rss_gb", "peak_gpu_gb"})
 
 # ------------------------------------------------------------------------------------------------
 # The trainer.

@@ -4,6 +4,7 @@ directories (a finished run, one that stopped part way, one at the ceiling)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -92,3 +93,67 @@ def test_the_figure_draws_the_finished_seeds(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     curves = sweep.update_curves(str(tmp_path / "x-seed0"))
     assert curves["eval_step"] == [0, 2] and curves["eval_sampled"] == [0.35, 0.6] and curves["step"] == []
+
+
+def _with_weights(directory: Path, content: bytes) -> None:
+    (directory / "model").mkdir()
+    (directory / "model" / "model.safetensors").write_bytes(content)
+
+
+def test_a_rerun_that_is_the_same_run_and_each_way_one_can_differ(tmp_path):
+    final = {"eval_success_rate": 0.7, "eval_greedy_success_rate": 0.7}
+    first, second = tmp_path / "x-seed0", tmp_path / "x-seed0-rerun"
+    _run(first, final, seconds=600.0)
+    _run(second, final, seconds=655.0)  # the wall time is the machine's
+    lines = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    lines[1]["peak_rss_gb"], lines[1]["update_seconds"] = 3.9, 12.5  # so are memory and timings
+    (second / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = json.loads((second / "config.json").read_text())
+    (second / "config.json").write_text(json.dumps({**config, "out": str(second)}))  # where it ran is not a setting
+    _with_weights(first, b"same")
+    _with_weights(second, b"same")
+    assert sweep.run_differences(str(first), str(second)) == ([], True)
+    text, same = sweep.rerun_report("x", [0], {0: str(first)})
+    assert same and "seed 0: the same run: 3 metrics.jsonl lines" in text and "sha256 equal" in text
+
+    # a field of the run's own
+    lines[2]["eval_success_rate"] = 0.705
+    (second / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sweep.run_differences(str(first), str(second))[0] == ["metrics.jsonl line 3: eval_success_rate"]
+    assert "**the rerun differs**" in sweep.rerun_report("x", [0], {0: str(first)})[0]
+    lines[2]["eval_success_rate"] = 0.7
+    (second / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    # the weights
+    (second / "model" / "model.safetensors").write_bytes(b"moved")
+    assert sweep.run_differences(str(first), str(second)) == (["the saved weights (sha256)"], True)
+    # a setting
+    (second / "model" / "model.safetensors").write_bytes(b"same")
+    (second / "config.json").write_text(json.dumps({**config, "lr": 1e-3}))
+    assert sweep.run_differences(str(first), str(second))[0] == ["config.json: lr"]
+    # a line missing: the rerun stopped early
+    (second / "config.json").write_text(json.dumps(config))
+    (second / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))
+    assert sweep.run_differences(str(first), str(second))[0] == ["metrics.jsonl: 3 lines against 2"]
+
+
+def test_rerun_trains_each_finished_seed_again_and_exits_1_when_it_differs(tmp_path, monkeypatch, capsys):
+    final = {"eval_success_rate": 0.7, "eval_greedy_success_rate": 0.7}
+    _run(tmp_path / "x-seed0", final)
+    _run(tmp_path / "x-seed1", final)
+    trained = []
+
+    def fake_run_seed(seed, out, eval_set, extra):  # the CLI's run, as a copy of the first (seed 1's a different one)
+        trained.append((seed, os.path.basename(out), extra))
+        _run(Path(out), final if seed == 0 else {**final, "eval_success_rate": 0.1})
+
+    monkeypatch.setattr(sweep, "run_seed", fake_run_seed)
+    assert sweep.main(["--seeds", "0", "1", "--name", "x", "--out", str(tmp_path), "--rerun", "--", "--updates", "2"]) == 1
+    assert trained == [(0, "x-seed0-rerun", ["--updates", "2"]), (1, "x-seed1-rerun", ["--updates", "2"])]
+    text = (tmp_path / "x-rerun.md").read_text()
+    assert "seed 0: the same run" in text and "weights not compared" in text and "seed 1: **the rerun differs**" in text
+    trained.clear()
+    assert sweep.main(["--seeds", "0", "--name", "x", "--out", str(tmp_path), "--rerun"]) == 0  # finished: read back
+    assert trained == []
+    with pytest.raises(SystemExit) as stopped:
+        sweep.main(["--seeds", "0", "--name", "x", "--out", str(tmp_path), "--rerun", "--report-only"])
+    assert stopped.value.code == 2 and "--rerun trains" in capsys.readouterr().err

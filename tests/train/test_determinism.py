@@ -23,15 +23,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from gem_core.train.trainer import DEFAULT_MODEL, Trainer, TrainConfig  # noqa: E402
+from gem_core.train.trainer import DEFAULT_MODEL, MACHINE_FIELDS, Trainer, TrainConfig  # noqa: E402
 
 # the default run's settings at a size a test can run twice: a warm start of one step, two RL updates of 4 episodes
 SMALL = dict(model=DEFAULT_MODEL, updates=2, episodes_per_update=4, eval_episodes=4, warm_start_steps=1, warm_start_batch=4, checkpoint_every=1)
-NOT_THE_RUNS_OWN = {"rollout_seconds", "update_seconds", "peak_rss_gb"}  # timings and memory: the machine's
 
 
 def _lines(out) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in NOT_THE_RUNS_OWN} for line in open(out / "metrics.jsonl") if line.strip()]
+    return [{k: v for k, v in json.loads(line).items() if k not in MACHINE_FIELDS} for line in open(out / "metrics.jsonl") if line.strip()]
 
 
 def _weights(out) -> dict:
