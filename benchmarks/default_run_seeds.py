@@ -95,8 +95,13 @@ def run_record(out: str) -> dict[str, Any] | None:
         "lower_greedy": last.get("eval_greedy_hint_right_after_lower_rate"),
         "higher_sampled": last.get("eval_hint_right_after_higher_rate"),
         "higher_greedy": last.get("eval_greedy_hint_right_after_higher_rate"),
+        "start_return_sampled": first.get("eval_mean_return"),
+        "start_return_greedy": first.get("eval_greedy_mean_return"),
+        "return_sampled": last.get("eval_mean_return"),
+        "return_greedy": last.get("eval_greedy_mean_return"),
         "peak_gb": max((line.get("peak_rss_gb") or 0.0) for line in lines),
         "minutes": None if wall is None else wall / 60,
+        "episodes": saved.get("eval_episodes", 200),  # 200: the default, where a settings file leaves it out
         "ceiling": ceiling,
     }
     record["at_ceiling"] = ceiling is not None and at_or_below(min(record["sampled"], record["greedy"]), ceiling)
@@ -247,7 +252,8 @@ def figure(name: str, seeds: list[int], outs: dict[int, str], path: str, eval_se
     for (baseline, value), style in zip(baselines, (":", "--", "-.")):
         for axis in (axes[0], axes[2]):
             axis.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{baseline} {value:.3f}" if axis is axes[2] else None)
-    axes[2].set(title=f"success ({where}, 200 balanced episodes)", xlabel="update", ylim=(0, 1.05))
+    episodes = {record["episodes"] for record in map(run_record, outs.values()) if record is not None}
+    axes[2].set(title=f"success ({where}, {_episodes(episodes)} episodes)", xlabel="update", ylim=(0, 1.05))
     axes[2].legend(fontsize=7)
     fig.suptitle(f"{name}: seeds {', '.join(map(str, seeds))} ({len(curves)} of {len(seeds)} finished)")
     fig.tight_layout()
@@ -260,11 +266,18 @@ def _cell(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _episodes(counts: set[int]) -> str:
+    """The evaluation's size: one number where every run used the same (200 is the default; the env's balanced
+    seeds where it has them, GuessTheNumber's targets), else each."""
+    return "/".join(str(count) for count in sorted(counts)) or "?"
+
+
 def report(name: str, seeds: list[int], records: dict[int, dict[str, Any] | None], eval_set: str, extra: list[str]) -> str:
     where = "held-out" if eval_set == "heldout" else "validation"
     command = " ".join(["gem-core train", *extra, f"--eval-set {eval_set}", "--seed S"])
+    episodes = _episodes({r["episodes"] for r in records.values() if r is not None})
     lines = [
-        f"### {name}: `{command}`, seeds {', '.join(map(str, seeds))} ({where} set, 200 balanced episodes)",
+        f"### {name}: `{command}`, seeds {', '.join(map(str, seeds))} ({where} set, {episodes} episodes an evaluation)",
         "",
         '| seed | after the warm start, sampled / greedy | after RL, sampled | after RL, greedy | right way after "lower" (s / g) | after "higher" (s / g) | minutes | peak GB (updates) | at the ceiling |',
         "|---|---|---|---|---|---|---|---|---|",
@@ -294,12 +307,24 @@ def report(name: str, seeds: list[int], records: dict[int, dict[str, Any] | None
         at = sum(1 for r in done.values() if r["at_ceiling"])
         low, high = binomial_interval(at, len(done))
         ceiling = next(iter(done.values()))["ceiling"]
+        if ceiling is None:  # another env: GuessTheNumber's hint-blind policy has no counterpart there
+            at_ceiling = "the env has no hint-blind ceiling"
+        else:
+            at_ceiling = (
+                f"{at} of {len(done)} ended at or below the hint-blind ceiling ({_cell(ceiling)}, sampled or greedy): "
+                f"exact 95% interval of that rate [{low:.3f}, {high:.3f}]"
+            )
+
+        def mean(key: str) -> str:
+            values = [r[key] for r in done.values() if r[key] is not None]
+            return "-" if not values else f"{statistics.mean(values):.3f}"
+
         lines += [
             "",
-            f"{len(done)} of {len(seeds)} runs finished ({len(seeds) - len(done)} failed or not run); "
-            f"{at} of {len(done)} ended at or below the hint-blind ceiling ({_cell(ceiling)}, sampled or greedy): "
-            f"exact 95% interval of that rate [{low:.3f}, {high:.3f}]. Mean after RL: "
-            f"{statistics.mean(r['sampled'] for r in done.values()):.3f} sampled, {statistics.mean(r['greedy'] for r in done.values()):.3f} greedy.",
+            f"{len(done)} of {len(seeds)} runs finished ({len(seeds) - len(done)} failed or not run); {at_ceiling}. "
+            f"Mean after RL: {mean('sampled')} sampled, {mean('greedy')} greedy. Mean return after the warm start "
+            f"{mean('start_return_sampled')} sampled / {mean('start_return_greedy')} greedy, after RL "
+            f"{mean('return_sampled')} / {mean('return_greedy')}.",
         ]
     return "\n".join(lines)
 

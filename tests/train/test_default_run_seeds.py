@@ -77,6 +77,22 @@ def test_a_run_exactly_at_the_ceiling_counts_as_at_it(tmp_path):
     assert sweep.run_record(str(directory))["at_ceiling"] is True
 
 
+def test_another_env_is_reported_without_the_ceiling_and_with_its_own_evaluation_size(tmp_path):
+    """FifteenPuzzle has no hint-blind ceiling and no hints: the report must not count it "not at the ceiling" as if
+    it had been measured, and must give the run's own evaluation size and mean returns."""
+    directory = tmp_path / "z-seed0"
+    _run(directory, {"eval_success_rate": 0.06, "eval_greedy_success_rate": 0.1, "eval_mean_return": 0.25, "eval_greedy_mean_return": 0.3})
+    (directory / "config.json").write_text(json.dumps({"updates": 2, "eval_episodes": 50}))
+    lines = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    lines[0].update(baselines={}, eval_mean_return=0.17, eval_greedy_mean_return=0.04)
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sweep.main(["--seeds", "0", "--name", "z", "--out", str(tmp_path), "--report-only"]) == 0
+    text = (tmp_path / "z.md").read_text()
+    assert "(held-out set, 50 episodes an evaluation)" in text and "200" not in text
+    assert "the env has no hint-blind ceiling" in text and "ended at or below" not in text
+    assert "Mean return after the warm start 0.170 sampled / 0.040 greedy, after RL 0.250 / 0.300." in text
+
+
 def test_the_band_is_the_median_and_range_over_seeds_missing_values_left_out():
     median, low, high = sweep.band([[0.2, None, 0.5], [0.4, 0.0, None], [0.9, 1.0, None]])
     assert median[:2] == [0.4, 0.5] and low[:2] == [0.2, 0.0] and high[:2] == [0.9, 1.0]
