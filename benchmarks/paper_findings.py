@@ -158,9 +158,9 @@ def _normal(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value  # JSON has lists where a config has tuples
 
 
-def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], scale: str) -> str:
-    """Train one (arm, seed), unless its run directory already holds the finished run. A directory that
-    holds a run of another arm, seed or scale is an error, never counted or continued."""
+def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], scale: str, threads: int = 1) -> str:
+    """Train one (arm, seed) on ``threads`` torch threads, unless its run directory already holds the finished run.
+    A directory that holds a run of another arm, seed or scale is an error, never counted or continued."""
     import torch
 
     from gem_core.train.run import read_metrics, train
@@ -173,7 +173,7 @@ def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], 
     wrong = mismatches(directory, expected)
     if os.path.exists(os.path.join(directory, "config.json")) and wrong:
         raise SystemExit(f"paper_findings: {directory} holds a run of other settings ({'; '.join(wrong)}): move it away")
-    torch.set_num_threads(1)  # one run per core: small ops on shared threads only contend
+    torch.set_num_threads(threads)  # the cores shared out between the runs at once: shared threads only contend
     resume = os.path.exists(os.path.join(directory, "checkpoint.pt"))
     config = TrainConfig(**{**arm_settings(arm, seed, extra), "updates": steps, "out": directory, "resume": resume})
     train(config, progress=False, log=lambda line: None)
@@ -428,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scale", choices=("real", "tiny"), default="real", help="the default run's settings (real model) or the toy scale's (default real)")
     parser.add_argument("--steps", type=int, default=None, help="RL updates per run (default: the scale's, the default run's or 300 tiny)")
-    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, one torch thread each")
+    parser.add_argument(
+        "--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, the cores shared out between them as torch threads (default: one a core)"
+    )
     parser.add_argument("--out", default="runs/paper_findings", help="where the runs, findings.md and findings.png go")
     parser.add_argument(
         "--read-runs",
@@ -473,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             if source:
                 print(f"read: {arm.name} seed {seed} from {source}", file=sys.stderr, flush=True)
     jobs = [(arm, seed) for arm in arms for seed in args.seeds]  # arm by arm: a stopped benchmark has whole arms
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(train_one, args.out, arm, seed, steps, extra, args.scale) for arm, seed in jobs]
+        futures = [pool.submit(train_one, args.out, arm, seed, steps, extra, args.scale, threads) for arm, seed in jobs]
         for future, (arm, seed) in zip(futures, jobs):
             future.result()
             print(f"done: {arm.name} seed {seed}", file=sys.stderr, flush=True)
