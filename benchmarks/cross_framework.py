@@ -55,6 +55,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -71,6 +72,7 @@ from gem_core.experiment import Experiment, experiment_from_dict, load_experimen
 from gem_core.experiment_scripts import eval_command  # noqa: E402
 from gem_core.registry import make  # noqa: E402
 from gem_core.tasks import episode_seeds  # noqa: E402
+from gem_core.utils.stats import binomial_interval, equivalence_margin, mean_interval  # noqa: E402
 
 TRAINERS = ("reference", "trl", "verl", "openrlhf", "rl2")
 #: The precision every run computes in. verl's, OpenRLHF's and RL2's CPU platforms compute in float32 (their
@@ -135,7 +137,7 @@ def warm_start_settings(argv: list[str]) -> dict[str, str]:
     return {flag: argv[argv.index(flag) + 1] for flag in WARM_START_SETTINGS if flag in argv}
 
 
-def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
+def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only: bool = False) -> dict:
     """The experiment's model after ``steps`` of gem-core train's warm start (``gem-core train --updates 0``: the
     default run's, on the experiment's env and token limit, seed 0), saved in ``out/train/model``, which every run
     then starts from; recorded in ``out/warm_start.json`` (its weights' sha256, which every run's experiment.toml
@@ -166,6 +168,8 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str) -> dict:
         if warm_start_settings(record["command"]) != warm_start_settings(argv):  # another model, env, length or seed
             raise BenchmarkError(f"{out} holds another warm start ({' '.join(record['command'][2:])}): pass another --out, or remove it")
         return record
+    if report_only:
+        raise BenchmarkError(f"--report-only: {record_path} is not there (the warm start has not run): run without --report-only")
     if train_dir.exists():  # stopped midway: started over
         shutil.rmtree(train_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -386,9 +390,10 @@ def resumable(trainer: str, experiment: Experiment, run: Path) -> bool:
     return trainer == "reference" and checkpoint.exists() and experiment_file.exists() and load_experiment(experiment_file) == experiment
 
 
-def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
+def train(trainer: str, experiment: Experiment, run: Path, python: str, report_only: bool = False) -> dict:
     """Train one run into ``run`` (recorded in run.json); a run already recorded there is read back; a
-    reference run stopped after a checkpoint is continued (:func:`resumable`), any other stopped run started over."""
+    reference run stopped after a checkpoint is continued (:func:`resumable`), any other stopped run started over.
+    ``report_only``: read back, never train (a run not recorded is an error)."""
     record_path = run / "run.json"
     experiment_file = run / "experiment.toml"
     if record_path.exists():
@@ -400,7 +405,11 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
                 record["batch_returns"] = found
                 record_path.write_text(json.dumps(record, indent=2))
             return record
+        if report_only:
+            return record
         print(f"{run.name}: the recorded run failed ({record.get('error', '?')}): run again", flush=True)
+    if report_only:
+        raise BenchmarkError(f"--report-only: {record_path} is not there (the run has not finished): run without --report-only")
     record = {"trainer": trainer, "seed": experiment.seed, "version": trainer_version(trainer, python)}
     if resumable(trainer, experiment, run) and not record_path.exists():  # stopped midway, with a checkpoint
         print(f"{run.name}: resuming ({trainer}, {experiment.updates} updates)", flush=True)
@@ -424,14 +433,17 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str) -> dict:
 # -- evaluating a saved model ------------------------------------------------------------------------------
 
 
-def evaluate(model: str, experiment: Experiment, out: Path, python: str) -> dict:
+def evaluate(model: str, experiment: Experiment, out: Path, python: str, report_only: bool = False) -> dict:
     """Held-out success and hint use of ``model`` (a model directory or the experiment's model id) by
-    ``gem-core eval``; recorded in ``out`` (a summary JSON, the episodes beside it)."""
+    ``gem-core eval``; recorded in ``out`` (a summary JSON, the episodes beside it). ``report_only``: read back,
+    never play (an evaluation not recorded is an error)."""
     if out.exists():
         recorded = json.loads(out.read_text())
         if recorded["model"] != model:
             raise BenchmarkError(f"{out} holds the evaluation of another model ({recorded['model']}): pass another --out, or remove it")
         return recorded
+    if report_only:
+        raise BenchmarkError(f"--report-only: {out} is not there (the evaluation has not run): run without --report-only")
     out.parent.mkdir(parents=True, exist_ok=True)
     episodes = out.with_suffix(".jsonl")
     argv = [*cli(python), *eval_command(dataclasses.replace(experiment, seed=EVAL_SEED), model)[1:]]
@@ -488,9 +500,9 @@ class RunResult:
         return self.curve.get(max(self.curve)) if len(self.curve) > 1 else None
 
 
-def reference_range(results: list[RunResult]) -> tuple[float, float] | None:
-    finals = [r.final["success_rate"] for r in results if r.trainer == "reference" and r.final]
-    return (min(finals), max(finals)) if finals else None
+def reference_finals(results: list[RunResult]) -> list[float]:
+    """The reference trainer's final held-out success, one a seed that ended."""
+    return [r.final["success_rate"] for r in results if r.trainer == "reference" and r.record["status"] == 0 and r.final]
 
 
 def _rate(value: float | None) -> str:
@@ -499,10 +511,10 @@ def _rate(value: float | None) -> str:
 
 def table(results: list[RunResult], points: list[int], format_error_reward: float | None = None) -> str:
     """One row per run: held-out success at each point, hint use at the end, the update it collapsed at
-    (:func:`collapsed_at`, with the env's ``format_error_reward``), cost; whether a trainer's final success lies
-    inside the reference trainer's range over seeds."""
-    band = reference_range(results)
-    head = ["trainer", "seed", *(f"success @{k}" for k in [0, *points]), 'right after "lower"', "collapsed at", "inside reference range"]
+    (:func:`collapsed_at`, with the env's ``format_error_reward``), cost. How a trainer compares with the reference
+    is read over seeds (:func:`trainer_table`), not run by run: a single run inside the reference's range over a few
+    seeds says nothing (a trainer whose weights never moved lands there whenever the range holds the start)."""
+    head = ["trainer", "seed", *(f"success @{k}" for k in [0, *points]), 'right after "lower"', "collapsed at"]
     head += ["s / update", "wall (min)", "peak GB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -510,12 +522,11 @@ def table(results: list[RunResult], points: list[int], format_error_reward: floa
             lines.append(f"| {r.trainer} {r.record.get('version', '')} | {r.seed} | failed: {r.record['error'][:160]} |")
             continue
         final = r.final
-        inside = "-" if r.trainer == "reference" or band is None or final is None else ("yes" if band[0] <= final["success_rate"] <= band[1] else "no")
         cells = [f"{r.trainer} {r.record.get('version', '')}", str(r.seed)]
         cells += [_rate(r.curve[k]["success_rate"]) if k in r.curve else "-" for k in [0, *points]]
         returns = r.record.get("batch_returns")
         collapse = None if format_error_reward is None else collapsed_at(returns, format_error_reward)
-        cells += [_rate(final and final["hint_right_after_lower_rate"]), "?" if returns is None else ("-" if collapse is None else str(collapse)), inside]
+        cells += [_rate(final and final["hint_right_after_lower_rate"]), "?" if returns is None else ("-" if collapse is None else str(collapse))]
         spu = r.record.get("seconds_per_update")
         cells += [
             "-" if spu is None else f"{spu:.1f}",
@@ -527,9 +538,22 @@ def table(results: list[RunResult], points: list[int], format_error_reward: floa
 
 
 def trainer_table(results: list[RunResult], format_error_reward: float | None = None) -> str:
-    """One row per trainer over its seeds: how many runs ended and collapsed (:func:`collapsed_at`), each final held-out
-    success, their mean, and the mean of the runs that did not collapse (what a trainer reaches when it keeps a signal)."""
-    lines = ["| trainer | runs | collapsed | final success by seed | mean | mean, not collapsed |", "|---|---|---|---|---|---|"]
+    """One row per trainer over its seeds: how many runs ended, how many collapsed (:func:`collapsed_at`) with that
+    rate's exact 95% interval, each final held-out success, their mean with its 95% interval (Student's t over seeds),
+    the mean of the runs that did not collapse (what a trainer reaches when it keeps a signal) and the smallest
+    margin at which two one-sided Welch tests at 5% show its mean final success equivalent to the reference's
+    (:func:`gem_core.utils.stats.equivalence_margin`: the margin is the result, not a gate; "-" below two runs a side)."""
+    head = [
+        "trainer",
+        "runs",
+        "collapsed [exact 95%]",
+        "final success by seed",
+        "mean [95%]",
+        "mean, not collapsed",
+        "equivalent to the reference within (TOST, 5%)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    reference = reference_finals(results)
     for trainer in dict.fromkeys(r.trainer for r in results):
         ended = [r for r in results if r.trainer == trainer and r.record["status"] == 0 and r.final]
         if not ended:
@@ -537,8 +561,12 @@ def trainer_table(results: list[RunResult], format_error_reward: float | None = 
         collapsed = [format_error_reward is not None and collapsed_at(r.record.get("batch_returns"), format_error_reward) is not None for r in ended]
         finals = [r.final["success_rate"] for r in ended]
         kept = [value for value, fell in zip(finals, collapsed) if not fell]
-        cells = [trainer, str(len(ended)), str(sum(collapsed)), ", ".join(f"{value:.3f} ({r.seed})" for value, r in zip(finals, ended))]
-        cells += [_rate(sum(finals) / len(finals)), _rate(sum(kept) / len(kept) if kept else None)]
+        low, high = binomial_interval(sum(collapsed), len(ended))
+        bounds = mean_interval(finals)
+        margin = None if trainer == "reference" else equivalence_margin(finals, reference)
+        cells = [trainer, str(len(ended)), f"{sum(collapsed)} [{low:.3f}, {high:.3f}]", ", ".join(f"{value:.3f} ({r.seed})" for value, r in zip(finals, ended))]
+        cells += [_rate(statistics.fmean(finals)) + ("" if bounds is None else f" [{bounds[0]:.3f}, {bounds[1]:.3f}]")]
+        cells += [_rate(statistics.fmean(kept) if kept else None), "-" if margin is None else f"{margin:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -633,8 +661,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--python", dest="pythons", action="append", default=[], metavar="NAME=PATH", help="the Python a trainer runs in (default: this one)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--report-only", action="store_true", help="train and play nothing: the tables and figure from the runs recorded in --out (an error names one missing)"
+    )
     args = parser.parse_args(argv)
-    args.command = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))  # for the report
+    shown = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"]  # the command that made the runs
+    args.command = " ".join(shlex.quote(a) for a in shown)  # for the report
     try:
         return run_benchmark(args)
     except (BenchmarkError, InvalidArgumentError) as exc:  # InvalidArgumentError: a recorded experiment.toml unreadable
@@ -682,11 +714,17 @@ def run_benchmark(args: argparse.Namespace) -> int:
     base = settings_experiment(args.experiment, args.settings)
     if base.precision not in ("auto", PRECISION):  # verl's, OpenRLHF's and RL2's CPU platforms compute in it
         raise BenchmarkError(f"training.precision {base.precision!r}: the benchmark runs every trainer in {PRECISION} (auto, or {PRECISION})")
-    pythons = {name: sys.executable for name in TRAINERS if name not in NEEDS_PYTHON} | parse_pythons(args.pythons)
+    if args.report_only:  # nothing runs: the pythons named are only the command's, shown in the report
+        pythons = {name: sys.executable for name in TRAINERS if name not in NEEDS_PYTHON} | {pair.partition("=")[0]: sys.executable for pair in args.pythons}
+    else:
+        pythons = {name: sys.executable for name in TRAINERS if name not in NEEDS_PYTHON} | parse_pythons(args.pythons)
     if args.trainers is None:
         args.trainers = [trainer for trainer in TRAINERS if trainer in pythons]
     for trainer in args.trainers:
-        check_trainer_python(trainer, pythons.get(trainer))
+        if args.report_only:  # nothing runs: every trainer's records are read back
+            pythons.setdefault(trainer, sys.executable)
+        else:
+            check_trainer_python(trainer, pythons.get(trainer))
     jobs = benchmark_jobs(args.trainers, args.seeds, args.trainer_seeds)
     try:
         experiments = {job: run_experiment(base, job[1], args.eval_every) for job in jobs}
@@ -695,18 +733,18 @@ def run_benchmark(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "start").mkdir(exist_ok=True)
     if args.warm_start:
-        warm = warm_start(base, args.warm_start, args.out / "start", sys.executable)
+        warm = warm_start(base, args.warm_start, args.out / "start", sys.executable, args.report_only)
         base = dataclasses.replace(base, model=warm["model"], model_sha256=warm["sha256"])
         experiments = {job: dataclasses.replace(experiment, model=base.model, model_sha256=base.model_sha256) for job, experiment in experiments.items()}
     evaluation = run_experiment(base, EVAL_SEED, args.eval_every)
-    start = evaluate(evaluation.model, evaluation, args.out / "start" / "eval.json", sys.executable)
+    start = evaluate(evaluation.model, evaluation, args.out / "start" / "eval.json", sys.executable, args.report_only)
     results = []
     for (trainer, seed), experiment in experiments.items():
         run = args.out / f"{trainer}-seed{seed}"
-        record = train(trainer, experiment, run, pythons[trainer])
+        record = train(trainer, experiment, run, pythons[trainer], args.report_only)
         curve = {0: start}
         for update, checkpoint in (record.get("checkpoints") or {}).items():
-            curve[int(update)] = evaluate(checkpoint, experiment, run / "eval" / f"update-{update}.json", sys.executable)
+            curve[int(update)] = evaluate(checkpoint, experiment, run / "eval" / f"update-{update}.json", sys.executable, args.report_only)
         results.append(RunResult(trainer, seed, record, curve))
     points = eval_points(evaluation)
     scripted = held_out_baselines(evaluation)

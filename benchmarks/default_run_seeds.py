@@ -39,33 +39,9 @@ from typing import Any
 
 from gem_core.envs.report import at_or_below
 from gem_core.train.trainer import MACHINE_FIELDS
+from gem_core.utils.stats import binomial_interval
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def binomial_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
-    """The exact (Clopper-Pearson) interval of a binomial rate, by bisection on the binomial tails."""
-
-    def tail_at_least(p: float) -> float:  # P(X >= successes)
-        return sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1))
-
-    def tail_at_most(p: float) -> float:  # P(X <= successes)
-        return sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(0, successes + 1))
-
-    def solve(f: Any, target: float, increasing: bool) -> float:
-        low, high = 0.0, 1.0
-        for _ in range(100):
-            mid = (low + high) / 2
-            if (f(mid) < target) == increasing:
-                low = mid
-            else:
-                high = mid
-        return (low + high) / 2
-
-    alpha = (1 - level) / 2
-    lower = 0.0 if successes == 0 else solve(tail_at_least, alpha, increasing=True)
-    upper = 1.0 if successes == trials else solve(tail_at_most, alpha, increasing=False)
-    return lower, upper
 
 
 def run_record(out: str) -> dict[str, Any] | None:

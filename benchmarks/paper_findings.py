@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -48,6 +47,8 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from gem_core.utils.stats import mean_interval, sign_test
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,6 @@ ALPHA = 0.05
 # resumed, how often it checkpoints or logs, and its length (a run counts only with an evaluation after
 # exactly ``--steps`` updates, checked apart).
 NOT_THE_RUN = ("out", "resume", "checkpoint_every", "tensorboard", "updates")
-# Student's t, 0.975 quantile, by degrees of freedom (a 95% two-sided interval); past 30, the normal's.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
 
 
 def run_dir(out: str, arm: Arm, seed: int, scale: str) -> str:
@@ -239,12 +237,7 @@ def arm_numbers(out: str, arm: Arm, seeds: list[int], scale: str) -> dict[str, l
 def interval(values: list[float]) -> tuple[float, float] | None:
     """The mean's 95% confidence interval over ``values`` (Student's t, n - 1 degrees of freedom); None
     below two values."""
-    if len(values) < 2:
-        return None
-    mean = statistics.fmean(values)
-    t = T_975[len(values) - 2] if len(values) - 1 <= len(T_975) else statistics.NormalDist().inv_cdf(0.975)
-    half = t * statistics.stdev(values) / len(values) ** 0.5
-    return mean - half, mean + half
+    return mean_interval(values, 0.95)
 
 
 def summary(values: list[float | None]) -> str:
@@ -257,17 +250,6 @@ def summary(values: list[float | None]) -> str:
     if bounds is None:
         return f"{present[0]:.3f}{count}"
     return f"{statistics.fmean(present):.3f} [{bounds[0]:.3f}, {bounds[1]:.3f}]{count}"
-
-
-def sign_test(differences: list[float]) -> tuple[int, int, float]:
-    """The two-sided exact sign test of "the median paired difference is 0": (differences above 0, differences not
-    0, p-value). A tie (a difference of exactly 0) is dropped; no difference left gives p = 1."""
-    nonzero = [d for d in differences if d != 0]
-    n, above = len(nonzero), sum(d > 0 for d in nonzero)
-    if not n:
-        return 0, 0, 1.0
-    tail = sum(math.comb(n, i) for i in range(min(above, n - above) + 1)) / 2**n
-    return above, n, min(1.0, 2 * tail)
 
 
 def paired_difference(reference: list[float | None], other: list[float | None], direction: int) -> str:

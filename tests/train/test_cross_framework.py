@@ -13,6 +13,7 @@ import json
 import shlex
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from gem_core.experiment import load_experiment, weights_sha256
+from gem_core.utils import stats
 from helpers.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,34 +126,54 @@ def _result(cross_framework, trainer, seed, finals, status=0):
     return cross_framework.RunResult(trainer, seed, record, curve)
 
 
-def test_the_table_reads_each_trainer_against_the_reference_range_over_seeds(cross_framework):
+def test_the_tables_read_each_trainer_over_its_seeds_against_the_reference(cross_framework):
     results = [
         _result(cross_framework, "reference", 0, [0.2, 0.40]),
         _result(cross_framework, "reference", 1, [0.3, 0.60]),
-        _result(cross_framework, "trl", 0, [0.3, 0.50]),  # inside [0.40, 0.60]
-        _result(cross_framework, "verl", 0, [0.3, 0.35]),  # below it
+        _result(cross_framework, "trl", 0, [0.3, 0.50]),
+        _result(cross_framework, "verl", 0, [0.3, 0.35]),
         _result(cross_framework, "openrlhf", 0, [], status=1),
     ]
     results[3].record["batch_returns"] = [0.2, -0.1, -0.1]  # verl: every episode malformed from update 2
     results[2].record["batch_returns"] = [0.2, -0.1 + 1e-3, 0.3]  # trl: near, not at, the floor
-    assert cross_framework.reference_range(results) == (0.40, 0.60)
+    assert cross_framework.reference_finals(results) == [0.40, 0.60]
     rows = cross_framework.table(results, [10, 20], format_error_reward=-0.1).splitlines()
-    assert rows[0].startswith('| trainer | seed | success @0 | success @10 | success @20 | right after "lower" | collapsed at |')
-    assert "| 0.500 | 0.500 | - | yes |" in rows[4] and "| 0.350 | 0.500 | 2 | no |" in rows[5]
+    assert rows[0] == '| trainer | seed | success @0 | success @10 | success @20 | right after "lower" | collapsed at | s / update | wall (min) | peak GB |'
+    assert "| 0.500 | 0.500 | - | 20.0 |" in rows[4] and "| 0.350 | 0.500 | 2 | 20.0 |" in rows[5]
     assert "failed: boom" in rows[6]
-    assert "| 0.400 | 0.500 | ? | - | 20.0 | 10.0 | 3.00 |" in rows[2]  # no returns recorded; the reference is the range
+    assert "| 0.400 | 0.500 | ? | 20.0 | 10.0 | 3.00 |" in rows[2]  # no returns recorded
     assert cross_framework.collapsed_at(None, -0.1) is None and cross_framework.collapsed_at([-0.1], -0.1) == 1
     assert cross_framework.collapsed_at([0.5, -0.1, 0.4, -0.1, -0.1], -0.1) == 4  # one unlucky batch is not a collapse
     assert cross_framework.collapsed_at([0.5, -0.1, 0.4], -0.1) is None
     results.append(_result(cross_framework, "verl", 1, [0.3, 0.45]))  # a second verl seed that kept its signal
     results[-1].record["batch_returns"] = [0.2, 0.3, 0.1]
     rows = cross_framework.trainer_table(results, format_error_reward=-0.1).splitlines()
-    assert rows[0] == "| trainer | runs | collapsed | final success by seed | mean | mean, not collapsed |"
+    assert rows[0] == (
+        "| trainer | runs | collapsed [exact 95%] | final success by seed | mean [95%] | mean, not collapsed | equivalent to the reference within (TOST, 5%) |"
+    )
+    margin = stats.equivalence_margin([0.35, 0.45], [0.40, 0.60])
+    low, high = stats.mean_interval([0.40, 0.60])
     assert rows[2:] == [
-        "| reference | 2 | 0 | 0.400 (0), 0.600 (1) | 0.500 | 0.500 |",
-        "| trl | 1 | 0 | 0.500 (0) | 0.500 | 0.500 |",
-        "| verl | 2 | 1 | 0.350 (0), 0.450 (1) | 0.400 | 0.450 |",
+        f"| reference | 2 | 0 [0.000, 0.842] | 0.400 (0), 0.600 (1) | 0.500 [{low:.3f}, {high:.3f}] | 0.500 | - |",
+        "| trl | 1 | 0 [0.000, 0.975] | 0.500 (0) | 0.500 | 0.500 | - |",  # one run: no interval, no test
+        f"| verl | 2 | 1 [0.013, 0.987] | 0.350 (0), 0.450 (1) | 0.400 [{stats.mean_interval([0.35, 0.45])[0]:.3f}, "
+        f"{stats.mean_interval([0.35, 0.45])[1]:.3f}] | 0.450 | {margin:.3f} |",
     ]  # the failed OpenRLHF run has no row
+
+
+def test_a_trainer_whose_weights_never_moved_is_told_apart_from_one_that_learns_alike(cross_framework):
+    """The check the old "inside the reference's range" could not make: five runs that end where they started
+    (0.315) against a reference that learns get a margin wider than the gap; five runs drawn like the reference's get
+    a margin of the spread's size."""
+    reference = [0.70, 0.80, 0.75, 0.90, 0.65]
+    frozen = [0.315] * 5
+    alike = [0.72, 0.78, 0.70, 0.85, 0.68]
+    results = [_result(cross_framework, "reference", seed, [value]) for seed, value in enumerate(reference)]
+    results += [_result(cross_framework, "trl", seed, [value]) for seed, value in enumerate(frozen)]
+    results += [_result(cross_framework, "verl", seed, [value]) for seed, value in enumerate(alike)]
+    margins = {line.split(" | ")[0].strip("| "): float(line.rsplit("|", 2)[1]) for line in cross_framework.trainer_table(results).splitlines()[3:]}
+    assert margins["trl"] > statistics.fmean(reference) - 0.315 > 0.4
+    assert margins["verl"] < 0.15
 
 
 def test_each_trainers_batch_returns_are_read_from_its_own_logs(cross_framework, tmp_path):
@@ -243,9 +265,16 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     assert cross_framework.main(argv) == 0
     assert ": training (" not in capsys.readouterr().out  # no run started again
     assert {p: p.stat().st_mtime for p in out.rglob("*.json")} == before
+    # --report-only: the same report from the records (the command shown without the flag), nothing run
+    written = (out / "cross_framework.md").read_text()
+    assert cross_framework.main([*argv, "--report-only"]) == 0 and (out / "cross_framework.md").read_text() == written
+    assert ": training (" not in capsys.readouterr().out
     # a reference run stopped after a checkpoint (no run.json) is continued by gem-core train --resume, not redone
     run = out / "reference-seed1"
     (run / "run.json").unlink()
+    assert cross_framework.main([*argv, "--report-only"]) == 2  # but never by --report-only: one line naming it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--report-only" in err[0] and "reference-seed1" in err[0], err
     assert cross_framework.main(argv) == 0
     assert "reference-seed1: resuming" in capsys.readouterr().out
     record = json.loads((run / "run.json").read_text())

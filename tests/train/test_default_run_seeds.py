@@ -17,14 +17,6 @@ import default_run_seeds as sweep  # noqa: E402
 CEILING = "hint-blind ceiling (random, no repeats)"
 
 
-def test_the_exact_interval_of_a_rate():
-    # Clopper-Pearson: 0 of 5 -> [0, 1 - 0.025 ** (1 / 5)]; 5 of 5 -> [0.025 ** (1 / 5), 1]; 2 of 10 -> [0.0252, 0.5561]
-    assert sweep.binomial_interval(0, 5) == (0.0, pytest.approx(1 - 0.025 ** (1 / 5), abs=1e-9))
-    assert sweep.binomial_interval(5, 5) == (pytest.approx(0.025 ** (1 / 5), abs=1e-9), 1.0)
-    low, high = sweep.binomial_interval(2, 10)
-    assert low == pytest.approx(0.0252, abs=1e-4) and high == pytest.approx(0.5561, abs=1e-4)
-
-
 def _run(directory: Path, final: dict | None, seconds: float = 600.0) -> None:
     directory.mkdir(parents=True)
     (directory / "config.json").write_text(json.dumps({"steps": 2}))
