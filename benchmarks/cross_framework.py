@@ -571,39 +571,51 @@ def trainer_table(results: list[RunResult], format_error_reward: float | None = 
     return "\n".join(lines)
 
 
+def _band(ax, series: list[dict[int, float]], colour: str, label: str, marker: str) -> None:
+    """Runs of one trainer on one axis: the median over its runs at each point where two or more have a value, their
+    range shaded; one run alone, its line."""
+    points = sorted({k for run in series for k in run})
+    values = {k: [run[k] for run in series if k in run] for k in points}
+    if len(series) == 1:
+        ax.plot(points, [values[k][0] for k in points], color=colour, marker=marker, markersize=3, label=label)
+        return
+    shared = [k for k in points if len(values[k]) > 1]
+    ax.fill_between(shared, [min(values[k]) for k in shared], [max(values[k]) for k in shared], alpha=0.2, color=colour)
+    ax.plot(shared, [statistics.median(values[k]) for k in shared], color=colour, marker=marker, markersize=3, label=f"{label}: median, range shaded")
+
+
 def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> None:
-    """Held-out success and the share right after "lower" against updates: the reference trainer's seeds as a
-    band (min to max) around their mean, every other trainer's run as a line; the scripted players as lines. A
-    model with no hint use (it never saw "lower") has no point in the second panel."""
+    """Side by side, a colour a trainer, each trainer's runs as their median and range over seeds (one run: its line):
+    held-out success and the share right after "lower" at the evaluation points, and each update's training-batch
+    mean return from the trainer's own logs (``batch_returns``); the scripted players as lines. A model with no hint
+    use (it never saw "lower") has no point in the second panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ended = [r for r in results if r.record["status"] == 0 and len(r.curve) > 1]
+    trainers = list(dict.fromkeys(r.trainer for r in ended))
+    colours = {trainer: f"C{i}" for i, trainer in enumerate(trainers)}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for ax, key, title in ((axes[0], "success_rate", "held-out success"), (axes[1], "hint_right_after_lower_rate", 'after "lower": moved down')):
-        # a model that never saw "lower" (e.g. every first answer malformed) has no hint use: no point, not 0
-        reference = [r for r in results if r.trainer == "reference" and r.record["status"] == 0 and len(r.curve) > 1]
-        if reference:
-            shared = sorted(set.intersection(*(set(r.curve) for r in reference)))
-            measured = {k: [r.curve[k][key] for r in reference if r.curve[k][key] is not None] for k in shared}
-            points = [k for k in shared if measured[k]]
-            values = [measured[k] for k in points]
-            ax.fill_between(points, [min(v) for v in values], [max(v) for v in values], alpha=0.25, color="C0")
-            ax.plot(points, [sum(v) / len(v) for v in values], color="C0", marker="o", label=f"gem-core train ({len(reference)} seeds)")
-        others = [r for r in results if r.trainer != "reference" and r.record["status"] == 0 and len(r.curve) > 1]
-        colours = {trainer: f"C{i + 1}" for i, trainer in enumerate(dict.fromkeys(r.trainer for r in others))}  # a colour a trainer
-        for r in others:
-            points = [k for k in sorted(r.curve) if r.curve[k][key] is not None]
-            style = ("-", "--", ":", "-.")[sum(o.trainer == r.trainer for o in others[: others.index(r)]) % 4]  # a line style a seed
-            ax.plot(points, [r.curve[k][key] for k in points], color=colours[r.trainer], linestyle=style, marker="s", label=f"{r.trainer} (seed {r.seed})")
+        for trainer in trainers:
+            runs = [r for r in ended if r.trainer == trainer]
+            # a model that never saw "lower" (e.g. every first answer malformed) has no hint use: no point, not 0
+            series = [{k: r.curve[k][key] for k in r.curve if r.curve[k][key] is not None} for r in runs]
+            series = [run for run in series if run]
+            if series:
+                _band(ax, series, colours[trainer], f"{trainer} ({len(runs)} seeds)", "o")
         if key == "success_rate":
             for (name, value), style in zip(scripted.items(), (":", "--", "-.")):
                 ax.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{name} {value:.2f}")
-        ax.set_xlabel("updates")
-        ax.set_title(title)
-        ax.set_ylim(0, 1.02)
-    handles, labels = axes[0].get_legend_handles_labels()  # one legend beside both panels: inside, it hid the lines
+        ax.set(xlabel="updates", title=title, ylim=(0, 1.02))
+    for trainer in trainers:
+        series = [dict(enumerate(r.record["batch_returns"], start=1)) for r in ended if r.trainer == trainer and r.record.get("batch_returns")]
+        if series:
+            _band(axes[2], series, colours[trainer], trainer, "")
+    axes[2].set(xlabel="update", title="training batch: mean episode return (the trainer's own logs)")
+    handles, labels = axes[0].get_legend_handles_labels()  # one legend beside the panels: inside, it hid the lines
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -176,6 +176,34 @@ def test_a_trainer_whose_weights_never_moved_is_told_apart_from_one_that_learns_
     assert margins["verl"] < 0.15
 
 
+def test_the_figure_draws_each_trainer_as_its_median_and_range_over_seeds(cross_framework, tmp_path):
+    pytest.importorskip("matplotlib")
+
+    class Axis:  # what _band draws, recorded
+        def __init__(self):
+            self.calls = []
+
+        def fill_between(self, x, low, high, **kw):
+            self.calls.append(("range", list(x), list(low), list(high)))
+
+        def plot(self, x, y, **kw):
+            self.calls.append(("line", list(x), list(y), kw["label"]))
+
+    axis = Axis()
+    cross_framework._band(axis, [{0: 0.3, 10: 0.5, 20: 0.7}, {0: 0.3, 10: 0.1, 20: 0.9}, {0: 0.3, 10: 0.2}], "C1", "verl", "o")
+    assert axis.calls == [("range", [0, 10, 20], [0.3, 0.1, 0.7], [0.3, 0.5, 0.9]), ("line", [0, 10, 20], [0.3, 0.2, 0.8], "verl: median, range shaded")]
+    axis = Axis()
+    cross_framework._band(axis, [{0: 0.3, 10: 0.5}], "C1", "trl", "o")  # one run: its line, no band
+    assert axis.calls == [("line", [0, 10], [0.3, 0.5], "trl")]
+    results = [_result(cross_framework, "reference", seed, [0.4 + 0.1 * seed, 0.5]) for seed in range(3)]
+    results += [_result(cross_framework, "trl", 0, [0.3, 0.35]), _result(cross_framework, "verl", 0, [], status=1)]
+    results[1].curve[10]["hint_right_after_lower_rate"] = None  # never saw "lower": no point
+    for r in results[:4]:
+        r.record["batch_returns"] = [0.2, 0.3, 0.4]
+    cross_framework.figure(results, {"binary search": 1.0}, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 1000
+
+
 def test_each_trainers_batch_returns_are_read_from_its_own_logs(cross_framework, tmp_path):
     """The shapes each trainer logs in (from this machine's records): gem-core train's metrics.jsonl (its rl steps,
     not the warm start), TRL's logged gem/episode_return, verl's critic/score/mean, OpenRLHF's reward and RL2's
