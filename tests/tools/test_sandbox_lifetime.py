@@ -23,6 +23,7 @@ import pytest
 from sandbox_support import held_bwrap_dir, kill_marked, marked_processes, require_bwrap, unique_marker, wait_for
 
 from gem_core.tools.sandbox import PythonSandbox, reaper
+from gem_core.tools.sandbox.host import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = Path(__file__).with_name("sandbox_owner.py")
@@ -64,7 +65,20 @@ def test_close_ends_idle_busy_and_starting_workers_before_it_returns(marker, tmp
     assert not call.is_alive()  # the busy call ended with the pool
 
 
-def test_close_in_isolation_none_ends_a_busy_workers_child_and_removes_the_temp_dirs(marker):
+@pytest.mark.parametrize("caller", ["prompt", "late"])
+def test_close_in_isolation_none_ends_a_busy_workers_child_and_removes_the_temp_dirs(marker, caller, monkeypatch):
+    """close() returns with the busy worker's temp dir gone, whoever closes the worker first: its caller's thread
+    also tears it down, but on a loaded machine that thread may run only after close() has returned (seen in a
+    core-suite run beside a training run), or not before the process exits. ``late`` holds the caller back."""
+    if caller == "late":
+        kill = WorkerProcess.kill
+
+        def held_kill(self):
+            if threading.current_thread() is not threading.main_thread():  # the busy call's thread, not close()
+                time.sleep(5)
+            kill(self)
+
+        monkeypatch.setattr(WorkerProcess, "kill", held_kill)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         sandbox = PythonSandbox(workers=2, preload=(marker,), timeout=60, isolation="none").start()

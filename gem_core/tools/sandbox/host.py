@@ -17,6 +17,7 @@ import os
 import queue
 import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -428,11 +429,15 @@ class WorkerProcess:
         if not self.wait_gone(KILL_WAIT_S):
             logger.warning("sandbox worker pid %d did not exit after SIGKILL", self.proc.pid)
         self.forget()
-        if self.host_tmp is not None:
-            import shutil
+        self.remove_host_tmp()
 
-            shutil.rmtree(self.host_tmp, ignore_errors=True)
-            self.host_tmp = None
+    def remove_host_tmp(self) -> None:
+        """Remove the worker's own temporary directory (``isolation="none"``), once its processes are gone. Two
+        threads may both get here (a closing pool and a busy worker's caller): each takes the path once, and a tree
+        the other removed first is no error."""
+        path, self.host_tmp = self.host_tmp, None
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
     def forget(self) -> None:
         """Close our descriptors without touching the processes (in a forked child: they are the parent's)."""

@@ -320,7 +320,8 @@ class SandboxPool:
     # -- ending
     def close(self) -> None:
         """Kill every worker, idle, busy (its call ends now; its caller closes it) or still starting, and
-        return once their processes are gone; callers still queued get a SandboxError. Safe to call twice."""
+        return once their processes and temporary directories are gone; callers still queued get a SandboxError.
+        Safe to call twice."""
         with self._lock:
             self._closed = True
             idle, others = self._idle, [*self._busy, *self._starting]
@@ -338,7 +339,10 @@ class SandboxPool:
             worker.kill()
         deadline = time.monotonic() + KILL_WAIT_S
         for worker in others:
-            if not worker.wait_gone(max(0.0, deadline - time.monotonic())):
+            if worker.wait_gone(max(0.0, deadline - time.monotonic())):
+                # its caller also closes it, but maybe not before this process exits: nothing of it is left behind
+                worker.remove_host_tmp()
+            else:
                 logger.warning("sandbox worker pid %d did not exit after SIGKILL", worker.proc.pid)
 
     def _check_fork(self) -> None:
