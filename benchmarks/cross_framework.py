@@ -3,7 +3,7 @@
     python benchmarks/cross_framework.py [--experiment examples/experiments/portable.toml] [--trainers reference trl]
         [--seeds 0 1 2] [--trainer-seeds 0] [--warm-start 8] [--python trl=.nox/trl/bin/python] [--python verl=.nox/verl_real/bin/python]
         [--python openrlhf=.nox/openrlhf_real/bin/python] [--python rl2=.nox/rl2_real/bin/python]
-        [--out benchmarks/results/cross_framework]
+        [--out benchmarks/results/cross_framework] [--report-only]
 
 The experiment (default: ``portable.toml``, the default run without what only ``gem-core train`` runs, in groups
 of 2: what gem-core train, verl, OpenRLHF, TRL and RL2 all run) with the benchmark's evaluation points, written
@@ -43,7 +43,11 @@ Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``e
 and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
 evaluation already recorded is not redone, so the benchmark can be stopped and started again; a run stopped
 midway, or recorded as failed, is started over (a gem-core train run stopped after a checkpoint is continued,
-``gem-core train --resume``); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the table, ``OUT/cross_framework.png`` the figure.
+``gem-core train --resume``); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the tables
+(a row a run; a row a trainer over its seeds: collapses with their exact interval, the mean with its interval, the
+smallest margin of equivalence to the reference, :func:`trainer_table`), ``OUT/cross_framework.png`` the figure.
+``--report-only`` trains and plays nothing: the tables and figure from what ``--out`` holds (a run or evaluation
+not there is one line naming it).
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ and started again, across sessions. Settings are chosen on ``--eval-set validati
 Printed and written to ``OUT/NAME.md`` (and, with ``--figure PNG``, the seeds as a band: :func:`figure`): per seed, held-out (or validation) success after the warm start and
 after RL, sampled and greedy; the right way after "lower" and after "higher" (sampled / greedy); wall minutes
 and peak memory; whether the run ended at or below the hint-blind ceiling. Then the median and range of each,
-the runs that failed (no final evaluation), and the Clopper-Pearson 95% interval of the rate of runs at the
-ceiling.
+the runs that failed (no final evaluation), the Clopper-Pearson 95% interval of the rate of runs at the
+ceiling, and the mean success and mean return before and after RL. Another env (``-- --env ID``) is reported with
+its own evaluation size (``--eval-episodes``) and, where it has no hint-blind ceiling or hints, says so instead of
+counting its runs "not at the ceiling".
 
 ``--rerun`` trains each finished seed again, the same command into ``OUT/NAME-seedS-rerun``, and says whether the
 rerun is the same run: every field of every ``metrics.jsonl`` line but the machine's (timings and memory,

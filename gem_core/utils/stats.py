@@ -26,6 +26,11 @@ __all__ = [
 ]
 
 
+def _check_level(name: str, value: float, high: float = 1.0) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < high:
+        raise ValueError(f"{name} must be a number in (0, {high:g}), got {value!r}")
+
+
 def _bisect(f: Callable[[float], float], target: float, low: float, high: float, increasing: bool) -> float:
     """The x in [low, high] where the monotone ``f`` crosses ``target`` (100 halvings: below a float's precision)."""
     for _ in range(100):
@@ -41,6 +46,7 @@ def binomial_interval(successes: int, trials: int, level: float = 0.95) -> tuple
     """The exact (Clopper-Pearson) interval of a binomial rate, by bisection on the binomial tails."""
     if not 0 <= successes <= trials or trials < 1:
         raise ValueError(f"expected 0 <= successes <= trials and trials >= 1, got {successes} of {trials}")
+    _check_level("level", level)
 
     def tail_at_least(p: float) -> float:  # P(X >= successes)
         return sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1))
@@ -80,8 +86,7 @@ def t_cdf(t: float, df: int) -> float:
 
 def t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (0 < p < 1)."""
-    if not 0 < p < 1:
-        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    _check_level("p", p)
     if p < 0.5:
         return -t_quantile(1 - p, df)
     high = 1.0
@@ -92,6 +97,7 @@ def t_quantile(p: float, df: int) -> float:
 
 def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
     """The mean's confidence interval over ``values`` (Student's t, n - 1 degrees of freedom); None below two."""
+    _check_level("level", level)
     if len(values) < 2:
         return None
     mean = statistics.fmean(values)
@@ -102,6 +108,7 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, 
 def welch_interval(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float] | None:
     """mean(a) - mean(b) and its confidence interval, Welch's (unequal variances; the degrees of freedom
     Welch-Satterthwaite's, rounded down): (difference, low, high). None unless each side has two values."""
+    _check_level("level", level)
     if len(a) < 2 or len(b) < 2:
         return None
     difference = statistics.fmean(a) - statistics.fmean(b)
@@ -119,6 +126,7 @@ def equivalence_margin(a: Sequence[float], b: Sequence[float], alpha: float = 0.
     "difference >= m" exactly when that interval lies inside (-m, m)). A trainer whose weights never move is far from
     a reference that learns, so its margin is wide: the margin is the result, not a gate. None unless each side has
     two values."""
+    _check_level("alpha", alpha, high=0.5)
     bounds = welch_interval(a, b, level=1 - 2 * alpha)
     return None if bounds is None else max(abs(bounds[1]), abs(bounds[2]))
 

@@ -18,6 +18,19 @@ def test_the_exact_interval_of_a_rate():
     assert low == pytest.approx(0.0252, abs=1e-4) and high == pytest.approx(0.5561, abs=1e-4)
     with pytest.raises(ValueError):
         stats.binomial_interval(3, 2)
+    with pytest.raises(ValueError):
+        stats.binomial_interval(1, 2, level=95)  # a percentage, not a level
+
+
+def test_a_level_alpha_or_p_outside_its_range_is_one_clear_error():
+    for call in (
+        lambda: stats.mean_interval([0.1, 0.2], level=1.0),
+        lambda: stats.welch_interval([0.1, 0.2], [0.3, 0.4], level=0.0),
+        lambda: stats.equivalence_margin([0.1, 0.2], [0.3, 0.4], alpha=0.5),  # a 0-level interval: not a test
+        lambda: stats.t_quantile(1.0, 3),
+    ):
+        with pytest.raises(ValueError, match="must be a number in"):
+            call()
 
 
 @pytest.mark.parametrize(

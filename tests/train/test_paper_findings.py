@@ -223,3 +223,34 @@ def test_the_figure_is_drawn_from_the_runs(findings, tmp_path):
     png = tmp_path / "findings.png"
     findings.plot(str(tmp_path), [0, 1], str(png), "real", arms)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("jobs, threads", [(1, 8), (2, 4), (3, 2), (16, 1)])
+def test_jobs_share_the_cores_out_as_each_runs_torch_threads(findings, tmp_path, monkeypatch, jobs, threads):
+    """``--jobs 1`` gives the one run every core (as gem-core train runs); more runs at once share them."""
+    calls = []
+
+    class InOrder:  # the pool, run in this process: what each run is asked for is what counts here
+        def __init__(self, workers):
+            calls.append(("workers", workers))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            class Done:
+                def result(self):
+                    return fn(*args)
+
+            return Done()
+
+    monkeypatch.setattr(findings.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(findings, "ProcessPoolExecutor", InOrder)
+    monkeypatch.setattr(findings, "train_one", lambda out, arm, seed, steps, extra, scale, threads: calls.append((arm.name, seed, threads)))
+    monkeypatch.setattr(findings, "tables", lambda *a, **k: "")
+    monkeypatch.setattr(findings, "plot", lambda *a, **k: None)
+    assert findings.main(["--arms", "rebn-0.9", "--seeds", "0", "1", "--jobs", str(jobs), "--out", str(tmp_path)]) == 0
+    assert calls == [("workers", jobs), ("rebn-0.9", 0, threads), ("rebn-0.9", 1, threads)]
