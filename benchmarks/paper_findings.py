@@ -2,6 +2,7 @@
 
     python benchmarks/paper_findings.py [--finding 1|2] [--scale real|tiny] [--seeds 0 1 2 3 4 5]
         [--arms NAME ...] [--steps N] [--jobs 2] [--out runs/paper_findings] [--read-runs DIR] [--set KEY=JSON ...]
+        [--report-only]
 
 (1) ReBN against vanilla multi-turn REINFORCE and against GRPO with groups (all gamma 0.9), on the default run's
     game (``game:GuessTheNumber-v0-easy``): does ReBN reach a higher held-out success rate?
@@ -32,6 +33,9 @@ success over the RL updates, and held-out turns per solved episode at the end; f
 players on the same held-out episodes (binary search, a linear scan from the bottom, random valid guesses). Per
 comparison, the paired difference per seed, its mean and interval, the sign test's count and p-value, and the
 verdict. Written: ``findings.md`` (the tables) and ``finding1.png``, ``finding2.png`` (the curves per arm).
+``--report-only`` trains nothing: the tables and figures from the finished runs there are (a run still training,
+or of other settings, is named as not there), and a comparison short of any seed gets no verdict, since the test
+was fixed for every seed and a verdict read at a stopping point of one's choosing would not be that test.
 It runs long (real: about 25 minutes per run of finding 1 alone, more for finding 2's longer episodes; ``--jobs``
 runs share the cores): start it in the background.
 """
@@ -46,7 +50,7 @@ import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from gem_core.utils.stats import mean_interval, sign_test
 
@@ -99,6 +103,8 @@ FINDINGS = (
 #: The seeds fixed before the runs (see the module docstring): six, the fewest at which a two-sided sign test can reach 5%.
 SEEDS = (0, 1, 2, 3, 4, 5)
 ALPHA = 0.05
+#: Whether an arm's run at a seed counts (:func:`counted_runs`).
+Counted = Callable[[Arm, int], bool]
 # What a run's config.json may differ in and still be the arm's run: where it is written, whether it was
 # resumed, how often it checkpoints or logs, and its length (a run counts only with an evaluation after
 # exactly ``--steps`` updates, checked apart).
@@ -228,10 +234,19 @@ def run_numbers(directory: str) -> dict[str, float | None]:
     }
 
 
-def arm_numbers(out: str, arm: Arm, seeds: list[int], scale: str) -> dict[str, list[float | None]]:
-    """Each measure of :data:`MEASURES` per seed, in ``seeds``' order."""
-    runs = [run_numbers(run_dir(out, arm, seed, scale)) for seed in seeds]
+def arm_numbers(out: str, arm: Arm, seeds: list[int], scale: str, counted: Counted | None = None) -> dict[str, list[float | None]]:
+    """Each measure of :data:`MEASURES` per seed, in ``seeds``' order; every measure None for a seed whose run
+    ``counted`` refuses (not there, not finished, or of other settings; ``counted`` None: every seed's run is read)."""
+    absent = dict.fromkeys((key for key, _ in MEASURES), None)
+    runs = [run_numbers(run_dir(out, arm, seed, scale)) if counted is None or counted(arm, seed) else absent for seed in seeds]
     return {key: [run[key] for run in runs] for key, _ in MEASURES}
+
+
+def counted_runs(out: str, scale: str, steps: int, extra: dict[str, Any]) -> Counted:
+    """Whether ``out`` holds the finished run of an arm at a seed (:func:`finished`: its evaluation after ``steps``
+    updates, its config the arm's): what ``--report-only`` counts, so a run still training, or one of other
+    settings, is reported as not there."""
+    return lambda arm, seed: finished(run_dir(out, arm, seed, scale), steps, arm_config(arm, seed, extra))
 
 
 def interval(values: list[float]) -> tuple[float, float] | None:
@@ -252,11 +267,13 @@ def summary(values: list[float | None]) -> str:
     return f"{statistics.fmean(present):.3f} [{bounds[0]:.3f}, {bounds[1]:.3f}]{count}"
 
 
-def paired_difference(reference: list[float | None], other: list[float | None], direction: int) -> str:
+def paired_difference(reference: list[float | None], other: list[float | None], direction: int, runs_missing: int = 0) -> str:
     """``reference - other`` per seed (seeds where both have the measure): the differences, their mean and 95%
     interval, the sign test (:func:`sign_test`: how many seeds went the paper's ``direction``, its p-value) and the
     verdict, the test's alone: "reproduces" when p < :data:`ALPHA` and most seeds went the paper's way, "the
-    opposite" when p < ALPHA the other way, "not shown" otherwise."""
+    opposite" when p < ALPHA the other way, "not shown" otherwise. With ``runs_missing`` seeds of the comparison
+    not yet run, no verdict: the test was fixed for every seed, and one read before they are all in would let
+    the stopping point choose it."""
     differences = [a - b for a, b in zip(reference, other) if a is not None and b is not None]
     if not differences:
         return "- | - | - | -"
@@ -264,6 +281,8 @@ def paired_difference(reference: list[float | None], other: list[float | None], 
     per_seed = ", ".join(f"{d:+.3f}" for d in differences)
     test = f"{above} of {n} the paper's way, p = {p:.3f}"
     verdict = "not shown" if p >= ALPHA else "reproduces" if above > n - above else "the opposite"
+    if runs_missing:
+        verdict = f"none yet: {runs_missing} seed{'s' if runs_missing > 1 else ''} still to run"
     return f"{per_seed} | {summary(differences)} | {test} | {verdict}"
 
 
@@ -307,10 +326,12 @@ def scripted_players(directory: str) -> list[tuple[str, float, float | None]]:
     return players + [("linear scan from the bottom", *linear_scan(config["env_ids"][0], seeds))]
 
 
-def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS) -> str:
+def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS, counted: Counted | None = None) -> str:
     """One table per finding whose reference arm and at least one compared arm are in ``arms`` (the
     comparisons of those arms alone): each arm's measures, finding (2)'s scripted players on the same episodes,
-    then each comparison's paired difference on the finding's measure with the sign test."""
+    then each comparison's paired difference on the finding's measure with the sign test. With ``counted``
+    (:func:`counted_runs`), the runs it refuses are left out and named, and a comparison missing any seed has
+    no verdict yet; without it, every seed's run is read."""
     by_name = {arm.name: arm for arm in arms}
     labels = dict(MEASURES)
     lines = []
@@ -318,15 +339,24 @@ def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS)
         others = tuple(name for name in finding.compared if name in by_name)
         if finding.reference not in by_name or not others:
             continue
-        numbers = {name: arm_numbers(out, by_name[name], seeds, scale) for name in (finding.reference, *others)}
+        names = (finding.reference, *others)
+        present = {name: [seed for seed in seeds if counted is None or counted(by_name[name], seed)] for name in names}
+        numbers = {name: arm_numbers(out, by_name[name], seeds, scale, counted) for name in names}
         lines += [f"**{finding.title}** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; mean [95% confidence interval over seeds])", ""]
+        missing = [
+            f"{name} seed{'s' if len(seeds) - len(present[name]) > 1 else ''} {', '.join(str(s) for s in seeds if s not in present[name])}"
+            for name in names
+            if len(present[name]) < len(seeds)
+        ]
+        if missing:
+            lines += [f"Not run yet (or not finished): {'; '.join(missing)}.", ""]
         lines.append("| arm | " + " | ".join(label for _, label in MEASURES) + " |")
         lines.append("|---|" + "---|" * len(MEASURES))
         for name, values in numbers.items():
             lines.append(f"| {name} | " + " | ".join(summary(values[key]) for key, _ in MEASURES) + " |")
-        if finding.measure == "turns_solved":
+        if finding.measure == "turns_solved" and present[finding.reference]:
             lines += ["", "| scripted player, the same held-out episodes | success | turns per solved episode |", "|---|---|---|"]
-            for name, success, turns in scripted_players(run_dir(out, by_name[finding.reference], seeds[0], scale)):
+            for name, success, turns in scripted_players(run_dir(out, by_name[finding.reference], present[finding.reference][0], scale)):
                 lines.append(f"| {name} | {success:.3f} | {'-' if turns is None else f'{turns:.2f}'} |")
         lines += [
             "",
@@ -334,15 +364,17 @@ def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS)
             "|---|---|---|---|---|",
         ]
         for name in others:
-            difference = paired_difference(numbers[finding.reference][finding.measure], numbers[name][finding.measure], finding.direction)
+            unpaired = sum(1 for seed in seeds if seed not in present[finding.reference] or seed not in present[name])
+            difference = paired_difference(numbers[finding.reference][finding.measure], numbers[name][finding.measure], finding.direction, unpaired)
             lines.append(f"| {finding.reference} - {name} | {difference} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def plot(out: str, seeds: list[int], png: str, scale: str, arms: tuple[Arm, ...] = ARMS) -> None:
+def plot(out: str, seeds: list[int], png: str, scale: str, arms: tuple[Arm, ...] = ARMS, counted: Counted | None = None) -> None:
     """Three panels per arm, mean over seeds with the min-max band: each update's training-batch success
-    (a moving mean over 5 updates), held-out success and held-out turns per solved episode at each evaluation."""
+    (a moving mean over 5 updates), held-out success and held-out turns per solved episode at each evaluation.
+    With ``counted``, the runs it counts alone (an arm with none is left out, its seeds in the legend)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -351,7 +383,11 @@ def plot(out: str, seeds: list[int], png: str, scale: str, arms: tuple[Arm, ...]
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     for arm in arms:
-        directories = [run_dir(out, arm, seed, scale) for seed in seeds]
+        shown = [seed for seed in seeds if counted is None or counted(arm, seed)]
+        if not shown:
+            continue
+        directories = [run_dir(out, arm, seed, scale) for seed in shown]
+        label = arm.name if len(shown) == len(seeds) else f"{arm.name} ({len(shown)} of {len(seeds)} seeds)"
         train = np.array([np.convolve(training_success(d), np.ones(5) / 5, mode="valid") for d in directories])
         runs = [curves(d) for d in directories]
         steps = [e["step"] for e in runs[0]]
@@ -361,7 +397,7 @@ def plot(out: str, seeds: list[int], png: str, scale: str, arms: tuple[Arm, ...]
             with warnings.catch_warnings():  # an evaluation that no seed solved has no turns: a gap
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean, low, high = np.nanmean(values, axis=0), np.nanmin(values, axis=0), np.nanmax(values, axis=0)
-            axis.plot(x, mean, "-" if axis is axes[0] else "o-", label=arm.name)
+            axis.plot(x, mean, "-" if axis is axes[0] else "o-", label=label)
             axis.fill_between(x, low, high, alpha=0.15)
     axes[0].set(title="training-batch success (mean of the last 5 updates)", xlabel="RL update", ylim=(0, 1))
     axes[1].set(title="held-out success, sampled (band: min-max over seeds)", xlabel="RL update", ylim=(0, 1))
@@ -422,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a folder of finished runs (e.g. benchmarks/results/default_run_seeds): one whose settings are an arm's counts for it, not trained again",
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="another TrainConfig field for every run, e.g. --set eval_every=25")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: the tables and figures from the finished runs --out (and --read-runs) holds, the others named, no verdict while a seed is missing",
+    )
     args = parser.parse_args(argv)
     if (args.steps is not None and args.steps < 1) or args.jobs < 1 or min(args.seeds) < 0:
         parser.error("--steps and --jobs must be >= 1 and seeds >= 0")
@@ -456,23 +497,24 @@ def main(argv: list[str] | None = None) -> int:
             source = copy_finished(args.read_runs, args.out, arm, seed, steps, extra, args.scale)
             if source:
                 print(f"read: {arm.name} seed {seed} from {source}", file=sys.stderr, flush=True)
-    jobs = [(arm, seed) for arm in arms for seed in args.seeds]  # arm by arm: a stopped benchmark has whole arms
+    jobs = [] if args.report_only else [(arm, seed) for arm in arms for seed in args.seeds]  # arm by arm: a stopped benchmark has whole arms
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(train_one, args.out, arm, seed, steps, extra, args.scale, threads) for arm, seed in jobs]
         for future, (arm, seed) in zip(futures, jobs):
             future.result()
             print(f"done: {arm.name} seed {seed}", file=sys.stderr, flush=True)
-    text = tables(args.out, args.seeds, args.scale, arms)
+    counted = counted_runs(args.out, args.scale, steps, extra)
+    text = tables(args.out, args.seeds, args.scale, arms, counted)
     print(text)
     with open(os.path.join(args.out, "findings.md"), "w", encoding="utf-8") as handle:
         handle.write(text + "\n")
     figures = []
     for finding in FINDINGS:  # a figure per finding whose arms ran (finding (2)'s are another game)
-        shown = tuple(arm for arm in arms if arm.name in (finding.reference, *finding.compared))
+        shown = tuple(arm for arm in arms if arm.name in (finding.reference, *finding.compared) and any(counted(arm, seed) for seed in args.seeds))
         if len(shown) > 1:
             figures.append(f"finding{finding.number}.png")
-            plot(args.out, args.seeds, os.path.join(args.out, figures[-1]), args.scale, shown)
+            plot(args.out, args.seeds, os.path.join(args.out, figures[-1]), args.scale, shown, counted)
     print(f"wrote {os.path.join(args.out, 'findings.md')}" + "".join(f" and {name}" for name in figures))
     return 0
 

@@ -254,3 +254,49 @@ def test_jobs_share_the_cores_out_as_each_runs_torch_threads(findings, tmp_path,
     monkeypatch.setattr(findings, "plot", lambda *a, **k: None)
     assert findings.main(["--arms", "rebn-0.9", "--seeds", "0", "1", "--jobs", str(jobs), "--out", str(tmp_path)]) == 0
     assert calls == [("workers", jobs), ("rebn-0.9", 0, threads), ("rebn-0.9", 1, threads)]
+
+
+def test_report_only_names_the_runs_not_there_and_gives_no_verdict_until_every_seed_is_in(findings, tmp_path, monkeypatch, capsys):
+    """``--report-only`` trains nothing and counts a finished run of the arm's settings alone: a run still
+    training, or one of other settings, is named as not there, and a comparison short of a seed has no verdict
+    (six wins in six would be 'reproduces'; five of six seeds with every win is 'none yet')."""
+    pytest.importorskip("matplotlib")
+    by_name = {arm.name: arm for arm in findings.ARMS}
+    steps = TrainConfig.updates
+    for seed in findings.SEEDS:
+        _finished_run(
+            Path(findings.run_dir(str(tmp_path), by_name["rebn-0.9"], seed, "real")), steps, final=0.8, **findings.arm_settings(by_name["rebn-0.9"], seed, {})
+        )
+    for seed in range(4):
+        _finished_run(
+            Path(findings.run_dir(str(tmp_path), by_name["reinforce-0.9"], seed, "real")),
+            steps,
+            final=0.5,
+            **findings.arm_settings(by_name["reinforce-0.9"], seed, {}),
+        )
+    still_training = Path(findings.run_dir(str(tmp_path), by_name["reinforce-0.9"], 4, "real"))  # no evaluation after the last update yet
+    _finished_run(still_training, steps - 1, final=0.99, **findings.arm_settings(by_name["reinforce-0.9"], 4, {}))
+    other_settings = Path(findings.run_dir(str(tmp_path), by_name["reinforce-0.9"], 5, "real"))
+    _finished_run(other_settings, steps, final=0.99, **{**findings.arm_settings(by_name["reinforce-0.9"], 5, {}), "lr": 1e-3})
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("--report-only trained a run")
+
+    monkeypatch.setattr(findings, "train_one", no_training)
+    assert findings.main(["--finding", "1", "--report-only", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "findings.md").read_text()
+    assert "Not run yet (or not finished): reinforce-0.9 seeds 4, 5; grpo-g4 seeds 0, 1, 2, 3, 4, 5." in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["reinforce-0.9"].split(" | ")[2] == "0.500 [0.500, 0.500] (n=4)"  # neither the unfinished run's 0.99 nor the other lr's
+    assert rows["rebn-0.9 - reinforce-0.9"].endswith("| 4 of 4 the paper's way, p = 0.125 | none yet: 2 seeds still to run |")
+    assert rows["grpo-g4"] == "| grpo-g4 | - | - | - | - | - |"
+    assert (tmp_path / "finding1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the arms with runs, grpo-g4 left out
+    for seed in (4, 5):  # every seed in: the verdict the test gives
+        directory = Path(findings.run_dir(str(tmp_path), by_name["reinforce-0.9"], seed, "real"))
+        for record in directory.iterdir():
+            record.unlink()
+        directory.rmdir()
+        _finished_run(directory, steps, final=0.5, **findings.arm_settings(by_name["reinforce-0.9"], seed, {}))
+    assert findings.main(["--finding", "1", "--report-only", "--out", str(tmp_path)]) == 0
+    rows = {line.split(" | ")[0].strip("| "): line for line in (tmp_path / "findings.md").read_text().splitlines() if line.startswith("| ")}
+    assert rows["rebn-0.9 - reinforce-0.9"].endswith("| 6 of 6 the paper's way, p = 0.031 | reproduces |")
