@@ -18,7 +18,9 @@ and peak memory; whether the run ended at or below the hint-blind ceiling. Then 
 the runs that failed (no final evaluation), the Clopper-Pearson 95% interval of the rate of runs at the
 ceiling, and the mean success and mean return before and after RL. Another env (``-- --env ID``) is reported with
 its own evaluation size (``--eval-episodes``) and, where it has no hint-blind ceiling or hints, says so instead of
-counting its runs "not at the ceiling".
+counting its runs "not at the ceiling". The table holds the sweep's other finished seeds in ``OUT`` too (``NAME-seedS``
+with the same settings but the seed), so a run of some seeds does not drop the rest; a finished one of other
+settings is named below it, not counted.
 
 ``--rerun`` trains each finished seed again, the same command into ``OUT/NAME-seedS-rerun``, and says whether the
 rerun is the same run: every field of every ``metrics.jsonl`` line but the machine's (timings and memory,
@@ -33,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -84,6 +87,44 @@ def run_record(out: str) -> dict[str, Any] | None:
     }
     record["at_ceiling"] = ceiling is not None and at_or_below(min(record["sampled"], record["greedy"]), ceiling)
     return record
+
+
+#: What a seed's config.json may differ in from another seed's of the same sweep.
+NOT_THE_SWEEP = ("seed", "out", "resume")
+
+
+def _settings(out: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(out, "config.json"), encoding="utf-8") as handle:
+            return {k: v for k, v in json.load(handle).items() if k not in NOT_THE_SWEEP}
+    except (OSError, ValueError):
+        return None
+
+
+def other_seeds(folder: str, name: str, records: dict[int, dict[str, Any] | None]) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """The finished runs ``folder`` holds of the sweep ``name`` (``NAME-seedS``) at seeds not in ``records``, where
+    their settings are those of the sweep's finished runs in ``records`` (config.json but :data:`NOT_THE_SWEEP`),
+    so that a run of some seeds does not drop the others from NAME.md; and a line for each finished run left out
+    for other settings. Nothing when ``records`` has no finished run to compare with."""
+    reference = next((_settings(os.path.join(folder, f"{name}-seed{seed}")) for seed, r in sorted(records.items()) if r is not None), None)
+    found: dict[int, dict[str, Any]] = {}
+    refused: list[str] = []
+    if reference is None or not os.path.isdir(folder):
+        return found, refused
+    for entry in sorted(os.listdir(folder)):
+        match = re.fullmatch(rf"{re.escape(name)}-seed(\d+)", entry)
+        if not match or int(match.group(1)) in records:
+            continue
+        record = run_record(os.path.join(folder, entry))
+        if record is None:
+            continue
+        settings = _settings(os.path.join(folder, entry)) or {}
+        differing = sorted(key for key in set(settings) | set(reference) if settings.get(key) != reference.get(key))
+        if differing:
+            refused.append(f"{entry} (other settings: {', '.join(differing)})")
+        else:
+            found[int(match.group(1))] = record
+    return found, refused
 
 
 def run_seed(seed: int, out: str, eval_set: str, extra: list[str]) -> None:
@@ -332,14 +373,19 @@ def main(argv: list[str] | None = None) -> int:
             run_seed(seed, out, args.eval_set, extra)
             record = run_record(out)
         records[seed] = record
-    text = report(args.name, args.seeds, records, args.eval_set, extra)
+    found, refused = other_seeds(args.out, args.name, records)
+    reported = sorted({**records, **found})
+    text = report(args.name, reported, {**records, **found}, args.eval_set, extra)
+    if refused:
+        text += "\n\nLeft out of this table, finished with other settings than the seeds above: " + "; ".join(refused) + "."
     print(text)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{args.name}.md"), "w", encoding="utf-8") as handle:
         handle.write(text + "\n")
     finished = {seed: os.path.join(args.out, f"{args.name}-seed{seed}") for seed, record in records.items() if record is not None}
-    if args.figure and finished:
-        print("figure:", figure(args.name, args.seeds, finished, args.figure, args.eval_set))
+    if args.figure and (finished or found):
+        shown = {**finished, **{seed: os.path.join(args.out, f"{args.name}-seed{seed}") for seed in found}}
+        print("figure:", figure(args.name, reported, dict(sorted(shown.items())), args.figure, args.eval_set))
     if not args.rerun:
         return 0
     for seed, out in finished.items():

@@ -165,3 +165,22 @@ def test_rerun_trains_each_finished_seed_again_and_exits_1_when_it_differs(tmp_p
     with pytest.raises(SystemExit) as stopped:
         sweep.main(["--seeds", "0", "--name", "x", "--out", str(tmp_path), "--rerun", "--report-only"])
     assert stopped.value.code == 2 and "--rerun trains" in capsys.readouterr().err
+
+
+def test_a_run_of_some_seeds_keeps_the_sweeps_other_finished_seeds_in_its_table(tmp_path):
+    """NAME.md once held the seeds of the last command alone: ``--seeds 5`` after a sweep of 0-4 wrote a table
+    of seed 5 over the five. Other finished seeds of the sweep, with its settings, stay; one of other settings is
+    named, not counted; a rerun folder is not a seed."""
+    done = {"eval_success_rate": 0.8, "eval_greedy_success_rate": 0.8}
+    for seed in (0, 1, 5):
+        _run(tmp_path / f"x-seed{seed}", done)
+    _run(tmp_path / "x-seed0-rerun", done)
+    _run(tmp_path / "x-seed7", done)
+    (tmp_path / "x-seed7" / "config.json").write_text(json.dumps({"steps": 2, "lr": 1e-3}))
+    _run(tmp_path / "y-seed3", done)  # another sweep
+    assert sweep.main(["--seeds", "5", "--name", "x", "--out", str(tmp_path), "--report-only"]) == 0
+    text = (tmp_path / "x.md").read_text()
+    rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["0", "1", "5", "median [range]"]
+    assert "seeds 0, 1, 5 " in text and "3 of 3 runs finished" in text
+    assert "Left out of this table, finished with other settings than the seeds above: x-seed7 (other settings: lr)." in text
