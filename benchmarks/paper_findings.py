@@ -469,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.read_runs:
         if not os.path.isdir(folder):
             parser.error(f"--read-runs {folder}: no such folder")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out}: a file, not a folder")
     from gem_core.train.trainer import TINY_RUN, TrainConfig
 
     extra: dict[str, Any] = dict(TINY_RUN) if args.scale == "tiny" else {}

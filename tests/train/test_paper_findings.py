@@ -300,3 +300,24 @@ def test_report_only_names_the_runs_not_there_and_gives_no_verdict_until_every_s
     assert findings.main(["--finding", "1", "--report-only", "--out", str(tmp_path)]) == 0
     rows = {line.split(" | ")[0].strip("| "): line for line in (tmp_path / "findings.md").read_text().splitlines() if line.startswith("| ")}
     assert rows["rebn-0.9 - reinforce-0.9"].endswith("| 6 of 6 the paper's way, p = 0.031 | reproduces |")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "--steps and --jobs must be >= 1"),
+        (["--seeds", "-1"], "seeds >= 0"),
+        (["--read-runs", "no/such/folder"], "--read-runs no/such/folder: no such folder"),
+        (["--set", "lr=fast"], "the value must be JSON"),
+        (["--set", "no_such_field=1"], "--set:"),
+        (["--out", "FILE"], "a file, not a folder"),
+    ],
+)
+def test_a_bad_flag_is_one_line_and_exit_2(findings, tmp_path, capsys, argv, message):
+    (tmp_path / "FILE").write_text("")
+    argv = [str(tmp_path / "FILE") if a == "FILE" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        findings.main([*argv, "--report-only"] + ([] if "--out" in argv else ["--out", str(tmp_path / "out")]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
