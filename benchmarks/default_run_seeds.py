@@ -2,7 +2,7 @@
 run ends at the hint-blind ceiling (with its exact 95% interval).
 
     python benchmarks/default_run_seeds.py [--seeds 0 1 2 3 4] [--eval-set heldout] [--name default]
-        [--out runs/default_seeds] [--report-only] [--rerun] [-- EXTRA gem-core train OPTIONS]
+        [--out runs/default_seeds] [--report-only] [--rerun] [--experiment FILE] [-- EXTRA gem-core train OPTIONS]
 
 Each seed is ``gem-core train --seed S --eval-set SET --out OUT/NAME-seedS EXTRA...``, the command a user runs,
 one run at a time (two runs on two cores take twice as long and spoil each other's timings). A run that is
@@ -22,6 +22,12 @@ counting its runs "not at the ceiling". The table holds the sweep's other finish
 with the same settings but the seed), so a run of some seeds does not drop the rest; a finished one of other
 settings is named below it, not counted.
 
+``--experiment FILE`` runs an experiment file over the seeds instead of the default run's flags: ``seed`` is one of
+the file's keys (``gem-core train --experiment`` refuses ``--seed`` beside it), so each seed gets the file with its
+seed set, written to ``OUT/NAME-seedS.toml`` (kept beside the run, what it ran) and trained with ``gem-core train
+--experiment OUT/NAME-seedS.toml --eval-set SET --out OUT/NAME-seedS``. An existing copy that says otherwise than the
+file (the file was edited mid-sweep) is refused in one line rather than mixed into the table.
+
 ``--rerun`` trains each finished seed again, the same command into ``OUT/NAME-seedS-rerun``, and says whether the
 rerun is the same run: every field of every ``metrics.jsonl`` line but the machine's (timings and memory,
 ``gem_core.train.trainer.MACHINE_FIELDS``), the settings (``config.json`` but ``out``), and the saved weights' sha256
@@ -31,6 +37,7 @@ where both runs still hold ``model/``. Written to ``OUT/NAME-rerun.md``; the exi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -43,6 +50,7 @@ import time
 from typing import Any
 
 from gem_core.envs.report import at_or_below
+from gem_core.experiment import Experiment, load_experiment, to_toml
 from gem_core.train.trainer import MACHINE_FIELDS
 from gem_core.utils.stats import binomial_interval
 
@@ -127,10 +135,30 @@ def other_seeds(folder: str, name: str, records: dict[int, dict[str, Any] | None
     return found, refused
 
 
-def run_seed(seed: int, out: str, eval_set: str, extra: list[str]) -> None:
-    """Train (or continue) one seed with the CLI; the wall time of the runs that made it is kept in sweep.json."""
+def seed_experiment(experiment: Experiment, seed: int, out: str) -> list[str]:
+    """The experiment with ``seed`` set, written to ``OUT.toml`` beside the run ``out``; the train flags that run it.
+    A copy already there that differs (the file was edited since) is refused: the sweep would mix two experiments."""
+    text = to_toml(dataclasses.replace(experiment, seed=seed))
+    path = f"{out}.toml"
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            if handle.read() != text:
+                raise SystemExit(
+                    f"default_run_seeds: {path} holds another experiment than the file's with seed {seed} (edited since?): move it, or the run, away"
+                )
+    else:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return ["--experiment", path]
+
+
+def run_seed(seed: int, out: str, eval_set: str, extra: list[str], experiment: Experiment | None = None) -> None:
+    """Train (or continue) one seed with the CLI (the experiment file's copy with this seed, where one is given); the
+    wall time of the runs that made it is kept in sweep.json."""
     # the CLI of this interpreter's gem-core (`python -m gem_core.cli` is `gem-core`): no PATH needed
-    command = [sys.executable, "-m", "gem_core.cli", "train", "--seed", str(seed), "--eval-set", eval_set, "--out", out, *extra]
+    what = ["--seed", str(seed)] if experiment is None else seed_experiment(experiment, seed, out)
+    command = [sys.executable, "-m", "gem_core.cli", "train", *what, "--eval-set", eval_set, "--out", out, *extra]
     if os.path.exists(os.path.join(out, "checkpoint.pt")):
         command.append("--resume")
     before = 0.0
@@ -362,7 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="read the runs back, train none")
     parser.add_argument("--figure", metavar="PNG", default=None, help="also draw the finished seeds as a band (needs matplotlib)")
     parser.add_argument("--rerun", action="store_true", help="train each finished seed again (OUT/NAME-seedS-rerun) and say whether it is the same run")
+    parser.add_argument("--experiment", metavar="FILE", default=None, help="run this experiment file over the seeds (a copy a seed: OUT/NAME-seedS.toml)")
     args = parser.parse_args(argv)
+    experiment = None
+    if args.experiment is not None:
+        try:
+            experiment = load_experiment(args.experiment)
+        except (OSError, ValueError) as error:
+            parser.error(f"--experiment: {error}")
     if args.rerun and args.report_only:
         parser.error("--rerun trains; with --report-only it would compare nothing")
     records: dict[int, dict[str, Any] | None] = {}
@@ -370,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         out = os.path.join(args.out, f"{args.name}-seed{seed}")
         record = run_record(out)
         if record is None and not args.report_only:
-            run_seed(seed, out, args.eval_set, extra)
+            run_seed(seed, out, args.eval_set, extra, experiment)
             record = run_record(out)
         records[seed] = record
     found, refused = other_seeds(args.out, args.name, records)
@@ -390,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for seed, out in finished.items():
         if run_record(f"{out}-rerun") is None:
-            run_seed(seed, f"{out}-rerun", args.eval_set, extra)
+            run_seed(seed, f"{out}-rerun", args.eval_set, extra, experiment)
     text, same = rerun_report(args.name, args.seeds, {seed: os.path.join(args.out, f"{args.name}-seed{seed}") for seed in args.seeds})
     print(text)
     with open(os.path.join(args.out, f"{args.name}-rerun.md"), "w", encoding="utf-8") as handle:

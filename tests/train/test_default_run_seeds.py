@@ -3,6 +3,7 @@ directories (a finished run, one that stopped part way, one at the ceiling)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -150,7 +151,7 @@ def test_rerun_trains_each_finished_seed_again_and_exits_1_when_it_differs(tmp_p
     _run(tmp_path / "x-seed1", final)
     trained = []
 
-    def fake_run_seed(seed, out, eval_set, extra):  # the CLI's run, as a copy of the first (seed 1's a different one)
+    def fake_run_seed(seed, out, eval_set, extra, experiment=None):  # the CLI's run, as a copy of the first (seed 1's a different one)
         trained.append((seed, os.path.basename(out), extra))
         _run(Path(out), final if seed == 0 else {**final, "eval_success_rate": 0.1})
 
@@ -184,3 +185,57 @@ def test_a_run_of_some_seeds_keeps_the_sweeps_other_finished_seeds_in_its_table(
     assert rows == ["0", "1", "5", "median [range]"]
     assert "seeds 0, 1, 5 " in text and "3 of 3 runs finished" in text
     assert "Left out of this table, finished with other settings than the seeds above: x-seed7 (other settings: lr)." in text
+
+
+def test_an_experiment_file_runs_over_the_seeds_as_a_copy_with_each_seed(tmp_path, monkeypatch, capsys):
+    """``gem-core train --experiment`` refuses ``--seed`` beside it (the file says what the run is), so a sweep of a
+    file runs a copy a seed: the file with only its seed changed, beside the run, continued with --resume where a
+    checkpoint is; an edited file mid-sweep is refused, not mixed in; a bad file is one line."""
+    from gem_core.experiment import load_experiment
+
+    source = Path(__file__).resolve().parents[2] / "examples" / "experiments" / "portable.toml"
+    commands = []
+
+    def fake_subprocess_run(command, cwd):  # the CLI's run: records its command, leaves a finished run
+        commands.append(command)
+        out = Path(command[command.index("--out") + 1])
+        if out.exists():  # the resumed one
+            for name in os.listdir(out):
+                os.remove(out / name)
+            out.rmdir()
+        _run(out, {"eval_success_rate": 0.6, "eval_greedy_success_rate": 0.6})
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    (tmp_path / "p-seed101").mkdir()
+    (tmp_path / "p-seed101" / "checkpoint.pt").write_bytes(b"")  # stopped part way: continued
+    assert sweep.main(["--seeds", "100", "101", "--name", "p", "--out", str(tmp_path), "--eval-set", "validation", "--experiment", str(source)]) == 0
+    assert len(commands) == 2
+    for seed, command in zip((100, 101), commands):
+        copy = tmp_path / f"p-seed{seed}.toml"
+        assert command[3:] == [
+            "train",
+            "--experiment",
+            str(copy),
+            "--eval-set",
+            "validation",
+            "--out",
+            str(tmp_path / f"p-seed{seed}"),
+            *(["--resume"] if seed == 101 else []),
+        ]
+        assert "--seed" not in command
+        assert load_experiment(copy) == dataclasses.replace(load_experiment(source), seed=seed)
+    assert "seeds 100, 101 " in (tmp_path / "p.md").read_text()
+    # the file edited mid-sweep: the next seed's copy is written anew, an old one that differs is refused
+    edited = tmp_path / "edited.toml"
+    edited.write_text(source.read_text().replace("lr = 1e-4", "lr = 3e-4"))
+    assert load_experiment(edited) != load_experiment(source)
+    (tmp_path / "p-seed100" / "metrics.jsonl").unlink()  # unfinished: it would train again
+    with pytest.raises(SystemExit) as refused:
+        sweep.main(["--seeds", "100", "--name", "p", "--out", str(tmp_path), "--experiment", str(edited)])
+    assert "p-seed100.toml holds another experiment" in str(refused.value.code)
+    (tmp_path / "bad.toml").write_text("[optimizer]\nlr = -1\n")
+    with pytest.raises(SystemExit) as bad:
+        sweep.main(["--seeds", "100", "--name", "q", "--out", str(tmp_path), "--experiment", str(tmp_path / "bad.toml")])
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and "--experiment:" in err and "optimizer.lr" in err and "Traceback" not in err
