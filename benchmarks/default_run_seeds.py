@@ -319,12 +319,15 @@ def _episodes(counts: set[int]) -> str:
     return "/".join(str(count) for count in sorted(counts)) or "?"
 
 
-def report(name: str, seeds: list[int], records: dict[int, dict[str, Any] | None], eval_set: str, extra: list[str]) -> str:
+def report(name: str, seeds: list[int], records: dict[int, dict[str, Any] | None], eval_set: str, extra: list[str], experiment_file: str | None = None) -> str:
     where = "held-out" if eval_set == "heldout" else "validation"
-    command = " ".join(["gem-core train", *extra, f"--eval-set {eval_set}", "--seed S"])
+    what = ["--seed S"] if experiment_file is None else [f"--experiment {name}-seedS.toml"]
+    command = "`" + " ".join(["gem-core train", *what, *extra, f"--eval-set {eval_set}"]) + "`"
+    if experiment_file is not None:
+        command += f" (`{experiment_file}` with seed S)"
     episodes = _episodes({r["episodes"] for r in records.values() if r is not None})
     lines = [
-        f"### {name}: `{command}`, seeds {', '.join(map(str, seeds))} ({where} set, {episodes} episodes an evaluation)",
+        f"### {name}: {command}, seeds {', '.join(map(str, seeds))} ({where} set, {episodes} episodes an evaluation)",
         "",
         '| seed | after the warm start, sampled / greedy | after RL, sampled | after RL, greedy | right way after "lower" (s / g) | after "higher" (s / g) | minutes | peak GB (updates) | at the ceiling |',
         "|---|---|---|---|---|---|---|---|---|",
@@ -410,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         records[seed] = record
     found, refused = other_seeds(args.out, args.name, records)
     reported = sorted({**records, **found})
-    text = report(args.name, reported, {**records, **found}, args.eval_set, extra)
+    text = report(args.name, reported, {**records, **found}, args.eval_set, extra, args.experiment)
     if refused:
         text += "\n\nLeft out of this table, finished with other settings than the seeds above: " + "; ".join(refused) + "."
     print(text)

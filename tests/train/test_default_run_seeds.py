@@ -225,7 +225,8 @@ def test_an_experiment_file_runs_over_the_seeds_as_a_copy_with_each_seed(tmp_pat
         ]
         assert "--seed" not in command
         assert load_experiment(copy) == dataclasses.replace(load_experiment(source), seed=seed)
-    assert "seeds 100, 101 " in (tmp_path / "p.md").read_text()
+    table = (tmp_path / "p.md").read_text()
+    assert "seeds 100, 101 " in table and f"`gem-core train --experiment p-seedS.toml --eval-set validation` (`{source}` with seed S)" in table
     # the file edited mid-sweep: the next seed's copy is written anew, an old one that differs is refused
     edited = tmp_path / "edited.toml"
     edited.write_text(source.read_text().replace("lr = 1e-4", "lr = 3e-4"))
