@@ -26,7 +26,8 @@ settings is named below it, not counted.
 the file's keys (``gem-core train --experiment`` refuses ``--seed`` beside it), so each seed gets the file with its
 seed set, written to ``OUT/NAME-seedS.toml`` (kept beside the run, what it ran) and trained with ``gem-core train
 --experiment OUT/NAME-seedS.toml --eval-set SET --out OUT/NAME-seedS``. An existing copy that says otherwise than the
-file (the file was edited mid-sweep) is refused in one line rather than mixed into the table.
+file (the file was edited mid-sweep) is refused in one line before anything runs or is read back, its run finished
+or not, rather than mixed into the table.
 
 ``--rerun`` trains each finished seed again, the same command into ``OUT/NAME-seedS-rerun``, and says whether the
 rerun is the same run: every field of every ``metrics.jsonl`` line but the machine's (timings and memory,
@@ -135,9 +136,10 @@ def other_seeds(folder: str, name: str, records: dict[int, dict[str, Any] | None
     return found, refused
 
 
-def seed_experiment(experiment: Experiment, seed: int, out: str) -> list[str]:
-    """The experiment with ``seed`` set, written to ``OUT.toml`` beside the run ``out``; the train flags that run it.
-    A copy already there that differs (the file was edited since) is refused: the sweep would mix two experiments."""
+def check_seed_copy(experiment: Experiment, seed: int, out: str) -> str:
+    """The text of the experiment with ``seed`` set; a copy already beside the run ``out`` (``OUT.toml``) that differs
+    (the file was edited since that run) is refused in one line, finished run or not: the table would mix two
+    experiments."""
     text = to_toml(dataclasses.replace(experiment, seed=seed))
     path = f"{out}.toml"
     if os.path.exists(path):
@@ -146,7 +148,15 @@ def seed_experiment(experiment: Experiment, seed: int, out: str) -> list[str]:
                 raise SystemExit(
                     f"default_run_seeds: {path} holds another experiment than the file's with seed {seed} (edited since?): move it, or the run, away"
                 )
-    else:
+    return text
+
+
+def seed_experiment(experiment: Experiment, seed: int, out: str) -> list[str]:
+    """The experiment with ``seed`` set, written to ``OUT.toml`` beside the run ``out`` (:func:`check_seed_copy`
+    first); the train flags that run it."""
+    text = check_seed_copy(experiment, seed, out)
+    path = f"{out}.toml"
+    if not os.path.exists(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -403,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--experiment: {error}")
     if args.rerun and args.report_only:
         parser.error("--rerun trains; with --report-only it would compare nothing")
+    if experiment is not None:  # every seed's copy, before any run: a finished run of an older file is not read back either
+        for seed in args.seeds:
+            check_seed_copy(experiment, seed, os.path.join(args.out, f"{args.name}-seed{seed}"))
     records: dict[int, dict[str, Any] | None] = {}
     for seed in args.seeds:
         out = os.path.join(args.out, f"{args.name}-seed{seed}")

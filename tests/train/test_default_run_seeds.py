@@ -231,10 +231,14 @@ def test_an_experiment_file_runs_over_the_seeds_as_a_copy_with_each_seed(tmp_pat
     edited = tmp_path / "edited.toml"
     edited.write_text(source.read_text().replace("lr = 1e-4", "lr = 3e-4"))
     assert load_experiment(edited) != load_experiment(source)
-    (tmp_path / "p-seed100" / "metrics.jsonl").unlink()  # unfinished: it would train again
+    for args in ([], ["--report-only"]):  # seed 100 finished: not read back into the edited file's table either
+        with pytest.raises(SystemExit) as refused:
+            sweep.main(["--seeds", "100", "--name", "p", "--out", str(tmp_path), "--experiment", str(edited), *args])
+        assert "p-seed100.toml holds another experiment" in str(refused.value.code)
+    (tmp_path / "p-seed101" / "metrics.jsonl").unlink()  # unfinished: refused before it would train again
     with pytest.raises(SystemExit) as refused:
-        sweep.main(["--seeds", "100", "--name", "p", "--out", str(tmp_path), "--experiment", str(edited)])
-    assert "p-seed100.toml holds another experiment" in str(refused.value.code)
+        sweep.main(["--seeds", "101", "--name", "p", "--out", str(tmp_path), "--experiment", str(edited)])
+    assert "p-seed101.toml holds another experiment" in str(refused.value.code) and len(commands) == 2
     (tmp_path / "bad.toml").write_text("[optimizer]\nlr = -1\n")
     with pytest.raises(SystemExit) as bad:
         sweep.main(["--seeds", "100", "--name", "q", "--out", str(tmp_path), "--experiment", str(tmp_path / "bad.toml")])
