@@ -24,7 +24,8 @@ One evaluator for every trainer: each saved model, and the starting weights, is 
 the experiment's held-out command (``gem_core.experiment_scripts.eval_command``: 200 balanced seeds from 1000000, sampled
 at the run's temperature, sampling seed 0 for every model), with transcripts, from which the hint use is read
 (after "lower", the share of guesses that go down: a hint-blind player's is the baseline). Reported per run:
-held-out success at every evaluation point, seconds per update (the training loop's: the reference trainer's
+held-out success at every evaluation point, each update's training-batch success rate and mean return from the
+trainer's own logs (:data:`BATCH_KEYS`), seconds per update (the training loop's: the reference trainer's
 rollout and update time from its metrics, TRL's ``train_runtime``, verl's ``timing_s/step``, OpenRLHF's ``timing/step_total`` less its weight sync; without start-up or
 in-run evaluation), the run's wall time, and the peak resident memory of its process tree (sampled every 0.5 s;
 summed over processes, so pages they share, e.g. vLLM's and Ray's, count once per process).
@@ -347,22 +348,45 @@ def train_rl2(experiment_file: Path, run: Path, python: str, experiment: Experim
     return train_on_driver("rl2", RL2_DRIVER, experiment_file, run, python, experiment, keep)
 
 
-def batch_returns(trainer: str, run: Path) -> list[float] | None:
-    """Each update's training-batch mean episode return, from the trainer's own logs in ``run``: gem-core train's
-    ``mean_return`` (metrics.jsonl), TRL's logged ``gem/episode_return``, verl's ``critic/score/mean``, OpenRLHF's
-    ``reward`` and RL2's ``scores/train`` (their drivers' reports); None where the logs are not here (a record
-    read back from git keeps what it was written with)."""
+#: Each trainer's per-update training-batch metrics in its own logs: (the batch's mean episode return, its success
+#: rate). gem-core train's metrics.jsonl (its rl steps, not the warm start), TRL's logged dicts in its log, and the
+#: drivers' reports of verl's, OpenRLHF's and RL2's logged scalars (OpenRLHF's ``gem_success`` is the plugin's
+#: per-sample extra log, which OpenRLHF averages over the batch).
+BATCH_KEYS = {
+    "reference": ("mean_return", "success_rate"),
+    "trl": ("gem/episode_return", "gem/success_rate"),
+    "verl": ("critic/score/mean", "gem/success_rate"),
+    "openrlhf": ("reward", "gem_success"),
+    "rl2": ("scores/train", "gem/success_rate"),
+}
+
+
+def batch_metric(trainer: str, run: Path, index: int) -> list[float] | None:
+    """Each update's training-batch value of :data:`BATCH_KEYS` ``[trainer][index]`` (0: mean return, 1: success
+    rate), from the trainer's own logs in ``run``; None where the logs are not here (a record read back from git
+    keeps what it was written with) or do not hold it (a plugin that did not log it then)."""
+    key = BATCH_KEYS[trainer][index]
     train_dir = run / "train"
     try:
         if trainer == "reference":
-            return [m["mean_return"] for m in map(json.loads, open(train_dir / "metrics.jsonl")) if m.get("phase") == "rl"]
+            return [m[key] for m in map(json.loads, open(train_dir / "metrics.jsonl")) if m.get("phase") == "rl"]
         if trainer == "trl":
-            return [float(v) for v in re.findall(r"'gem/episode_return': '?([-0-9.e]+)", (run / "train.log").read_text(errors="replace"))]
-        key = {"verl": "critic/score/mean", "openrlhf": "reward", "rl2": "scores/train"}[trainer]
+            found = re.findall(rf"'{re.escape(key)}': '?([-0-9.e]+)", (run / "train.log").read_text(errors="replace"))
+            return [float(v) for v in found] or None
         updates = json.loads((train_dir / f"{trainer}_run.json").read_text())["updates"]
-        return [u["metrics"][key] if trainer == "verl" else u[key] for u in updates]
+        return [float(u["metrics"][key] if trainer == "verl" else u[key]) for u in updates]
     except (OSError, KeyError, ValueError):
         return None
+
+
+def batch_returns(trainer: str, run: Path) -> list[float] | None:
+    """Each update's training-batch mean episode return (:func:`batch_metric`)."""
+    return batch_metric(trainer, run, 0)
+
+
+def batch_success(trainer: str, run: Path) -> list[float] | None:
+    """Each update's training-batch success rate (:func:`batch_metric`)."""
+    return batch_metric(trainer, run, 1)
 
 
 def collapsed_at(returns: list[float] | None, format_error_reward: float) -> int | None:
@@ -376,6 +400,8 @@ def collapsed_at(returns: list[float] | None, format_error_reward: float) -> int
     return start + 1 if start < len(at_floor) else None
 
 
+#: What a run's record keeps of its trainer's own per-update logs.
+BATCH_SERIES = {"batch_returns": batch_returns, "batch_success": batch_success}
 RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl, "openrlhf": train_openrlhf, "rl2": train_rl2}
 
 
@@ -405,8 +431,10 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str, report_o
             raise BenchmarkError(f"{run} holds a run of another experiment than this one: pass another --out, or remove it")
         record = json.loads(record_path.read_text())
         if record["status"] == 0:
-            if record.get("batch_returns") is None and (found := batch_returns(trainer, run)) is not None:  # recorded before it was kept
-                record["batch_returns"] = found
+            found = {name: read(trainer, run) for name, read in BATCH_SERIES.items() if record.get(name) is None}
+            found = {name: series for name, series in found.items() if series is not None}
+            if found:  # recorded before it was kept
+                record |= found
                 record_path.write_text(json.dumps(record, indent=2))
             return record
         if report_only:
@@ -429,7 +457,7 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str, report_o
         record.setdefault("error", log_tail(run / "train.log"))
         print(f"{run.name}: failed: {record['error']}", flush=True)
     else:
-        record["batch_returns"] = batch_returns(trainer, run)
+        record |= {name: read(trainer, run) for name, read in BATCH_SERIES.items()}
     record_path.write_text(json.dumps(record, indent=2))
     return record
 
@@ -591,8 +619,8 @@ def _band(ax, series: list[dict[int, float]], colour: str, label: str, marker: s
 def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> None:
     """Side by side, a colour a trainer, each trainer's runs as their median and range over seeds (one run: its line):
     held-out success and the share right after "lower" at the evaluation points, and each update's training-batch
-    mean return from the trainer's own logs (``batch_returns``); the scripted players as lines. A model with no hint
-    use (it never saw "lower") has no point in the second panel."""
+    success rate and mean return from the trainer's own logs (``batch_success``, ``batch_returns``); the scripted
+    players as lines. A model with no hint use (it never saw "lower") has no point in the second panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -601,7 +629,7 @@ def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> 
     ended = [r for r in results if r.record["status"] == 0 and len(r.curve) > 1]
     trainers = list(dict.fromkeys(r.trainer for r in ended))
     colours = {trainer: f"C{i}" for i, trainer in enumerate(trainers)}
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4))
     for ax, key, title in ((axes[0], "success_rate", "held-out success"), (axes[1], "hint_right_after_lower_rate", 'after "lower": moved down')):
         for trainer in trainers:
             runs = [r for r in ended if r.trainer == trainer]
@@ -614,11 +642,13 @@ def figure(results: list[RunResult], scripted: dict[str, float], path: Path) -> 
             for (name, value), style in zip(scripted.items(), (":", "--", "-.")):
                 ax.axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{name} {value:.2f}")
         ax.set(xlabel="updates", title=title, ylim=(0, 1.02))
-    for trainer in trainers:
-        series = [dict(enumerate(r.record["batch_returns"], start=1)) for r in ended if r.trainer == trainer and r.record.get("batch_returns")]
-        if series:
-            _band(axes[2], series, colours[trainer], trainer, "")
-    axes[2].set(xlabel="update", title="training batch: mean episode return (the trainer's own logs)")
+    for ax, name, title in ((axes[2], "batch_success", "success rate"), (axes[3], "batch_returns", "mean episode return")):
+        for trainer in trainers:
+            series = [dict(enumerate(r.record[name], start=1)) for r in ended if r.trainer == trainer and r.record.get(name)]
+            if series:
+                _band(ax, series, colours[trainer], trainer, "")
+        ax.set(xlabel="update", title=f"training batch: {title} (the trainer's own logs)")
+    axes[2].set(ylim=(0, 1.02))
     handles, labels = axes[0].get_legend_handles_labels()  # one legend beside the panels: inside, it hid the lines
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
     fig.tight_layout()

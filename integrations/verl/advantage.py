@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 TURN_IDS_FIELD = "gem_turn_ids"
 #: The agent loop's per-row infrastructure failure (``Trajectory.infra_error``; "" when none).
 INFRA_FIELD = "gem_infra_error"
+#: The agent loop's per-row outcome (``Trajectory.success``: the env's ``info["success"]`` on the last turn), 1.0 or 0.0.
+SUCCESS_FIELD = "gem_success"
 #: The tag verl's ``_balance_batch`` puts on the synthetic rows it pads a batch with.
 PADDING_TAG = "is_padding"
 _BATCH_TURN_IDS: ContextVar[Any] = ContextVar("gem_verl_batch_turn_ids", default=None)
@@ -262,7 +264,9 @@ def _rows(field: Any) -> list[Any]:
 def fetch_gem_fields(batch: Any, *, turn_ids: bool = True) -> tuple[Any, dict[str, float], frozenset[str]]:
     """What the gem_env loop stored for the TransferQueue rows ``batch`` (a ``KVBatchMeta``) names: their
     turn ids (:func:`row_turn_ids`, padding rows left out by verl's ``is_padding`` tag; None when the rows
-    carry none, or ``turn_ids=False``), the step's ``gem/*`` metrics and the keys of the episodes the
+    carry none, or ``turn_ids=False``), the step's ``gem/*`` metrics (``gem/success_rate``: the share of the
+    batch's episodes, padding and infra-failed rows left out, that the env scored a success, from
+    :data:`SUCCESS_FIELD`) and the keys of the episodes the
     infrastructure failed (:data:`INFRA_FIELD`; padding rows, copies of row 0, neither counted nor marked:
     they are verl's, under a uid of their own)."""
     import transfer_queue as tq
@@ -288,6 +292,15 @@ def fetch_gem_fields(batch: Any, *, turn_ids: bool = True) -> tuple[Any, dict[st
     failed = frozenset(key for key, reason, is_padding in zip(batch.keys, reasons, padding) if reason and not is_padding)
     metrics["gem/infra_failed_episodes"] = float(len(failed))
     metrics["gem/infra_failed_fraction"] = len(failed) / max(real, 1)
+    try:
+        outcomes = _rows(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[SUCCESS_FIELD])[SUCCESS_FIELD])
+    except Exception:  # rows from another agent loop carry no outcome: no success rate
+        pass
+    else:
+        # the batch's episodes the infrastructure let finish (TRL's gem/success_rate, gem-core train's success_rate)
+        played = [float(outcome) for key, outcome, is_padding in zip(batch.keys, outcomes, padding) if not is_padding and key not in failed]
+        if played:
+            metrics["gem/success_rate"] = sum(played) / len(played)
     return ids, metrics, failed
 
 

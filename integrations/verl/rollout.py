@@ -45,7 +45,10 @@ wrap every image in start/end tokens, and ``MultimodalObservation`` puts a line 
 placeholders it adds, so their images never touch.
 
 Metrics (verl's ``AgentLoopMetrics``): ``generate_sequences`` is the time spent waiting for the server,
-``tool_calls`` the time spent in the env's steps (tool calls included), summed over the episode.
+``tool_calls`` the time spent in the env's steps (tool calls included), summed over the episode. Each row
+also carries its outcome in :data:`~gem_integrations.verl.advantage.SUCCESS_FIELD` (the env's ``success``
+on the last turn, 1.0 or 0.0), from which the advantage step logs the batch's ``gem/success_rate`` beside
+verl's ``critic/score/mean`` (the mean return).
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ from gem_core.rollout import (
 )
 from gem_core.tasks import TaskSpec
 
-from .advantage import INFRA_FIELD, TURN_IDS_FIELD, check_trainer_config
+from .advantage import INFRA_FIELD, SUCCESS_FIELD, TURN_IDS_FIELD, check_trainer_config
 
 logger = logging.getLogger(__name__)
 
@@ -88,21 +91,25 @@ AGENT_NAME = "gem_env"
 
 class GemAgentLoopOutput(AgentLoopOutput):
     """verl's AgentLoopOutput plus each response token's reward (each turn's on its last model token),
-    each response token's turn id, and the infrastructure failure that ended the episode ("" if none)."""
+    each response token's turn id, the infrastructure failure that ended the episode ("" if none) and whether
+    the env scored the episode a success."""
 
     token_rewards: list[float] = []
     turn_ids: list[int] = []
     infra_error: str = ""
+    success: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """verl's dict, with ``rm_scores`` holding every turn's reward (not only the episode's at the end),
-        :data:`TURN_IDS_FIELD` each response token's turn (-1: none) and :data:`INFRA_FIELD` the failure."""
+        :data:`TURN_IDS_FIELD` each response token's turn (-1: none), :data:`INFRA_FIELD` the failure and
+        :data:`SUCCESS_FIELD` the outcome (1.0 or 0.0)."""
         import torch
 
         out = super().as_dict()
         rewards = out.pop("token_rewards", self.token_rewards)
         turn_ids = out.pop("turn_ids", self.turn_ids)
         out[INFRA_FIELD] = str(out.pop("infra_error", self.infra_error) or "")
+        out[SUCCESS_FIELD] = float(bool(out.pop("success", self.success)))
         if rewards:
             if len(rewards) != out["response_mask"].numel():
                 raise ValueError(f"{len(rewards)} token rewards for a response of {out['response_mask'].numel()} tokens")
@@ -377,6 +384,7 @@ class GemEnvAgentLoop(AgentLoopBase):
                 token_rewards=[0.0],
                 turn_ids=[-1],
                 infra_error=failure,
+                success=trajectory.success,
                 **media,
             )
         # gem_core's sequence view; an infra-failed episode's row keeps its tokens but carries no loss
@@ -396,6 +404,7 @@ class GemEnvAgentLoop(AgentLoopBase):
             token_rewards=row.token_rewards[0, :n].tolist(),
             turn_ids=row.turn_ids[0, :n].tolist(),
             infra_error=failure,
+            success=trajectory.success,
             **media,
         )
 

@@ -75,8 +75,8 @@ def check_arm_evaluations(out: Path, trainer: str, seed: int = 0, episodes: int 
     """For a test of one of benchmarks/cross_framework.py's arms, after the benchmark ran into ``out``: the run
     ``<trainer>-seed<seed>`` is recorded as ended well, each model it kept is a Hugging Face model folder with its
     tokenizer, each was evaluated by gem-core eval on the starting weights' seeds (``episodes`` of them, none
-    errored), each update's batch return was read from the trainer's own logs, and the table has its row; returns the
-    run's record."""
+    errored), each update's batch return and success rate were read from the trainer's own logs, and the table has its
+    row; returns the run's record."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run = out / f"{trainer}-seed{seed}"
@@ -84,6 +84,8 @@ def check_arm_evaluations(out: Path, trainer: str, seed: int = 0, episodes: int 
     assert record["status"] == 0 and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.5, record
     updates = max(int(update) for update in record["checkpoints"])  # the last update keeps a model
     assert record["batch_returns"] is not None and len(record["batch_returns"]) == updates, record  # read from its own logs
+    success = record["batch_success"]  # each update's batch success rate, logged by the plugin in the trainer's logs
+    assert success is not None and len(success) == updates and all(0.0 <= rate <= 1.0 for rate in success), record
     start = sorted(json.loads(line)["seed"] for line in open(out / "start" / "eval.jsonl"))
     assert episodes is None or len(start) == episodes
     for update, checkpoint in record["checkpoints"].items():

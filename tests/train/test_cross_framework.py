@@ -199,37 +199,65 @@ def test_the_figure_draws_each_trainer_as_its_median_and_range_over_seeds(cross_
     results += [_result(cross_framework, "trl", 0, [0.3, 0.35]), _result(cross_framework, "verl", 0, [], status=1)]
     results[1].curve[10]["hint_right_after_lower_rate"] = None  # never saw "lower": no point
     for r in results[:4]:
-        r.record["batch_returns"] = [0.2, 0.3, 0.4]
+        r.record["batch_returns"], r.record["batch_success"] = [0.2, 0.3, 0.4], [0.3, 0.4, 0.5]
     cross_framework.figure(results, {"binary search": 1.0}, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 1000
 
 
-def test_each_trainers_batch_returns_are_read_from_its_own_logs(cross_framework, tmp_path):
+def test_each_trainers_batch_returns_and_success_are_read_from_its_own_logs(cross_framework, tmp_path):
     """The shapes each trainer logs in (from this machine's records): gem-core train's metrics.jsonl (its rl steps,
-    not the warm start), TRL's logged gem/episode_return, verl's critic/score/mean, OpenRLHF's reward and RL2's
-    scores/train in their drivers' reports; no logs, no returns (None, not an empty list)."""
+    not the warm start), TRL's logged gem/episode_return and gem/success_rate, verl's critic/score/mean and
+    gem/success_rate, OpenRLHF's reward and gem_success, RL2's scores/train and gem/success_rate in their drivers'
+    reports; no logs, or logs without the key, give None (not an empty list)."""
     logs = {
         "reference": (
             "train/metrics.jsonl",
-            '{"phase": "warm_start", "mean_return": 9}\n{"phase": "rl", "mean_return": 0.5}\n{"phase": "rl", "mean_return": -0.1}\n',
+            '{"phase": "warm_start", "mean_return": 9, "success_rate": 9}\n{"phase": "rl", "mean_return": 0.5, "success_rate": 0.25}\n'
+            '{"phase": "rl", "mean_return": -0.1, "success_rate": 0.75}\n',
         ),
-        "trl": ("train.log", "{'loss': '0.01', 'gem/episode_return': '0.5', 'x': '1'}\nnoise\n{'gem/episode_return': '-0.1'}\n"),
+        "trl": (
+            "train.log",
+            "{'loss': '0.01', 'gem/episode_return': '0.5', 'gem/success_rate': '0.25', 'x': '1'}\nnoise\n"
+            "{'gem/episode_return': '-0.1', 'gem/success_rate': '0.75'}\n",
+        ),
         "verl": (
             "train/verl_run.json",
-            json.dumps({"updates": [{"update": 1, "metrics": {"critic/score/mean": 0.5}}, {"update": 2, "metrics": {"critic/score/mean": -0.1}}]}),
+            json.dumps(
+                {
+                    "updates": [
+                        {"update": 1, "metrics": {"critic/score/mean": 0.5, "gem/success_rate": 0.25}},
+                        {"update": 2, "metrics": {"critic/score/mean": -0.1, "gem/success_rate": 0.75}},
+                    ]
+                }
+            ),
         ),
         "openrlhf": (
             "train/openrlhf_run.json",
-            json.dumps({"updates": [{"global_step": 1, "return": 7.0, "reward": 0.5}, {"global_step": 2, "return": 7.0, "reward": -0.1}]}),
+            json.dumps(
+                {
+                    "updates": [
+                        {"global_step": 1, "return": 7.0, "reward": 0.5, "gem_success": 0.25},
+                        {"global_step": 2, "return": 7.0, "reward": -0.1, "gem_success": 0.75},
+                    ]
+                }
+            ),
         ),
-        "rl2": ("train/rl2_run.json", json.dumps({"updates": [{"step": 1, "scores/train": 0.5}, {"step": 2, "scores/train": -0.1}]})),
+        "rl2": (
+            "train/rl2_run.json",
+            json.dumps({"updates": [{"step": 1, "scores/train": 0.5, "gem/success_rate": 0.25}, {"step": 2, "scores/train": -0.1, "gem/success_rate": 0.75}]}),
+        ),
     }
     for trainer, (name, text) in logs.items():
         run = tmp_path / trainer
         assert cross_framework.batch_returns(trainer, run) is None  # nothing logged (a record read back from git)
+        assert cross_framework.batch_success(trainer, run) is None
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text(text)
         assert cross_framework.batch_returns(trainer, run) == [0.5, -0.1], trainer
+        assert cross_framework.batch_success(trainer, run) == [0.25, 0.75], trainer
+        key = cross_framework.BATCH_KEYS[trainer][1]  # a plugin that did not log its success rate then: none, not a guess
+        (run / name).write_text(text.replace(key, "gem/other"))
+        assert cross_framework.batch_success(trainer, run) is None, trainer
 
 
 def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
@@ -274,6 +302,7 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
         steps = [json.loads(line) for line in open(run / "train" / "metrics.jsonl") if '"phase": "rl"' in line]
         assert record["seconds_per_update"] == pytest.approx(sum(s["update_seconds"] for s in steps) / 2)  # rollouts included
         assert record["batch_returns"] == [s["mean_return"] for s in steps]  # each update's batch, from the trainer's log
+        assert record["batch_success"] == [s["success_rate"] for s in steps]
         written = load_experiment(run / "experiment.toml")
         assert (written.seed, written.group_size, written.model, written.model_sha256) == (seed, 2, str(model), warm["sha256"])
         assert json.loads((run / "train" / "config.json").read_text())["model"] == str(model)  # trained from the warm start

@@ -155,6 +155,7 @@ def test_the_cross_framework_benchmark_runs_trl_and_evaluates_its_checkpoints(tm
     assert record["status"] == 0 and record["version"] == "1.16.0" and record["seconds_per_update"] > 0 and record["peak_rss_gb"] > 0.1
     assert record["checkpoints"] == {str(k): str(out / "trl-seed0" / "train" / f"checkpoint-{k}") for k in (1, 2)}
     assert len(record["batch_returns"]) == 2  # each update's batch return, from TRL's logged gem/episode_return
+    assert len(record["batch_success"]) == 2 and all(0 <= rate <= 1 for rate in record["batch_success"])  # gem/success_rate
     for update, checkpoint in record["checkpoints"].items():
         assert (Path(checkpoint) / "model.safetensors").exists() and not (Path(checkpoint) / "optimizer.pt").exists()
         summary = json.loads((out / "trl-seed0" / "eval" / f"update-{update}.json").read_text())

@@ -279,7 +279,7 @@ def test_aborted_episode_row_carries_no_loss_no_turns_no_reward(verl_config, mod
     from verl_server import FaithfulVerlServer, InProcessServerManager
 
     from conftest import PROMPT_LENGTH
-    from gem_integrations.verl.advantage import INFRA_FIELD
+    from gem_integrations.verl.advantage import INFRA_FIELD, SUCCESS_FIELD
 
     server = FaithfulVerlServer(f"{model_dir}/tokenizer", prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH)
     server.abort_prompts_containing("engine dies here", from_call)
@@ -296,6 +296,7 @@ def test_aborted_episode_row_carries_no_loss_no_turns_no_reward(verl_config, mod
     assert set(stored[TURN_IDS_FIELD].tolist()) == {-1}
     assert output.reward_score == 0.0
     assert stored[INFRA_FIELD] == "the engine aborted the request"
+    assert stored[SUCCESS_FIELD] == 0.0
     if from_call == 2:  # the answered first turn's tokens stay in the row, masked
         first = golden.trajectories[1].turns[0].response_ids  # the policy reads only the user turns
         assert output.response_ids[: len(first)] == first and len(output.response_ids) > len(first)
@@ -306,12 +307,13 @@ def test_aborted_episode_row_carries_no_loss_no_turns_no_reward(verl_config, mod
 def test_unfailed_row_has_no_infra_error(verl_config, model_dir, golden):
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    from gem_integrations.verl.advantage import INFRA_FIELD
+    from gem_integrations.verl.advantage import INFRA_FIELD, SUCCESS_FIELD
 
     worker = _worker(AgentLoopWorker, verl_config, None)
     output = asyncio.run(_agent_loop(worker, faithful_server_manager(f"{model_dir}/tokenizer")).run(dict(SAMPLING), **golden_rows(golden)[0]))
     stored = output.as_dict()
     assert stored[INFRA_FIELD] == ""
+    assert stored[SUCCESS_FIELD] == 1.0 and golden.trajectories[0].success  # the env's outcome, stored for gem/success_rate
     assert stored["response_mask"].tolist() == golden.sequences[0].loss_mask
     assert stored[TURN_IDS_FIELD].tolist() == golden.sequences[0].turn_ids
 

