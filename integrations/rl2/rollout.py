@@ -170,6 +170,8 @@ def fill_sample(sample: Any, trajectory: Trajectory, tokenizer: Any) -> None:
     sample.metrics["rewards"].append(0.0 if trajectory.infra_error is not None else float(sum(trajectory.rewards)))
     if trajectory.infra_error is not None:
         metrics.count(metrics.INFRA_FAILED)
+    else:
+        metrics.count_outcome(trajectory.success)
     sample.status = type(sample).Status.DONE
 
 
@@ -436,9 +438,12 @@ async def step(state: str, action: str, extra_info: Mapping[str, Any]) -> dict[s
     answer = {"reward": reward, "score": reward, "extra_info": dict(extra_info)}
     if request is None:
         _EPISODES.pop(key, None)
-        if episode.task.result().infra_error is not None:
+        trajectory = episode.task.result()
+        if trajectory.infra_error is not None:
             metrics.count(metrics.INFRA_FAILED)
             answer.update(reward=_infra_reward(episode.label), score=0.0)
+        else:
+            metrics.count_outcome(trajectory.success)
         return {**answer, "next_state": state + action, "done": True}
     tokenizer = episode.policy.tokenizer
     previous = episode.context + list(tokenizer.encode(action, add_special_tokens=False))

@@ -376,6 +376,9 @@ def test_readme_config_trains_every_turn_and_closes_every_episode(tokenizer, ser
     assert gem_rollout.pending_episodes() == 0
     assert (len(envs.made), envs.unclosed(), envs.closed_twice()) == (len(specs), 0, 0)
     assert log.values(gem_metrics.ABANDONED) == [0.0] and log.values(gem_metrics.INFRA_FAILED) == [0.0]
+    successes = [t.success for t in reference.trajectories]  # the README's episodes all succeed; the golden ones (HEAD's test) do not
+    assert log.values(gem_metrics.FINISHED) == [float(len(specs))] and log.values(gem_metrics.SUCCEEDED) == [float(sum(successes))]
+    assert log.values(gem_metrics.SUCCESS_RATE) == [pytest.approx(sum(successes) / len(successes))]
     assert ppo.compute_advantages.__module__ == "RL2.utils.algorithms"
 
 
@@ -393,6 +396,7 @@ def test_explicit_max_turns_is_kept_warned_and_what_rl2_stops_is_closed(tokenize
     assert gem_rollout.pending_episodes() == 0
     assert (len(envs.made), envs.unclosed(), envs.closed_twice()) == (len(specs), 0, 0)
     assert log.values(gem_metrics.ABANDONED) == [float(stopped)]
+    assert log.values(gem_metrics.FINISHED) == [float(len(specs) - stopped)]  # an abandoned episode has no outcome
     assert sum("RL2 stopped a GEM episode" in r.getMessage() for r in caplog.records) == 1  # warned once
 
 
@@ -485,6 +489,9 @@ def test_infra_failed_episode_is_out_of_the_loss_and_of_rebn_0_0_2(tokenizer, se
         n = n_prompt + len(others.sequences[i].response_ids) - 1
         assert batch["advantages"][row, :n].tolist() == pytest.approx([0.0] * (n_prompt - 1) + others.token_advantages[i], abs=ATOL)
     assert log.values(gem_metrics.INFRA_FAILED) == [1.0]
+    # the batch's success rate: the episodes that ended, the infra-failed one left out
+    assert log.values(gem_metrics.FINISHED) == [float(len(kept))]
+    assert log.values(gem_metrics.SUCCESS_RATE) == [pytest.approx(sum(t.success for t in others.trajectories) / len(kept))]
     assert gem_rollout.pending_episodes() == 0 and envs.unclosed() == 0
 
 
@@ -680,7 +687,11 @@ def test_head_generate_contract(tokenizer, reference, server):
     async def play():
         await asyncio.gather(*(gem_rollout.generate(config, tokenizer, server.url, s, post=post) for s in samples))
 
+    gem_metrics.pop()
     asyncio.run(play())
+    counts = gem_metrics.pop()  # every episode ended: the batch's success rate is theirs
+    successes = [t.success for t in reference.trajectories]
+    assert counts[gem_metrics.FINISHED] == len(samples) and counts[gem_metrics.SUCCESS_RATE] == pytest.approx(sum(successes) / len(successes))
     for sample, sequence, trajectory in zip(samples, reference.sequences, reference.trajectories):
         assert sample.status is HeadSample.Status.DONE
         (state,) = sample.state_dicts
@@ -774,6 +785,7 @@ def test_head_infra_failed_episodes_carry_no_action_and_are_counted(tokenizer, s
         assert sum(state["action_mask"]) == 0 and not any(state["rewards"]) and samples[i].status is HeadSample.Status.DONE
     assert samples[2].state_dicts == clean[2].state_dicts
     assert gem_metrics.peek()[gem_metrics.INFRA_FAILED] == 2
+    assert gem_metrics.peek()[gem_metrics.FINISHED] == 1  # the failed two have no outcome
     tensors = {
         k: torch.nn.utils.rnn.pad_sequence([torch.tensor(s.state_dicts[0][k], dtype=torch.float64) for s in samples], batch_first=True)
         for k in ("states", "action_mask", "rewards")
