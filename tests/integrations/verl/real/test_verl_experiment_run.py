@@ -43,6 +43,10 @@ def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(t
         assert config["entropy_coeff"] == experiment.entropy_coef and config["top_k"] == -1 and config["adv_estimator"] == experiment.estimator
         verl = json.loads((run / "train" / "verl_run.json").read_text())
         assert verl["status"] == "ok" and [reload["global_steps"] for reload in verl["reloads"]] == [1, 2]
+        # verl's own fit() ran the steps: its Tracking logger wrote one line a step to the file logger (a loop of
+        # the driver's own would write none), each holding the plugin's gem/success_rate
+        logged = [json.loads(line) for line in (run / "train" / "verl_metrics.jsonl").read_text().splitlines()]
+        assert [entry["step"] for entry in logged] == [1, 2] and all("gem/success_rate" in entry["data"] for entry in logged)
         # the experiment's lr as verl schedules it: portable.toml has no warm-up, so the lr from step 1 (verl's
         # warm-up would start at 0: lr_warmup_steps 2 gave 0 in step 1, lr / 2 in step 2)
         assert experiment.warmup_updates == 0
