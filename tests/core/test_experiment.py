@@ -25,6 +25,7 @@ from gem_core.experiment import (
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "examples" / "experiments" / "default.toml"
 PORTABLE = ROOT / "examples" / "experiments" / "portable.toml"
+LEARNING = ROOT / "examples" / "experiments" / "learning.toml"
 TURN = ROOT / "examples" / "experiments" / "turn.toml"
 TURN_STEPS = ROOT / "examples" / "experiments" / "turn_steps.toml"
 TRAINERS = ("verl", "openrlhf", "trl", "rl2", "oat", "roll")
@@ -38,7 +39,7 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
     """default.toml is every default, the [reference] phases of the default run (left out, they are off) and its
     tuning (lr, updates, optimizer steps and KL chosen for gem-core train on the validation set; left out, a file
     keeps the run every trainer takes); portable.toml is the defaults, in groups of 2, without a warm-up, and runs
-    in every trainer but oat and ROLL; turn.toml is that run as oat trains it (oat alone), turn_steps.toml ROLL's
+    in every trainer but oat and ROLL, learning.toml that run tuned to learn from the pinned warm start (the same trainers); turn.toml is that run as oat trains it (oat alone), turn_steps.toml ROLL's
     (ROLL alone)."""
     text = DEFAULT.read_text()
     reference = {"warm_start_steps": 8, "trained_layers": 10, "kl_schedule": "linear", "skip_zero_signal": True, "replay_failed": 0.25}
@@ -47,6 +48,20 @@ def test_default_file_is_the_default_experiment_and_names_every_key():
     assert load_experiment(PORTABLE) == dataclasses.replace(Experiment(), group_size=2, warmup_updates=0) and "\n[reference]" not in PORTABLE.read_text()
     for trainer in ("verl", "openrlhf", "trl", "rl2"):
         assert importlib.import_module(f"gem_integrations.{trainer}.experiment").render(load_experiment(PORTABLE))
+    # learning.toml: portable.toml with the tuning chosen on the validation seeds for the pinned warm start
+    # (benchmarks/results/portable_candidates/c5-lr7e-5-every-layer/), the model left to that warm start's builder
+    learning_tuned = {"lr": 7e-5, "updates": 50, "mini_batches": 2, "kl_coef": 0.1, "stop_after_box": True}
+    assert load_experiment(LEARNING) == dataclasses.replace(load_experiment(PORTABLE), **learning_tuned)
+    candidate = load_experiment(ROOT / "benchmarks" / "results" / "portable_candidates" / "c5-lr7e-5-every-layer" / "experiment.toml")
+    validated = {"model": "smollm2-135m-instruct", "model_sha256": "", "eval_episodes": load_experiment(PORTABLE).eval_episodes}
+    assert load_experiment(LEARNING) == dataclasses.replace(candidate, **validated)  # the file validated, but the warm start's path and the evaluation's size
+    for trainer in TRAINERS:
+        module = importlib.import_module(f"gem_integrations.{trainer}.experiment")
+        if trainer in ("oat", "roll"):
+            with pytest.raises(UnsupportedSettingError, match=f"^{trainer} cannot run this experiment: "):
+                module.render(load_experiment(LEARNING))
+        else:
+            assert module.render(load_experiment(LEARNING))
     assert (Experiment().warm_start_steps, Experiment().trained_layers, Experiment().stop_after_box) == (0, 0, False)
     turn = dataclasses.replace(Experiment(), view="turn", loss_aggregation="seq-mean-token-mean", warmup_updates=0)
     assert load_experiment(TURN) == turn
