@@ -168,24 +168,43 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         str(train_dir),
         "--no-progress",
     ]
+    model = train_dir / "model"
     if record_path.exists():
         record = json.loads(record_path.read_text())
         if warm_start_settings(record["command"]) != warm_start_settings(argv):  # another model, env, length or seed
             raise BenchmarkError(f"{out} holds another warm start ({' '.join(record['command'][2:])}): pass another --out, or remove it")
+        if report_only or model.is_dir():
+            return record
+        # the record without its weights (git keeps the one, not the other: a fresh clone, a cleaned machine): the
+        # weights built again by the same command, and held to the recorded sha256, which every recorded run pins
+        print(f"warm start: {model} is not here: built again ({steps} supervised steps), checked against its record", flush=True)
+        build_warm_start(argv, out, python)
+        built = weights_sha256(model)
+        if built != record["sha256"]:
+            raise BenchmarkError(
+                f"the warm start built again is not the one {record_path} records (sha256 {built[:12]}..., recorded "
+                f"{record['sha256'][:12]}...: another machine computes other weights): pass another --out"
+            )
         return record
     if report_only:
         raise BenchmarkError(f"--report-only: {record_path} is not there (the warm start has not run): run without --report-only")
-    if train_dir.exists():  # stopped midway: started over
-        shutil.rmtree(train_dir)
-    out.mkdir(parents=True, exist_ok=True)
     print(f"warm start: {steps} supervised steps (gem-core train --updates 0)", flush=True)
-    status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python, precision=False), cwd=ROOT)
-    if status != 0:
-        raise BenchmarkError(f"the warm start failed: {log_tail(out / 'warm_start.log')}")
-    model = train_dir / "model"
+    wall, peak = build_warm_start(argv, out, python)
     record = {"command": argv, "steps": steps, "wall_seconds": wall, "peak_rss_gb": peak, "model": str(model), "sha256": weights_sha256(model)}
     record_path.write_text(json.dumps(record, indent=2))
     return record
+
+
+def build_warm_start(argv: list[str], out: Path, python: str) -> tuple[float, float]:
+    """Run the warm start's command into ``out/train`` (a folder a stopped build left, started over); its wall
+    seconds and peak memory."""
+    if (out / "train").exists():
+        shutil.rmtree(out / "train")
+    out.mkdir(parents=True, exist_ok=True)
+    status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python, precision=False), cwd=ROOT)
+    if status != 0:
+        raise BenchmarkError(f"the warm start failed: {log_tail(out / 'warm_start.log')}")
+    return wall, peak
 
 
 # -- running a trainer -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import os
 import signal
 import statistics
@@ -337,6 +338,17 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     record = json.loads((run / "run.json").read_text())
     assert record["resumed"] and "--resume" in record["command"] and "--experiment" not in record["command"]
     assert [json.loads(line)["step"] for line in open(run / "train" / "metrics.jsonl") if '"phase": "rl"' in line] == [1, 2]
+    # the records without the weights (git keeps only the records): the warm start is built again, held to its
+    # recorded sha256, and the runs read back; built again to other weights, one line
+    shutil.rmtree(out / "start" / "train")
+    assert cross_framework.main(argv) == 0
+    assert "built again" in capsys.readouterr().out and weights_sha256(model) == warm["sha256"]
+    shutil.rmtree(out / "start" / "train")
+    (out / "start" / "warm_start.json").write_text(json.dumps(warm | {"sha256": "0" * 64}))
+    assert cross_framework.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not the one" in err[0] and "warm_start.json records" in err[0], err
+    (out / "start" / "warm_start.json").write_text(json.dumps(warm))
     # a warm start of other settings is not read back as this one's: one line
     other = list(argv)
     other[argv.index("--warm-start") + 1] = "2"
