@@ -44,7 +44,8 @@ Records go to ``OUT/<trainer>-seed<N>/`` (``experiment.toml``, ``run.json``, ``e
 and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/results/.gitignore). A run or an
 evaluation already recorded is not redone, so the benchmark can be stopped and started again; a run stopped
 midway, or recorded as failed, is started over (a gem-core train run stopped after a checkpoint is continued,
-``gem-core train --resume``); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the tables
+``gem-core train --resume``; a warm start recorded without its weights, as git keeps it, is built again and must
+match its recorded sha256); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the tables
 (a row a run; a row a trainer over its seeds: collapses with their exact interval, the mean with its interval, the
 smallest margin of equivalence to the reference, :func:`trainer_table`), ``OUT/cross_framework.png`` the figure.
 ``--report-only`` trains and plays nothing: the tables and figure from what ``--out`` holds (a run or evaluation
