@@ -17,8 +17,10 @@ one, except for verl, OpenRLHF and RL2, which need one: ``nox -s verl_real --ins
 (default: the first of ``--seeds``; more than one shows whether a trainer's outcome is its own or a seed's).
 Every run starts from the same weights: the experiment's model after gem-core train's warm start (``--warm-start``
 8 supervised steps on hint-blind random moves, the default run's: the move's format, not the game), run once by
-``gem-core train --updates 0`` into ``OUT/start/`` and pinned by its sha256 in every run's experiment; 0: the
-experiment's model as it is (from the instruct weights nothing learns: see :data:`WARM_START_STEPS`).
+``gem-core train --updates 0 --precision float32`` into ``OUT/start/`` and pinned by its sha256 in every run's
+experiment, the CPU's kernel flags and the libraries' versions recorded beside it (float32, as the runs: bf16
+weights differ between machines whose bfloat16 kernels differ, AMX and AVX512-BF16); 0: the experiment's model
+as it is (from the instruct weights nothing learns: see :data:`WARM_START_STEPS`).
 
 One evaluator for every trainer: each saved model, and the starting weights, is played by ``gem-core eval`` on
 the experiment's held-out command (``gem_core.experiment_scripts.eval_command``: 200 balanced seeds from 1000000, sampled
@@ -74,6 +76,7 @@ sys.path.insert(0, str(ROOT))
 from gem_core.envs.games.guess_the_number import GuessTheNumber, baselines, hint_use  # noqa: E402
 from gem_core.errors import InvalidArgumentError  # noqa: E402
 from gem_core.precision import ENV as PRECISION_ENV  # noqa: E402
+from gem_core.precision import kernel_flags  # noqa: E402
 from gem_core.experiment import Experiment, experiment_from_dict, load_experiment, to_toml  # noqa: E402
 from gem_core.experiment_scripts import eval_command  # noqa: E402
 from gem_core.registry import make  # noqa: E402
@@ -131,7 +134,7 @@ def eval_points(experiment: Experiment) -> list[int]:
     return sorted({*range(every, experiment.updates + 1, every), experiment.updates})
 
 
-WARM_START_SETTINGS = ("--warm-start-steps", "--model", "--env", "--env-kwargs", "--max-turn-tokens", "--seed")  # what makes the weights
+WARM_START_SETTINGS = ("--warm-start-steps", "--model", "--env", "--env-kwargs", "--max-turn-tokens", "--seed", "--precision")  # what makes the weights
 #: the flags a warm start recorded before they took the experiment's names (gem_core.train.cli.RENAMED_FLAGS)
 OLD_FLAGS = {"--warmup-steps": "--warm-start-steps", "--max-tokens": "--max-turn-tokens"}
 
@@ -161,6 +164,8 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         str(base.max_turn_tokens),
         "--seed",
         str(EVAL_SEED),
+        "--precision",  # the runs' precision, and a machine's bf16 kernels round by its kind (AMX, AVX512-BF16)
+        PRECISION,
         "--eval-set",
         "validation",
         "--eval-episodes",
@@ -174,17 +179,21 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         record = json.loads(record_path.read_text())
         if warm_start_settings(record["command"]) != warm_start_settings(argv):  # another model, env, length or seed
             raise BenchmarkError(f"{out} holds another warm start ({' '.join(record['command'][2:])}): pass another --out, or remove it")
-        if report_only or model.is_dir():
+        if report_only or (model.is_dir() and weights_sha256(model) == record["sha256"]):
             return record
         # the record without its weights (git keeps the one, not the other: a fresh clone, a cleaned machine): the
         # weights built again by the same command, and held to the recorded sha256, which every recorded run pins
         print(f"warm start: {model} is not here: built again ({steps} supervised steps), checked against its record", flush=True)
         build_warm_start(argv, out, python)
         built = weights_sha256(model)
-        if built != record["sha256"]:
+        if built != record["sha256"]:  # set aside, so that no later run starts from them
+            aside = out / f"train-{built[:12]}"
+            shutil.rmtree(aside, ignore_errors=True)
+            (out / "train").rename(aside)
             raise BenchmarkError(
                 f"the warm start built again is not the one {record_path} records (sha256 {built[:12]}..., recorded "
-                f"{record['sha256'][:12]}...: another machine computes other weights): pass another --out"
+                f"{record['sha256'][:12]}...; recorded on a CPU with {record.get('machine', {}).get('cpu', '?')}, this one has "
+                f"{kernel_flags()}: another machine computes other weights; set aside in {aside}): pass another --out"
             )
         return record
     if report_only:
@@ -192,6 +201,7 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
     print(f"warm start: {steps} supervised steps (gem-core train --updates 0)", flush=True)
     wall, peak = build_warm_start(argv, out, python)
     record = {"command": argv, "steps": steps, "wall_seconds": wall, "peak_rss_gb": peak, "model": str(model), "sha256": weights_sha256(model)}
+    record["machine"] = {"cpu": kernel_flags(), "torch": package_version("torch", python), "transformers": package_version("transformers", python)}
     record_path.write_text(json.dumps(record, indent=2))
     return record
 
@@ -202,7 +212,7 @@ def build_warm_start(argv: list[str], out: Path, python: str) -> tuple[float, fl
     if (out / "train").exists():
         shutil.rmtree(out / "train")
     out.mkdir(parents=True, exist_ok=True)
-    status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python, precision=False), cwd=ROOT)
+    status, wall, peak = run_process(argv, out / "warm_start.log", env=python_env(python), cwd=ROOT)
     if status != 0:
         raise BenchmarkError(f"the warm start failed: {log_tail(out / 'warm_start.log')}")
     return wall, peak
@@ -257,17 +267,11 @@ def cli(python: str) -> list[str]:
     return [python, "-m", "gem_core.cli"]
 
 
-def python_env(python: str, precision: bool = True) -> dict[str, str]:
+def python_env(python: str) -> dict[str, str]:
     """The environment of a process run with ``python``: its virtualenv's scripts first on PATH (the written
-    scripts call ``gem-core`` and ``python``), the experiment's precision ``auto`` decided as :data:`PRECISION`
-    (not for the warm start, which is gem-core train's own, at its own precision)."""
+    scripts call ``gem-core`` and ``python``), the experiment's precision ``auto`` decided as :data:`PRECISION`."""
     path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "PATH": path, "PYTHONHASHSEED": "0"}
-    if precision:
-        env[PRECISION_ENV] = PRECISION
-    else:
-        env.pop(PRECISION_ENV, None)
-    return env
+    return {**os.environ, "PATH": path, "PYTHONHASHSEED": "0", PRECISION_ENV: PRECISION}
 
 
 def train_reference(experiment_file: Path, run: Path, python: str, experiment: Experiment, resume: bool = False) -> dict:
@@ -425,11 +429,15 @@ BATCH_SERIES = {"batch_returns": batch_returns, "batch_success": batch_success}
 RUNNERS = {"reference": train_reference, "trl": train_trl, "verl": train_verl, "openrlhf": train_openrlhf, "rl2": train_rl2}
 
 
-def trainer_version(trainer: str, python: str) -> str:
-    distribution = {"reference": "gem-core", "rl2": "rl-square"}.get(trainer, trainer)  # RL2's package on PyPI
+def package_version(distribution: str, python: str) -> str:
+    """The version of ``distribution`` installed for ``python`` ("?" where it is not)."""
     code = f"import importlib.metadata as m; print(m.version({distribution!r}))"
     found = subprocess.run([python, "-c", code], capture_output=True, text=True)
     return found.stdout.strip() or "?"
+
+
+def trainer_version(trainer: str, python: str) -> str:
+    return package_version({"reference": "gem-core", "rl2": "rl-square"}.get(trainer, trainer), python)  # RL2's package on PyPI
 
 
 def resumable(trainer: str, experiment: Experiment, run: Path) -> bool:

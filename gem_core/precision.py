@@ -26,15 +26,31 @@ PRECISIONS = ("auto", "bf16", "float32")
 ENV = "GEM_PRECISION"
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """This CPU's instruction-set flags (``cpuinfo``'s first ``flags`` line; none where there is no such file)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            return next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+#: The flags that pick the CPU kernels a run's matmuls take, so its last bits: two machines that differ in one
+#: compute other weights from the same run (bf16 most of all: AMX tiles and AVX512-BF16 round differently).
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def kernel_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """Which of :data:`KERNEL_FLAGS` this CPU has: what a record of weights computed here names its machine by."""
+    flags = set(cpu_flags(cpuinfo))
+    return [flag for flag in KERNEL_FLAGS if flag in flags]
+
+
 def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX-BF16, read from ``cpuinfo``'s flags;
     False where there is no such file): there bf16 autocast makes the update's matmuls faster (the default
     run's training forward and backward about 1.35x on two cores), elsewhere slower (emulated)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
-            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = cpu_flags(cpuinfo)
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gem_core.experiment import load_experiment, weights_sha256
+from gem_core.precision import kernel_flags
 from gem_core.utils import stats
 from helpers.scripts import script_module
 
@@ -282,7 +283,7 @@ def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
 
 @pytest.mark.slow
 def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_framework, request, tmp_path, capsys):
-    pytest.importorskip("torch")  # the core_py sessions have none
+    torch = pytest.importorskip("torch")  # the core_py sessions have none
     pytest.importorskip("transformers")
     tiny = request.getfixturevalue("tiny")
     out = tmp_path / "out"
@@ -293,6 +294,10 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     warm = json.loads((out / "start" / "warm_start.json").read_text())
     model = out / "start" / "train" / "model"
     assert warm["steps"] == 1 and warm["model"] == str(model) and warm["sha256"] == weights_sha256(model)
+    # in the runs' float32 whatever the machine (bf16 weights differ between CPU kinds), the machine recorded beside
+    assert warm["command"][warm["command"].index("--precision") + 1] == "float32"
+    assert json.loads((out / "start" / "train" / "config.json").read_text())["precision"] == "float32"
+    assert warm["machine"]["cpu"] == kernel_flags() and warm["machine"]["torch"] == torch.__version__
     assert [json.loads(line)["phase"] for line in open(out / "start" / "train" / "metrics.jsonl")] == ["warm_start"]
     assert json.loads((out / "start" / "eval.json").read_text())["model"] == str(model)
     for seed in (0, 1):
@@ -348,6 +353,10 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     assert cross_framework.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not the one" in err[0] and "warm_start.json records" in err[0], err
+    # the weights that differ are set aside, never read back as the recorded ones by the next call
+    assert not (out / "start" / "train").exists() and (out / "start" / f"train-{warm['sha256'][:12]}" / "model").is_dir()
+    assert cross_framework.main(argv) == 2
+    assert "is not the one" in capsys.readouterr().err
     (out / "start" / "warm_start.json").write_text(json.dumps(warm))
     # a warm start of other settings is not read back as this one's: one line
     other = list(argv)

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
+from gem_core.precision import kernel_flags  # noqa: E402
 from gem_core.train.trainer import DEFAULT_MODEL, MACHINE_FIELDS, Trainer, TrainConfig  # noqa: E402
 
 # the default run's settings at a size a test can run twice: a warm start of one step, two RL updates of 4 episodes
@@ -50,22 +51,17 @@ def _same_weights(a: dict, b: dict) -> bool:
 
 
 RECORDED = Path(__file__).with_name("recorded_small_run.json")
-# what decides a run's last bits beside the code: the libraries, the instruction sets the kernels pick from, the threads
-_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 def _machine() -> dict:
     import transformers
 
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    except OSError:
-        flags = []
+    # what decides a run's last bits beside the code: the libraries, the instruction sets the kernels pick from, the threads
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "arch": platform.machine(),
-        "isa": [flag for flag in _ISA_FLAGS if flag in flags],
+        "isa": kernel_flags(),
         "threads": torch.get_num_threads(),
     }
 

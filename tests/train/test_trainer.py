@@ -159,13 +159,20 @@ def test_a_run_saved_before_train_layers_existed_resumes_training_every_weight(t
 
 
 def test_cpu_bf16_is_read_from_the_cpus_flags(tmp_path):
-    from gem_core.precision import cpu_has_bf16
+    """bf16 where the CPU computes in it; the flags that name a machine in a record of its weights, in one order."""
+    from gem_core.precision import cpu_has_bf16, kernel_flags
 
     info = tmp_path / "cpuinfo"
-    for flags, has in (("fpu avx2 avx512f", False), ("fpu avx512f avx512_bf16 avx512_vnni", True), ("fpu amx_bf16 amx_tile", True)):
+    cases = (
+        ("fpu avx2 avx512f", False, ["avx2", "avx512f"]),
+        ("fpu avx512f avx512_bf16 avx512_vnni avx2", True, ["avx2", "avx512f", "avx512_bf16"]),
+        ("fpu amx_tile amx_bf16", True, ["amx_bf16", "amx_tile"]),
+    )
+    for flags, has, named in cases:
         info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
         assert cpu_has_bf16(str(info)) is has, flags
-    assert cpu_has_bf16(str(tmp_path / "missing")) is False
+        assert kernel_flags(str(info)) == named, flags
+    assert cpu_has_bf16(str(tmp_path / "missing")) is False and kernel_flags(str(tmp_path / "missing")) == []
 
 
 def test_generation_batches_stay_within_one_updates_episodes(tiny, tmp_path):
