@@ -47,7 +47,8 @@ and ``OUT/start/``; the weights (``train/``) are not committed (benchmarks/resul
 evaluation already recorded is not redone, so the benchmark can be stopped and started again; a run stopped
 midway, or recorded as failed, is started over (a gem-core train run stopped after a checkpoint is continued,
 ``gem-core train --resume``; a warm start recorded without its weights, as git keeps it, is built again and must
-match its recorded sha256); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the tables
+match its recorded sha256, or it is set aside and the error says how far it is from the recorded one by
+``OUT/start/fingerprint.json``, a few of each tensor's values and its norm); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the tables
 (a row a run; a row a trainer over its seeds: collapses with their exact interval, the mean with its interval, the
 smallest margin of equivalence to the reference, :func:`trainer_table`), ``OUT/cross_framework.png`` the figure.
 ``--report-only`` trains and plays nothing: the tables and figure from what ``--out`` holds (a run or evaluation
@@ -179,7 +180,10 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         record = json.loads(record_path.read_text())
         if warm_start_settings(record["command"]) != warm_start_settings(argv):  # another model, env, length or seed
             raise BenchmarkError(f"{out} holds another warm start ({' '.join(record['command'][2:])}): pass another --out, or remove it")
+        fingerprint = out / "fingerprint.json"
         if report_only or (model.is_dir() and weights_sha256(model) == record["sha256"]):
+            if not report_only and not fingerprint.exists():  # recorded before the fingerprint was
+                write_fingerprint(fingerprint, model)
             return record
         # the record without its weights (git keeps the one, not the other: a fresh clone, a cleaned machine): the
         # weights built again by the same command, and held to the recorded sha256, which every recorded run pins
@@ -187,12 +191,13 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         build_warm_start(argv, out, python)
         built = weights_sha256(model)
         if built != record["sha256"]:  # set aside, so that no later run starts from them
+            distance = fingerprint_distance(json.loads(fingerprint.read_text()), weights_fingerprint(model)) if fingerprint.exists() else "no fingerprint recorded"
             aside = out / f"train-{built[:12]}"
             shutil.rmtree(aside, ignore_errors=True)
             (out / "train").rename(aside)
             raise BenchmarkError(
                 f"the warm start built again is not the one {record_path} records (sha256 {built[:12]}..., recorded "
-                f"{record['sha256'][:12]}...; recorded on a CPU with {record.get('machine', {}).get('cpu', '?')}, this one has "
+                f"{record['sha256'][:12]}...; {distance}; recorded on a CPU with {record.get('machine', {}).get('cpu', '?')}, this one has "
                 f"{kernel_flags()}: another machine computes other weights; set aside in {aside}): pass another --out"
             )
         return record
@@ -202,8 +207,46 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
     wall, peak = build_warm_start(argv, out, python)
     record = {"command": argv, "steps": steps, "wall_seconds": wall, "peak_rss_gb": peak, "model": str(model), "sha256": weights_sha256(model)}
     record["machine"] = {"cpu": kernel_flags(), "torch": package_version("torch", python), "transformers": package_version("transformers", python)}
+    write_fingerprint(out / "fingerprint.json", model)
     record_path.write_text(json.dumps(record, indent=2))
     return record
+
+
+#: Values a tensor the warm start's fingerprint keeps, at positions fixed by the tensor's size.
+FINGERPRINT_POINTS = 4
+
+
+def weights_fingerprint(model: Path) -> dict[str, list[float]]:
+    """Each weight tensor's norm and :data:`FINGERPRINT_POINTS` of its values (float64), by name: git keeps no
+    weights, so where a warm start built again has another sha256 this is what says how far it is from the recorded
+    one (float rounding, or another start)."""
+    import numpy as np
+    from safetensors import safe_open
+
+    found: dict[str, list[float]] = {}
+    for file in sorted(model.glob("*.safetensors")):
+        with safe_open(str(file), framework="numpy") as handle:
+            for name in handle.keys():
+                flat = handle.get_tensor(name).astype(np.float64).ravel()
+                positions = np.linspace(0, flat.size - 1, FINGERPRINT_POINTS).astype(np.int64)
+                found[name] = [float(np.linalg.norm(flat)), *map(float, flat[positions])]
+    return found
+
+
+def fingerprint_distance(recorded: dict[str, list[float]], built: dict[str, list[float]]) -> str:
+    """How far two fingerprints are apart, in words: the largest relative difference of a tensor's norm and the
+    largest absolute difference of a kept value; or which tensors one has and the other has not."""
+    if recorded.keys() != built.keys():
+        return f"other tensors ({len(recorded.keys() ^ built.keys())} named in one fingerprint only)"
+    norms = max(abs(built[name][0] - recorded[name][0]) / max(abs(recorded[name][0]), 1e-30) for name in recorded)
+    values = max(abs(b - a) for name in recorded for a, b in zip(recorded[name][1:], built[name][1:]))
+    return f"norms within {norms:.1e} relative, the kept values within {values:.1e}"
+
+
+def write_fingerprint(path: Path, model: Path) -> None:
+    """The fingerprint of ``model`` in ``path``, a tensor a line (a record diffs as lines)."""
+    lines = [f"{json.dumps(name)}: {json.dumps(values)}" for name, values in weights_fingerprint(model).items()]
+    path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
 
 def build_warm_start(argv: list[str], out: Path, python: str) -> tuple[float, float]:

@@ -10,6 +10,7 @@ session (tests/integrations/openrlhf/real/test_openrlhf_experiment_run.py), RL2'
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import os
@@ -262,6 +263,32 @@ def test_each_trainers_batch_returns_and_success_are_read_from_its_own_logs(cros
         assert cross_framework.batch_success(trainer, run) is None, trainer
 
 
+def test_a_warm_starts_fingerprint_says_how_far_weights_built_again_are(cross_framework, tmp_path):
+    """Where a warm start built again has another sha256, its fingerprint against the recorded one tells float
+    rounding from another start: a weight moved by 1e-6 is within 1e-6, one moved by 0.5 is not, a tensor more is named."""
+    np = pytest.importorskip("numpy")
+    save_file = pytest.importorskip("safetensors.numpy").save_file
+    rng = np.random.default_rng(0)
+    weights = {"a.weight": rng.standard_normal((64, 33)).astype(np.float32), "b.bias": rng.standard_normal(7).astype(np.float32)}
+
+    def fingerprint(tensors: dict) -> dict:
+        model = tmp_path / f"model-{len(list(tmp_path.iterdir()))}"
+        model.mkdir()
+        save_file(tensors, str(model / "model.safetensors"))
+        return cross_framework.weights_fingerprint(model)
+
+    recorded = fingerprint(weights)
+    assert recorded["b.bias"][1:] == [float(weights["b.bias"][i]) for i in (0, 2, 4, 6)]  # the ends and between, by size
+    assert cross_framework.fingerprint_distance(recorded, fingerprint(weights)) == "norms within 0.0e+00 relative, the kept values within 0.0e+00"
+    rounded = {**weights, "a.weight": weights["a.weight"] + np.float32(1e-6)}
+    distance = cross_framework.fingerprint_distance(recorded, fingerprint(rounded))
+    norms, values = (float(x) for x in re.findall(r"within ([0-9.e+-]+)", distance))
+    assert 0 < norms < 1e-5 and 0 < values < 2e-6, distance
+    moved = {**weights, "b.bias": weights["b.bias"] + np.float32(0.5)}
+    assert float(re.findall(r"within ([0-9.e+-]+)", cross_framework.fingerprint_distance(recorded, fingerprint(moved)))[1]) == pytest.approx(0.5, rel=1e-3)
+    assert cross_framework.fingerprint_distance(recorded, fingerprint({**weights, "c": np.ones(3, np.float32)})).startswith("other tensors (1 ")
+
+
 def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
     """A shell (a few MB itself) whose child holds 200 MB: the tree's memory is the child's and more."""
     code = "import time; b = bytearray(200_000_000); time.sleep(30)"
@@ -298,6 +325,9 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     assert warm["command"][warm["command"].index("--precision") + 1] == "float32"
     assert json.loads((out / "start" / "train" / "config.json").read_text())["precision"] == "float32"
     assert warm["machine"]["cpu"] == kernel_flags() and warm["machine"]["torch"] == torch.__version__
+    fingerprint = json.loads((out / "start" / "fingerprint.json").read_text())  # what tells a rebuilt start's distance
+    assert fingerprint == cross_framework.weights_fingerprint(model) and len(fingerprint) > 10
+    assert all(len(values) == 1 + cross_framework.FINGERPRINT_POINTS and values[0] > 0 for values in fingerprint.values())
     assert [json.loads(line)["phase"] for line in open(out / "start" / "train" / "metrics.jsonl")] == ["warm_start"]
     assert json.loads((out / "start" / "eval.json").read_text())["model"] == str(model)
     for seed in (0, 1):
@@ -353,6 +383,7 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     assert cross_framework.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not the one" in err[0] and "warm_start.json records" in err[0], err
+    assert "norms within 0.0e+00 relative, the kept values within 0.0e+00" in err[0]  # the same weights, by the fingerprint
     # the weights that differ are set aside, never read back as the recorded ones by the next call
     assert not (out / "start" / "train").exists() and (out / "start" / f"train-{warm['sha256'][:12]}" / "model").is_dir()
     assert cross_framework.main(argv) == 2
