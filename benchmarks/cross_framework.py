@@ -191,7 +191,9 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         build_warm_start(argv, out, python)
         built = weights_sha256(model)
         if built != record["sha256"]:  # set aside, so that no later run starts from them
-            distance = fingerprint_distance(json.loads(fingerprint.read_text()), weights_fingerprint(model)) if fingerprint.exists() else "no fingerprint recorded"
+            distance = (
+                fingerprint_distance(json.loads(fingerprint.read_text()), weights_fingerprint(model)) if fingerprint.exists() else "no fingerprint recorded"
+            )
             aside = out / f"train-{built[:12]}"
             shutil.rmtree(aside, ignore_errors=True)
             (out / "train").rename(aside)
