@@ -187,7 +187,8 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
             return record
         # the record without its weights (git keeps the one, not the other: a fresh clone, a cleaned machine): the
         # weights built again by the same command, and held to the recorded sha256, which every recorded run pins
-        print(f"warm start: {model} is not here: built again ({steps} supervised steps), checked against its record", flush=True)
+        found = "is not the recorded weights" if model.is_dir() else "is not here"
+        print(f"warm start: {model} {found}: built again ({steps} supervised steps), checked against its record", flush=True)
         build_warm_start(argv, out, python)
         built = weights_sha256(model)
         if built != record["sha256"]:  # set aside, so that no later run starts from them
