@@ -192,9 +192,7 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         build_warm_start(argv, out, python)
         built = weights_sha256(model)
         if built != record["sha256"]:  # set aside, so that no later run starts from them
-            distance = (
-                fingerprint_distance(json.loads(fingerprint.read_text()), weights_fingerprint(model)) if fingerprint.exists() else "no fingerprint recorded"
-            )
+            distance = fingerprint_distance(read_fingerprint(fingerprint), weights_fingerprint(model)) if fingerprint.exists() else "no fingerprint recorded"
             aside = out / f"train-{built[:12]}"
             shutil.rmtree(aside, ignore_errors=True)
             (out / "train").rename(aside)
@@ -222,28 +220,43 @@ FINGERPRINT_POINTS = 4
 def weights_fingerprint(model: Path) -> dict[str, list[float]]:
     """Each weight tensor's norm and :data:`FINGERPRINT_POINTS` of its values (float64), by name: git keeps no
     weights, so where a warm start built again has another sha256 this is what says how far it is from the recorded
-    one (float rounding, or another start)."""
-    import numpy as np
+    one (float rounding, or another start). Read through torch, so bfloat16 weights read too; the positions in
+    integers, ``i * (size - 1) // (points - 1)``, the same on every machine."""
+    import torch
     from safetensors import safe_open
 
     found: dict[str, list[float]] = {}
     for file in sorted(model.glob("*.safetensors")):
-        with safe_open(str(file), framework="numpy") as handle:
+        with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
-                flat = handle.get_tensor(name).astype(np.float64).ravel()
-                positions = np.linspace(0, flat.size - 1, FINGERPRINT_POINTS).astype(np.int64)
-                found[name] = [float(np.linalg.norm(flat)), *map(float, flat[positions])]
+                flat = handle.get_tensor(name).to(torch.float64).flatten()
+                size = flat.numel()
+                positions = [i * (size - 1) // (FINGERPRINT_POINTS - 1) for i in range(FINGERPRINT_POINTS)] if size else []
+                found[name] = [float(flat.norm()), *(float(flat[i]) for i in positions)]
     return found
 
 
 def fingerprint_distance(recorded: dict[str, list[float]], built: dict[str, list[float]]) -> str:
     """How far two fingerprints are apart, in words: the largest relative difference of a tensor's norm and the
     largest absolute difference of a kept value; or which tensors one has and the other has not."""
+    if not recorded:
+        return "the recorded fingerprint names no tensor"
     if recorded.keys() != built.keys():
         return f"other tensors ({len(recorded.keys() ^ built.keys())} named in one fingerprint only)"
     norms = max(abs(built[name][0] - recorded[name][0]) / max(abs(recorded[name][0]), 1e-30) for name in recorded)
     values = max(abs(b - a) for name in recorded for a, b in zip(recorded[name][1:], built[name][1:]))
     return f"norms within {norms:.1e} relative, the kept values within {values:.1e}"
+
+
+def read_fingerprint(path: Path) -> dict[str, list[float]]:
+    """A recorded fingerprint; one that is not a fingerprint (hand-edited, cut short) is empty, which
+    :func:`fingerprint_distance` says in words rather than failing the error it is part of."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(found, dict) and all(isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v) for v in found.values())
+    return found if ok else {}
 
 
 def write_fingerprint(path: Path, model: Path) -> None:

@@ -287,6 +287,22 @@ def test_a_warm_starts_fingerprint_says_how_far_weights_built_again_are(cross_fr
     moved = {**weights, "b.bias": weights["b.bias"] + np.float32(0.5)}
     assert float(re.findall(r"within ([0-9.e+-]+)", cross_framework.fingerprint_distance(recorded, fingerprint(moved)))[1]) == pytest.approx(0.5, rel=1e-3)
     assert cross_framework.fingerprint_distance(recorded, fingerprint({**weights, "c": np.ones(3, np.float32)})).startswith("other tensors (1 ")
+    # bfloat16 weights and an empty tensor read too (numpy has no bfloat16)
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file as save_torch
+
+    model = tmp_path / "bf16"
+    model.mkdir()
+    save_torch({"w": torch.arange(10, dtype=torch.bfloat16), "empty": torch.zeros(0)}, str(model / "model.safetensors"))
+    assert cross_framework.weights_fingerprint(model) == {"w": [pytest.approx(float(torch.arange(10.0).norm())), 0.0, 3.0, 6.0, 9.0], "empty": [0.0]}
+    # a recorded fingerprint that is not one (cut short, hand-edited) is said in words, inside the one-line error
+    broken = tmp_path / "fingerprint.json"
+    for text in ('{"a.weight": [1.0, 2.0', '["not", "a", "dict"]', '{"a.weight": "x"}'):
+        broken.write_text(text)
+        assert cross_framework.read_fingerprint(broken) == {}
+        assert cross_framework.fingerprint_distance(cross_framework.read_fingerprint(broken), recorded) == "the recorded fingerprint names no tensor"
+    cross_framework.write_fingerprint(broken, tmp_path / "model-0")
+    assert cross_framework.read_fingerprint(broken) == recorded
 
 
 def test_the_memory_of_a_process_tree_counts_its_children(cross_framework):
