@@ -266,6 +266,7 @@ def test_each_trainers_batch_returns_and_success_are_read_from_its_own_logs(cros
 def test_a_warm_starts_fingerprint_says_how_far_weights_built_again_are(cross_framework, tmp_path):
     """Where a warm start built again has another sha256, its fingerprint against the recorded one tells float
     rounding from another start: a weight moved by 1e-6 is within 1e-6, one moved by 0.5 is not, a tensor more is named."""
+    torch = pytest.importorskip("torch")  # the fingerprint reads weights through torch; the core_py sessions have none
     np = pytest.importorskip("numpy")
     save_file = pytest.importorskip("safetensors.numpy").save_file
     rng = np.random.default_rng(0)
@@ -288,7 +289,6 @@ def test_a_warm_starts_fingerprint_says_how_far_weights_built_again_are(cross_fr
     assert float(re.findall(r"within ([0-9.e+-]+)", cross_framework.fingerprint_distance(recorded, fingerprint(moved)))[1]) == pytest.approx(0.5, rel=1e-3)
     assert cross_framework.fingerprint_distance(recorded, fingerprint({**weights, "c": np.ones(3, np.float32)})).startswith("other tensors (1 ")
     # bfloat16 weights and an empty tensor read too (numpy has no bfloat16)
-    torch = pytest.importorskip("torch")
     from safetensors.torch import save_file as save_torch
 
     model = tmp_path / "bf16"
