@@ -38,14 +38,14 @@ def script_module(path: str | Path) -> Iterator[ModuleType]:
 ARM_TEST_SETTINGS = ("training.updates=2", "rollout.episodes_per_update=4", "seeds.eval_episodes=6")
 
 
-def run_arm(root: Path, trainer: str, out: Path, eval_every: int = 1) -> tuple[Any, dict]:
+def run_arm(root: Path, trainer: str, out: Path, eval_every: int = 1, settings: tuple[str, ...] = ()) -> tuple[Any, dict]:
     """For a test of one of benchmarks/cross_framework.py's arms: the benchmark (``root``'s) run for ``trainer`` alone,
-    in this Python, into ``out``, over :data:`ARM_TEST_SETTINGS`, from the experiment's model as it is (no warm
+    in this Python, into ``out``, over :data:`ARM_TEST_SETTINGS` and ``settings``, from the experiment's model as it is (no warm
     start), a model kept and evaluated every ``eval_every`` updates and after the last; it must end well (else the
     run's train.log tail is the failure). Returns the run's experiment (as written into its experiment.toml) and
     its record (run.json)."""
     argv = ["--trainers", trainer, "--python", f"{trainer}={sys.executable}", "--eval-every", str(eval_every), "--warm-start", "0", "--out", str(out)]
-    argv += [arg for setting in ARM_TEST_SETTINGS for arg in ("--set", setting)]
+    argv += [arg for setting in (*ARM_TEST_SETTINGS, *settings) for arg in ("--set", setting)]
     run = out / f"{trainer}-seed0"
     with script_module(Path(root) / "benchmarks" / "cross_framework.py") as cross_framework:
         status = cross_framework.main(argv)

@@ -150,6 +150,9 @@ class InProcessActorGroup:
     def update_actor(self, batch):
         return self.worker.update_actor(batch)
 
+    def compute_ref_log_prob(self, batch):  # a worker of role "ref": verl's Role.RefPolicy group
+        return self.worker.compute_ref_log_prob(batch)
+
 
 def _free_port() -> int:
     with socket.socket() as sock:

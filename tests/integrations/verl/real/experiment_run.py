@@ -21,6 +21,8 @@ as verl's ``TaskRunner`` calls it, with what differs:
   benchmark evaluates the kept checkpoints with ``gem-core eval``; the checkpoint of each evaluation point (every
   ``trainer.test_freq`` the written script sets, the experiment's ``eval_every``, and the last) is kept, with the
   model's tokenizer saved beside it, the others deleted once the engine has reloaded them (about 0.5 GB each);
+* a KL to the starting policy (the experiment's ``kl_coef``: verl's ``use_kl_loss``) is computed by verl's reference
+  worker as its layout with the actor apart builds it (``Role.RefPolicy``, real_two_updates.set_up), in this process;
 * verl's metrics go to its file logger too (``trainer.logger`` console and file, ``$VERL_FILE_LOGGER_PATH`` =
   WORKDIR/:data:`METRICS_FILE`), read back into the report; the ``on_step_begin`` hook (verl's, empty in its
   sync trainer) notes the lr each step's optimizer uses.
@@ -103,6 +105,10 @@ def experiment_steps(config, model_dir: str, data_dir: Path, report: dict, start
         "max_response_length": int(config.data.max_response_length),
         "test_freq": int(config.trainer.test_freq),
         "adv_estimator": str(config.algorithm.adv_estimator),
+        "use_kl_loss": bool(config.actor_rollout_ref.actor.use_kl_loss),
+        "kl_loss_coef": float(config.actor_rollout_ref.actor.kl_loss_coef),
+        "kl_loss_type": str(config.actor_rollout_ref.actor.kl_loss_type),
+        "reference_policy": report["reference_policy"],
     }
     # PATCH (evaluation): verl's own validation (val_before_train, every test_freq) is not run: the benchmark
     # evaluates the kept checkpoints with gem-core eval, one evaluator for every trainer (the written script's

@@ -189,6 +189,19 @@ def set_up(config, model_dir: str, data_dir: Path, report: dict, started: float)
     worker.init_model()
     report["actor_param_dtype"] = str(next(worker.actor.engine.module.parameters()).dtype)
     trainer.actor_rollout_wg = InProcessActorGroup(worker)
+    if trainer.use_reference_policy:  # a KL term (use_kl_loss / use_kl_in_reward): the starting weights' log-probs
+        # PATCH (GPU placement): verl's layout with the actor apart (Role.Actor) gives the reference its own worker,
+        # Role.RefPolicy (ActorRolloutRefWorker, role "ref", the same model path, never trained); here in this process
+        # PATCH (CPU: no pinned memory): verl's FSDP2 engine offloads a forward-only model (the reference) with
+        # CPUOffloadPolicy(pin_memory=True); pinning needs an accelerator, so here the same policy unpinned
+        import verl.workers.engine.fsdp.transformer_impl as fsdp_engine
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        fsdp_engine.CPUOffloadPolicy = lambda pin_memory=True: CPUOffloadPolicy(pin_memory=False)
+        ref_worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="ref")
+        ref_worker.init_model()
+        trainer.ref_policy_wg = InProcessActorGroup(ref_worker)
+    report["reference_policy"] = bool(trainer.use_reference_policy)
     checkpoint_manager = ReloadingCheckpointManager(worker, server, model_dir, data_dir.parent / SYNC_DIR)
     trainer.checkpoint_manager = checkpoint_manager  # PATCH (GPU weight sync)
     trainer._load_checkpoint()  # the end of verl's _setup: global_steps 0 (from scratch: no checkpoint under default_local_dir)
