@@ -22,6 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[4]
 KL_COEF = 0.1  # examples/experiments/learning.toml's
+ENTROPY_COEF = 0.01  # real_two_updates.py's: enough to move the weights in one update
 
 
 @pytest.mark.slow
@@ -30,8 +31,11 @@ def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(t
     from helpers.scripts import check_arm_evaluations, run_arm
 
     out = tmp_path / "out"
-    # with a KL to the starting policy, as Tier 2's learning.toml: verl then needs its reference worker
-    experiment, record = run_arm(ROOT, "verl", out, settings=(f"algorithm.kl_coef={KL_COEF}",))
+    # with a KL to the starting policy, as Tier 2's learning.toml: verl then needs its reference worker. The instruct
+    # model's 4 episodes may all end at the format error's -0.1 (advantages 0, nothing moves), so an entropy bonus
+    # moves the weights in update 1 whatever the rewards, and update 2's KL has something to measure
+    settings = (f"algorithm.kl_coef={KL_COEF}", f"algorithm.entropy_coef={ENTROPY_COEF}")
+    experiment, record = run_arm(ROOT, "verl", out, settings=settings)
     run = out / "verl-seed0"
     try:
         assert record["status"] == 0 and record["version"] == "0.9.1"
@@ -54,9 +58,10 @@ def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(t
         assert [entry["step"] for entry in logged] == [1, 2] and all("gem/success_rate" in entry["data"] for entry in logged)
         # the KL term ran on the reference worker's log-probs: at update 1 (one optimizer step, after the loss) the
         # actor is still the starting weights, so 0 up to float32 rounding (a reference of other weights, or in
-        # bf16, is not); at update 2 the actor has moved and the reference has not, so above 0
+        # bf16, is not); update 1 moved the weights, and at update 2 the reference has not moved with them: above 0
         kl = [entry["data"]["actor/kl_loss"] for entry in logged]
         assert experiment.mini_batches == 1 and all(entry["data"]["timing_s/ref"] > 0 for entry in logged)
+        assert verl["reloads"][0]["weight_change_norm"] > 0, verl["reloads"]
         assert abs(kl[0]) < 1e-5 and kl[1] > max(10 * abs(kl[0]), 1e-7), kl
         # the experiment's lr as verl schedules it: portable.toml has no warm-up, so the lr from step 1 (verl's
         # warm-up would start at 0: lr_warmup_steps 2 gave 0 in step 1, lr / 2 in step 2)
