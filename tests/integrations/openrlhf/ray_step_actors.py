@@ -15,6 +15,9 @@ What is a stand-in here, and for what (everything else is OpenRLHF 0.11.2's own 
 * :class:`CPUPolicyModelActor`: OpenRLHF's real ``PolicyModelActor`` (init, forward, append, fit, save)
   given the CPU strategy; CUDA's ``current_device``/``synchronize`` answered for the CPU in its process;
   ``broadcast_to_vllm`` (CUDA IPC / NCCL weight sync into vLLM) only counted.
+* :class:`CPUReferenceModelActor`: OpenRLHF's real ``ReferenceModelActor`` (the KL's starting policy, built
+  where ``--algo.kl.init_coef`` is above 0) given the CPU strategy, whose ``prepare`` hands a model without an
+  optimizer back as it is (DeepSpeed's evaluation engine there), in eval mode; CUDA answered for the CPU as above.
 * :class:`CPUPPOTrainer`: OpenRLHF's real ``PPOTrainer`` with ``vllm.SamplingParams`` (an import stub here)
   replaced by gem_core's vLLM-faithful ``VLLMSamplingParams``; it records what it computed (advantages,
   logged metrics) into ``--ckpt.path`` for the test to read.
@@ -30,6 +33,7 @@ import ray
 import torch
 import torch.distributed as dist
 from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
@@ -100,6 +104,8 @@ class CPUStrategy(DeepspeedStrategy):
     def prepare(self, *models):
         from transformers.trainer import get_scheduler
 
+        if len(models) == 1 and not isinstance(models[0], tuple):  # a model alone (ReferenceModelActor's): DeepSpeed's
+            return models[0]  # evaluation engine holds it for forward passes; here the model itself
         ((model, cfg),) = models  # the actor's (model, cfg): what PolicyModelActor passes
         if cfg["optim"] != "adam":
             raise NotImplementedError("the CPU strategy replaces DeepSpeed's AdamW only")
@@ -219,6 +225,17 @@ class _CPUPolicyModelActor(_unwrapped(PolicyModelActor)):
 CPUPolicyModelActor = ray.remote(num_gpus=1)(_CPUPolicyModelActor)
 
 
+class _CPUReferenceModelActor(_unwrapped(ReferenceModelActor)):
+    """OpenRLHF's ReferenceModelActor on the CPU strategy (see the module docstring)."""
+
+    def init_model_from_pretrained(self, strategy, pretrain):
+        _answer_cuda_for_cpu("cpu")  # its forward moves the sequences to the current CUDA device
+        super().init_model_from_pretrained(CPUStrategy.like(strategy), pretrain)
+
+
+CPUReferenceModelActor = ray.remote(num_gpus=1)(_CPUReferenceModelActor)
+
+
 class _CPUPPOTrainer(_unwrapped(PPOTrainer)):
     """OpenRLHF's PPOTrainer with the SamplingParams stand-in; records what its step computed."""
 
@@ -266,4 +283,4 @@ class _CPUPPOTrainer(_unwrapped(PPOTrainer)):
 
 CPUPPOTrainer = ray.remote(_CPUPPOTrainer)
 
-__all__ = ["ABORT", "CPUPPOTrainer", "CPUPolicyModelActor", "CPUStrategy", "ENGINE_CALLS", "cpu_vllm_engines"]
+__all__ = ["ABORT", "CPUPPOTrainer", "CPUPolicyModelActor", "CPUReferenceModelActor", "CPUStrategy", "ENGINE_CALLS", "cpu_vllm_engines"]

@@ -86,6 +86,7 @@ def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
     """The written script through OpenRLHF's ``train(args)`` (see the module docstring); the report."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ray as trainer_ray
+    import openrlhf.trainer.ray.launcher as launcher
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
     import ray
     import real_step_actors as recording
@@ -101,6 +102,7 @@ def run(script: str, model_dir: str, workdir: Path, keep: set[int]) -> dict:
     report: dict = {"argv": argv, "config": openrlhf_config(argv)}
     trainer_ray.create_vllm_engines = functools.partial(recording.recorded_vllm_engines, rollout_actor=reloading.ReloadingRolloutRayActor)
     ppo_actor.PolicyModelActor = reloading.ReloadingPolicyModelActor  # PATCH: the tier's CPU actor, the sync reloads
+    launcher.ReferenceModelActor = recording.Float32ReferenceModelActor  # PATCH: the KL's reference on the same CPU strategy
     ppo_trainer.PPOTrainer = recording.RecordingPPOTrainer
     try:
         status = train_ppo_ray.main(argv)

@@ -7,7 +7,8 @@ the Ray workers; the deepspeed/flash_attn import stubs are installed there first
   changed: PATCH (CPU precision) ``dtype`` float32 instead of OpenRLHF's bfloat16 (see FLOAT32).
 * :class:`Float32PolicyModelActor`: ``ray_step_actors.CPUPolicyModelActor`` (the parent folder's: OpenRLHF's
   real ``PolicyModelActor`` on a CPU stand-in for the DeepSpeed engine, its CUDA IPC weight sync only
-  counted) with PATCH (CPU precision): the actor loaded in float32 instead of ``--ds.param_dtype`` bf16.
+  counted) with PATCH (CPU precision): the actor loaded in float32 instead of ``--ds.param_dtype`` bf16;
+  :class:`Float32ReferenceModelActor` the same for the reference (``ray_step_actors.CPUReferenceModelActor``).
 * :class:`RecordingPPOTrainer`: OpenRLHF's own ``PPOTrainer`` (real ``vllm.SamplingParams`` here), recording
   each micro-batch the experience maker built (sequences, masks, the actor's log-probs, the advantages from
   the patched ``compute_advantages_and_returns``) and the logged metrics into ``--ckpt.path``.
@@ -85,6 +86,23 @@ class _Float32PolicyModelActor(ray_step_actors._CPUPolicyModelActor):
 
 
 Float32PolicyModelActor = ray.remote(num_gpus=1)(_Float32PolicyModelActor)
+
+
+class _Float32ReferenceModelActor(ray_step_actors._CPUReferenceModelActor):
+    """The parent folder's CPU reference actor; PATCH (CPU precision): its model in float32, as the policy's."""
+
+    def init_model_from_pretrained(self, strategy, pretrain):
+        import openrlhf.utils.utils as utils
+
+        original = utils.convert_to_torch_dtype  # what openrlhf.models.Actor maps --ds.param_dtype with
+        utils.convert_to_torch_dtype = lambda param_dtype: torch.float32
+        try:
+            super().init_model_from_pretrained(strategy, pretrain)
+        finally:
+            utils.convert_to_torch_dtype = original
+
+
+Float32ReferenceModelActor = ray.remote(num_gpus=1)(_Float32ReferenceModelActor)
 
 
 class _RecordingPPOTrainer(PPOTrainer.__ray_metadata__.modified_class):
