@@ -17,13 +17,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[4]
 
 
+KL_COEF = 0.1  # examples/experiments/learning.toml's
+ENTROPY_COEF = 0.01  # enough to move the weights in one update
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoints(tmp_path):
     from helpers.scripts import check_arm_evaluations, run_arm
 
     out = tmp_path / "out"
-    experiment, record = run_arm(ROOT, "openrlhf", out)
+    # with a KL to the starting policy (learning.toml's 0.1: OpenRLHF's ReferenceModelActor) and an entropy bonus
+    # that moves the weights in update 1 whatever the rewards (the instruct model's episodes may all be -0.1)
+    experiment, record = run_arm(ROOT, "openrlhf", out, settings=(f"algorithm.kl_coef={KL_COEF}", f"algorithm.entropy_coef={ENTROPY_COEF}"))
     run = out / "openrlhf-seed0"
     try:
         assert record["status"] == 0 and record["version"] == "0.11.2"
@@ -40,6 +46,12 @@ def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoin
         assert config["estimator"] == experiment.estimator and config["gamma"] == pytest.approx(experiment.gamma)
         openrlhf = json.loads((run / "train" / "openrlhf_run.json").read_text())
         assert openrlhf["status"] == "ok" and [update["global_step"] for update in openrlhf["updates"]] == [1, 2]
+        # the KL in the loss against the reference actor's log-probs: 0 at update 1 (one optimizer step, after every
+        # micro-batch's loss: the actor is still the start, so a reference of other weights or precision would show),
+        # above 0 at update 2 (the actor moved, the reference did not)
+        assert config["kl_init_coef"] == pytest.approx(KL_COEF) and experiment.mini_batches == 1
+        kl = [update["kl"] for update in openrlhf["updates"]]
+        assert abs(kl[0]) < 1e-5 and kl[1] > max(10 * abs(kl[0]), 1e-7), kl
         # the weight sync ran after each update: each kept folder is the actor's weights then, reloaded by the engine
         # (whether they moved depends on the rewards: from the instruct weights every episode may be a format error,
         # every advantage 0; the two-update test shows a move reaching the engine)
