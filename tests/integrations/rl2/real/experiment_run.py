@@ -75,6 +75,7 @@ def rl2_config(config: dict) -> dict:
         "avg_level": str(actor["avg_level"]),
         "entropy_coef": float(actor["entropy"]["coef"]),
         "kl_coef": float(actor["kl"]["coef"]),
+        "kl_type": str(actor["kl"]["type"]),
         "temperature": float(rollout["train_sampling_params"]["temperature"]),
         "max_new_tokens": int(rollout["train_sampling_params"]["max_new_tokens"]),
         "estimator": str(adv["estimator"]),
