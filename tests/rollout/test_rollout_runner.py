@@ -384,26 +384,31 @@ def test_vector_env_gets_one_call_per_round_of_steps(tokenizer, formatter):
     assert CountingVector.reset_calls == 1 and CountingVector.step_calls == 3  # 12 steps in 3 calls
 
 
-def test_auto_mode_runs_fast_steps_inline_and_slow_ones_in_threads(tokenizer, formatter):
+def test_auto_mode_runs_fast_steps_inline_and_slow_ones_in_threads(tokenizer, formatter, monkeypatch):
+    from gem_core.rollout import async_env
+
     main_thread = threading.get_ident()
+    # each step's time is what the env says it took, on a clock of the test's: a busy machine's must not decide it
+    now = [0.0]
+    monkeypatch.setattr(async_env, "_clock", lambda: now[0])
 
     class FastEnv(ScriptedRewardEnv):
+        seconds = async_env.INLINE_STEP_SECONDS / 10
+
         def step(self, action):
             self.threads.append(threading.get_ident())
+            now[0] += self.seconds
             return super().step(action)
 
     class SlowEnv(FastEnv):
-        def step(self, action):
-            time.sleep(0.002)
-            return super().step(action)
+        seconds = async_env.INLINE_STEP_SECONDS * 8  # 2 ms
 
     policy = ScriptedPolicy(tokenizer, lambda context: "\\boxed{1}")
-    for cls, expected_inline in ((FastEnv, True), (SlowEnv, False)):
+    for cls, expected_inline in ((FastEnv, 12), (SlowEnv, 0)):
         env = cls([0.0] * 19 + [1.0])
         env.threads = []
         trajectory = _play(env, policy, formatter, seed=0)
-        assert trajectory.rewards[-1] == 1.0
+        assert trajectory.rewards[-1] == 1.0 and len(env.threads) == 20
         assert all(t != main_thread for t in env.threads[:8])  # no history yet: in a thread
-        inline = sum(t == main_thread for t in env.threads[8:])
-        # fast: inline from the 9th step (a step slowed by a busy machine may send a few back to threads)
-        assert inline >= 6 if expected_inline else inline == 0
+        # fast: inline from the 9th step on, all 12 of them; slow: never
+        assert sum(t == main_thread for t in env.threads[8:]) == expected_inline
