@@ -58,7 +58,8 @@ nox.options.sessions = [
 
 # torch is pinned: an unpinned torch pulls the CUDA build (GBs). 2.13.0 has a local CPU wheel.
 TORCH = "torch==2.13.0"
-PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600"]
+# --durations: every session's slowest tests in CI's log, where the run's minutes go (#64: CI under 70 minutes)
+PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600", "--durations=15"]
 RUFF = "ruff==0.17.6"
 LINTED = ["gem_core", "integrations", "tests", "benchmarks", "examples", "scripts", "noxfile.py", "setup.py"]
 # tests/ray_backend: the `ray` session; tests/real: the `real` session (vLLM and the real model)

