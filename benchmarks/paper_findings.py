@@ -32,7 +32,8 @@ seeds) of: held-out success after the warm start and at the end (sampled and gre
 success over the RL updates, and held-out turns per solved episode at the end; finding (2) adds the scripted
 players on the same held-out episodes (binary search, a linear scan from the bottom, random valid guesses). Per
 comparison, the paired difference per seed, its mean and interval, the sign test's count and p-value, and the
-verdict. Written: ``findings.md`` (the tables) and ``finding1.png``, ``finding2.png`` (the curves per arm).
+verdict. Written per finding: ``finding1.md``, ``finding2.md`` (its tables) and ``finding1.png``, ``finding2.png`` (the
+curves per arm); a run of one finding leaves the other's files as they were.
 ``--report-only`` trains nothing: the tables and figures from the finished runs there are (a run still training,
 or of other settings, is named as not there), and a comparison short of any seed gets no verdict, since the test
 was fixed for every seed and a verdict read at a stopping point of one's choosing would not be that test.
@@ -449,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, the cores shared out between them as torch threads (default: one a core)"
     )
-    parser.add_argument("--out", default="runs/paper_findings", help="where the runs, findings.md and findings.png go")
+    parser.add_argument("--out", default="runs/paper_findings", help="where the runs and each finding's tables (findingN.md) and figure (findingN.png) go")
     parser.add_argument(
         "--read-runs",
         action="append",
@@ -507,17 +508,26 @@ def main(argv: list[str] | None = None) -> int:
             future.result()
             print(f"done: {arm.name} seed {seed}", file=sys.stderr, flush=True)
     counted = counted_runs(args.out, args.scale, steps, extra)
-    text = tables(args.out, args.seeds, args.scale, arms, counted)
-    print(text)
-    with open(os.path.join(args.out, "findings.md"), "w", encoding="utf-8") as handle:
-        handle.write(text + "\n")
-    figures = []
-    for finding in FINDINGS:  # a figure per finding whose arms ran (finding (2)'s are another game)
-        shown = tuple(arm for arm in arms if arm.name in (finding.reference, *finding.compared) and any(counted(arm, seed) for seed in args.seeds))
+    written = []
+    # a file per finding, its tables, and its figure where two of its arms ran (finding (2)'s are another game): a
+    # run of one finding leaves the other's files as they were
+    for finding in FINDINGS:
+        own = tuple(arm for arm in arms if arm.name in (finding.reference, *finding.compared))
+        text = tables(args.out, args.seeds, args.scale, own, counted)
+        if not text:  # its reference arm or every compared arm left out (--arms)
+            continue
+        print(text)
+        written.append(f"finding{finding.number}.md")
+        with open(os.path.join(args.out, written[-1]), "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+        shown = tuple(arm for arm in own if any(counted(arm, seed) for seed in args.seeds))
         if len(shown) > 1:
-            figures.append(f"finding{finding.number}.png")
-            plot(args.out, args.seeds, os.path.join(args.out, figures[-1]), args.scale, shown, counted)
-    print(f"wrote {os.path.join(args.out, 'findings.md')}" + "".join(f" and {name}" for name in figures))
+            written.append(f"finding{finding.number}.png")
+            plot(args.out, args.seeds, os.path.join(args.out, written[-1]), args.scale, shown, counted)
+    if not written:
+        print("no finding has its reference arm and a compared arm among these arms: no table written")
+    else:
+        print(f"wrote {', '.join(os.path.join(args.out, name) for name in written)}")
     return 0
 
 

@@ -284,7 +284,7 @@ def test_report_only_names_the_runs_not_there_and_gives_no_verdict_until_every_s
 
     monkeypatch.setattr(findings, "train_one", no_training)
     assert findings.main(["--finding", "1", "--report-only", "--out", str(tmp_path)]) == 0
-    text = (tmp_path / "findings.md").read_text()
+    text = (tmp_path / "finding1.md").read_text()
     assert "Not run yet (or not finished): reinforce-0.9 seeds 4, 5; grpo-g4 seeds 0, 1, 2, 3, 4, 5." in text
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert rows["reinforce-0.9"].split(" | ")[2] == "0.500 [0.500, 0.500] (n=4)"  # neither the unfinished run's 0.99 nor the other lr's
@@ -298,8 +298,14 @@ def test_report_only_names_the_runs_not_there_and_gives_no_verdict_until_every_s
         directory.rmdir()
         _finished_run(directory, steps, final=0.5, **findings.arm_settings(by_name["reinforce-0.9"], seed, {}))
     assert findings.main(["--finding", "1", "--report-only", "--out", str(tmp_path)]) == 0
-    rows = {line.split(" | ")[0].strip("| "): line for line in (tmp_path / "findings.md").read_text().splitlines() if line.startswith("| ")}
+    written = (tmp_path / "finding1.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in written.splitlines() if line.startswith("| ")}
     assert rows["rebn-0.9 - reinforce-0.9"].endswith("| 6 of 6 the paper's way, p = 0.031 | reproduces |")
+    # finding (2)'s report, none of its runs there, writes its own file and leaves finding (1)'s as it was
+    assert findings.main(["--finding", "2", "--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "finding1.md").read_text() == written and "ReBN vs vanilla" not in (tmp_path / "finding2.md").read_text()
+    assert "Not run yet (or not finished): rebn-0.9-n20 seeds 0, 1, 2, 3, 4, 5" in (tmp_path / "finding2.md").read_text()
+    assert not (tmp_path / "finding2.png").exists() and not (tmp_path / "findings.md").exists()
 
 
 @pytest.mark.parametrize(
