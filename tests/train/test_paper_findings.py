@@ -308,6 +308,14 @@ def test_report_only_names_the_runs_not_there_and_gives_no_verdict_until_every_s
     assert not (tmp_path / "finding2.png").exists() and not (tmp_path / "findings.md").exists()
 
 
+def test_arms_of_no_finding_write_no_table_and_say_so(findings, tmp_path, monkeypatch, capsys):
+    """``--arms`` without a finding's reference and a compared arm (rebn-0.999 is in none): one line, no file."""
+    monkeypatch.setattr(findings, "train_one", lambda *a, **k: None)
+    assert findings.main(["--arms", "rebn-0.999", "--report-only", "--out", str(tmp_path)]) == 0
+    assert "no finding has its reference arm and a compared arm among these arms: no table written" in capsys.readouterr().out
+    assert not list(tmp_path.glob("finding*"))
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
