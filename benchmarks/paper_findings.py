@@ -163,6 +163,11 @@ def _normal(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value  # JSON has lists where a config has tuples
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: ``taskset -c 1`` gives one), else every core."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else max(1, os.cpu_count() or 1)
+
+
 def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], scale: str, threads: int = 1) -> str:
     """Train one (arm, seed) on ``threads`` torch threads, unless its run directory already holds the finished run.
     A directory that holds a run of another arm, seed or scale is an error, never counted or continued."""
@@ -448,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", choices=("real", "tiny"), default="real", help="the default run's settings (real model) or the toy scale's (default real)")
     parser.add_argument("--steps", type=int, default=None, help="RL updates per run (default: the scale's, the default run's or 300 tiny)")
     parser.add_argument(
-        "--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at once, the cores shared out between them as torch threads (default: one a core)"
+        "--jobs", type=int, default=usable_cores(), help="runs at once, the cores shared out between them as torch threads (default: one a core)"
     )
     parser.add_argument("--out", default="runs/paper_findings", help="where the runs and each finding's tables (findingN.md) and figure (findingN.png) go")
     parser.add_argument(
@@ -501,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             if source:
                 print(f"read: {arm.name} seed {seed} from {source}", file=sys.stderr, flush=True)
     jobs = [] if args.report_only else [(arm, seed) for arm in arms for seed in args.seeds]  # arm by arm: a stopped benchmark has whole arms
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = max(1, usable_cores() // args.jobs)
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(train_one, args.out, arm, seed, steps, extra, args.scale, threads) for arm, seed in jobs]
         for future, (arm, seed) in zip(futures, jobs):

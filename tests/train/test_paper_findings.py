@@ -225,9 +225,11 @@ def test_the_figure_is_drawn_from_the_runs(findings, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("jobs, threads", [(1, 8), (2, 4), (3, 2), (16, 1)])
-def test_jobs_share_the_cores_out_as_each_runs_torch_threads(findings, tmp_path, monkeypatch, jobs, threads):
-    """``--jobs 1`` gives the one run every core (as gem-core train runs); more runs at once share them."""
+@pytest.mark.parametrize("allowed, jobs, threads", [(8, 1, 8), (8, 2, 4), (8, 3, 2), (8, 16, 1), (1, 1, 1)])
+def test_jobs_share_the_cores_out_as_each_runs_torch_threads(findings, tmp_path, monkeypatch, allowed, jobs, threads):
+    """``--jobs 1`` gives the one run every core it may use (as gem-core train runs); more runs at once share them.
+    The cores are the process's affinity, not the machine's: pinned to one core (``taskset -c 1``, a run beside
+    another), a run gets one thread however many the machine has."""
     calls = []
 
     class InOrder:  # the pool, run in this process: what each run is asked for is what counts here
@@ -248,6 +250,7 @@ def test_jobs_share_the_cores_out_as_each_runs_torch_threads(findings, tmp_path,
             return Done()
 
     monkeypatch.setattr(findings.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(findings.os, "sched_getaffinity", lambda pid: set(range(allowed)), raising=False)
     monkeypatch.setattr(findings, "ProcessPoolExecutor", InOrder)
     monkeypatch.setattr(findings, "train_one", lambda out, arm, seed, steps, extra, scale, threads: calls.append((arm.name, seed, threads)))
     monkeypatch.setattr(findings, "tables", lambda *a, **k: "")
