@@ -53,6 +53,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gem_core.utils.cores import usable_cores
 from gem_core.utils.stats import mean_interval, sign_test
 
 
@@ -161,11 +162,6 @@ def _current_names(saved: dict[str, Any]) -> dict[str, Any]:
 
 def _normal(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value  # JSON has lists where a config has tuples
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: ``taskset -c 1`` gives one), else every core."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else max(1, os.cpu_count() or 1)
 
 
 def train_one(out: str, arm: Arm, seed: int, steps: int, extra: dict[str, Any], scale: str, threads: int = 1) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gem_core.errors import GemError
+from gem_core.utils.cores import usable_cores
 
 WORKER_SCRIPT = str(Path(__file__).with_name("_math_worker.py"))
 #: Seconds a new worker may take to import math-verify and say it is ready.
@@ -110,7 +111,7 @@ class MathGradingPool:
     """At most ``size`` math-verify worker processes; thread-safe. ``grade`` blocks until a worker is free."""
 
     def __init__(self, size: int | None = None):
-        self.size = size if size is not None else max(1, min(4, os.cpu_count() or 1))
+        self.size = size if size is not None else min(4, usable_cores())
         if self.size < 1:
             raise ValueError(f"size must be >= 1, got {self.size}")
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()

@@ -26,6 +26,7 @@ from multiprocessing.context import BaseContext
 from typing import Any, ClassVar
 
 from gem_core.params import Param, check_args
+from gem_core.utils.cores import usable_cores
 
 from gem_core.vector.sharded import ShardedVectorEnv, build_envs, close_envs, dumps, serve_request
 from gem_core.vector.vector_env import AutoresetMode, VectorEnv, VectorEnvError
@@ -104,7 +105,7 @@ class AsyncVectorEnv(ShardedVectorEnv):
     """Runs its envs in worker processes, so CPU-bound steps run in parallel.
 
     ``env_fns``: picklable zero-argument callables returning an env (``gem_core.make_vec`` builds
-    them; lambdas do not pickle). ``num_workers`` (default ``min(num_envs, os.cpu_count())``) worker
+    them; lambdas do not pickle). ``num_workers`` (default ``min(num_envs, usable_cores())``: the cores this process may run on) worker
     processes each host a contiguous shard of envs (see :attr:`shards`) and step it in one message.
 
     ``step_timeout`` (seconds, default none) bounds every request to a worker (``step``, ``reset``,
@@ -153,7 +154,7 @@ class AsyncVectorEnv(ShardedVectorEnv):
         env_fns = list(env_fns)
         check_args(AsyncVectorEnv, {"num_workers": num_workers, "step_timeout": step_timeout}, type(self).__name__)
         if num_workers is None:
-            num_workers = min(len(env_fns), os.cpu_count() or 1)
+            num_workers = min(len(env_fns), usable_cores())
         super().__init__(len(env_fns), num_workers, autoreset_mode, on_error)
         self.num_workers = len(self._shard_envs)
         self.step_timeout = step_timeout

@@ -33,6 +33,7 @@ from typing import Any
 
 from gem_core.errors import GemError
 from gem_core.tools.sandbox.host import KILL_WAIT_S, RawReply, WorkerLost, WorkerProcess, WorkerSpec
+from gem_core.utils.cores import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ def default_size() -> int:
         if size < 1:
             raise ValueError(f"{WORKERS_VAR} must be a positive integer, got {value!r}")
         return size
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(2, min(MAX_DEFAULT_WORKERS, WORKERS_PER_CORE * cores))
+    return max(2, min(MAX_DEFAULT_WORKERS, WORKERS_PER_CORE * usable_cores()))
 
 
 class _Waiter:
