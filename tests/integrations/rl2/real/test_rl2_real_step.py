@@ -12,7 +12,7 @@ padded sequence), ``--nproc_per_node`` (2). Added: ``+rollout.train_sampling_par
 temperature 1.0 so that RL2's actor, which divides its logits by the sampling temperature, recomputes the
 engine's logprobs). Checked: RL2's rows (token ids, action masks, turns, per-turn rewards) equal the core
 runner's (``run_episode`` + ``VLLMPolicy``) over the same engine; the engine's logprobs agree with RL2's
-recomputed ones (``Actor.compute_logps``) within LOGP_MAX_ABS / LOGP_MEAN_ABS."""
+recomputed ones (``Actor.compute_logps``) within helpers.real's same-weights bound."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.real import assert_same_weights
 
 import readme_command  # noqa: E402  (the parent folder is on the path: conftest)
 from rank_runner import run_ranks  # noqa: E402
@@ -35,10 +36,6 @@ from rank_runner import run_ranks  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROWS = 3
 MAX_TOKENS = 24
-# vLLM's CPU kernels and HF's sdpa, both float32, on the same tokens: rounding differences only (measured:
-# max 2.5e-5 over 72 tokens); the verl and OpenRLHF real tiers state the same bound.
-LOGP_MAX_ABS = 2e-4
-LOGP_MEAN_ABS = 5e-5
 
 
 def _post(url: str, path: str, body: dict, timeout: float = 600) -> dict:
@@ -161,7 +158,9 @@ def test_readme_command_rl2_step_on_real_model_and_real_vllm(model_dir, tokenize
     }
     print(f"\nRL2 real step, engine vs RL2 actor logprobs: {report}")
     (tmp_path.parent / "rl2_real_logprobs.json").write_text(json.dumps(report))
-    assert float(diff.max()) <= LOGP_MAX_ABS and float(diff.mean()) <= LOGP_MEAN_ABS, report
+    # vLLM's CPU kernels and HF's sdpa, both float32, on the same tokens: rounding differences only (measured:
+    # max 2.5e-5 over 72 tokens)
+    assert_same_weights(diff, f"engine vs RL2's actor {report}")
 
     # RL2's balancing and padding, its update, its weight sync to the engine's endpoint.
     assert two[0]["pad_sequences"] == [1]

@@ -53,6 +53,8 @@ from roll.pipeline.agentic.utils import agentic_compute_advantage, compute_disco
 from roll.utils.functionals import expand_to_token_level
 from roll.utils.import_utils import safe_import_class
 
+from helpers.real import assert_same_weights
+
 from gem_core.algo import rebn
 from gem_core.rollout import RunConfig, SamplingParams, VLLMPolicy, cached_formatter, play_row
 from gem_core.tasks import TaskSpec
@@ -67,7 +69,6 @@ DOCUMENTED = "GemGuessTheNumberPython"  # the documented env (game:GuessTheNumbe
 DOCUMENTED_SEEDS = [0]
 MAX_TOKENS = 48  # ROLL's max_tokens_per_step and max_new_tokens here (the documented 512 is too slow on 2 CPU cores)
 SEQUENCE_LENGTH = 1024  # ROLL's sequence_length: the engine's max_model_len
-LOGPROB_ATOL = 2e-4  # float32 on both sides
 SENT: list[dict] = []  # what the proxy sent the engine and got back, in order
 ENGINE: dict = {}
 
@@ -372,7 +373,7 @@ def test_roll_s_cpu_log_prob_path_equals_the_engine_s_logprobs(played, played_wi
     assert train.shape == engine.shape
     difference = (train - engine).abs()
     print(f"ROLL HfInferStrategy log-probs vs engine: max {float(difference.max()):.2e}, mean {float(difference.mean()):.2e} over {engine.numel()} tokens")
-    assert float(difference.max()) < LOGPROB_ATOL
+    assert_same_weights(difference, "ROLL's HfInferStrategy vs engine")  # float32 on both sides
     carried = torch.cat([case.rollout.batch["infer_logprobs"][:, : width - 1] for case in cases])[mask]
     eos = batch.batch["input_ids"][:, 1:][mask] == tokenizer.eos_token_id
     owners = [case for case in cases for _ in range(len(case.rollout))]  # the batch's rows, case by case

@@ -17,7 +17,7 @@ itself and its CUDA IPC / NCCL weight transfer.
 Checked here, greedy (top_k=1): every row verl trained on in update 1 equals the core runner's trajectory
 (gem_core.rollout.run_episode + VLLMPolicy on the same engine, before the weight sync) for the same task: tokens,
 loss mask, turn ids, per-turn rewards; advantages are ReBN over the batch; in each update the logprobs vLLM
-returned agree with verl's `_compute_old_log_prob` within LOGPROB_ATOL (in update 2 only if the engine holds
+returned agree with verl's `_compute_old_log_prob` (helpers.real.assert_same_weights; in update 2 only if the engine holds
 update 1's weights); the initial model's log-probs of update 2's tokens (transformers, the converted checkpoint)
 are far from the engine's, while those of update 1's tokens equal them (the check's own check); one reload per
 update, each after a change of the weights; after update 2's reload the engine's prompt log-probs of update 2's
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.real import MOVED, assert_same_weights
 
 # Only where vLLM is installed (the `verl_real` session); the `verl` session, which has no vLLM, collects this
 # folder too and skips this module. No conftest.py here: beside the parent's it would shadow that folder's
@@ -52,10 +53,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[3] / "examples" / "verl" / "run_gem_sudoku.sh"
 
-# float32 on both sides (real_step.py's CPU precision patch); vLLM's CPU kernels and the FSDP actor's sdpa
-# forward differ in summation order only.
-LOGPROB_ATOL = 2e-4  # measured here: max 4.5e-5, mean 1.3e-5 over 460 tokens
-MOVED = 50 * LOGPROB_ATOL  # update 1 moves some update-2 token's log-prob by more than this
+# float32 on both sides (real_step.py's CPU precision patch): vLLM's CPU kernels and the FSDP actor's sdpa
+# forward differ in summation order only (measured here: max 4.5e-5, mean 1.3e-5 over 460 tokens), within
+# helpers.real's same-weights bound; an update moves some token by more than MOVED.
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +267,7 @@ def test_engine_logprobs_equal_verls_old_log_prob_in_each_update(run):
         difference = engine_actor_gaps(rows(run, update))
         assert difference.size > 50
         print(f"update {update}: max |engine - verl old_log_prob| {difference.max():.3e}, mean {difference.mean():.3e} over {difference.size} tokens")
-        assert difference.max() < LOGPROB_ATOL, f"update {update}: max |engine - actor| = {difference.max():.3e}"
+        assert_same_weights(difference, f"update {update}: engine vs verl's old_log_prob")
 
 
 @pytest.mark.timeout(1800)
@@ -278,7 +278,7 @@ def test_the_initial_weights_logprobs_are_far_from_the_engines_in_update_2(run, 
     # the check's own check: the initial model, computed this way, is the engine of update 1 (before any update)
     first = initial_gaps(model_dir, rows(run, 1))
     print(f"update 1's rollout: max |initial model - engine| {first.max():.3e}")
-    assert first.max() < LOGPROB_ATOL
+    assert_same_weights(first, "update 1's rollout: initial model vs engine")
 
 
 @pytest.mark.timeout(1800)
@@ -289,5 +289,5 @@ def test_engine_logprobs_equal_update_2s_checkpoint_after_its_reload(run):
     final = gaps(engine, model_logprobs(path[2], second), second)
     before = gaps(engine, model_logprobs(path[1], second), second)
     print(f"after update 2: max |engine - update-2 weights| {final.max():.3e}; max |engine - update-1 weights| {before.max():.3e}")
-    assert final.max() < LOGPROB_ATOL, f"max |engine - update-2 weights| = {final.max():.3e}"
+    assert_same_weights(final, "after update 2: engine vs update 2's weights")
     assert before.max() > MOVED  # update 2's reload really replaced update 1's weights
