@@ -48,7 +48,11 @@ evaluation already recorded is not redone, so the benchmark can be stopped and s
 midway, or recorded as failed, is started over (a gem-core train run stopped after a checkpoint is continued,
 ``gem-core train --resume``; a warm start recorded without its weights, as git keeps it, is built again and must
 match its recorded sha256, or it is set aside and the error says how far it is from the recorded one by
-``OUT/start/fingerprint.json``, a few of each tensor's values and its norm); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the tables
+``OUT/start/fingerprint.json``, a few of each tensor's values and its norm; built on another kind of CPU, whose
+float32 kernels round otherwise, weights within float rounding of the recorded ones (:data:`SAME_START_NORMS`,
+:data:`SAME_START_VALUES`) are the same start, recorded as that CPU's build in ``warm_start.json`` and evaluated in
+``OUT/start/eval-<sha256[:12]>.json``: each run pins the build it started from, and the report says which run started
+from which); a record of another experiment (or another model's evaluation) is refused. ``OUT/cross_framework.md`` holds the tables
 (a row a run; a row a trainer over its seeds: collapses with their exact interval, the mean with its interval, the
 smallest margin of equivalence to the reference, :func:`trainer_table`), ``OUT/cross_framework.png`` the figure.
 ``--report-only`` trains and plays nothing: the tables and figure from what ``--out`` holds (a run or evaluation
@@ -69,6 +73,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,12 +152,37 @@ def warm_start_settings(argv: list[str]) -> dict[str, str]:
     return {flag: argv[argv.index(flag) + 1] for flag in WARM_START_SETTINGS if flag in argv}
 
 
-def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only: bool = False) -> dict:
+#: A warm start built again on another kind of CPU is the recorded start where every tensor's norm is within
+#: SAME_START_NORMS (relative) and every kept value within SAME_START_VALUES of the recorded fingerprint: float32
+#: rounding. Measured: this command's 8 steps on AVX512 without AMX against the recorded AMX build, norms within
+#: 2.0e-09 relative and the kept values within 4.5e-08; one optimizer step of the runs (AdamW, lr 7e-5) moves a
+#: weight by about 7e-5, 70 times this bound.
+SAME_START_NORMS = 1e-6
+SAME_START_VALUES = 1e-6
+
+
+def machine_record(python: str) -> dict:
+    """What names the machine a warm start was built on: the CPU's kernel flags and the libraries' versions."""
+    return {"cpu": kernel_flags(), "torch": package_version("torch", python), "transformers": package_version("transformers", python)}
+
+
+def start_builds(record: dict) -> dict[str, dict]:
+    """The warm start's builds by sha256: the recorded one first, then one per other kind of CPU it was built on."""
+    return {record["sha256"]: record.get("machine", {})} | {build["sha256"]: build["machine"] for build in record.get("builds", [])}
+
+
+def start_eval_path(out: Path, record: dict, sha256: str) -> Path:
+    """Where the held-out evaluation of the warm start's build ``sha256`` is recorded (``out``: ``OUT/start``)."""
+    return out / "eval.json" if sha256 == record["sha256"] else out / f"eval-{sha256[:12]}.json"
+
+
+def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only: bool = False) -> tuple[dict, str]:
     """The experiment's model after ``steps`` of gem-core train's warm start (``gem-core train --updates 0``: the
     default run's, on the experiment's env and token limit, seed 0), saved in ``out/train/model``, which every run
     then starts from; recorded in ``out/warm_start.json`` (its weights' sha256, which every run's experiment.toml
     pins) and read back when there. gem-core train's own evaluation of it plays a few validation seeds
-    (:data:`WARM_START_CHECK_EPISODES`; the benchmark's evaluator plays the held-out ones)."""
+    (:data:`WARM_START_CHECK_EPISODES`; the benchmark's evaluator plays the held-out ones). Returns the record and
+    the sha256 of the build here (the recorded one, or this kind of CPU's: :data:`SAME_START_NORMS`)."""
     from gem_core.experiment import weights_sha256
 
     record_path = out / "warm_start.json"
@@ -181,36 +211,56 @@ def warm_start(base: Experiment, steps: int, out: Path, python: str, report_only
         if warm_start_settings(record["command"]) != warm_start_settings(argv):  # another model, env, length or seed
             raise BenchmarkError(f"{out} holds another warm start ({' '.join(record['command'][2:])}): pass another --out, or remove it")
         fingerprint = out / "fingerprint.json"
-        if report_only or (model.is_dir() and weights_sha256(model) == record["sha256"]):
-            if not report_only and not fingerprint.exists():  # recorded before the fingerprint was
+        builds = start_builds(record)
+        if report_only:
+            return record, record["sha256"]
+        here = weights_sha256(model) if model.is_dir() else None
+        if here in builds:
+            if here == record["sha256"] and not fingerprint.exists():  # recorded before the fingerprint was
                 write_fingerprint(fingerprint, model)
-            return record
+            return record, here
         # the record without its weights (git keeps the one, not the other: a fresh clone, a cleaned machine): the
         # weights built again by the same command, and held to the recorded sha256, which every recorded run pins
         found = "is not the recorded weights" if model.is_dir() else "is not here"
         print(f"warm start: {model} {found}: built again ({steps} supervised steps), checked against its record", flush=True)
         build_warm_start(argv, out, python)
         built = weights_sha256(model)
-        if built != record["sha256"]:  # set aside, so that no later run starts from them
-            distance = fingerprint_distance(read_fingerprint(fingerprint), weights_fingerprint(model)) if fingerprint.exists() else "no fingerprint recorded"
-            aside = out / f"train-{built[:12]}"
-            shutil.rmtree(aside, ignore_errors=True)
-            (out / "train").rename(aside)
-            raise BenchmarkError(
-                f"the warm start built again is not the one {record_path} records (sha256 {built[:12]}..., recorded "
-                f"{record['sha256'][:12]}...; {distance}; recorded on a CPU with {record.get('machine', {}).get('cpu', '?')}, this one has "
-                f"{kernel_flags()}: another machine computes other weights; set aside in {aside}): pass another --out"
+        if built in builds:
+            return record, built
+        recorded = read_fingerprint(fingerprint) if fingerprint.exists() else {}
+        built_fingerprint = weights_fingerprint(model)
+        gaps = fingerprint_gaps(recorded, built_fingerprint)
+        distance = fingerprint_distance(recorded, built_fingerprint) if fingerprint.exists() else "no fingerprint recorded"
+        flags = kernel_flags()
+        kinds = [machine.get("cpu") for machine in builds.values()]
+        if gaps is not None and gaps[0] <= SAME_START_NORMS and gaps[1] <= SAME_START_VALUES and flags not in kinds:
+            # the same start rounded by another CPU's float32 kernels: recorded as this kind's build
+            record.setdefault("builds", []).append({"sha256": built, "machine": machine_record(python), "distance": distance})
+            record_path.write_text(json.dumps(record, indent=2))
+            print(
+                f"warm start: built on another kind of CPU ({flags}): sha256 {built[:12]}..., {distance}: the same start, recorded as this CPU's build",
+                flush=True,
             )
-        return record
+            return record, built
+        # set aside, so that no later run starts from them
+        why = "this kind of CPU built other weights before" if flags in kinds else f"farther than float rounding ({SAME_START_NORMS:g}, {SAME_START_VALUES:g})"
+        aside = out / f"train-{built[:12]}"
+        shutil.rmtree(aside, ignore_errors=True)
+        (out / "train").rename(aside)
+        raise BenchmarkError(
+            f"the warm start built again is not the one {record_path} records (sha256 {built[:12]}..., recorded "
+            f"{record['sha256'][:12]}...; {distance}; recorded on a CPU with {record.get('machine', {}).get('cpu', '?')}, this one has "
+            f"{flags}: {why}; set aside in {aside}): pass another --out"
+        )
     if report_only:
         raise BenchmarkError(f"--report-only: {record_path} is not there (the warm start has not run): run without --report-only")
     print(f"warm start: {steps} supervised steps (gem-core train --updates 0)", flush=True)
     wall, peak = build_warm_start(argv, out, python)
     record = {"command": argv, "steps": steps, "wall_seconds": wall, "peak_rss_gb": peak, "model": str(model), "sha256": weights_sha256(model)}
-    record["machine"] = {"cpu": kernel_flags(), "torch": package_version("torch", python), "transformers": package_version("transformers", python)}
+    record["machine"] = machine_record(python)
     write_fingerprint(out / "fingerprint.json", model)
     record_path.write_text(json.dumps(record, indent=2))
-    return record
+    return record, record["sha256"]
 
 
 #: Values a tensor the warm start's fingerprint keeps, at positions fixed by the tensor's size.
@@ -236,16 +286,26 @@ def weights_fingerprint(model: Path) -> dict[str, list[float]]:
     return found
 
 
+def fingerprint_gaps(recorded: dict[str, list[float]], built: dict[str, list[float]]) -> tuple[float, float] | None:
+    """The largest relative difference of a tensor's norm and the largest absolute difference of a kept value
+    between two fingerprints; None where they are not of the same tensors (or the recorded one names none)."""
+    if not recorded or recorded.keys() != built.keys() or any(len(recorded[name]) != len(built[name]) for name in recorded):
+        return None
+    norms = max(abs(built[name][0] - recorded[name][0]) / max(abs(recorded[name][0]), 1e-30) for name in recorded)
+    values = max((abs(b - a) for name in recorded for a, b in zip(recorded[name][1:], built[name][1:])), default=0.0)
+    return norms, values
+
+
 def fingerprint_distance(recorded: dict[str, list[float]], built: dict[str, list[float]]) -> str:
-    """How far two fingerprints are apart, in words: the largest relative difference of a tensor's norm and the
-    largest absolute difference of a kept value; or which tensors one has and the other has not."""
+    """How far two fingerprints are apart, in words (:func:`fingerprint_gaps`); or which tensors one has and the
+    other has not."""
     if not recorded:
         return "the recorded fingerprint names no tensor"
-    if recorded.keys() != built.keys():
-        return f"other tensors ({len(recorded.keys() ^ built.keys())} named in one fingerprint only)"
-    norms = max(abs(built[name][0] - recorded[name][0]) / max(abs(recorded[name][0]), 1e-30) for name in recorded)
-    values = max(abs(b - a) for name in recorded for a, b in zip(recorded[name][1:], built[name][1:]))
-    return f"norms within {norms:.1e} relative, the kept values within {values:.1e}"
+    gaps = fingerprint_gaps(recorded, built)
+    if gaps is None:
+        only = len(recorded.keys() ^ built.keys())
+        return f"other tensors ({only} named in one fingerprint only)" if only else "the same tensors, other points kept"
+    return f"norms within {gaps[0]:.1e} relative, the kept values within {gaps[1]:.1e}"
 
 
 def read_fingerprint(path: Path) -> dict[str, list[float]]:
@@ -507,14 +567,24 @@ def resumable(trainer: str, experiment: Experiment, run: Path) -> bool:
     return trainer == "reference" and checkpoint.exists() and experiment_file.exists() and load_experiment(experiment_file) == experiment
 
 
-def train(trainer: str, experiment: Experiment, run: Path, python: str, report_only: bool = False) -> dict:
-    """Train one run into ``run`` (recorded in run.json); a run already recorded there is read back; a
-    reference run stopped after a checkpoint is continued (:func:`resumable`), any other stopped run started over.
-    ``report_only``: read back, never train (a run not recorded is an error)."""
+def same_experiment(recorded: Experiment, experiment: Experiment, starts: Iterable[str] = ()) -> bool:
+    """Whether a run recorded with ``recorded`` is a run of ``experiment``: equal as experiments (a key added since
+    keeps its default), except that its model may be another build of the same warm start (``starts``: the builds'
+    sha256, :func:`start_builds`)."""
+    if recorded.model_sha256 in starts and experiment.model_sha256 in starts:
+        recorded = dataclasses.replace(recorded, model_sha256=experiment.model_sha256)
+    return recorded == experiment
+
+
+def train(trainer: str, experiment: Experiment, run: Path, python: str, report_only: bool = False, starts: Iterable[str] = ()) -> dict:
+    """Train one run into ``run`` (recorded in run.json); a run already recorded there is read back (one started from
+    another build of the warm start too: ``starts``); a reference run stopped after a checkpoint is continued
+    (:func:`resumable`), any other stopped run started over. ``report_only``: read back, never train (a run not
+    recorded is an error)."""
     record_path = run / "run.json"
     experiment_file = run / "experiment.toml"
     if record_path.exists():
-        if load_experiment(experiment_file) != experiment:  # compared as experiments: a key added since keeps its default
+        if not same_experiment(load_experiment(experiment_file), experiment, starts):
             raise BenchmarkError(f"{run} holds a run of another experiment than this one: pass another --out, or remove it")
         record = json.loads(record_path.read_text())
         if record["status"] == 0:
@@ -838,6 +908,26 @@ def benchmark_jobs(trainers: list[str], seeds: list[int], trainer_seeds: list[in
     return [(trainer, seed) for trainer in trainers for seed in dict.fromkeys(seeds if trainer == "reference" else others)]
 
 
+def start_lines(warm: dict | None, start_evals: dict[str, dict], results: list[RunResult], out: Path) -> list[str]:
+    """The report's word on the warm start's builds where there is more than one (:data:`SAME_START_NORMS`): each
+    build's CPU, its held-out success, and the runs that started from it."""
+    if not warm or not warm.get("builds"):
+        return []
+    by_start: dict[str, list[str]] = {}
+    for r in results:
+        by_start.setdefault(load_experiment(out / f"{r.trainer}-seed{r.seed}" / "experiment.toml").model_sha256, []).append(f"{r.trainer} {r.seed}")
+    lines = ["The warm start's builds (one per kind of CPU: float32 kernels round by kind; the same start within float rounding):"]
+    for sha, machine in start_builds(warm).items():
+        distance = next((b["distance"] for b in warm["builds"] if b["sha256"] == sha), "the recorded build")
+        recorded = start_eval_path(out / "start", warm, sha)
+        held_out = start_evals.get(sha) or (json.loads(recorded.read_text()) if recorded.exists() else None)
+        lines.append(
+            f"- sha256 {sha[:12]}... on a CPU with {', '.join(machine.get('cpu', ['?']))} ({distance}): held-out success "
+            f"{_rate(held_out and held_out['success_rate'])}; runs from it: {', '.join(by_start.get(sha, [])) or 'none'}"
+        )
+    return lines
+
+
 def run_benchmark(args: argparse.Namespace) -> int:
     if args.eval_every < 0:
         raise BenchmarkError(f"--eval-every {args.eval_every}: expected 0 (the end alone) or more")
@@ -865,17 +955,28 @@ def run_benchmark(args: argparse.Namespace) -> int:
         raise BenchmarkError(str(exc)) from None
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "start").mkdir(exist_ok=True)
+    warm, starts = None, {}
     if args.warm_start:
-        warm = warm_start(base, args.warm_start, args.out / "start", sys.executable, args.report_only)
-        base = dataclasses.replace(base, model=warm["model"], model_sha256=warm["sha256"])
+        warm, here = warm_start(base, args.warm_start, args.out / "start", sys.executable, args.report_only)
+        starts = start_builds(warm)
+        base = dataclasses.replace(base, model=warm["model"], model_sha256=here)
         experiments = {job: dataclasses.replace(experiment, model=base.model, model_sha256=base.model_sha256) for job, experiment in experiments.items()}
     evaluation = run_experiment(base, EVAL_SEED, args.eval_every)
-    start = evaluate(evaluation.model, evaluation, args.out / "start" / "eval.json", sys.executable, args.report_only)
+    start_path = start_eval_path(args.out / "start", warm, base.model_sha256) if warm else args.out / "start" / "eval.json"
+    start = evaluate(evaluation.model, evaluation, start_path, sys.executable, args.report_only)
+    start_evals = {base.model_sha256: start}  # the start each run's curve begins at: the build it started from
+
+    def start_of(run: Path) -> dict:
+        pinned = load_experiment(run / "experiment.toml").model_sha256 if warm else base.model_sha256
+        if pinned not in start_evals:  # another CPU's build: evaluated where it was built
+            start_evals[pinned] = evaluate(evaluation.model, evaluation, start_eval_path(args.out / "start", warm, pinned), sys.executable, True)
+        return start_evals[pinned]
+
     results = []
     for (trainer, seed), experiment in experiments.items():
         run = args.out / f"{trainer}-seed{seed}"
-        record = train(trainer, experiment, run, pythons[trainer], args.report_only)
-        curve = {0: start}
+        record = train(trainer, experiment, run, pythons[trainer], args.report_only, starts)
+        curve = {0: start_of(run)}
         for update, checkpoint in (record.get("checkpoints") or {}).items():
             curve[int(update)] = evaluate(checkpoint, experiment, run / "eval" / f"update-{update}.json", sys.executable, args.report_only)
         results.append(RunResult(trainer, seed, record, curve))
@@ -889,6 +990,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         f"Held-out: {evaluation.eval_episodes} balanced episodes from seed {evaluation.eval_seed_start}, sampled at temperature {evaluation.temperature} (sampling seed {EVAL_SEED}), every model by gem-core eval.",
         "Scripted players on the same episodes: " + ", ".join(f"{name} {value:.3f}" for name, value in scripted.items()),
         f"Every run trains in {PRECISION} ({PRECISION_ENV}={PRECISION}: the CPU platforms of verl, OpenRLHF and RL2 compute in it).",
+        *start_lines(warm, start_evals, results, args.out),
         "",
         table(results, points, format_error_reward),
     ]

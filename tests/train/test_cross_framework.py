@@ -288,6 +288,12 @@ def test_a_warm_starts_fingerprint_says_how_far_weights_built_again_are(cross_fr
     moved = {**weights, "b.bias": weights["b.bias"] + np.float32(0.5)}
     assert float(re.findall(r"within ([0-9.e+-]+)", cross_framework.fingerprint_distance(recorded, fingerprint(moved)))[1]) == pytest.approx(0.5, rel=1e-3)
     assert cross_framework.fingerprint_distance(recorded, fingerprint({**weights, "c": np.ones(3, np.float32)})).startswith("other tensors (1 ")
+    # the numbers behind the words, which decide whether a start built on another kind of CPU is the same start
+    gaps = cross_framework.fingerprint_gaps(recorded, fingerprint(rounded))
+    assert (f"{gaps[0]:.1e}", f"{gaps[1]:.1e}") == (f"{norms:.1e}", f"{values:.1e}")
+    assert cross_framework.fingerprint_gaps(recorded, fingerprint(moved))[1] > 1000 * cross_framework.SAME_START_VALUES
+    assert cross_framework.fingerprint_gaps(recorded, fingerprint({**weights, "c": np.ones(3, np.float32)})) is None
+    assert cross_framework.fingerprint_gaps({}, recorded) is None
     # bfloat16 weights and an empty tensor read too (numpy has no bfloat16)
     from safetensors.torch import save_file as save_torch
 
@@ -403,7 +409,34 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     # the weights that differ are set aside, never read back as the recorded ones by the next call
     assert not (out / "start" / "train").exists() and (out / "start" / f"train-{warm['sha256'][:12]}" / "model").is_dir()
     assert cross_framework.main(argv) == 2
-    assert "is not the one" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is not the one" in err and "this kind of CPU built other weights before" in err
+    # built on another kind of CPU (float32 kernels round by kind): within float rounding of the recorded
+    # fingerprint, the same start, recorded as this CPU's build, evaluated apart; the runs that pin it read back
+    other_cpu = {**warm["machine"], "cpu": ["amx_tile"] if "amx_tile" not in kernel_flags() else ["avx2"]}
+    (out / "start" / "warm_start.json").write_text(json.dumps(warm | {"sha256": "0" * 64, "machine": other_cpu}))
+    assert cross_framework.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "built on another kind of CPU" in printed and ": training (" not in printed
+    builds = json.loads((out / "start" / "warm_start.json").read_text())["builds"]
+    assert [(b["sha256"], b["machine"]["cpu"]) for b in builds] == [(warm["sha256"], kernel_flags())]
+    assert builds[0]["distance"] == "norms within 0.0e+00 relative, the kept values within 0.0e+00"
+    assert json.loads((out / "start" / f"eval-{warm['sha256'][:12]}.json").read_text())["model"] == str(model)
+    report = (out / "cross_framework.md").read_text()
+    assert f"- sha256 {warm['sha256'][:12]}... on a CPU with {', '.join(kernel_flags())}" in report
+    assert "runs from it: reference 0, reference 1" in report and "runs from it: none" in report
+    assert cross_framework.main([*argv, "--report-only"]) == 0  # read back as the recorded build's runs too
+    capsys.readouterr()
+    # farther than float rounding on another kind of CPU: another start, one line
+    shutil.rmtree(out / "start" / "train")
+    moved = {name: [values[0] * 1.01, *values[1:]] for name, values in fingerprint.items()}
+    (out / "start" / "fingerprint.json").write_text(json.dumps(moved))
+    (out / "start" / "warm_start.json").write_text(json.dumps(warm | {"sha256": "0" * 64, "machine": other_cpu}))
+    assert cross_framework.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "farther than float rounding" in err[0], err
+    shutil.rmtree(out / "start" / f"train-{warm['sha256'][:12]}")
+    (out / "start" / "fingerprint.json").write_text(json.dumps(fingerprint))
     (out / "start" / "warm_start.json").write_text(json.dumps(warm))
     # a warm start of other settings is not read back as this one's: one line
     other = list(argv)
