@@ -9,25 +9,25 @@ import copy
 
 import pytest
 import torch
+from helpers.real import MOVED, assert_same_weights
 
 from gem_core.train.trainer import Trainer, TrainConfig, training_rows
 
 pytest.importorskip("vllm")
 
 SEEDS = [0, 1, 2, 3]
-# float32 on both sides: vLLM's CPU kernels and transformers' differ in summation order only (tests/real
-# measures 2.2e-5 at most for greedy decoding); sampled tokens at temperature 0.7 reach lower-probability ones
-LOGPROB_ATOL = 5e-4
+# float32 on both sides: vLLM's CPU kernels and transformers' differ in summation order only, within the real
+# tier's same-weights rule (helpers.real); sampled tokens at temperature 0.7 reach lower-probability ones
 
 
 def _engine_gap(trainer, trajectories, model):
-    """max |engine logprob - model logprob| over the trajectories' model tokens, at the run's temperature."""
+    """|engine logprob - model logprob| of each of the trajectories' model tokens, at the run's temperature."""
     rows = training_rows(trajectories, [[0.0] * t.num_turns for t in trajectories], "sequence", trainer.pad_id)
     with torch.no_grad():
         recomputed = trainer.logprobs(model, rows)
     mask = rows.targets >= 0
     assert int(mask.sum()) > 10
-    return float((recomputed - rows.old_logprobs).abs()[mask].max())
+    return (recomputed - rows.old_logprobs).abs()[mask]
 
 
 def test_the_engine_samples_from_the_trainers_current_weights(model_dir, tmp_path):
@@ -56,15 +56,17 @@ def test_the_engine_samples_from_the_trainers_current_weights(model_dir, tmp_pat
     try:
         before = trainer.rollout(SEEDS, prefix="before-")
         gap_before = _engine_gap(trainer, before, trainer.model)
-        assert gap_before < LOGPROB_ATOL, f"engine vs trainer before the update: {gap_before:.2e}"
+        assert_same_weights(gap_before, "engine vs trainer before the update")
         old_model = copy.deepcopy(trainer.model)
         metrics = trainer.update()
         assert metrics["grad_norm"] > 0  # REINFORCE: the untrained model's equal returns still move it (ReBN would give 0)
         after = trainer.rollout(SEEDS, prefix="after-")
         gap_after = _engine_gap(trainer, after, trainer.model)
         gap_to_old = _engine_gap(trainer, after, old_model)
-        print(f"engine vs trainer: {gap_before:.2e} before the update, {gap_after:.2e} after; vs the old weights {gap_to_old:.2e}")
-        assert gap_after < LOGPROB_ATOL, f"engine vs trainer after the update: {gap_after:.2e}"
-        assert gap_to_old > 20 * LOGPROB_ATOL  # the engine did change weights: it samples from the new ones
+        print(
+            f"engine vs trainer, max (mean): {gap_before.max():.2e} ({gap_before.mean():.2e}) before the update, {gap_after.max():.2e} ({gap_after.mean():.2e}) after; vs the old weights {gap_to_old.max():.2e}"
+        )
+        assert_same_weights(gap_after, "engine vs trainer after the update")
+        assert float(gap_to_old.max()) > MOVED  # the engine did change weights: it samples from the new ones
     finally:
         trainer.close()
