@@ -68,6 +68,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -381,6 +382,18 @@ def log_tail(log: Path, lines: int = 1) -> str:
     return " | ".join(text[-lines:]) if text else "(no output)"
 
 
+def failure(status: int, log: Path) -> str:
+    """Why a run failed, in one line: the signal that ended it (a run killed from outside, the kernel's OOM killer's
+    SIGKILL among them, leaves a log that ends mid-run) before its log's last line."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"killed by {name}{' (out of memory?)' if -status == signal.SIGKILL else ''}; its log ends: {log_tail(log)}"
+    return log_tail(log)
+
+
 def cli(python: str) -> list[str]:
     """gem-core's command line in ``python``."""
     return [python, "-m", "gem_core.cli"]
@@ -611,7 +624,7 @@ def train(trainer: str, experiment: Experiment, run: Path, python: str, report_o
         print(f"{run.name}: training ({trainer}, {experiment.updates} updates)", flush=True)
         record |= RUNNERS[trainer](experiment_file, run, python, experiment)
     if record["status"] != 0:
-        record.setdefault("error", log_tail(run / "train.log"))
+        record.setdefault("error", failure(record["status"], run / "train.log"))
         print(f"{run.name}: failed: {record['error']}", flush=True)
     else:
         record |= {name: read(trainer, run) for name, read in BATCH_SERIES.items()}

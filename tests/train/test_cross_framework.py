@@ -122,6 +122,18 @@ def test_a_recorded_run_is_read_back_a_failed_one_run_again_another_experiments_
         cross_framework.train("reference", cross_framework.run_experiment(experiment, 1, 10), run, sys.executable)
 
 
+def test_a_run_killed_from_outside_says_by_what(cross_framework, tmp_path):
+    """A run the kernel's OOM killer ends leaves a log that stops mid-run (a progress bar): the record names the
+    signal first, then the log's last line."""
+    log = tmp_path / "train.log"
+    log.write_text("update 3\nLoading weights: 100%|##########| 272/272\n")
+    assert cross_framework.failure(-9, log) == "killed by SIGKILL (out of memory?); its log ends: Loading weights: 100%|##########| 272/272"
+    assert cross_framework.failure(-15, log).startswith("killed by SIGTERM; its log ends: ")
+    assert cross_framework.failure(-200, log).startswith("killed by signal 200; ")
+    assert cross_framework.failure(1, log) == "Loading weights: 100%|##########| 272/272"
+    assert cross_framework.failure(1, tmp_path / "none.log") == "(no output)"
+
+
 def _result(cross_framework, trainer, seed, finals, status=0):
     curve = {0: {"success_rate": 0.1, "hint_right_after_lower_rate": None}}
     curve |= {10 * (i + 1): {"success_rate": value, "hint_right_after_lower_rate": 0.5} for i, value in enumerate(finals)}
