@@ -1,8 +1,8 @@
 """``gem-core train``: a whole run around :class:`~gem_core.train.trainer.Trainer`.
 
 The run directory (``--out``) holds ``config.json``, ``metrics.jsonl`` (one line per update, and one per
-evaluation), ``checkpoint.pt`` (model, optimizer, step, RNG states: ``--resume`` continues from it and
-reproduces the uninterrupted run), ``model/`` (the final model and tokenizer, loadable with
+evaluation), ``checkpoint.pt`` (model, optimizer, step, RNG states, written after the start's evaluation and every
+``--checkpoint-every`` updates: ``--resume`` continues from it and reproduces the uninterrupted run), ``model/`` (the final model and tokenizer, loadable with
 ``--model``), and ``curves.png`` (success rate, return and turns per episode over the updates).
 
 Beyond the numbers of every env, a run reports what its env reports of itself, and nothing else
@@ -162,6 +162,12 @@ def save_checkpoint(state: dict[str, Any], path: str) -> None:
     import torch
 
     write_whole(path, lambda temporary: torch.save(state, temporary))
+
+
+def _checkpoint_state(trainer: Trainer, start: Evaluation | None) -> dict[str, Any]:
+    """What ``checkpoint.pt`` holds: the trainer's state (weights, optimizer, step, RNG states) and the start's evaluation."""
+    saved_start = None if start is None else {"greedy": start.greedy.fields(), "sampled": start.sampled.fields()}
+    return {**trainer.state(), "warm_start": saved_start}
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
@@ -347,6 +353,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
             else:
                 start = trainer.evaluate()
                 _append(metrics_path, {**first, "phase": "start", **start.fields()})
+            if config.updates:  # the warm start and the start's evaluation (the first hour of a long CPU run) survive a kill
+                save_checkpoint(_checkpoint_state(trainer, start), checkpoint_path)
         bar = _progress(config.updates, trainer.step, progress)
         final = None
         while trainer.step < config.updates:
@@ -362,8 +370,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
                 bar.update(1)
                 bar.set_postfix(ret=f"{metrics['mean_return']:+.2f}", success=f"{metrics['success_rate']:.2f}", turns=f"{metrics['mean_turns']:.1f}")
             if trainer.step % config.checkpoint_every == 0 or trainer.step == config.updates:
-                saved_start = None if start is None else {"greedy": start.greedy.fields(), "sampled": start.sampled.fields()}
-                save_checkpoint({**trainer.state(), "warm_start": saved_start}, checkpoint_path)
+                save_checkpoint(_checkpoint_state(trainer, start), checkpoint_path)
         if bar is not None:
             bar.close()
         if final is None:  # no RL update (--updates 0: the warm start alone) is evaluated once, at the start

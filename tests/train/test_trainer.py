@@ -368,6 +368,42 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tiny, tmp_path)
     assert (tmp_path / "whole" / "curves.png").stat().st_size > 1000
 
 
+def test_a_run_killed_in_its_first_update_resumes_after_its_warm_start(tiny, tmp_path, monkeypatch):
+    """The warm start and the start's evaluation are checkpointed before the first update (on CPU they can take an
+    hour of a long run): a run killed in update 1 resumes from there, to the uninterrupted run's numbers."""
+    from gem_core.train import run as run_module
+    from gem_core.train.trainer import Trainer
+
+    common = dict(
+        model=tiny[0],
+        updates=2,
+        episodes_per_update=4,
+        eval_episodes=4,
+        warm_start_steps=2,
+        warm_start_batch=4,
+        checkpoint_every=5,
+        seed=5,
+        kl_schedule="constant",
+    )
+    whole = run_module.train(TrainConfig(out=str(tmp_path / "whole"), **common), progress=False, log=lambda _: None)
+
+    def killed(self):
+        raise KeyboardInterrupt  # what a kill during the first update leaves: the start's checkpoint alone
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "update", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_module.train(TrainConfig(out=str(tmp_path / "cut"), **common), progress=False, log=lambda _: None)
+    assert run_module.load_checkpoint(str(tmp_path / "cut" / run_module.CHECKPOINT))["step"] == 0
+    warm_starts = []
+    monkeypatch.setattr(run_module, "warm_start", lambda *args: warm_starts.append(args))  # a resumed run does not redo it
+    resumed = run_module.train(TrainConfig(out=str(tmp_path / "cut"), resume=True, **common), progress=False, log=lambda _: None)
+    assert warm_starts == []
+    assert resumed.steps == whole.steps == 2
+    assert resumed.start == whole.start and resumed.final == whole.final
+    assert _rl_lines(tmp_path / "cut" / "metrics.jsonl") == _rl_lines(tmp_path / "whole" / "metrics.jsonl")
+
+
 def test_eval_every_saves_the_model_at_each_of_those_evaluations(tiny, tmp_path):
     """--eval-every N: the model after update N, 2N, ... in checkpoints/update-K (what the other trainers'
     mappings save at the experiment's evaluation points, for gem-core eval); the last one is the final model."""
