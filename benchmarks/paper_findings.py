@@ -29,7 +29,8 @@ other settings, an older default's included, is an error, never counted.
 
 Printed: one table per finding. Per arm, mean over seeds with a 95% confidence interval (Student's t over
 seeds) of: held-out success after the warm start and at the end (sampled and greedy), the training batches'
-success over the RL updates, and held-out turns per solved episode at the end; finding (2) adds the scripted
+success over the RL updates, and held-out turns per solved episode at the end; then each seed's run (held-out
+success at the end, sampled, and for finding (2) its turns per solved episode); finding (2) adds the scripted
 players on the same held-out episodes (binary search, a linear scan from the bottom, random valid guesses). Per
 comparison, the paired difference per seed, its mean and interval, the sign test's count and p-value, and the
 verdict. Written per finding: ``finding1.md``, ``finding2.md`` (its tables) and ``finding1.png``, ``finding2.png`` (the
@@ -221,6 +222,8 @@ MEASURES = (
     ("turns_solved", "held-out turns per solved episode (end, sampled)"),
 )
 
+PER_SEED_LABELS = {"final": "success", "turns_solved": "turns per solved episode"}
+
 
 def run_numbers(directory: str) -> dict[str, float | None]:
     """One run's measures (:data:`MEASURES`); a measure the run lacks (greedy evaluation in an older run,
@@ -356,6 +359,13 @@ def tables(out: str, seeds: list[int], scale: str, arms: tuple[Arm, ...] = ARMS,
         lines.append("|---|" + "---|" * len(MEASURES))
         for name, values in numbers.items():
             lines.append(f"| {name} | " + " | ".join(summary(values[key]) for key, _ in MEASURES) + " |")
+        # every seed's run, not the means alone (finding (2) also its turns per solved episode)
+        per_seed = ("final", "turns_solved") if finding.measure == "turns_solved" else ("final",)
+        lines += ["", "| each seed's run, at the end (sampled) | " + " | ".join(f"seed {seed}" for seed in seeds) + " |", "|---|" + "---|" * len(seeds)]
+        for name in names:
+            for key in per_seed:
+                cells = ("-" if value is None else f"{value:.3f}" for value in numbers[name][key])
+                lines.append(f"| {name}: {PER_SEED_LABELS[key]} | " + " | ".join(cells) + " |")
         if finding.measure == "turns_solved" and present[finding.reference]:
             lines += ["", "| scripted player, the same held-out episodes | success | turns per solved episode |", "|---|---|---|"]
             for name, success, turns in scripted_players(run_dir(out, by_name[finding.reference], present[finding.reference][0], scale)):

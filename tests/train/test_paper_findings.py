@@ -167,6 +167,11 @@ def test_tables_read_each_seeds_run(findings, tmp_path):
     assert rows["rebn-0.9"].split(" | ")[2].startswith("0.625 [")  # final, sampled: 0.60 .. 0.65
     assert rows["rebn-0.9"].split(" | ")[4].startswith("0.400 [")  # the training batches' mean: (0.3 + 0.5) / 2
     assert rows["grpo-g4"].split(" | ")[2].startswith("0.450 [")
+    # every seed's run beside the means, each in its seed's column (finding (2) its turns per solved episode as well)
+    assert rows["rebn-0.9: success"] == "| rebn-0.9: success | 0.600 | 0.610 | 0.620 | 0.630 | 0.640 | 0.650 |"
+    assert rows["grpo-g4: success"] == "| grpo-g4: success | 0.400 | 0.420 | 0.440 | 0.460 | 0.480 | 0.500 |"
+    assert rows["rebn-0.999-n20: turns per solved episode"] == "| rebn-0.999-n20: turns per solved episode | 5.600 | 5.590 | 5.580 | 5.570 | 5.560 | 5.550 |"
+    assert "rebn-0.9: turns per solved episode" not in rows  # finding (1)'s measure is success alone
     assert rows["rebn-0.9 - reinforce-0.9"].endswith("| 6 of 6 the paper's way, p = 0.031 | reproduces |")
     assert rows["rebn-0.9 - grpo-g4"].endswith("| reproduces |")
     assert rows["rebn-0.9-n20 - rebn-0.999-n20"].endswith("| reproduces |")  # 3.90-3.95 turns against 5.55-5.60
