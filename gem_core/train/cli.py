@@ -77,7 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--resume", action="store_true", help="continue the run saved in --out with its saved settings (only --updates can change; another option is refused)"
     )
-    where.add_argument("--checkpoint-every", type=whole_number(1), default=None, help=f"updates between checkpoints (default {defaults.checkpoint_every})")
+    where.add_argument(
+        "--checkpoint-every",
+        type=whole_number(1),
+        default=None,
+        help=f"updates between checkpoints, beside the one after the start's evaluation (default {defaults.checkpoint_every})",
+    )
     where.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorboard)")
     where.add_argument(
         "--micro-batch-tokens",
