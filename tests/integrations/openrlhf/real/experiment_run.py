@@ -5,14 +5,14 @@ from the trained weights after each update:
 ``python experiment_run.py WRITTEN_SCRIPT MODEL_DIR WORKDIR OUT_JSON KEEP`` (run by
 benchmarks/cross_framework.py's ``openrlhf`` arm; KEEP: the comma-separated updates whose model is kept).
 
-The two-update test's run (test_openrlhf_two_updates.py: the launcher's ``main`` over the script's arguments in
-this tier's Ray cluster, real_launch.py; the same PATCHes for DeepSpeed, CUDA calls and CPU precision, float32 on
-both sides; the weight sync a checkpoint reloaded in place by the engine, reload_step_actors.py), with what differs:
+The step test's run (test_openrlhf_real_step.py: the launcher's ``main`` over the script's arguments in this
+tier's Ray cluster, real_launch.py; the same PATCHes for DeepSpeed, CUDA calls and CPU precision, float32 on both
+sides; the weight sync a checkpoint reloaded in place by the engine, reload_step_actors.py), with what differs:
 
 * the written script's datasets and arguments run as written (its batch sizes, lr and schedule, clip, entropy,
   sampling, number of prompts hold), then the CPU ones (:func:`cpu_arguments`: devices, the engine, eager
-  attention, where OpenRLHF writes, no in-run evaluation); none of the two-update run's lr, entropy bonus or
-  importance-sampling correction;
+  attention, where OpenRLHF writes, no in-run evaluation); none of the step test's lr, entropy bonus, greedy
+  top_p or importance-sampling correction (nor its raw log-probs PATCH, nor its core runner before the first sync);
 * the checkpoint of each KEEP update is kept (``WORKDIR/gem-test-weight-sync/update-K``, the model's tokenizer
   saved beside it), the others are deleted once the engine has reloaded them (about 0.5 GB each). OpenRLHF's own
   evaluation (``--eval.steps``, the experiment's ``eval_every``) is not run: the benchmark evaluates the kept

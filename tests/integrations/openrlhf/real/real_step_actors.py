@@ -12,6 +12,9 @@ the Ray workers; the deepspeed/flash_attn import stubs are installed there first
 * :class:`RecordingPPOTrainer`: OpenRLHF's own ``PPOTrainer`` (real ``vllm.SamplingParams`` here), recording
   each micro-batch the experience maker built (sequences, masks, the actor's log-probs, the advantages from
   the patched ``compute_advantages_and_returns``) and the logged metrics into ``--ckpt.path``.
+* :class:`CoreRunnerPPOTrainer`: the recording trainer that, after update 1's rollout and before its weights
+  reach the engine, has the core runner (:func:`core_runner`) play update 1's rows on the engine that
+  generated them (the step test's greedy comparison).
 
 FLOAT32: the logprob checks compare like with like, and a CPU without bf16 arithmetic (AVX2, where this was
 measured) took 7 minutes for OpenRLHF's bf16 actor on one step's three training micro-batches, its vLLM bf16
@@ -20,13 +23,19 @@ linear layers falling back from oneDNN. Both sides run float32 (as the `real` ti
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import ray
 import ray_step_actors
 import torch
+import vllm
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.trainer.ray import vllm_engine as openrlhf_vllm_engine
+from transformers import AutoTokenizer
+
+from gem_core.rollout import RunConfig, SamplingParams, VLLMPolicy, cached_formatter, run_episode
+from gem_core.tasks import TaskSpec
 
 ENGINE_CALLS: list[dict] = []  # what train() asked create_vllm_engines for (driver side)
 ENGINES: list = []  # the RolloutRayActor handles (driver side), so the test can ask and kill them
@@ -58,8 +67,49 @@ def recorded_vllm_engines(num_engines, tensor_parallel_size, pretrain, seed, *ar
 
 def engine_arguments(engine) -> dict:
     """The ``vllm.AsyncEngineArgs`` keywords OpenRLHF's ``RolloutRayActor`` started its engine with, and
-    the dtype OpenRLHF asked for (``requested_dtype``)."""
-    return ray.get(engine.__ray_call__.remote(lambda actor: {**actor.kwargs, "requested_dtype": actor.requested_dtype}), timeout=120)
+    what OpenRLHF asked for where a PATCH changed it (``requested_dtype``, ``requested_logprobs_mode``)."""
+
+    def arguments(actor) -> dict:
+        requested = {"requested_logprobs_mode": actor.requested_logprobs_mode} if hasattr(actor, "requested_logprobs_mode") else {}
+        return {**actor.kwargs, "requested_dtype": actor.requested_dtype, **requested}
+
+    return ray.get(engine.__ray_call__.remote(arguments), timeout=120)
+
+
+class EngineAsLLM:
+    """``vllm.LLM.generate`` over OpenRLHF's ``RolloutRayActor.generate`` (one request each, concurrently),
+    so that ``VLLMPolicy`` drives the very engine the plugin drove in the step."""
+
+    def __init__(self, engine, max_model_len: int):
+        self.engine = engine
+        self.max_model_len = max_model_len
+
+    def generate(self, prompts, sampling_params, use_tqdm=False):
+        requests = [self.engine.generate.remote(p["prompt_token_ids"], params) for p, params in zip(prompts, sampling_params)]
+        return ray.get(requests, timeout=600)
+
+
+def core_runner(llm, model_dir: str, labels: list[str]) -> dict:
+    """The core runner (VLLMPolicy, greedy: temperature 0) over each row's TaskSpec; label -> trajectory."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = VLLMPolicy(llm, seed=0, sampling_params_cls=vllm.SamplingParams)
+
+    async def play(label):
+        spec = TaskSpec.from_json(label)
+        # OpenRLHF's min_tokens=1 (its SamplesGenerator's default) kept; temperature 0: greedy
+        params = SamplingParams(max_tokens=spec.max_turn_tokens, temperature=0.0, extra={"min_tokens": 1})
+        max_len = llm.max_model_len
+        config = RunConfig(params=params, max_turns=spec.max_turns, max_context_tokens=min(max_len, spec.max_context_tokens or max_len))
+        env = spec.make_env()
+        try:
+            return await run_episode(env, policy, cached_formatter(tokenizer, system_prompt=spec.system_prompt), config, seed=spec.seed, env_id=spec.env_id)
+        finally:
+            env.close()
+
+    async def play_all():
+        return await asyncio.gather(*(play(label) for label in labels))
+
+    return dict(zip(labels, asyncio.run(play_all())))
 
 
 class _Float32PolicyModelActor(ray_step_actors._CPUPolicyModelActor):
@@ -147,3 +197,21 @@ class _RecordingPPOTrainer(PPOTrainer.__ray_metadata__.modified_class):
 
 
 RecordingPPOTrainer = ray.remote(_RecordingPPOTrainer)
+
+
+class _CoreRunnerPPOTrainer(_RecordingPPOTrainer):
+    """The recording PPOTrainer; after update 1's rollout and before its weights reach the engine (OpenRLHF's
+    ``broadcast_to_vllm``, which ``train_step`` calls after ``ppo_train``), the core runner plays update 1's rows
+    on the engine that generated them, still holding the weights it generated them with; the trajectories are
+    recorded under ``core`` (nothing OpenRLHF does is changed)."""
+
+    def broadcast_to_vllm(self) -> None:
+        if "core" not in self.recorded:
+            labels = sorted({label for batch in self.recorded["batches"][0] for label in batch["labels"]})
+            (engine,) = self.vllm_engines
+            max_len = ray.get(engine.__ray_call__.remote(lambda actor: actor.kwargs["max_model_len"]), timeout=120)
+            self.recorded["core"] = core_runner(EngineAsLLM(engine, max_len), self.args.actor.model_name_or_path, labels)
+        super().broadcast_to_vllm()
+
+
+CoreRunnerPPOTrainer = ray.remote(_CoreRunnerPPOTrainer)

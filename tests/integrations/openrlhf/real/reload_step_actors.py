@@ -1,22 +1,25 @@
-"""PATCH (GPU weight sync) for the two-update test (test_openrlhf_two_updates.py): the weights an OpenRLHF
-update trained reach the running vLLM engine before the next rollout, on CPU.
+"""PATCH (GPU weight sync) for the step test's two updates (test_openrlhf_real_step.py) and the benchmark's runs
+(experiment_run.py): the weights an OpenRLHF update trained reach the running vLLM engine before the next rollout,
+on CPU.
 
 OpenRLHF 0.11.2's ``PolicyModelActor.broadcast_to_vllm`` sends each parameter to the engines by CUDA IPC or
 NCCL, and its vLLM worker extension (``WorkerWrap.update_weight*``) hands it to the engine's
 ``model_runner.model.load_weights``; neither transport exists on this CPU. TEST MACHINERY, kept out of the
 plugin (``integrations/``):
 
-* :class:`ReloadingPolicyModelActor` (the one-step test's float32 CPU policy actor): ``broadcast_to_vllm``
+* :class:`ReloadingPolicyModelActor` (real_step_actors.py's float32 CPU policy actor): ``broadcast_to_vllm``
   writes the actor's current weights as a Hugging Face checkpoint (``save_pretrained``: safetensors, the
   checkpoint format vLLM loads) under ``--ckpt.path``/``SYNC_DIR``, and asks every engine to reload from it;
   it records, per call, the folder and the norm of the change since the weights the engine last had; the
   folder is removed once reloaded unless its update is kept (:func:`kept_updates`).
-* :class:`ReloadingRolloutRayActor` (OpenRLHF's ``RolloutRayActor``, float32 as in the one-step test) with
+* :class:`ReloadingRolloutRayActor` (OpenRLHF's ``RolloutRayActor``, float32 as in real_step_actors.py) with
   one method more, :meth:`reload_weights_from`: vLLM's own in-place reload, ``Worker.reload_weights
   (weights_path=...)`` reached through ``AsyncLLM.collective_rpc`` (vLLM 0.29: ``GPUModelRunner.reload_weights``,
   which the CPU model runner inherits: the layerwise reload over ``model.load_weights``, then the CPU
   kernels' weight processing run again), then the tied LM head's processing redone (gem_core.testing.vllm_cpu_reload: a
   vLLM 0.29 CPU gap, measured). The prefix cache is reset after it, as OpenRLHF does when it is on.
+* :class:`GreedyReloadingRolloutRayActor` (the step test's): the reloading actor whose engine reports raw
+  log-probs where OpenRLHF asks for processed ones (see the class).
 
 Everything else (when ``broadcast_to_vllm`` is called: after each update, before the next rollout) is
 OpenRLHF's ``PPOTrainer.train_step``.
@@ -57,13 +60,30 @@ class _ReloadingRolloutRayActor(real_step_actors._Float32RolloutRayActor):
 ReloadingRolloutRayActor = _ReloadingRolloutRayActor  # given to real_step_actors.recorded_vllm_engines
 
 
+class _GreedyReloadingRolloutRayActor(_ReloadingRolloutRayActor):
+    """The reloading RolloutRayActor; PATCH (greedy check): its engine in ``logprobs_mode=raw_logprobs`` where
+    OpenRLHF asks for ``processed_logprobs`` (for its importance-sampling correction). The step test decodes greedily
+    through a tiny ``--rollout.top_p`` (see test_openrlhf_real_step.py), and after top-p the processed log-prob of
+    every token is 0; the raw one is the model's at temperature 1, what OpenRLHF's actor computes, and what the
+    processed one is at OpenRLHF's default sampling (temperature 1, top_p 1)."""
+
+    async def __init__(self, *args, **kwargs):
+        self.requested_logprobs_mode = kwargs.get("logprobs_mode")
+        if self.requested_logprobs_mode is not None:
+            kwargs["logprobs_mode"] = "raw_logprobs"
+        await super().__init__(*args, **kwargs)
+
+
+GreedyReloadingRolloutRayActor = _GreedyReloadingRolloutRayActor  # given to real_step_actors.recorded_vllm_engines
+
+
 def reloaded_engines(engines) -> list[int]:
     """How many times each engine reloaded its weights (driver side)."""
     return ray.get([engine.__ray_call__.remote(lambda actor: getattr(actor, "reloads", 0)) for engine in engines], timeout=120)
 
 
 class _ReloadingPolicyModelActor(real_step_actors._Float32PolicyModelActor):
-    """The one-step test's float32 CPU policy actor whose weight sync reloads the engines (see the module docstring)."""
+    """real_step_actors.py's float32 CPU policy actor whose weight sync reloads the engines (see the module docstring)."""
 
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
@@ -104,8 +124,8 @@ def remove_placement_groups(timeout: float = 60.0) -> int:
     """Remove every placement group left in the test's Ray cluster (driver side); how many were removed.
 
     OpenRLHF's ``train()`` (``--train.colocate_all``) creates a placement group and leaves it when it returns;
-    it holds the cluster's one logical GPU, so a second ``train()`` in the same session (this test's, after
-    the one-step test's, or the other way round) would wait for its own placement group forever."""
+    it holds the cluster's one logical GPU, so a second ``train()`` in the same cluster would wait for its own
+    placement group forever."""
     from ray._raylet import PlacementGroupID
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 

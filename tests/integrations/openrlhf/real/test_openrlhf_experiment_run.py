@@ -36,7 +36,7 @@ def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoin
         assert record["status"] == 0 and record["version"] == "0.11.2"
         sync = run / "train" / "gem-test-weight-sync"
         assert record["checkpoints"] == {"2": str(sync / "update-2")} and not (sync / "update-1").exists()  # reloaded, removed
-        # OpenRLHF ran the experiment's settings (the written script's, by its own parser), not the two-update test's
+        # OpenRLHF ran the experiment's settings (the written script's, by its own parser), not the step test's
         assert experiment.updates == 2 and experiment.episodes_per_update == 4 and experiment.eval_every == 2
         config = record["openrlhf_config"]
         assert config["rollout_batch_size"] * config["n_samples_per_prompt"] == config["train_batch_size"] == 4
