@@ -209,6 +209,7 @@ class _CPUPolicyModelActor(_unwrapped(PolicyModelActor)):
             "optimizer_steps": self.strategy.optimizer_steps,
             "broadcasts": self.broadcasts,
             "accumulated_gradient": self.strategy.accumulated_gradient,
+            "torch_threads": torch.get_num_threads(),  # the policy actor's forward and backward
         }
         torch.save(report, os.path.join(self.strategy.args.ckpt.path, POLICY_REPORT))
 

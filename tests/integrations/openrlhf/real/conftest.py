@@ -57,9 +57,11 @@ def cluster():
     """A local Ray cluster with the plugin's runtime env (real_launch.start_cluster), one per test module:
     OpenRLHF's train() leaves its actors alive when it returns (the policy actor alone held 13 GB after a
     one-update run), and a second train() beside them ran this 24 GB machine into Ray's out-of-memory killer;
-    shutting the cluster down between modules ends them."""
+    shutting the cluster down between modules ends them. Two threads a worker: Ray gives an actor that asks for no
+    CPU (OpenRLHF's policy, reference and vLLM actors) OMP_NUM_THREADS=1, which left one of CI's two cores idle
+    through every forward and backward of the tests' steps (verl's real tier does the same for its engine)."""
     import real_launch
 
-    temp_dir = real_launch.start_cluster()
+    temp_dir = real_launch.start_cluster({"OMP_NUM_THREADS": "2"})
     yield temp_dir
     real_launch.stop_cluster(temp_dir)

@@ -245,6 +245,7 @@ def test_the_script_arguments_run_openrlhfs_train_on_the_real_engine(run, model_
     assert policy["accumulated_gradient"] == 2 and policy["optimizer_steps"] == 2 and len(policy["steps"]) == 4
     assert all(np.isfinite(s["policy_loss"]) for s in policy["steps"])
     assert policy["broadcasts"] == 2  # fit() asked for the weight sync after each update
+    assert policy["torch_threads"] == 2  # the cluster's OMP_NUM_THREADS (conftest.py), not Ray's 1 for an actor without CPUs
     print("updates:", [{k: round(v, 8) for k, v in update.items()} for update in policy["updates"]])
     assert all(update["lr"] > 0 and update["master_update_norm"] > 0 for update in policy["updates"])
     # update 1's returns are all -0.1 (see test_greedy_rollout_...): ReBN's advantages are 0, and so is the policy
