@@ -117,6 +117,7 @@ EVAL_SEED = 0  # every model's evaluation samples with this seed: the same episo
 # portable.toml, seed 0, still 0.000 after 30 updates: it learnt the format by update 6, then lost it again)
 WARM_START_STEPS = 8
 WARM_START_CHECK_EPISODES = 20  # gem-core train's own look at the warm start (validation seeds); the evaluator plays 200
+NOT_RECORDED = "not recorded yet"  # --report-only's word for a run without its run.json (not run, or stopped midway)
 EVAL_BATCH = 32  # episodes gem-core eval plays at once (the HF policy's batch)
 # what TRL's checkpoints hold besides the model, which only a resumed TRL run reads (about 1 GB each)
 TRL_TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin")
@@ -720,6 +721,9 @@ def table(results: list[RunResult], points: list[int], format_error_reward: floa
     head += ["s / update", "wall (min)", "peak GB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
+        if r.record["status"] is None:
+            lines.append(f"| {r.trainer} | {r.seed} | {NOT_RECORDED} |")
+            continue
         if r.record["status"] != 0:
             lines.append(f"| {r.trainer} {r.record.get('version', '')} | {r.seed} | failed: {r.record['error'][:160]} |")
             continue
@@ -878,7 +882,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", dest="pythons", action="append", default=[], metavar="NAME=PATH", help="the Python a trainer runs in (default: this one)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
-        "--report-only", action="store_true", help="train and play nothing: the tables and figure from the runs recorded in --out (an error names one missing)"
+        "--report-only",
+        action="store_true",
+        help="train and play nothing: the tables and figure from the runs recorded in --out (a run not recorded yet is a row saying so; exit status 1)",
     )
     args = parser.parse_args(argv)
     shown = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"]  # the command that made the runs
@@ -921,6 +927,17 @@ def benchmark_jobs(trainers: list[str], seeds: list[int], trainer_seeds: list[in
     return [(trainer, seed) for trainer in trainers for seed in dict.fromkeys(seeds if trainer == "reference" else others)]
 
 
+def partial_lines(unrecorded: list[str], runs: int) -> list[str]:
+    """The report's word that it is partial (``--report-only`` with runs not recorded yet): which, and that every
+    number is over the runs recorded."""
+    if not unrecorded:
+        return []
+    return [
+        f"A partial report: {len(unrecorded)} of the command's {runs} runs {NOT_RECORDED} ({', '.join(unrecorded)}); every"
+        " number below is over the runs recorded, and the same command without --report-only runs the rest."
+    ]
+
+
 def start_lines(warm: dict | None, start_evals: dict[str, dict], results: list[RunResult], out: Path) -> list[str]:
     """The report's word on the warm start's builds where there is more than one (:data:`SAME_START_NORMS`): each
     build's CPU, its held-out success, and the runs that started from it."""
@@ -928,6 +945,8 @@ def start_lines(warm: dict | None, start_evals: dict[str, dict], results: list[R
         return []
     by_start: dict[str, list[str]] = {}
     for r in results:
+        if r.record["status"] is None:  # not recorded: no experiment.toml to read its start from
+            continue
         by_start.setdefault(load_experiment(out / f"{r.trainer}-seed{r.seed}" / "experiment.toml").model_sha256, []).append(f"{r.trainer} {r.seed}")
     lines = ["The warm start's builds (one per kind of CPU: float32 kernels round by kind; the same start within float rounding):"]
     for sha, machine in start_builds(warm).items():
@@ -985,9 +1004,13 @@ def run_benchmark(args: argparse.Namespace) -> int:
             start_evals[pinned] = evaluate(evaluation.model, evaluation, start_eval_path(args.out / "start", warm, pinned), sys.executable, True)
         return start_evals[pinned]
 
-    results = []
+    results, unrecorded = [], []
     for (trainer, seed), experiment in experiments.items():
         run = args.out / f"{trainer}-seed{seed}"
+        if args.report_only and not (run / "run.json").exists():  # not run, or stopped midway: a row saying so
+            unrecorded.append(run.name)
+            results.append(RunResult(trainer, seed, {"status": None}, {}))
+            continue
         record = train(trainer, experiment, run, pythons[trainer], args.report_only, starts)
         curve = {0: start_of(run)}
         for update, checkpoint in (record.get("checkpoints") or {}).items():
@@ -1004,6 +1027,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         "Scripted players on the same episodes: " + ", ".join(f"{name} {value:.3f}" for name, value in scripted.items()),
         f"Every run trains in {PRECISION} ({PRECISION_ENV}={PRECISION}: the CPU platforms of verl, OpenRLHF and RL2 compute in it).",
         *start_lines(warm, start_evals, results, args.out),
+        *partial_lines(unrecorded, len(results)),
         "",
         table(results, points, format_error_reward),
     ]
@@ -1020,6 +1044,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         figure(results, scripted, args.out / "cross_framework.png")
     except ImportError:
         print("cross_framework: no figure (pip install matplotlib)", file=sys.stderr)
+    if unrecorded:
+        print(f"cross_framework: a partial report: {len(unrecorded)} of {len(results)} runs {NOT_RECORDED} ({', '.join(unrecorded)})", file=sys.stderr)
     return 0 if all(r.record["status"] == 0 for r in results) else 1
 
 

@@ -399,9 +399,14 @@ def test_the_benchmark_runs_evaluates_and_reports_the_reference_trainer(cross_fr
     # a reference run stopped after a checkpoint (no run.json) is continued by gem-core train --resume, not redone
     run = out / "reference-seed1"
     (run / "run.json").unlink()
-    assert cross_framework.main([*argv, "--report-only"]) == 2  # but never by --report-only: one line naming it
+    # but never by --report-only: a partial report, the run a row "not recorded yet", named in one line; exit status 1
+    assert cross_framework.main([*argv, "--report-only"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--report-only" in err[0] and "reference-seed1" in err[0], err
+    assert err == ["cross_framework: a partial report: 1 of 2 runs not recorded yet (reference-seed1)"], err
+    partial = (out / "cross_framework.md").read_text()
+    assert "| reference | 1 | not recorded yet |" in partial and "A partial report: 1 of the command's 2 runs" in partial
+    assert "| reference | 1 |" in partial.split("Each trainer over its seeds")[1]  # the trainer's row over the one recorded run
+    assert not (run / "run.json").exists() and ": resuming" not in capsys.readouterr().out  # nothing run
     assert cross_framework.main(argv) == 0
     assert "reference-seed1: resuming" in capsys.readouterr().out
     record = json.loads((run / "run.json").read_text())
