@@ -60,6 +60,12 @@ nox.options.sessions = [
 TORCH = "torch==2.13.0"
 # --durations: every session's slowest tests in CI's log, where the run's minutes go (#64: CI under 70 minutes)
 PYTEST = ["pytest", "-p", "no:cacheprovider", "--timeout=600", "--durations=15"]
+# The real sessions' tests of benchmarks/cross_framework.py's trainer arms (verl, OpenRLHF, RL2: a whole run of the
+# benchmark's driver on the real engine and its evaluations, 4-5 minutes each on 2 cores, a quarter of the real-model
+# sessions' time) are the benchmark's own check, as the bench sessions are: deselected by default (#64: CI under 70
+# minutes; a CI run on a slower CPU passed 90), run with `nox -s verl_real openrlhf_real rl2_real -- -m benchmark_arm`
+# before a run of the benchmark (a later -m wins over this one).
+NOT_ARMS = ["-m", "not benchmark_arm"]
 RUFF = "ruff==0.17.6"
 LINTED = ["gem_core", "integrations", "tests", "benchmarks", "examples", "scripts", "noxfile.py", "setup.py"]
 # tests/ray_backend: the `ray` session; tests/real: the `real` session (vLLM and the real model)
@@ -248,7 +254,7 @@ def verl_real(session: nox.Session) -> None:
     # as in `real`: pip's CUDA torchvision/torchaudio/torchcodec break `import transformers` on the CPU torch
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     # the folder's test module skips itself where vLLM is not installed (the `verl` session collects it too)
-    session.run(*PYTEST, "tests/integrations/verl/real", *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
+    session.run(*PYTEST, *NOT_ARMS, "tests/integrations/verl/real", *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 # OpenRLHF 0.11.2 hard-pins deepspeed, flash-attn and vllm (GPU builds): it is installed --no-deps with
@@ -298,7 +304,7 @@ def openrlhf_real(session: nox.Session) -> None:
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     # --confcutdir: the openrlhf folder's conftest installs import stubs for vllm, which is real here
     folder = "tests/integrations/openrlhf/real"
-    session.run(*PYTEST, "--confcutdir", folder, folder, *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
+    session.run(*PYTEST, *NOT_ARMS, "--confcutdir", folder, folder, *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 TRL = "trl==1.16.0"
@@ -365,7 +371,7 @@ def rl2_real(session: nox.Session) -> None:
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     # --confcutdir: the rl2 folder's conftest installs import stubs and a tiny tokenizer; the real ones here
     folder = "tests/integrations/rl2/real"
-    session.run(*PYTEST, "--confcutdir", folder, folder, *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
+    session.run(*PYTEST, *NOT_ARMS, "--confcutdir", folder, folder, *session.posargs, env={**_env(), "GEM_CORE_CACHE": MODEL_CACHE})
 
 
 # oat (PyPI oat-llm 0.2.4, Python < 3.11) pins vllm 0.8.4, deepspeed, flash-attn and dm-launchpad (GPU builds):

@@ -198,9 +198,25 @@ def check_pip_install(command: Command, cwd: Path, outputs: list[str]) -> bool:
     return False
 
 
+def nox_posargs_ok(words: list[str] | tuple[str, ...], where: str) -> list[str]:
+    """The sessions of ``nox -s SESSION... [-- PYTEST ARGS]`` (``words`` after ``-s``); pytest's ``-m`` in the
+    arguments after ``--`` names only markers pyproject.toml registers."""
+    words = list(words)
+    if "--" not in words:
+        return words
+    sessions, posargs = words[: words.index("--")], words[words.index("--") + 1 :]
+    if "-m" in posargs:
+        expression = posargs[posargs.index("-m") + 1].strip("\"'")
+        markers = (ROOT / "pyproject.toml").read_text().split("\nmarkers = [", 1)[1].split("\n]", 1)[0]
+        registered = set(re.findall(r'^\s*"(\w+):', markers, re.M))
+        named = set(re.findall(r"\w+", expression)) - {"not", "and", "or"}
+        assert named <= registered, f"{where}: -m {expression}: no marker {sorted(named - registered)} in pyproject.toml"
+    return sessions
+
+
 def check_nox(command: Command, cwd: Path, outputs: list[str]) -> bool:
     assert command.words[0] == "nox"
-    sessions = command.words[2:] if command.words[1:2] == ("-s",) else ()
+    sessions = nox_posargs_ok(command.words[2:], str(command)) if command.words[1:2] == ("-s",) else ()
     assert not command.words[1:] or sessions, command
     for session in sessions:
         assert session_exists(session), f"{command}: no nox session {session!r} in {nox_sessions()}"
@@ -470,7 +486,7 @@ def test_inline_pip_nox_and_python_m_name_what_exists(page: str) -> None:
         if words[:3] == ["pip", "install", "-e"]:
             pip_install_spec_ok(words[3].strip("\"'"))
         elif words[:2] == ["nox", "-s"]:
-            for session in words[2:]:
+            for session in nox_posargs_ok(words[2:], f"{page}: `{code}`"):
                 assert session_exists(session), f"{page}: `{code}`: no nox session {session!r}"
         elif words[:2] == ["python", "-m"] and words[2].startswith(("gem_core", "gem_integrations")):
             assert importlib.util.find_spec(words[2]) is not None, f"{page}: {code}"

@@ -5,7 +5,8 @@ model (trained, each saved model evaluated by gem-core eval, the table and the f
 when run again). TRL's arm runs in the trl session (tests/integrations/trl/test_experiment.py), verl's in
 the verl_real session (tests/integrations/verl/real/test_verl_experiment_run.py), OpenRLHF's in the openrlhf_real
 session (tests/integrations/openrlhf/real/test_openrlhf_experiment_run.py), RL2's in the rl2_real session
-(tests/integrations/rl2/real/test_rl2_experiment_run.py)."""
+(tests/integrations/rl2/real/test_rl2_experiment_run.py); those three are marked benchmark_arm, out of the default sessions
+(`nox -s verl_real openrlhf_real rl2_real -- -m benchmark_arm` runs them)."""
 
 from __future__ import annotations
 

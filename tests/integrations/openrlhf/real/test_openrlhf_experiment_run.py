@@ -23,6 +23,7 @@ ENTROPY_COEF = 0.01  # enough to move the weights in one update
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark_arm  # not in the default sessions: `nox -s SESSION -- -m benchmark_arm` (noxfile.py's NOT_ARMS)
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_openrlhf_and_evaluates_its_checkpoints(tmp_path):
     from helpers.scripts import check_arm_evaluations, run_arm

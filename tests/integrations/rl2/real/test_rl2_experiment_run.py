@@ -22,6 +22,7 @@ ENTROPY_COEF = 0.01  # as the verl and OpenRLHF arm tests: enough to move the we
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark_arm  # not in the default sessions: `nox -s SESSION -- -m benchmark_arm` (noxfile.py's NOT_ARMS)
 @pytest.mark.timeout(1500)
 def test_the_cross_framework_benchmark_runs_rl2_and_evaluates_its_checkpoints(tmp_path):
     from gem_core.experiment_scripts import warmup_optimizer_steps
