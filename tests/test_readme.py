@@ -633,3 +633,11 @@ def test_the_install_block_on_a_fresh_virtualenv(tmp_path: Path) -> None:
     play = next(c for b in SHELL_BLOCKS if b.page == "README.md" for c in commands(b) if c.words[:2] == ("gem-core", "play"))
     done = subprocess.run([str(venv / "bin/gem-core"), *play.words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "success rate" in done.stdout, done.stderr
+
+
+def test_a_nox_command_s_pytest_arguments_are_read_and_an_unknown_marker_fails() -> None:
+    """`nox -s A B -- -m EXPR`: the sessions are the words before `--`; EXPR names registered markers only."""
+    assert nox_posargs_ok(["verl_real", "rl2_real", "--", "-m", "benchmark_arm"], "here") == ["verl_real", "rl2_real"]
+    assert nox_posargs_ok(["core", "--", "-m", "not slow and not benchmark_arm"], "here") == ["core"]
+    with pytest.raises(AssertionError, match=r"no marker \['benchmark_arms'\]"):
+        nox_posargs_ok(["verl_real", "--", "-m", "benchmark_arms"], "here")
